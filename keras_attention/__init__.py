@@ -1,0 +1,7 @@
+"""keras_attention: attention layers for Keras 3 and TensorFlow."""
+
+__version__ = "0.1.0"
+
+from keras_attention import layers
+from keras_attention import masks
+from keras_attention import ops

@@ -1,0 +1,139 @@
+import keras
+from keras import ops
+
+from keras_attention.ops.attention import masked_softmax
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class AttentionPooling(keras.layers.Layer):
+    """Attention-weighted pooling of a sequence into one vector.
+
+    Scores each step, normalizes the scores over the (unpadded) steps with a
+    float32 softmax and returns the weighted sum of the steps:
+
+    - `units=None`: `e_t = w^T h_t` (a learned query vector);
+    - `units=n`: `e_t = v^T tanh(W h_t + b)` (Yang et al., 2016).
+
+    Padded steps get weight exactly 0; a fully padded sequence gets all-zero
+    weights and a zero vector.
+
+    Args:
+        units: optional int, size of the hidden scoring layer.
+        use_bias: bool, bias in the hidden scoring layer.
+        kernel_initializer, bias_initializer: initializers.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(batch, T, features)`.
+        mask: optional boolean `(batch, T)` (read from the Keras mask).
+        return_attention_scores: bool, also return the weights `(batch, T)`.
+
+    Returns:
+        `(batch, features)`, and the weights `(batch, T)` if requested.
+
+    Example:
+
+    >>> pool = AttentionPooling(units=8)
+    >>> y, w = pool(np.ones((2, 5, 4), "float32"), return_attention_scores=True)
+    >>> tuple(y.shape), tuple(w.shape)
+    ((2, 4), (2, 5))
+
+    References:
+        - Yang et al., 2016, "Hierarchical Attention Networks for Document
+          Classification".
+        - Bahdanau et al., 2015, "Neural Machine Translation by Jointly
+          Learning to Align and Translate".
+    """
+
+    def __init__(
+        self,
+        units=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if units is not None and (
+            not isinstance(units, int) or isinstance(units, bool) or units <= 0
+        ):
+            raise ValueError(
+                f"`units` must be a positive integer or None. Received: units={units}"
+            )
+        self.units = units
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _clone(self, initializer):
+        return initializer.__class__.from_config(initializer.get_config())
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, steps, features) with a known "
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        if self.units is not None:
+            self._hidden = keras.layers.Dense(
+                self.units,
+                activation="tanh",
+                use_bias=self.use_bias,
+                kernel_initializer=self._clone(self.kernel_initializer),
+                bias_initializer=self._clone(self.bias_initializer),
+                dtype=self.dtype_policy,
+                name="hidden",
+            )
+            self._hidden.build(inputs_shape)
+            score_input = self.units
+        else:
+            score_input = inputs_shape[-1]
+        self._score = keras.layers.Dense(
+            1,
+            use_bias=False,
+            kernel_initializer=self._clone(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="score",
+        )
+        self._score.build((None, None, score_input))
+        self.built = True
+
+    def call(self, inputs, mask=None, return_attention_scores=False):
+        # b - batch, t - steps, d - features
+        h = self._hidden(inputs) if self.units is not None else inputs
+        scores = self._score(h)[..., 0]  # (b, t)
+        weights = masked_softmax(scores, mask)
+        weights = ops.cast(weights, inputs.dtype)
+        pooled = ops.einsum("bt,btd->bd", weights, inputs)
+        if return_attention_scores:
+            return pooled, weights
+        return pooled
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        pooled = keras.KerasTensor(
+            (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
+        )
+        if return_attention_scores:
+            w = keras.KerasTensor(inputs.shape[:2], dtype=self.compute_dtype)
+            return pooled, w
+        return pooled
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,79 @@
+import keras
+
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class CrossAttention(MultiHeadAttention):
+    """Multi-head cross-attention: queries from a decoder, keys and values
+    from an encoder's output (`context`).
+
+    Same weights as `MultiHeadAttention` (key and value projections read
+    `context`). The Keras masks of `query` and `context` are honoured; the
+    query's mask is propagated to the output.
+
+    Args:
+        num_heads: int, number of attention heads.
+        key_dim: int, size of each query/key head.
+        **kwargs: the other arguments of `MultiHeadAttention`.
+
+    Call arguments:
+        query: `(batch, Tq, features)`.
+        context: `(batch, Tc, context_features)`.
+        query_mask, context_mask: optional boolean padding masks (read from
+            the Keras masks when omitted).
+        attention_mask: optional boolean `(Tq, Tc)`, `(batch, Tq, Tc)` or
+            `(batch, heads, Tq, Tc)`.
+        return_attention_scores: bool.
+        training: bool.
+        cache: optional precomputed context keys/values from
+            `compute_cache(context)`, so that incremental decoding projects
+            the encoder output once per source sentence.
+
+    Returns:
+        `(batch, Tq, output_dim)`, then the scores `(batch, heads, Tq, Tc)`
+        if requested, then the cache if one was given.
+
+    Example:
+
+    >>> layer = CrossAttention(num_heads=2, key_dim=4)
+    >>> y = layer(np.ones((2, 3, 8), "float32"), np.ones((2, 7, 6), "float32"))
+    >>> tuple(y.shape)
+    (2, 3, 8)
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+    """
+
+    def build(self, query_shape, context_shape):
+        super().build(query_shape, context_shape)
+
+    def call(
+        self,
+        query,
+        context,
+        query_mask=None,
+        context_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        cache=None,
+    ):
+        return super().call(
+            query=query,
+            value=context,
+            query_mask=query_mask,
+            value_mask=context_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            cache=cache,
+        )
+
+    def compute_output_spec(
+        self, query, context, return_attention_scores=False, cache=None, **kwargs
+    ):
+        return super().compute_output_spec(
+            query, context, return_attention_scores=return_attention_scores, cache=cache
+        )
+

@@ -1,0 +1,114 @@
+import keras
+
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class SelfAttention(MultiHeadAttention):
+    """Multi-head self-attention over one sequence.
+
+    `MultiHeadAttention` with `query = key = value = inputs`; same weights,
+    so weights move between the two with `set_weights`. The Keras padding
+    mask of `inputs` (for example from `Embedding(mask_zero=True)`) masks
+    both padded keys and padded queries, and is propagated to the output.
+
+    Args:
+        num_heads: int, number of attention heads.
+        key_dim: int, size of each query/key head.
+        causal: bool, if True position `i` attends only to positions `<= i`.
+        **kwargs: the other arguments of `MultiHeadAttention` (`value_dim`,
+            `num_key_value_heads`, `dropout`, `use_bias`, `output_shape`,
+            initializers, ...) and base layer arguments.
+
+    Call arguments:
+        inputs: `(batch, T, features)`.
+        mask: optional boolean `(batch, T)` padding mask (read from the Keras
+            mask of `inputs` when omitted).
+        attention_mask: optional boolean mask `(T, T)`, `(batch, T, T)` or
+            `(batch, heads, T, T)`, combined with the padding/causal masks.
+        return_attention_scores: bool, also return `(batch, heads, T, T)`.
+        training: bool.
+        cache, cache_update_index: incremental decoding, see
+            `MultiHeadAttention`. With a cache, `mask` covers only this
+            call's queries; mask padded cache slots with `attention_mask`.
+
+    Returns:
+        `(batch, T, output_dim)`, then the scores if requested, then the
+        updated cache if one was given.
+
+    Example:
+
+    >>> layer = SelfAttention(num_heads=2, key_dim=4, causal=True)
+    >>> tuple(layer(np.ones((2, 6, 8), "float32")).shape)
+    (2, 6, 8)
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+    """
+
+    def __init__(self, num_heads, key_dim, causal=False, **kwargs):
+        super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
+        self.causal = bool(causal)
+
+    def build(self, inputs_shape):
+        super().build(inputs_shape, inputs_shape)
+
+    def call(
+        self,
+        inputs,
+        mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        return super().call(
+            query=inputs,
+            value=inputs,
+            query_mask=mask,
+            value_mask=mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            use_causal_mask=self.causal,
+            cache=cache,
+            cache_update_index=cache_update_index,
+        )
+
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, cache=None, **kwargs
+    ):
+        return super().compute_output_spec(
+            inputs,
+            inputs,
+            return_attention_scores=return_attention_scores,
+            cache=cache,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config["causal"] = self.causal
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class CausalSelfAttention(SelfAttention):
+    """Masked (causal) self-attention of a decoder: `SelfAttention` with
+    `causal=True` by default. Position `i` never sees positions `> i`.
+
+    Args, call arguments and returns: see `SelfAttention`.
+
+    Example:
+
+    >>> layer = CausalSelfAttention(num_heads=2, key_dim=4)
+    >>> y, s = layer(np.ones((1, 3, 8), "float32"), return_attention_scores=True)
+    >>> float(s[0, 0, 0, 1])
+    0.0
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+    """
+
+    def __init__(self, num_heads, key_dim, causal=True, **kwargs):
+        super().__init__(num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs)
