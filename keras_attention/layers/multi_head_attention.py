@@ -192,13 +192,17 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def _projection(self, name, heads, dim):
-        return keras.layers.EinsumDense(
+        dense = keras.layers.EinsumDense(
             "abc,cde->abde",
             output_shape=(None, heads, dim),
             bias_axes="de" if self.use_bias else None,
             name=name,
             **self._sublayer_kwargs(),
         )
+        # The projection keeps the time axis: let it carry the input's Keras
+        # mask instead of warning that it drops it.
+        dense.supports_masking = True
+        return dense
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape

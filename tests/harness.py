@@ -1,0 +1,344 @@
+"""The shared layer test harness.
+
+Every layer test of the package calls `run_layer_test` (serialization,
+shapes, `.keras`, SavedModel in a fresh process, `fit` with and without XLA,
+mixed precision) and, for layers that read Keras masks, `run_mask_test`.
+
+`input_data` is a dict `{call_argument_name: numpy array}` of the tensor
+arguments; `call_kwargs` holds the other call arguments. Inputs are fed to
+functional models positionally, in the dict's order.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import keras
+import numpy as np
+
+BACKEND = keras.backend.backend()
+
+ATOL = 1e-5
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _input_spec_shape(array):
+    """Dynamic axes: all but the last for floats; all for ints/bools."""
+    if array.dtype.kind == "f" and array.ndim >= 2:
+        return (None,) * (array.ndim - 2) + (array.shape[-1],)
+    return (None,) * (array.ndim - 1)
+
+
+def _make_model(layer, input_data, call_kwargs):
+    inputs = [
+        keras.Input(shape=_input_spec_shape(v), dtype=str(v.dtype), name=k)
+        for k, v in input_data.items()
+    ]
+    outputs = layer(**dict(zip(input_data, inputs)), **call_kwargs)
+    return keras.Model(inputs, list(_as_tuple(outputs)))
+
+
+def _predict(model, input_data):
+    return [_np(o) for o in _as_tuple(model(list(input_data.values())))]
+
+
+def _assert_all_close(actual, expected, atol=ATOL, msg=""):
+    for a, e in zip(_as_tuple(actual), _as_tuple(expected)):
+        np.testing.assert_allclose(_np(a), _np(e), atol=atol, rtol=1e-5, err_msg=msg)
+
+
+def _variant(input_data, batch_factor=1, trim=0):
+    """Same inputs with the batch tiled and the time axes shortened."""
+    out = {}
+    for k, v in input_data.items():
+        v = np.concatenate([v] * batch_factor, axis=0)
+        if trim:
+            dyn = _input_spec_shape(v)
+            index = [slice(None)] + [
+                slice(0, v.shape[a + 1] - trim) if d is None else slice(None)
+                for a, d in enumerate(dyn)
+            ]
+            v = v[tuple(index)]
+        out[k] = v
+    return out
+
+
+def check_config(layer):
+    cls = layer.__class__
+    config = layer.get_config()
+    revived = cls.from_config(config)
+    assert json.dumps(revived.get_config(), sort_keys=True) == json.dumps(
+        config, sort_keys=True
+    )
+    serialized = keras.saving.serialize_keras_object(layer)
+    json.dumps(serialized)
+    again = keras.saving.deserialize_keras_object(serialized)
+    assert isinstance(again, cls)
+    assert json.dumps(again.get_config(), sort_keys=True) == json.dumps(
+        config, sort_keys=True
+    )
+
+
+def check_symbolic_shapes(layer_cls, init_kwargs, input_data, call_kwargs, eager):
+    layer = layer_cls(**init_kwargs)
+    symbolic = {
+        k: keras.KerasTensor(v.shape, dtype=str(v.dtype)) for k, v in input_data.items()
+    }
+    outputs = _as_tuple(layer(**symbolic, **call_kwargs))
+    assert len(outputs) == len(eager), (len(outputs), len(eager))
+    for s, e in zip(outputs, eager):
+        assert tuple(s.shape) == tuple(e.shape), (s.shape, e.shape)
+        assert keras.backend.standardize_dtype(s.dtype) == str(e.dtype), (
+            s.dtype,
+            e.dtype,
+        )
+
+
+_SERVE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import numpy as np
+    import tensorflow as tf
+    assert "keras_attention" not in sys.modules
+    path, inputs_path, out_path = sys.argv[1:4]
+    served = tf.saved_model.load(path)
+    data = np.load(inputs_path)
+    results = {}
+    for variant in sorted({k.split("/")[0] for k in data.files}):
+        names = sorted(k for k in data.files if k.startswith(variant + "/"))
+        args = [tf.constant(data[n]) for n in names]
+        outs = served.serve(args)
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for i, o in enumerate(outs):
+            results[f"{variant}/{i}"] = o.numpy()
+    assert "keras_attention" not in sys.modules
+    np.savez(out_path, **results)
+    """
+)
+
+
+def check_saved_model(model, variants, atol=ATOL):
+    """Exports `model`, serves each input variant in a fresh process that
+    does not import keras_attention, and compares with the Keras model."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "exported")
+        model.export(path, verbose=False)
+        arrays = {}
+        for vi, data in enumerate(variants):
+            for ai, v in enumerate(data.values()):
+                arrays[f"v{vi}/{ai:02d}"] = v
+        np.savez(os.path.join(tmp, "in.npz"), **arrays)
+        script = os.path.join(tmp, "serve.py")
+        with open(script, "w") as f:
+            f.write(_SERVE_SCRIPT)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env.pop("PYTHONPATH", None)
+        proc = subprocess.run(
+            [sys.executable, script, path, os.path.join(tmp, "in.npz"),
+             os.path.join(tmp, "out.npz")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        served = np.load(os.path.join(tmp, "out.npz"))
+        for vi, data in enumerate(variants):
+            expected = _predict(model, data)
+            for oi, e in enumerate(expected):
+                np.testing.assert_allclose(
+                    served[f"v{vi}/{oi}"], e, atol=atol, rtol=1e-5,
+                    err_msg=f"SavedModel output {oi} of variant {vi}",
+                )
+
+
+def check_fit(layer_cls, init_kwargs, input_data, call_kwargs, jit_compile):
+    import tensorflow as tf
+
+    layer = layer_cls(**init_kwargs)
+    model = _make_model(layer, input_data, call_kwargs)
+    model = keras.Model(model.inputs, model.outputs[0])
+    target = np.zeros(_predict(model, input_data)[0].shape, "float32")
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tuple(input_data.values()), target)
+    ).batch(len(target))
+    before = [_np(w).copy() for w in model.trainable_weights]
+    history = model.fit(ds, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    changed = [
+        not np.array_equal(b, _np(w)) for b, w in zip(before, model.trainable_weights)
+    ]
+    assert any(changed) or not before, "fit changed no weight"
+
+
+def check_mixed_precision(layer_cls, init_kwargs, input_data, call_kwargs, policy):
+    layer = layer_cls(**init_kwargs, dtype=policy)
+    outputs = _as_tuple(layer(**input_data, **call_kwargs))
+    compute = keras.DTypePolicy(policy).compute_dtype
+    for o in outputs:
+        a = _np(keras.ops.cast(o, "float32"))
+        assert np.all(np.isfinite(a)), f"non-finite output under {policy}"
+    first = outputs[0]
+    if keras.backend.is_float_dtype(first.dtype):
+        assert keras.backend.standardize_dtype(first.dtype) == compute
+    for w in layer.weights:
+        if keras.backend.is_float_dtype(w.dtype):
+            assert keras.backend.standardize_dtype(w.dtype) == "float32", w.path
+
+
+def run_layer_test(
+    layer_cls,
+    init_kwargs,
+    input_data,
+    call_kwargs=None,
+    expected_output_shape=None,
+    expected_num_trainable_weights=None,
+    expected_num_non_trainable_weights=None,
+    run_saved_model=True,
+    vary_sequence_length=True,
+    run_fit=True,
+    run_mixed_precision=True,
+    atol=ATOL,
+):
+    """Runs the checks every layer of the package must pass.
+
+    1. `get_config` -> `from_config` gives the identical JSON config, and
+       `serialize_keras_object` round-trips.
+    2. Weight counts after build; symbolic output shapes/dtypes equal eager.
+    3. `.keras` save -> `load_model` -> identical outputs.
+    4. TensorFlow SavedModel in a fresh process (no keras_attention import),
+       also with another batch size and a shorter sequence (TF backend).
+    5. `fit` on a `tf.data.Dataset`, with and without `jit_compile`.
+    6. `mixed_float16` and `mixed_bfloat16`: finite outputs, compute-dtype
+       output, float32 variables.
+
+    Returns the eager outputs (a tuple) for further checks.
+    """
+    call_kwargs = dict(call_kwargs or {})
+    input_data = {k: np.asarray(v) for k, v in input_data.items()}
+
+    layer = layer_cls(**init_kwargs)
+    check_config(layer)
+    eager = tuple(_np(o) for o in _as_tuple(layer(**input_data, **call_kwargs)))
+    for o in eager:
+        assert np.all(np.isfinite(o.astype("float32"))), "non-finite output"
+    if expected_output_shape is not None:
+        shapes = expected_output_shape
+        if not isinstance(shapes[0], (tuple, list)):
+            shapes = (shapes,)
+        assert tuple(tuple(o.shape) for o in eager) == tuple(map(tuple, shapes))
+    if expected_num_trainable_weights is not None:
+        assert len(layer.trainable_weights) == expected_num_trainable_weights
+    if expected_num_non_trainable_weights is not None:
+        assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
+    check_config(layer)  # config is stable after build
+    check_symbolic_shapes(layer_cls, init_kwargs, input_data, call_kwargs, eager)
+
+    model = _make_model(layer_cls(**init_kwargs), input_data, call_kwargs)
+    expected = _predict(model, input_data)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        reloaded = keras.saving.load_model(path)
+        _assert_all_close(_predict(reloaded, input_data), expected, atol, ".keras")
+
+    if run_saved_model and BACKEND == "tensorflow":
+        variants = [input_data, _variant(input_data, batch_factor=2)]
+        if vary_sequence_length:
+            variants.append(_variant(input_data, trim=1))
+        check_saved_model(model, variants, atol)
+
+    if run_fit:
+        for jit in (False, True):
+            check_fit(layer_cls, init_kwargs, input_data, call_kwargs, jit)
+
+    if run_mixed_precision:
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            check_mixed_precision(
+                layer_cls, init_kwargs, input_data, call_kwargs, policy
+            )
+    return eager
+
+
+def run_mask_test(
+    layer_cls,
+    init_kwargs,
+    tensor_args,
+    mask_args,
+    call_kwargs=None,
+    causal=False,
+    batch=2,
+    steps=6,
+    features=8,
+    atol=ATOL,
+):
+    """Checks a layer's handling of padding (and causal) masks.
+
+    - Feeding `Embedding(mask_zero=True)` output (a Keras mask) equals
+      feeding the embedded tensor with explicit `mask_args`.
+    - Changing values at padded positions changes no output at unpadded
+      positions.
+    - The Keras mask of the first tensor argument is propagated to the
+      output (when the output keeps the time axis), and the input keeps its
+      mask (it is not deleted by the layer).
+    - For causal layers, changing future steps changes no earlier output.
+
+    `tensor_args` names the call arguments that receive the sequence
+    (e.g. `("query", "value")`), `mask_args` the matching explicit mask
+    arguments (e.g. `("query_mask", "value_mask")`).
+    """
+    call_kwargs = dict(call_kwargs or {})
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 20, size=(batch, steps)).astype("int32")
+    ids[0, steps - 2 :] = 0  # example 0 is padded at the end
+    valid = ids != 0
+
+    layer = layer_cls(**init_kwargs)
+    embedding = keras.layers.Embedding(20, features, mask_zero=True)
+    token_input = keras.Input((None,), dtype="int32")
+    embedded = embedding(token_input)
+    out = _as_tuple(layer(**{a: embedded for a in tensor_args}, **call_kwargs))[0]
+    if len(out.shape) == 3:
+        assert getattr(out, "_keras_mask", None) is not None, "mask not propagated"
+    assert getattr(embedded, "_keras_mask", None) is not None, "input mask deleted"
+    model = keras.Model(token_input, out)
+    with_keras_mask = _np(model(ids))
+
+    x = _np(embedding(ids))
+    explicit = dict({a: x for a in tensor_args}, **{m: valid for m in mask_args})
+    with_explicit = _np(_as_tuple(layer(**explicit, **call_kwargs))[0])
+
+    def valid_part(y):
+        return y[valid] if y.ndim >= 3 and y.shape[1] == steps else y
+
+    np.testing.assert_allclose(
+        valid_part(with_keras_mask), valid_part(with_explicit), atol=atol
+    )
+    assert np.all(np.isfinite(with_explicit)), "non-finite output at padding"
+
+    noisy = x.copy()
+    noisy[~valid] = rng.normal(size=noisy[~valid].shape) * 10
+    perturbed = dict({a: noisy for a in tensor_args}, **{m: valid for m in mask_args})
+    with_noise = _np(_as_tuple(layer(**perturbed, **call_kwargs))[0])
+    np.testing.assert_allclose(valid_part(with_noise), valid_part(with_explicit), atol=atol)
+
+    if causal:
+        cut = steps // 2
+        future = x.copy()
+        future[:, cut:] = rng.normal(size=future[:, cut:].shape)
+        a = _np(_as_tuple(layer(**{t: x for t in tensor_args}, **call_kwargs))[0])
+        b = _np(_as_tuple(layer(**{t: future for t in tensor_args}, **call_kwargs))[0])
+        np.testing.assert_allclose(a[:, :cut], b[:, :cut], atol=atol)
+        assert not np.allclose(a[:, cut:], b[:, cut:]), "future change had no effect"
