@@ -5,3 +5,10 @@ from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.self_attention import CausalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock

@@ -4,6 +4,7 @@ from keras import ops
 from keras_attention import masks as masks_lib
 from keras_attention.ops.attention import as_4d_mask
 from keras_attention.ops.attention import dot_product_attention
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
 
 def _check_positive_int(name, value, allow_none=False):
@@ -63,6 +64,12 @@ class MultiHeadAttention(keras.layers.Layer):
         bias_regularizer, activity_regularizer, kernel_constraint,
         bias_constraint: as for `keras.layers.Dense`.
         seed: optional int, seed of the dropout.
+        rotary_max_wavelength: optional number; when set, rotary position
+            embeddings (`RotaryEmbedding`) rotate the projected queries and
+            keys. Query positions start at `cache_update_index` (else 0);
+            keys are rotated at their absolute positions when written into
+            the cache (`compute_cache` rotates them from 0). Defaults to
+            None (off; no weights added either way).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -125,6 +132,7 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_constraint=None,
         bias_constraint=None,
         seed=None,
+        rotary_max_wavelength=None,
         **kwargs,
     ):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
@@ -164,6 +172,14 @@ class MultiHeadAttention(keras.layers.Layer):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
+        self.rotary_max_wavelength = rotary_max_wavelength
+        self._rotary = None
+        if rotary_max_wavelength is not None:
+            self._rotary = RotaryEmbedding(
+                max_wavelength=rotary_max_wavelength,
+                dtype=self.dtype_policy,
+                name="rotary_embedding",
+            )
         self._dropout_layer = keras.layers.Dropout(
             rate=dropout, seed=seed, dtype=self.dtype_policy
         )
@@ -267,7 +283,14 @@ class MultiHeadAttention(keras.layers.Layer):
         without projecting it again.
         """
         key = value if key is None else key
-        return ops.stack([self._key_dense(key), self._value_dense(value)], axis=1)
+        k = self._rotate(self._key_dense(key), 0)
+        return ops.stack([k, self._value_dense(value)], axis=1)
+
+    def _rotate(self, x, start_index):
+        """Rotary positions on projected `(b, T, heads, dim)` (if enabled)."""
+        if self._rotary is None:
+            return x
+        return self._rotary(x, start_index=start_index)
 
     def _check_attention_mask(self, attention_mask, query, key):
         shape = tuple(attention_mask.shape)
@@ -349,19 +372,19 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         key = value if key is None else key
-        q = self._query_dense(query)
+        offset = 0 if cache_update_index is None else cache_update_index
+        q = self._rotate(self._query_dense(query), offset)
         if cache is None:
-            k, v = self._key_dense(key), self._value_dense(value)
-            offset = 0
+            k = self._rotate(self._key_dense(key), 0)
+            v = self._value_dense(value)
         elif cache_update_index is None:
             k, v = cache[:, 0], cache[:, 1]
-            offset = 0
         else:
             start = (0, cache_update_index, 0, 0)
-            k = ops.slice_update(cache[:, 0], start, self._key_dense(key))
+            new_k = self._rotate(self._key_dense(key), offset)
+            k = ops.slice_update(cache[:, 0], start, new_k)
             v = ops.slice_update(cache[:, 1], start, self._value_dense(value))
             cache = ops.stack([k, v], axis=1)
-            offset = cache_update_index
         if cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
             value_mask = key_mask = None
@@ -447,6 +470,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     self.bias_constraint
                 ),
                 "seed": self.seed,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
             }
         )
         return config

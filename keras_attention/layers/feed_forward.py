@@ -1,0 +1,123 @@
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class FeedForward(keras.layers.Layer):
+    """Position-wise feed-forward network of the Transformer.
+
+    `FFN(x) = W2 dropout(activation(x W1 + b1)) + b2`, applied to every
+    position alike; the output has the input's feature size. Keras masks
+    pass through unchanged.
+
+    Args:
+        intermediate_dim: int, width of the hidden layer (`d_ff`).
+        activation: activation of the hidden layer.
+        dropout: float in [0, 1), dropout on the hidden activations.
+        use_bias: bool.
+        kernel_initializer, bias_initializer: initializers of both layers.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, d)`.
+        training: bool, dropout on or off.
+
+    Returns:
+        `(batch, T, d)`.
+
+    Example:
+
+    >>> ffn = FeedForward(intermediate_dim=32)
+    >>> tuple(ffn(np.ones((2, 5, 8), "float32")).shape)
+    (2, 5, 8)
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need", section 3.3.
+    """
+
+    def __init__(
+        self,
+        intermediate_dim,
+        activation="relu",
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if (
+            not isinstance(intermediate_dim, int)
+            or isinstance(intermediate_dim, bool)
+            or intermediate_dim <= 0
+        ):
+            raise ValueError(
+                "`intermediate_dim` must be a positive integer. "
+                f"Received: intermediate_dim={intermediate_dim}"
+            )
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(
+                f"`dropout` must be a float in [0, 1). Received: dropout={dropout}"
+            )
+        self.intermediate_dim = intermediate_dim
+        self.activation = keras.activations.get(activation)
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _dense(self, units, name, activation=None):
+        def clone(init):
+            return init.__class__.from_config(init.get_config())
+
+        return keras.layers.Dense(
+            units,
+            activation=activation,
+            use_bias=self.use_bias,
+            kernel_initializer=clone(self.kernel_initializer),
+            bias_initializer=clone(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) < 2 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have a known feature size. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
+        self.intermediate_dense = self._dense(
+            self.intermediate_dim, "intermediate_dense", self.activation
+        )
+        self.intermediate_dense.build(inputs_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.output_dense = self._dense(inputs_shape[-1], "output_dense")
+        self.output_dense.build(hidden_shape)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.intermediate_dense(inputs)
+        hidden = self.dropout_layer(hidden, training=training)
+        return self.output_dense(hidden)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "intermediate_dim": self.intermediate_dim,
+                "activation": keras.activations.serialize(self.activation),
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,94 @@
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class PositionEmbedding(keras.layers.Layer):
+    """Learned position embedding: one trainable vector per position.
+
+    Returns the embeddings of positions `start_index .. start_index + T - 1`
+    broadcast to the shape of `inputs` (add them yourself: `x + layer(x)`).
+
+    Args:
+        sequence_length: int, the maximum number of positions.
+        initializer: initializer of the `(sequence_length, d)` table.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, d)`; only its shape is used. `T` (plus
+            `start_index`) must not exceed `sequence_length`.
+        start_index: int or scalar int tensor, position of `inputs[:, 0]`
+            (the cache index in incremental decoding).
+
+    Returns:
+        `(batch, T, d)` position embeddings.
+
+    Example:
+
+    >>> layer = PositionEmbedding(sequence_length=10)
+    >>> tuple(layer(np.zeros((2, 4, 8), "float32")).shape)
+    (2, 4, 8)
+
+    References:
+        - Gehring et al., 2017, "Convolutional Sequence to Sequence
+          Learning" (learned position embeddings).
+        - Devlin et al., 2019, "BERT".
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if (
+            not isinstance(sequence_length, int)
+            or isinstance(sequence_length, bool)
+            or sequence_length <= 0
+        ):
+            raise ValueError(
+                "`sequence_length` must be a positive integer. "
+                f"Received: sequence_length={sequence_length}"
+            )
+        self.sequence_length = sequence_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, steps, features) with a known "
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        if inputs_shape[1] is not None and inputs_shape[1] > self.sequence_length:
+            raise ValueError(
+                "`inputs` has more steps than `sequence_length`. Received: "
+                f"inputs_shape={tuple(inputs_shape)}, "
+                f"sequence_length={self.sequence_length}"
+            )
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, inputs_shape[-1]),
+            initializer=self.initializer.__class__.from_config(
+                self.initializer.get_config()
+            ),
+            trainable=True,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = ops.shape(inputs)[1]
+        table = ops.convert_to_tensor(self.position_embeddings)
+        # p - positions, d - features
+        positions = ops.slice(table, (start_index, 0), (length, ops.shape(table)[1]))
+        out = ops.broadcast_to(positions[None], ops.shape(inputs))
+        return ops.cast(out, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "sequence_length": self.sequence_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,103 @@
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotary position embedding (RoPE), applied to queries and keys.
+
+    Splits the last axis of `x` (size `d`, even) into halves `x1, x2` and
+    rotates each pair `(x1[k], x2[k])` by the angle `m * theta_k` of its
+    absolute position `m`:
+
+        theta_k = max_wavelength ** (-2k / d),   k = 0 .. d/2 - 1
+        y1 = x1 cos(m theta) - x2 sin(m theta)
+        y2 = x2 cos(m theta) + x1 sin(m theta)
+
+    A rotation keeps norms, and `rope(q, m) . rope(k, n)` depends on the
+    positions only through `m - n`, which makes attention scores relative.
+    The maths runs in float32 and the result is cast back to the input's
+    dtype. The layer has no weights.
+
+    Args:
+        max_wavelength: positive number, the longest wavelength `10000` of
+            the paper.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, ..., d)`: the sequence axis is 1, the rotated
+            features the last axis (e.g. projected heads `(b, T, h, d)`).
+        start_index: int or scalar int tensor, absolute position of
+            `inputs[:, 0]` (the cache index in incremental decoding).
+
+    Returns:
+        A tensor shaped like `inputs`.
+
+    Example:
+
+    >>> rope = RotaryEmbedding()
+    >>> q = np.ones((1, 4, 2, 8), "float32")
+    >>> tuple(rope(q, start_index=3).shape)
+    (1, 4, 2, 8)
+
+    References:
+        - Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary
+          Position Embedding".
+    """
+
+    def __init__(self, max_wavelength=10000, **kwargs):
+        super().__init__(**kwargs)
+        if (
+            not isinstance(max_wavelength, (int, float))
+            or isinstance(max_wavelength, bool)
+            or max_wavelength <= 0
+        ):
+            raise ValueError(
+                "`max_wavelength` must be a positive number. "
+                f"Received: max_wavelength={max_wavelength}"
+            )
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+        self.built = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) < 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, steps, ..., features) with a "
+                f"known feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        if inputs_shape[-1] % 2:
+            raise ValueError(
+                "The rotated feature size must be even. "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        self.built = True
+
+    def _cos_sin(self, length, dim, rank, start_index):
+        # m - absolute positions, k - frequency index
+        m = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
+        k = ops.cast(ops.arange(dim // 2), "float32")
+        theta = ops.power(
+            ops.cast(self.max_wavelength, "float32"), -2.0 * k / float(dim)
+        )
+        angles = ops.einsum("m,k->mk", m, theta)  # (T, d/2)
+        shape = (1, length) + (1,) * (rank - 3) + (dim // 2,)
+        return ops.reshape(ops.cos(angles), shape), ops.reshape(ops.sin(angles), shape)
+
+    def call(self, inputs, start_index=0):
+        dim = inputs.shape[-1]
+        cos, sin = self._cos_sin(
+            ops.shape(inputs)[1], dim, len(inputs.shape), start_index
+        )
+        x = ops.cast(inputs, "float32")
+        x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+        y = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        return ops.cast(y, inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_wavelength"] = self.max_wavelength
+        return config

@@ -1,0 +1,84 @@
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal position encoding of "Attention Is All You Need".
+
+    For position `pos` and feature `i` of `d`:
+
+        PE(pos, 2k)     = sin(pos / max_wavelength ** (2k / d))
+        PE(pos, 2k + 1) = cos(pos / max_wavelength ** (2k / d))
+
+    The layer returns the encoding (not the sum), broadcast to the shape of
+    `inputs`; add it to the embeddings yourself: `x + layer(x)`. It has no
+    weights and works for any sequence length. Computed in float32, returned
+    in the compute dtype.
+
+    Args:
+        max_wavelength: positive number, `10000` in the paper.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, d)`; only its shape is used.
+        start_index: int or scalar int tensor, position of `inputs[:, 0]`
+            (the cache index in incremental decoding).
+
+    Returns:
+        `(batch, T, d)` encodings.
+
+    Example:
+
+    >>> x = np.zeros((2, 5, 8), "float32")
+    >>> pe = SinusoidalPositionEncoding()(x)
+    >>> tuple(pe.shape), float(pe[0, 0, 1])  # cos(0)
+    ((2, 5, 8), 1.0)
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need", section 3.5.
+    """
+
+    def __init__(self, max_wavelength=10000, **kwargs):
+        super().__init__(**kwargs)
+        if (
+            not isinstance(max_wavelength, (int, float))
+            or isinstance(max_wavelength, bool)
+            or max_wavelength <= 0
+        ):
+            raise ValueError(
+                "`max_wavelength` must be a positive number. "
+                f"Received: max_wavelength={max_wavelength}"
+            )
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+        self.built = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, steps, features) with a known "
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        d = inputs.shape[-1]
+        length = ops.shape(inputs)[1]
+        # pos - positions, i - features
+        pos = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
+        i = ops.arange(d)
+        even = ops.cast(2 * (i // 2), "float32")
+        rate = ops.power(ops.cast(self.max_wavelength, "float32"), -even / float(d))
+        angle = pos[:, None] * rate[None, :]
+        pe = ops.where(i % 2 == 0, ops.sin(angle), ops.cos(angle))
+        pe = ops.broadcast_to(pe[None], ops.shape(inputs))
+        return ops.cast(pe, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_wavelength"] = self.max_wavelength
+        return config

@@ -1,0 +1,124 @@
+import keras
+from keras import ops
+
+from keras_attention.layers.position_embedding import PositionEmbedding
+
+
+def _check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus learned position embedding.
+
+    `y[b, t] = E_token[ids[b, t]] + E_pos[start_index + t]`. With
+    `mask_zero=True`, token id 0 is padding: the layer returns the Keras mask
+    `ids != 0`, which every following block of the package reads and passes
+    on.
+
+    Args:
+        vocabulary_size: int, number of token ids.
+        sequence_length: int, maximum number of positions.
+        embedding_dim: int, output features.
+        mask_zero: bool, whether id 0 is padding (produces a Keras mask).
+        embeddings_initializer: initializer of both tables.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: int `(batch, T)` token ids.
+        start_index: int or scalar int tensor, position of `inputs[:, 0]`
+            (the cache index in incremental decoding).
+
+    Returns:
+        `(batch, T, embedding_dim)`, with a Keras mask if `mask_zero`.
+
+    Example:
+
+    >>> layer = TokenAndPositionEmbedding(100, 16, 8, mask_zero=True)
+    >>> ids = np.array([[5, 7, 0]])
+    >>> tuple(layer(ids).shape), layer.compute_mask(ids).tolist()
+    ((1, 3, 8), [[True, True, False]])
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+        - Radford et al., 2018, "Improving Language Understanding by
+          Generative Pre-Training" (learned positions).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        mask_zero=False,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_positive_int("vocabulary_size", vocabulary_size)
+        _check_positive_int("sequence_length", sequence_length)
+        _check_positive_int("embedding_dim", embedding_dim)
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.mask_zero = bool(mask_zero)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.supports_masking = self.mask_zero
+
+    def _clone_initializer(self):
+        init = self.embeddings_initializer
+        return init.__class__.from_config(init.get_config())
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 2:
+            raise ValueError(
+                "`inputs` must be token ids of shape (batch, steps). "
+                f"Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        self.token_embedding = keras.layers.Embedding(
+            self.vocabulary_size,
+            self.embedding_dim,
+            embeddings_initializer=self._clone_initializer(),
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.token_embedding.build(inputs_shape)
+        self.position_embedding = PositionEmbedding(
+            self.sequence_length,
+            initializer=self._clone_initializer(),
+            dtype=self.dtype_policy,
+            name="position_embedding",
+        )
+        self.position_embedding.build(tuple(inputs_shape) + (self.embedding_dim,))
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        tokens = self.token_embedding(inputs)
+        return tokens + self.position_embedding(tokens, start_index=start_index)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        return ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape) + (self.embedding_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "sequence_length": self.sequence_length,
+                "embedding_dim": self.embedding_dim,
+                "mask_zero": self.mask_zero,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config

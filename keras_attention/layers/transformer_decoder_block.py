@@ -1,0 +1,256 @@
+import keras
+
+from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attention.layers.transformer_encoder_block import _clone
+from keras_attention.layers.transformer_encoder_block import _first
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoderBlock(TransformerEncoderBlock):
+    """Transformer decoder block: causal self-attention, cross-attention to
+    an encoder's output (optional), feed-forward; each with a residual
+    connection and layer normalization (post-norm, or pre-norm with
+    `norm_first=True`, as in `TransformerEncoderBlock`).
+
+    With `cross_attention=False` this is the block of a decoder-only
+    language model. For incremental decoding, the block takes a fixed-size
+    self-attention key/value cache and the index to write at, and returns
+    the updated cache; the encoder's keys/values are projected once with
+    `compute_cross_attention_cache(context)` and passed at every step.
+    `keras_attention.generation` drives whole models built from these
+    blocks with the `keras_hub` samplers.
+
+    Args:
+        num_heads, intermediate_dim, key_dim, num_key_value_heads, dropout,
+        activation, norm_first, layer_norm_epsilon, rotary_max_wavelength,
+        kernel_initializer, bias_initializer: see `TransformerEncoderBlock`
+            (rotary positions apply to the self-attention only).
+        cross_attention: bool, whether the block attends to a `context`.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, features)` decoder sequence.
+        context: `(batch, S, context_features)` encoder output; required
+            when `cross_attention` unless `cross_attention_cache` is given.
+        padding_mask: optional boolean `(batch, T)` mask of the decoder
+            queries (read from the Keras mask of `inputs` when omitted).
+            With a cache it covers this call's queries only; mask padded
+            cache slots with `attention_mask`.
+        context_padding_mask: optional boolean `(batch, S)` (read from the
+            Keras mask of `context` when omitted).
+        attention_mask: optional boolean `(T, Tk)`, `(batch, T, Tk)` or
+            `(batch, heads, T, Tk)` for the self-attention (`Tk = T`, or the
+            cache length), combined with the causal and padding masks.
+        cross_attention_mask: optional boolean mask `(.., T, S)` for the
+            cross-attention.
+        return_attention_scores: bool, also return the per-head weights of
+            the self-attention `(batch, heads, T, Tk)` and, when
+            `cross_attention`, of the cross-attention `(batch, heads, T, S)`.
+        training: bool, dropout on or off.
+        self_attention_cache: optional `(batch, 2, max_length, kv_heads,
+            key_dim)` keys/values of earlier positions.
+        self_attention_cache_update_index: int or scalar tensor, position
+            of `inputs[:, 0]`; this call's keys/values are written there.
+        cross_attention_cache: optional `compute_cross_attention_cache(
+            context)` result, used instead of projecting `context`.
+        mask, inputs_mask, context_mask: filled by Keras from the inputs'
+            Keras masks; pass `padding_mask`/`context_padding_mask` instead.
+
+    Returns:
+        `(batch, T, features)`, then the self-attention weights and the
+        cross-attention weights (if `return_attention_scores`), then the
+        updated self-attention cache (if one was given).
+
+    Example:
+
+    >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    >>> x, ctx = np.ones((2, 4, 8), "float32"), np.ones((2, 6, 8), "float32")
+    >>> y, w_self, w_cross = block(x, ctx, return_attention_scores=True)
+    >>> tuple(y.shape), tuple(w_self.shape), tuple(w_cross.shape)
+    ((2, 4, 8), (2, 2, 4, 4), (2, 2, 4, 6))
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+        - Radford et al., 2019, "Language Models are Unsupervised Multitask
+          Learners" (decoder-only).
+    """
+
+    def __init__(self, num_heads, intermediate_dim, cross_attention=True, **kwargs):
+        if "causal" in kwargs:
+            raise ValueError(
+                "`TransformerDecoderBlock` is always causal. "
+                f"Received: causal={kwargs['causal']}"
+            )
+        super().__init__(num_heads, intermediate_dim, causal=True, **kwargs)
+        self.cross_attention = bool(cross_attention)
+
+    def _make_cross_attention(self, hidden_dim):
+        return CrossAttention(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(hidden_dim),
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout,
+            kernel_initializer=_clone(self.kernel_initializer),
+            bias_initializer=_clone(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="cross_attention",
+        )
+
+    def build(self, inputs_shape, context_shape=None):
+        super().build(inputs_shape)
+        if not self.cross_attention:
+            return
+        if context_shape is None:
+            raise ValueError(
+                "A block with `cross_attention=True` is built from `inputs` and "
+                "`context`. Call it once with a `context` first. Received: "
+                "context_shape=None"
+            )
+        if len(context_shape) != 3 or context_shape[-1] is None:
+            raise ValueError(
+                "`context` must have shape (batch, steps, features) with a "
+                f"known feature size. Received: context_shape={tuple(context_shape)}"
+            )
+        self.cross_attention_layer = self._make_cross_attention(inputs_shape[-1])
+        self.cross_attention_layer.build(inputs_shape, context_shape)
+        self.cross_attention_norm = self._make_norm("cross_attention_norm")
+        self.cross_attention_norm.build(inputs_shape)
+        self.cross_attention_dropout = self._make_dropout("cross_attention_dropout")
+        self.built = True
+
+    def compute_cross_attention_cache(self, context):
+        """Encoder keys/values `(batch, 2, S, kv_heads, key_dim)`, once per
+        source sequence."""
+        return self.cross_attention_layer.compute_cache(context)
+
+    def call(
+        self,
+        inputs,
+        context=None,
+        padding_mask=None,
+        context_padding_mask=None,
+        attention_mask=None,
+        cross_attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        mask=None,
+        inputs_mask=None,
+        context_mask=None,
+    ):
+        has_context = context is not None or cross_attention_cache is not None
+        if self.cross_attention and not has_context:
+            raise ValueError(
+                "This block has `cross_attention=True`: pass `context` (or "
+                "`cross_attention_cache`). Received: context=None"
+            )
+        if not self.cross_attention and has_context:
+            raise ValueError(
+                "This block has `cross_attention=False` and takes no context. "
+                f"Received: context with shape {getattr(context, 'shape', None)}"
+            )
+        padding_mask = _first(padding_mask, inputs_mask, mask)
+        context_padding_mask = _first(context_padding_mask, context_mask)
+        use_cache = self_attention_cache is not None
+        if use_cache and self_attention_cache_update_index is None:
+            raise ValueError(
+                "`self_attention_cache_update_index` is required with "
+                "`self_attention_cache`. Received: "
+                "self_attention_cache_update_index=None"
+            )
+
+        def self_attend(y):
+            return self.self_attention(
+                y,
+                mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+            )
+
+        x, self_extra = self._residual(
+            inputs, self_attend, self.self_attention_norm,
+            self.self_attention_dropout, training,
+        )
+        cross_extra = ()
+        if self.cross_attention:
+
+            def cross_attend(y):
+                out = self.cross_attention_layer(
+                    y,
+                    context,
+                    query_mask=padding_mask,
+                    context_mask=context_padding_mask,
+                    attention_mask=cross_attention_mask,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                    cache=cross_attention_cache,
+                )
+                if cross_attention_cache is not None:
+                    out = out[:-1]  # the fixed cache comes back unchanged
+                return out if len(out) > 1 else out[0]
+
+            x, cross_extra = self._residual(
+                x, cross_attend, self.cross_attention_norm,
+                self.cross_attention_dropout, training,
+            )
+        x, _ = self._residual(
+            x,
+            lambda y: self.feed_forward(y, training=training),
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            training,
+        )
+        # self_extra: (scores?, cache?); cross_extra: (scores?,)
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (self_extra[0],) + cross_extra
+        if use_cache:
+            outputs += (self_extra[-1],)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compute_output_spec(
+        self,
+        inputs,
+        context=None,
+        return_attention_scores=False,
+        self_attention_cache=None,
+        cross_attention_cache=None,
+        **kwargs,
+    ):
+        b, t = inputs.shape[0], inputs.shape[1]
+        outputs = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
+        if return_attention_scores:
+            tk = t if self_attention_cache is None else self_attention_cache.shape[2]
+            outputs += (
+                keras.KerasTensor((b, self.num_heads, t, tk), dtype=self.compute_dtype),
+            )
+            if self.cross_attention:
+                s = (
+                    context.shape[1]
+                    if cross_attention_cache is None
+                    else cross_attention_cache.shape[2]
+                )
+                outputs += (
+                    keras.KerasTensor(
+                        (b, self.num_heads, t, s), dtype=self.compute_dtype
+                    ),
+                )
+        if self_attention_cache is not None:
+            outputs += (
+                keras.KerasTensor(
+                    self_attention_cache.shape, dtype=self_attention_cache.dtype
+                ),
+            )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        del config["causal"]
+        config["cross_attention"] = self.cross_attention
+        return config

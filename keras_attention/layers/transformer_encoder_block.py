@@ -1,0 +1,296 @@
+import keras
+
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.self_attention import SelfAttention
+
+
+def _check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value}"
+        )
+
+
+def _check_rate(name, value):
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value}")
+
+
+def _first(*values):
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _clone(initializer):
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoderBlock(keras.layers.Layer):
+    """Transformer encoder block: self-attention and feed-forward, each with
+    a residual connection and layer normalization.
+
+    Post-norm (the paper, `norm_first=False`):
+
+        x = LayerNorm(x + Dropout(SelfAttention(x)))
+        x = LayerNorm(x + Dropout(FeedForward(x)))
+
+    Pre-norm (`norm_first=True`, easier to train deep):
+
+        x = x + Dropout(SelfAttention(LayerNorm(x)))
+        x = x + Dropout(FeedForward(LayerNorm(x)))
+
+    The Keras mask of `inputs` (e.g. from `TokenAndPositionEmbedding(...,
+    mask_zero=True)`) is read as the padding mask and passed on to the
+    output. The attention layer comes from the overridable factory
+    `_make_self_attention()`.
+
+    Args:
+        num_heads: int, number of attention heads.
+        intermediate_dim: int, hidden width of the feed-forward network.
+        key_dim: int, size of each attention head; defaults to
+            `features // num_heads`.
+        num_key_value_heads: int dividing `num_heads` (grouped-query
+            attention); defaults to `num_heads`.
+        dropout: float in [0, 1), dropout on the attention weights, the
+            feed-forward hidden layer and both residual branches.
+        activation: activation of the feed-forward network.
+        norm_first: bool, pre-norm instead of post-norm.
+        layer_norm_epsilon: float, epsilon of the layer norms.
+        causal: bool, causal self-attention (position `i` sees `<= i`).
+        rotary_max_wavelength: optional number; rotary position embeddings
+            in the self-attention (None: off).
+        kernel_initializer, bias_initializer: initializers of all dense
+            layers.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, features)`.
+        padding_mask: optional boolean `(batch, T)`, True on real tokens.
+            Read from the Keras mask of `inputs` when omitted (Keras fills
+            `mask`/`inputs_mask` for that; do not pass those yourself).
+        attention_mask: optional boolean `(T, T)`, `(batch, T, T)` or
+            `(batch, heads, T, T)`, e.g. `keras_attention.masks.
+            prefix_lm_mask(T, prefix_length)`; combined with the padding
+            (and causal) masks.
+        return_attention_scores: bool, also return the attention weights.
+        training: bool, dropout on or off.
+
+    Returns:
+        `(batch, T, features)`, and the per-head attention weights
+        `(batch, num_heads, T, T)` if `return_attention_scores`.
+
+    Example:
+
+    >>> block = TransformerEncoderBlock(num_heads=2, intermediate_dim=32)
+    >>> y, w = block(np.ones((2, 5, 8), "float32"), return_attention_scores=True)
+    >>> tuple(y.shape), tuple(w.shape)
+    ((2, 5, 8), (2, 2, 5, 5))
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+        - Xiong et al., 2020, "On Layer Normalization in the Transformer
+          Architecture" (pre-norm).
+        - Su et al., 2021, "RoFormer" (rotary positions).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        key_dim=None,
+        num_key_value_heads=None,
+        dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-5,
+        causal=False,
+        rotary_max_wavelength=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("intermediate_dim", intermediate_dim)
+        _check_positive_int("key_dim", key_dim, allow_none=True)
+        _check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads`. Received: "
+                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+            )
+        _check_rate("dropout", dropout)
+        if not isinstance(layer_norm_epsilon, (int, float)) or layer_norm_epsilon <= 0:
+            raise ValueError(
+                "`layer_norm_epsilon` must be a positive float. "
+                f"Received: layer_norm_epsilon={layer_norm_epsilon}"
+            )
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.key_dim = key_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.dropout = dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = bool(norm_first)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.causal = bool(causal)
+        self.rotary_max_wavelength = rotary_max_wavelength
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    # Sublayer factories (override or extend in subclasses / other blocks).
+
+    def _head_dim(self, hidden_dim):
+        if self.key_dim is not None:
+            return self.key_dim
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                "The feature size must be divisible by `num_heads` when "
+                f"`key_dim` is None. Received: features={hidden_dim}, "
+                f"num_heads={self.num_heads}"
+            )
+        return hidden_dim // self.num_heads
+
+    def _self_attention_kwargs(self, hidden_dim):
+        """Arguments shared by every self-attention variant of the block."""
+        return dict(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(hidden_dim),
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout,
+            rotary_max_wavelength=self.rotary_max_wavelength,
+            kernel_initializer=_clone(self.kernel_initializer),
+            bias_initializer=_clone(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="self_attention",
+        )
+
+    def _make_self_attention(self, hidden_dim):
+        """The block's self-attention layer: `call(x, mask=...,
+        attention_mask=..., return_attention_scores=..., training=...)`."""
+        return SelfAttention(causal=self.causal, **self._self_attention_kwargs(hidden_dim))
+
+    def _make_norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _make_dropout(self, name):
+        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
+
+    def _make_feed_forward(self):
+        return FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            dropout=self.dropout,
+            kernel_initializer=_clone(self.kernel_initializer),
+            bias_initializer=_clone(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, steps, features) with a known "
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._make_self_attention(hidden_dim)
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._make_norm("self_attention_norm")
+        self.self_attention_norm.build(inputs_shape)
+        self.self_attention_dropout = self._make_dropout("self_attention_dropout")
+        self.feed_forward = self._make_feed_forward()
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm = self._make_norm("feed_forward_norm")
+        self.feed_forward_norm.build(inputs_shape)
+        self.feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+        self.built = True
+
+    def _residual(self, x, sublayer, norm, dropout, training):
+        """Runs `sublayer` with residual + norm; returns (x, extra outputs)."""
+        y = norm(x) if self.norm_first else x
+        outputs = sublayer(y)
+        if isinstance(outputs, tuple):
+            y, extra = outputs[0], outputs[1:]
+        else:
+            y, extra = outputs, ()
+        x = x + dropout(y, training=training)
+        if not self.norm_first:
+            x = norm(x)
+        return x, extra
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        padding_mask = _first(padding_mask, inputs_mask, mask)
+
+        def attend(y):
+            return self.self_attention(
+                y,
+                mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+
+        x, extra = self._residual(
+            inputs, attend, self.self_attention_norm, self.self_attention_dropout,
+            training,
+        )
+        x, _ = self._residual(
+            x,
+            lambda y: self.feed_forward(y, training=training),
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            training,
+        )
+        if return_attention_scores:
+            return (x,) + extra
+        return x
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        b, t = inputs.shape[0], inputs.shape[1]
+        scores = keras.KerasTensor((b, self.num_heads, t, t), dtype=self.compute_dtype)
+        return output, scores
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "key_dim": self.key_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "dropout": self.dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "causal": self.causal,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config
