@@ -5,6 +5,7 @@ from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.self_attention import CausalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.rotary_embedding import RotaryEmbedding

@@ -1,30 +1,201 @@
 import keras
 import numpy as np
 import pytest
+from keras import ops
 
 from harness import run_layer_test, run_mask_test
+from keras_attention import masks
 from keras_attention.layers import MultiHeadAttention
+from references import multi_head_attention as np_mha
+
+RNG = np.random.default_rng(0)
+Q = RNG.normal(size=(2, 5, 8)).astype("float32")
+V = RNG.normal(size=(2, 7, 6)).astype("float32")
 
 
-def test_harness_mha():
-    rng = np.random.default_rng(0)
+def np_(x):
+    return ops.convert_to_numpy(ops.cast(x, "float32"))
+
+
+def test_harness():
     run_layer_test(
         MultiHeadAttention,
         dict(num_heads=2, key_dim=4),
-        dict(query=rng.normal(size=(2, 5, 8)).astype("float32"),
-             value=rng.normal(size=(2, 7, 6)).astype("float32")),
+        dict(query=Q, value=V),
         call_kwargs=dict(return_attention_scores=True),
         expected_output_shape=((2, 5, 8), (2, 2, 5, 7)),
         expected_num_trainable_weights=8,
     )
 
 
-def test_mask_mha():
+def test_harness_grouped_query_with_key_and_causal():
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=4, key_dim=4, value_dim=3, num_key_value_heads=2,
+             output_shape=5, dropout=0.1),
+        dict(query=Q, value=Q, key=Q),
+        call_kwargs=dict(use_causal_mask=True),
+        expected_output_shape=(2, 5, 5),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_masks_through_harness():
     run_mask_test(MultiHeadAttention, dict(num_heads=2, key_dim=4),
                   ("query", "value"), ("query_mask", "value_mask"))
-
-
-def test_mask_mha_causal():
     run_mask_test(MultiHeadAttention, dict(num_heads=2, key_dim=4),
                   ("query", "value"), ("query_mask", "value_mask"),
                   call_kwargs=dict(use_causal_mask=True), causal=True)
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_matches_numpy_reference(kv_heads):
+    layer = MultiHeadAttention(4, 3, num_key_value_heads=kv_heads)
+    mask = RNG.random((2, 5, 7)) > 0.3
+    out, scores = layer(Q, V, attention_mask=mask, return_attention_scores=True)
+    ref, ref_w = np_mha(layer, Q, V, mask=mask[:, None])
+    np.testing.assert_allclose(np_(out), ref, atol=1e-5)
+    np.testing.assert_allclose(np_(scores), ref_w, atol=1e-6)
+    if kv_heads:
+        assert layer.key_dense.kernel.shape == (6, kv_heads, 3)
+
+
+def test_drop_in_for_keras_multi_head_attention():
+    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3)
+    ours = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3)
+    mask = np.ones((2, 5, 7), bool)
+    mask[:, :, -2:] = False
+    a, sa = theirs(Q, V, attention_mask=mask, return_attention_scores=True)
+    ours(Q, V)
+    assert [w.shape for w in ours.weights] == [w.shape for w in theirs.weights]
+    ours.set_weights(theirs.get_weights())
+    b, sb = ours(Q, V, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)
+    np.testing.assert_allclose(np_(sa), np_(sb), atol=1e-6)
+    # Causal, with a key tensor.
+    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    ours = MultiHeadAttention(num_heads=2, key_dim=4)
+    a = theirs(Q, Q, key=Q, use_causal_mask=True)
+    ours(Q, Q, key=Q)
+    ours.set_weights(theirs.get_weights())
+    b = ours(Q, Q, key=Q, use_causal_mask=True)
+    np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)
+
+
+def test_fully_masked_rows_give_zero_result_not_nan():
+    layer = MultiHeadAttention(2, 4, dropout=0.5, use_bias=False)
+    mask = np.ones((2, 5, 7), bool)
+    mask[0, 2] = False
+    for training in (False, True):
+        out, w = layer(Q, V, attention_mask=mask, return_attention_scores=True,
+                       training=training)
+        assert np.all(np.isfinite(np_(out)))
+        assert np.all(np_(out)[0, 2] == 0) and np.all(np_(w)[0, :, 2] == 0)
+        out = layer(Q, V, attention_mask=mask, training=training)
+        assert np.all(np_(out)[0, 2] == 0)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_fully_masked_rows_under_mixed_precision(policy):
+    layer = MultiHeadAttention(2, 4, use_bias=False, dtype=policy)
+    mask = np.ones((2, 5, 7), bool)
+    mask[1, 0] = False
+    out, w = layer(Q, V, attention_mask=mask, return_attention_scores=True)
+    assert np.all(np.isfinite(np_(out))) and np.all(np_(out)[1, 0] == 0)
+    np.testing.assert_allclose(np_(w)[0].sum(-1), 1.0, atol=2e-2)
+
+
+def test_explicit_mask_shapes_are_equivalent():
+    layer = MultiHeadAttention(2, 4)
+    base = RNG.random((5, 7)) > 0.3
+    results = [
+        np_(layer(Q, V, attention_mask=m))
+        for m in (base, np.broadcast_to(base, (2, 5, 7)),
+                  np.broadcast_to(base, (2, 2, 5, 7)))
+    ]
+    for r in results[1:]:
+        np.testing.assert_allclose(r, results[0], atol=1e-6)
+    keras_mask = np.array([[1, 1, 1, 1, 1, 0, 0], [1] * 7], bool)
+    explicit = np.broadcast_to(keras_mask[:, None, :], (2, 5, 7))
+    np.testing.assert_allclose(
+        np_(layer(Q, V, value_mask=keras_mask)),
+        np_(layer(Q, V, attention_mask=explicit)), atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (2, 5), (3, 5, 7), (2, 3, 5, 7), (7,)])
+def test_bad_mask_shape_raises(shape):
+    layer = MultiHeadAttention(2, 4)
+    with pytest.raises(ValueError, match="attention_mask"):
+        layer(Q, V, attention_mask=np.ones(shape, bool))
+
+
+def test_symbolic_scores_shape_when_tq_differs_from_tv():
+    layer = MultiHeadAttention(2, 4)
+    out, scores = layer(keras.Input((5, 8)), keras.Input((7, 6)),
+                        return_attention_scores=True)
+    assert tuple(scores.shape) == (None, 2, 5, 7)
+    assert tuple(out.shape) == (None, 5, 8)
+
+
+def test_keras_mask_survives_reuse_by_several_layers():
+    ids = keras.Input((None,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    x = embedding(ids)
+    first, second = MultiHeadAttention(2, 4), MultiHeadAttention(2, 4)
+    a, b = first(x, x), second(x, x)
+    assert x._keras_mask is not None
+    assert a._keras_mask is not None and b._keras_mask is not None
+    model = keras.Model(ids, [a, b])
+    tokens = np.array([[3, 4, 0, 0], [5, 6, 7, 8]])
+    valid = tokens != 0
+    emb = np_(embedding(tokens))
+    out_a, out_b = model(tokens)
+    for layer, out in ((first, out_a), (second, out_b)):
+        expected = layer(emb, emb, query_mask=valid, value_mask=valid)
+        np.testing.assert_allclose(np_(out)[valid], np_(expected)[valid], atol=1e-5)
+        unmasked = layer(emb, emb)
+        assert not np.allclose(np_(unmasked)[0, :2], np_(out)[0, :2], atol=1e-4)
+
+
+def test_cache_matches_full_causal_pass():
+    layer = MultiHeadAttention(2, 4, num_key_value_heads=1)
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    full = np_(layer(x, x, use_causal_mask=True))
+    cache = np.zeros((2, 2, 6, 1, 4), "float32")
+    steps = []
+    for t in range(6):
+        xt = x[:, t : t + 1]
+        out, cache = layer(xt, xt, cache=cache, cache_update_index=t,
+                           use_causal_mask=True)
+        steps.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    # Precomputed memory (cross-attention) equals recomputing it.
+    memory = layer.compute_cache(V[:, :, :8] if V.shape[-1] == 8 else x)
+    np.testing.assert_allclose(
+        np_(layer(Q, x, cache=memory)[0]), np_(layer(Q, x)), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(num_heads=0, key_dim=4), "num_heads"),
+        (dict(num_heads=2.0, key_dim=4), "num_heads"),
+        (dict(num_heads=2, key_dim=-1), "key_dim"),
+        (dict(num_heads=2, key_dim=4, value_dim=0), "value_dim"),
+        (dict(num_heads=4, key_dim=4, num_key_value_heads=3), "num_key_value_heads"),
+        (dict(num_heads=4, key_dim=4, num_key_value_heads=0), "num_key_value_heads"),
+        (dict(num_heads=2, key_dim=4, dropout=-0.1), "dropout"),
+        (dict(num_heads=2, key_dim=4, dropout=1.0), "dropout"),
+        (dict(num_heads=2, key_dim=4, output_shape=(3, 4)), "output_shape"),
+    ],
+)
+def test_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=f"{name}.*Received"):
+        MultiHeadAttention(**kwargs)
+
+
+def test_bad_input_shapes():
+    with pytest.raises(ValueError, match="query_shape"):
+        MultiHeadAttention(2, 4)(np.ones((2, 8), "float32"), V)
+    with pytest.raises(ValueError, match="key_shape"):
+        MultiHeadAttention(2, 4)(Q, V, key=np.ones((2, 6, 6), "float32"))

@@ -1,0 +1,15 @@
+"""Cached incremental generation with the `keras_hub` samplers.
+
+`CausalLMGenerator` (decoder-only language models) and
+`Seq2SeqGenerator` (encoder-decoder models) turn a model built from
+`keras_attention.layers` (an embedding, `TransformerDecoderBlock`s, a head)
+into the `next(prompt, cache, index)` function that `keras_hub.samplers`
+(greedy, beam, top-k, top-p, ...) call, with a fixed-size key/value cache so
+that the whole generation loop compiles once.
+"""
+
+from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import self_attention_cache_shape
+from keras_attention.generation.cache import stack_caches
+from keras_attention.generation.decoder_only import CausalLMGenerator
+from keras_attention.generation.encoder_decoder import Seq2SeqGenerator

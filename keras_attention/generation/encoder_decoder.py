@@ -1,0 +1,111 @@
+from keras import ops
+
+from keras_attention.generation.cache import stack_caches
+from keras_attention.generation.decoder_only import CausalLMGenerator
+from keras_attention.generation.decoder_only import _get_sampler
+
+
+class Seq2SeqGenerator(CausalLMGenerator):
+    """Generation glue for an encoder-decoder model (e.g. a translator).
+
+    `logits = head(blocks(embedding(decoder_ids), context=encoder(ids)))`.
+    The source is encoded once, and each decoder block's cross-attention
+    keys/values of it are computed once per source sentence
+    (`TransformerDecoderBlock.compute_cross_attention_cache`). The sampler
+    carries the cache `(self_cache, cross_cache, context_mask)`:
+    `self_cache` `(batch, layers, 2, max_length, kv_heads, key_dim)` is
+    written at each step, the other two are read only.
+
+    Args:
+        encoder: callable (a Keras model or layer) mapping encoder token ids
+            `(batch, S)` to the encoder output `(batch, S, d)`.
+        embedding: the decoder's token embedding layer (see
+            `CausalLMGenerator`).
+        blocks: list of built `TransformerDecoderBlock(cross_attention=True)`.
+        head: layer or list of layers mapping decoder outputs to logits.
+        pad_token_id: int, padding id of source and target sequences
+            (encoder positions holding it are masked out).
+        jit_compile: bool, compile `generate` with XLA (TensorFlow backend).
+
+    Example:
+
+    >>> from keras_attention.layers import (TokenAndPositionEmbedding,
+    ...     TransformerEncoderBlock, TransformerDecoderBlock)
+    >>> src = keras.Input((None,), dtype="int32")
+    >>> enc_out = TransformerEncoderBlock(2, 16)(
+    ...     TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)(src))
+    >>> encoder = keras.Model(src, enc_out)
+    >>> emb = TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)
+    >>> block = TransformerDecoderBlock(2, 16)
+    >>> head = keras.layers.Dense(50)
+    >>> _ = head(block(emb(np.ones((1, 4), "int32")), np.ones((1, 3, 8), "float32")))
+    >>> translator = Seq2SeqGenerator(encoder, emb, [block], head)
+    >>> out, mask = translator.generate(
+    ...     np.array([[4, 9, 3, 0]]), np.array([[1, 0, 0, 0, 0]]))
+    >>> tuple(out.shape)
+    (1, 5)
+
+    References:
+        - Vaswani et al., 2017, "Attention Is All You Need".
+    """
+
+    _cross_attention = True
+    _input_names = ("encoder_token_ids",)
+
+    def __init__(self, encoder, embedding, blocks, head, pad_token_id=0, jit_compile=True):
+        super().__init__(embedding, blocks, head, pad_token_id, jit_compile)
+        self.encoder = encoder
+
+    def encode(self, encoder_token_ids):
+        """Returns `(context, cross_cache, context_mask)` for the sources."""
+        encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
+        context = self.encoder(encoder_token_ids)
+        context_mask = ops.not_equal(encoder_token_ids, self.pad_token_id)
+        cross_cache = stack_caches(
+            [b.compute_cross_attention_cache(context) for b in self.blocks]
+        )
+        return context, cross_cache, ops.cast(context_mask, "int32")
+
+    def _block_kwargs(self, cache, index):
+        _, cross_cache, context_mask = cache
+        return dict(
+            cross_attention_cache=cross_cache[:, index],
+            context_padding_mask=ops.cast(context_mask, "bool"),
+        )
+
+    def build_cache(self, token_ids, padding_mask=None, encoder_token_ids=None):
+        _, cross_cache, context_mask = self.encode(encoder_token_ids)
+        cache = (self._empty_cache(token_ids), cross_cache, context_mask)
+        _, hidden, cache = self.call_with_cache(token_ids, cache, 0, padding_mask)
+        return hidden, cache
+
+    def generate(
+        self,
+        encoder_token_ids,
+        decoder_token_ids,
+        max_length=None,
+        sampler="greedy",
+        stop_token_ids=None,
+        padding_mask=None,
+    ):
+        """Generates target sequences for `encoder_token_ids`.
+
+        Args:
+            encoder_token_ids: int `(batch, S)` sources, padded with
+                `pad_token_id`.
+            decoder_token_ids: int `(batch, T)` target prompts (at least a
+                start token each), right-padded with `pad_token_id`.
+            max_length, sampler, stop_token_ids, padding_mask: see
+                `CausalLMGenerator.generate`.
+
+        Returns:
+            `(token_ids, padding_mask)`, both `(batch, max_length)`.
+        """
+        token_ids, padding_mask = self._prepare(
+            decoder_token_ids, padding_mask, max_length
+        )
+        encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
+        sampler = _get_sampler(sampler)
+        stop = tuple(stop_token_ids) if stop_token_ids is not None else None
+        step = self._compile(sampler, stop, 1)
+        return step(token_ids, padding_mask, encoder_token_ids)

@@ -1,0 +1,176 @@
+"""The shared example infrastructure: resumable fit, mirrored strategy."""
+
+import argparse
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def _args(tmp_path, *extra):
+    from examples.common import add_training_args
+
+    parser = add_training_args(argparse.ArgumentParser(), epochs=3)
+    return parser.parse_args(
+        ["--output-dir", str(tmp_path), "--backup-every", "2", "--patience",
+         "10", *extra]
+    )
+
+
+def _data():
+    """A fresh (seeded) pipeline, as a restarted process would build it."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 4)).astype("float32")
+    y = x @ rng.normal(size=(4, 1)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    train = ds.take(40).shuffle(40, seed=1).batch(8)  # 5 steps per epoch
+    val = ds.skip(40).batch(8)
+    return train, val
+
+
+def _model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.05), "mse")
+    return model
+
+
+class _Recorder:
+    """Records (global step, first input value) of every trained batch."""
+
+    def __init__(self):
+        import keras
+
+        seen = self.seen = []
+
+        class Cb(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                seen.append(int(self.model.optimizer.iterations.numpy()))
+
+        self.callback = Cb()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_at(step):
+    import keras
+
+    class Cb(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == step:
+                raise _Interrupt()
+
+    return Cb()
+
+
+def test_killed_run_resumes_mid_epoch_with_identical_result(tmp_path):
+    from examples.common import fit
+    from examples.common.training import read_backup
+
+    reference = _model()
+    fit(reference, *_data(), _args(tmp_path / "ref"), verbose=0)
+
+    args = _args(tmp_path / "run")
+    model = _model()
+    train, val = _data()
+    with pytest.raises(_Interrupt):
+        # Killed at global step 8 (epoch 2, batch 3); last backup at step 8
+        # (every 2 steps) is written before the interruption callback runs.
+        fit(model, train, val, args, callbacks=[_interrupt_at(9)], verbose=0)
+    backup = read_backup(str(tmp_path / "run"))
+    assert backup["step"] == 8 and backup["epoch"] == 1
+
+    resumed = _model()  # a fresh process would start from new weights
+    train, val = _data()
+    recorder = _Recorder()
+    history = fit(resumed, train, val, args, callbacks=[recorder.callback],
+                  verbose=0)
+    # Continues after the backed-up step, stops at epochs * steps.
+    assert recorder.seen[0] == 9 and recorder.seen[-1] == 15
+    assert history.epoch == [1, 2]
+    assert read_backup(str(tmp_path / "run")) is None  # cleaned up
+    # Same updates on the same batches as the uninterrupted run. The best
+    # checkpoint is restored at the end: compare the final states instead.
+    for a, b in zip(reference.optimizer.variables, resumed.optimizer.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    for name in ("checkpoints/best.weights.h5", "logs"):
+        assert os.path.exists(tmp_path / "run" / name)
+
+
+def test_fit_restores_best_weights_and_loss_falls(tmp_path):
+    from examples.common import fit
+
+    train, val = _data()
+    model = _model()
+    before = model.evaluate(val, verbose=0)
+    history = fit(model, train, val, _args(tmp_path), verbose=0)
+    best = min(history.history["val_loss"])
+    assert best < before
+    np.testing.assert_allclose(model.evaluate(val, verbose=0), best, rtol=1e-4)
+
+
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    # Logical devices must be configured before TensorFlow initializes its
+    # runtime: run in a fresh process.
+    script = textwrap.dedent(
+        f"""
+        import argparse, sys
+        sys.path.insert(0, {ROOT!r})
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from examples.common import add_training_args, setup_runtime, fit
+        import test_common as t
+        p = add_training_args(argparse.ArgumentParser(), epochs=2)
+        args = p.parse_args(["--strategy", "mirrored", "--logical-cpus", "2",
+                             "--output-dir", {str(tmp_path)!r}])
+        strategy = setup_runtime(args)
+        train, val = t._data()
+        with strategy.scope():
+            model = t._model()
+        h = fit(model, train, val, args, verbose=0)
+        print("REPLICAS", strategy.num_replicas_in_sync,
+              type(strategy).__name__, h.history["loss"][0] >
+              h.history["loss"][-1])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert "REPLICAS 2 MirroredStrategy True" in out.stdout, out.stderr[-3000:]
+
+
+def test_add_training_args_defaults_and_choices():
+    from examples.common import add_training_args
+
+    parser = add_training_args(argparse.ArgumentParser(), epochs=7,
+                               batch_size=16)
+    args = parser.parse_args([])
+    assert (args.epochs, args.batch_size, args.strategy) == (7, 16, "default")
+    assert args.mixed_precision == "auto" and args.jit_compile is None
+    assert parser.parse_args(["--no-jit-compile"]).jit_compile is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--strategy", "tpu"])
+
+
+def test_mixed_precision_policy_on_cpu():
+    from examples.common.training import mixed_precision_policy
+
+    ns = argparse.Namespace
+    assert mixed_precision_policy(ns(mixed_precision="off")) == "float32"
+    assert mixed_precision_policy(ns(mixed_precision="auto")) == "float32"
+    assert mixed_precision_policy(ns(mixed_precision="on")) == "mixed_bfloat16"
