@@ -1,0 +1,1 @@
+"""Runnable examples of `keras_attention` (`python -m examples.<name>`)."""
