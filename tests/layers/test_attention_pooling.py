@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention.layers import AttentionPooling
+from references import masked_softmax
+
+X = np.random.default_rng(3).normal(size=(3, 5, 6)).astype("float32")
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize("units", [None, 4])
+def test_harness(units):
+    run_layer_test(
+        AttentionPooling,
+        dict(units=units),
+        dict(inputs=X),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((3, 6), (3, 5)),
+        expected_num_trainable_weights=1 if units is None else 3,
+        run_saved_model=units is not None,
+    )
+
+
+def test_masks():
+    run_mask_test(AttentionPooling, dict(units=4), ("inputs",), ("mask",))
+
+
+def test_numpy_reference_and_padding():
+    layer = AttentionPooling(units=4)
+    mask = np.array([[1, 1, 1, 0, 0], [1] * 5, [0] * 5], bool)
+    pooled, w = layer(X, mask=mask, return_attention_scores=True)
+    wh, bh, v = (np.asarray(a) for a in layer.get_weights())
+    scores = (np.tanh(X @ wh + bh) @ v)[..., 0]
+    ref_w = masked_softmax(scores, mask)
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
+    np.testing.assert_allclose(np_(pooled), np.einsum("bt,btd->bd", ref_w, X), atol=1e-5)
+    assert np.all(np_(w)[0, 3:] == 0)
+    assert np.all(np_(pooled)[2] == 0) and np.all(np_(w)[2] == 0)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="units.*Received"):
+        AttentionPooling(units=0)
+    with pytest.raises(ValueError, match="inputs_shape"):
+        AttentionPooling()(np.ones((2, 3), "float32"))

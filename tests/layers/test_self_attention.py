@@ -1,0 +1,73 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention import masks
+from keras_attention.layers import CausalSelfAttention, MultiHeadAttention, SelfAttention
+from references import multi_head_attention as np_mha
+
+X = np.random.default_rng(1).normal(size=(2, 6, 8)).astype("float32")
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def test_harness_self_attention():
+    run_layer_test(
+        SelfAttention,
+        dict(num_heads=2, key_dim=4, num_key_value_heads=1),
+        dict(inputs=X),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 6, 8), (2, 2, 6, 6)),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_harness_causal_self_attention():
+    run_layer_test(
+        CausalSelfAttention,
+        dict(num_heads=2, key_dim=4),
+        dict(inputs=X),
+        expected_output_shape=(2, 6, 8),
+        run_mixed_precision=False,  # covered by the SelfAttention case
+    )
+
+
+def test_masks():
+    run_mask_test(SelfAttention, dict(num_heads=2, key_dim=4), ("inputs",), ("mask",))
+    run_mask_test(CausalSelfAttention, dict(num_heads=2, key_dim=4), ("inputs",),
+                  ("mask",), causal=True)
+
+
+def test_weights_are_interchangeable_with_multi_head_attention():
+    mha = MultiHeadAttention(2, 4)
+    ref = mha(X, X, use_causal_mask=True)
+    layer = CausalSelfAttention(2, 4)
+    layer(X)
+    layer.set_weights(mha.get_weights())
+    np.testing.assert_allclose(np_(layer(X)), np_(ref), atol=1e-6)
+
+
+def test_numpy_reference_with_prefix_lm_mask():
+    layer = SelfAttention(2, 4)
+    prefix = masks.prefix_lm_mask(6, np.array([2, 4]))
+    out, w = layer(X, attention_mask=prefix, return_attention_scores=True)
+    ref, ref_w = np_mha(layer, X, X, mask=np_(prefix)[:, None])
+    np.testing.assert_allclose(np_(out), ref, atol=1e-5)
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
+    assert np_(w)[1, :, 0, 3] .min() > 0  # bidirectional in the prefix
+    assert np.all(np_(w)[1, :, 4, 5] == 0)  # causal after it
+
+
+def test_causal_config_round_trip():
+    layer = CausalSelfAttention(2, 4)
+    assert layer.causal and layer.get_config()["causal"]
+    assert not SelfAttention.from_config(SelfAttention(2, 4).get_config()).causal
+
+
+def test_bad_input_rank():
+    with pytest.raises(ValueError, match="query_shape"):
+        SelfAttention(2, 4)(np.ones((3, 8), "float32"))
