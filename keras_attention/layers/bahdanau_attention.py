@@ -1,0 +1,324 @@
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.ops.additive import additive_scores
+from keras_attention.ops.attention import masked_softmax
+
+
+def _clone(initializer):
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def _check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value}"
+        )
+
+
+def _check_rate(name, value):
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value}")
+
+
+class _Seq2SeqAttention(keras.layers.Layer):
+    """Shared plumbing of the encoder-decoder attention layers.
+
+    Subclasses implement `prepare_memory(value, key)` (the keys, processed
+    once per source sentence) and `attend(query, memory, value, ...)` on a
+    rank-3 query; this class handles single-step queries, Keras masks,
+    dropout on the weights and output specs.
+
+    Axes in comments: b - batch, i - queries, j - source steps, u - units.
+    """
+
+    def __init__(self, dropout=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        _check_rate("dropout", dropout)
+        self.supports_masking = True
+        self.dropout = dropout
+        self.seed = seed
+        self._dropout_layer = keras.layers.Dropout(
+            rate=dropout, seed=seed, dtype=self.dtype_policy
+        )
+
+    def _check_shapes(self, query_shape, value_shape, key_shape):
+        if len(query_shape) not in (2, 3) or query_shape[-1] is None:
+            raise ValueError(
+                "`query` must have shape (batch, Tq, features) or (batch, "
+                "features) with a known feature size. Received: "
+                f"query_shape={tuple(query_shape)}"
+            )
+        for name, shape in (("value_shape", value_shape), ("key_shape", key_shape)):
+            if len(shape) != 3 or shape[-1] is None:
+                raise ValueError(
+                    f"`{name[:-6]}` must have shape (batch, Tv, features) with a "
+                    f"known feature size. Received: {name}={tuple(shape)}"
+                )
+        if None not in (value_shape[1], key_shape[1]) and value_shape[1] != key_shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same number of steps. Received: "
+                f"key_shape={tuple(key_shape)}, value_shape={tuple(value_shape)}"
+            )
+
+    def _dropout_weights(self, weights, training):
+        if self.dropout > 0:
+            return self._dropout_layer(weights, training=training)
+        return weights
+
+    def _global_attend(self, scores, value, value_mask, query_mask, training):
+        """softmax over all (unmasked) source steps, then `sum_j a_ij v_j`."""
+        mask = None
+        if value_mask is not None:
+            mask = ops.cast(value_mask, "bool")[:, None, :]  # b 1 j
+        if query_mask is not None:
+            q = ops.cast(query_mask, "bool")[:, :, None]  # b i 1
+            mask = q if mask is None else ops.logical_and(mask, q)
+        weights = masked_softmax(scores, mask)  # b i j, float32
+        kept = ops.cast(self._dropout_weights(weights, training), value.dtype)
+        context = ops.einsum("bij,bjd->bid", kept, value)
+        return context, weights
+
+    def prepare_memory(self, value, key=None):
+        """Processes the keys once; pass the result to `attend`."""
+        raise NotImplementedError
+
+    def attend(
+        self, query, memory, value, value_mask=None, query_mask=None,
+        training=None, **kwargs
+    ):
+        """Context `(b, Tq, dv)` and float32 weights `(b, Tq, Tv)` for a
+        rank-3 `query`, with `memory = prepare_memory(value, key)`."""
+        raise NotImplementedError
+
+    def _call(
+        self, query, value, key, query_mask, value_mask,
+        return_attention_scores, training, **kwargs
+    ):
+        key = value if key is None else key
+        single = len(query.shape) == 2
+        if single:
+            query = query[:, None, :]
+            query_mask = None if query_mask is None else query_mask[:, None]
+        memory = self.prepare_memory(value, key)
+        context, weights = self.attend(
+            query, memory, value, value_mask=value_mask,
+            query_mask=query_mask, training=training, **kwargs
+        )
+        weights = ops.cast(weights, self.compute_dtype)
+        if single:
+            context, weights = context[:, 0], weights[:, 0]
+        if return_attention_scores:
+            return context, weights
+        return context
+
+    def compute_output_spec(
+        self, query, value, key=None, return_attention_scores=False, **kwargs
+    ):
+        lead = tuple(query.shape[:-1])
+        context = keras.KerasTensor(lead + (value.shape[-1],), dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return context
+        weights = keras.KerasTensor(lead + (value.shape[1],), dtype=self.compute_dtype)
+        return context, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"dropout": self.dropout, "seed": self.seed})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class BahdanauAttention(_Seq2SeqAttention):
+    """Additive attention of Bahdanau et al. (2015), memory-bounded.
+
+    For each query `q_i` (a decoder state) and source step `j`:
+
+        e_ij = v^T tanh(W_q q_i + W_k k_j + b)
+        a_ij = softmax_j(e_ij)       (over the unmasked source steps)
+        c_i  = sum_j a_ij v_j
+
+    With `normalize=True`, `v` is weight-normalized (Salimans & Kingma,
+    2016): `v = g * v / ||v||` with a learned scalar `g` (as TensorFlow
+    Addons' `BahdanauAttention(normalize=True)`).
+
+    The scores never materialize the `(batch, Tq, Tv, units)` tensor: they
+    are computed over chunks of queries, and the backward pass recomputes
+    each chunk (see `keras_attention.ops.additive.additive_scores`), so a
+    whole target sequence can be scored at once in training.
+
+    Args:
+        units: int, size `u` of the hidden layer of the score.
+        normalize: bool, weight-normalize `v`.
+        dropout: float in [0, 1), dropout on the attention weights.
+        use_bias: bool, whether the score has the bias `b`.
+        kernel_initializer: initializer of `W_q`, `W_k` and `v`.
+        bias_initializer: initializer of `b`.
+        kernel_regularizer, bias_regularizer: optional regularizers.
+        seed: optional int, seed of the dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(batch, Tq, dq)` (a whole target sequence) or `(batch, dq)`
+            (one decoder step).
+        value: `(batch, Tv, dv)`, the encoder states.
+        key: optional `(batch, Tv, dk)`; defaults to `value`.
+        query_mask: optional boolean `(batch, Tq)`; padded queries get zero
+            weights and a zero context. Read from the Keras mask.
+        value_mask: optional boolean `(batch, Tv)`, True on real source
+            steps. Read from the Keras mask.
+        return_attention_scores: bool, also return the weights.
+        training: bool, dropout on or off.
+
+    Returns:
+        The context `(batch, Tq, dv)` (or `(batch, dv)`), then, if
+        requested, the weights `(batch, Tq, Tv)` (or `(batch, Tv)`), which
+        sum to 1 over the unmasked source steps (0 when all are masked).
+
+    Example:
+
+    >>> attention = BahdanauAttention(units=16)
+    >>> state = np.ones((2, 8), "float32")       # one decoder step
+    >>> memory = np.ones((2, 5, 6), "float32")   # encoder states
+    >>> context, weights = attention(state, memory, return_attention_scores=True)
+    >>> tuple(context.shape), tuple(weights.shape)
+    ((2, 6), (2, 5))
+
+    References:
+        - Bahdanau, Cho & Bengio, 2015, "Neural Machine Translation by
+          Jointly Learning to Align and Translate".
+        - Salimans & Kingma, 2016, "Weight Normalization: A Simple
+          Reparameterization to Accelerate Training of Deep Neural
+          Networks".
+    """
+
+    def __init__(
+        self,
+        units,
+        normalize=False,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(dropout=dropout, seed=seed, **kwargs)
+        _check_positive_int("units", units)
+        if not isinstance(normalize, bool):
+            raise ValueError(f"`normalize` must be a bool. Received: normalize={normalize}")
+        self.units = units
+        self.normalize = normalize
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+
+    def _dense(self, name):
+        return keras.layers.Dense(
+            self.units,
+            use_bias=False,
+            kernel_initializer=_clone(self.kernel_initializer),
+            kernel_regularizer=self.kernel_regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        self._check_shapes(query_shape, value_shape, key_shape)
+        self.query_dense = self._dense("query")  # W_q
+        self.query_dense.build(query_shape)
+        self.key_dense = self._dense("key")  # W_k
+        self.key_dense.build(key_shape)
+        self.attention_v = self.add_weight(
+            name="attention_v",
+            shape=(self.units,),
+            initializer=_clone(self.kernel_initializer),
+            regularizer=self.kernel_regularizer,
+        )
+        self.attention_bias = None
+        if self.use_bias:
+            self.attention_bias = self.add_weight(
+                name="attention_bias",
+                shape=(self.units,),
+                initializer=_clone(self.bias_initializer),
+                regularizer=self.bias_regularizer,
+            )
+        self.attention_g = None
+        if self.normalize:
+            self.attention_g = self.add_weight(
+                name="attention_g",
+                shape=(),
+                initializer=keras.initializers.Constant(math.sqrt(1.0 / self.units)),
+            )
+        self.built = True
+
+    def score_vector(self):
+        """`v`, or `g * v / ||v||` when `normalize=True`."""
+        v = ops.convert_to_tensor(self.attention_v)
+        if not self.normalize:
+            return v
+        v32 = ops.cast(v, "float32")
+        g = ops.cast(self.attention_g, "float32")
+        normed = g * v32 / ops.sqrt(ops.sum(ops.square(v32)))
+        return ops.cast(normed, v.dtype)
+
+    def prepare_memory(self, value, key=None):
+        """`W_k k_j` for every source step: `(batch, Tv, units)`."""
+        return self.key_dense(value if key is None else key)
+
+    def attend(
+        self, query, memory, value, value_mask=None, query_mask=None,
+        training=None, **kwargs
+    ):
+        processed_query = self.query_dense(query)  # b i u
+        if self.use_bias:
+            processed_query = processed_query + self.attention_bias
+        scores = additive_scores(processed_query, memory, self.score_vector())
+        return self._global_attend(scores, value, value_mask, query_mask, training)
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        return self._call(
+            query, value, key, query_mask, value_mask,
+            return_attention_scores, training,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "normalize": self.normalize,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+            }
+        )
+        return config
