@@ -52,7 +52,6 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             )
         self.max_wavelength = max_wavelength
         self.supports_masking = True
-        self.built = True
 
     def build(self, inputs_shape):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:

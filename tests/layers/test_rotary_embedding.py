@@ -1,0 +1,119 @@
+import numpy as np
+import pytest
+
+from harness import run_layer_test
+from keras_attention.layers import MultiHeadAttention, RotaryEmbedding
+
+
+def rope_reference(x, positions, max_wavelength=10000):
+    """RoFormer rotation of the halves (x1, x2) of the last axis, NumPy."""
+    d = x.shape[-1]
+    theta = max_wavelength ** (-2.0 * np.arange(d // 2) / d)
+    angle = positions[:, None] * theta[None, :]  # (T, d/2)
+    shape = (1, len(positions)) + (1,) * (x.ndim - 3) + (d // 2,)
+    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def test_harness_rotary():
+    x = np.random.default_rng(0).normal(size=(2, 5, 2, 8)).astype("float32")
+    run_layer_test(
+        RotaryEmbedding,
+        dict(max_wavelength=100),
+        dict(inputs=x),
+        expected_output_shape=(2, 5, 2, 8),
+        expected_num_trainable_weights=0,
+        run_fit=False,  # no weights to train
+    )
+
+
+def test_matches_reference_with_start_index():
+    x = np.random.default_rng(1).normal(size=(2, 4, 3, 6)).astype("float32")
+    out = np.asarray(RotaryEmbedding(max_wavelength=50)(x, start_index=7))
+    np.testing.assert_allclose(
+        out, rope_reference(x, np.arange(7, 11), 50), atol=1e-5
+    )
+
+
+def test_rotation_preserves_norms_and_is_relative():
+    rng = np.random.default_rng(2)
+    rope = RotaryEmbedding()
+    q = rng.normal(size=(1, 1, 1, 16)).astype("float32")
+    k = rng.normal(size=(1, 1, 1, 16)).astype("float32")
+
+    def rotated(x, m):
+        return np.asarray(rope(x, start_index=m))[0, 0, 0]
+
+    np.testing.assert_allclose(
+        np.linalg.norm(rotated(q, 13)), np.linalg.norm(q), rtol=1e-5
+    )
+    # q_m . k_n depends only on m - n.
+    dots = [rotated(q, m) @ rotated(k, m - 3) for m in (3, 10, 40, 200)]
+    np.testing.assert_allclose(dots, dots[0], rtol=1e-4, atol=1e-4)
+    assert not np.isclose(rotated(q, 10) @ rotated(k, 5), dots[0], atol=1e-3)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="max_wavelength=0"):
+        RotaryEmbedding(max_wavelength=0)
+    with pytest.raises(ValueError, match="even"):
+        RotaryEmbedding()(np.ones((1, 2, 5), "float32"))
+    with pytest.raises(ValueError, match="inputs_shape"):
+        RotaryEmbedding()(np.ones((2, 4), "float32"))
+
+
+# Rotary inside MultiHeadAttention (`rotary_max_wavelength`).
+
+
+def test_harness_mha_rotary():
+    rng = np.random.default_rng(3)
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4, rotary_max_wavelength=100),
+        dict(query=rng.normal(size=(2, 5, 8)).astype("float32"),
+             value=rng.normal(size=(2, 5, 8)).astype("float32")),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 8), (2, 2, 5, 5)),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_mha_rotary_reference():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_max_wavelength=100)
+    out, scores = layer(x, x, return_attention_scores=True)
+    wq, bq, wk, bk = [np.asarray(w) for w in layer.get_weights()[:4]]
+    pos = np.arange(5, dtype="float64")
+    q = rope_reference(np.einsum("bid,dhk->bihk", x, wq) + bq, pos, 100)
+    k = rope_reference(np.einsum("bjd,dhk->bjhk", x, wk) + bk, pos, 100)
+    logits = np.einsum("bihk,bjhk->bhij", q, k) / 2.0
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(scores), expected, atol=1e-5)
+    assert len(layer.weights) == 8  # rotary adds no weights
+
+
+def test_mha_rotary_cache_matches_full_pass():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    layer = MultiHeadAttention(
+        num_heads=4, key_dim=4, num_key_value_heads=2, rotary_max_wavelength=100
+    )
+    full = np.asarray(layer(x, x, use_causal_mask=True))
+    cache = np.zeros((2, 2, 6, 2, 4), "float32")
+    steps = []
+    for t in range(6):
+        y, cache = layer(
+            x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True,
+            cache=cache, cache_update_index=t,
+        )
+        steps.append(np.asarray(y))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_mha_rotary_off_by_default():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    assert layer.get_config()["rotary_max_wavelength"] is None
+    assert layer._rotary is None
