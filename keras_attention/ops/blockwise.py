@@ -1,0 +1,269 @@
+"""Memory-efficient blockwise attention (FlashAttention's algorithm).
+
+`softmax(q k^T) v` computed over query tiles and, within each query tile,
+over key tiles with a running row max `m`, sum `l` and accumulator (online
+softmax, Milakov & Gimelshein 2018; Rabe & Staats 2021; Dao et al. 2022).
+The backward pass recomputes each tile's probabilities from the saved
+log-sum-exp instead of storing them, so memory is O(T * tile), never
+O(T^2). With a causal structure, tiles entirely above the diagonal are
+neither computed nor differentiated.
+
+Axes in comments: b - batch, g - key/value heads (groups), r - query heads
+per group, i/j - query/key positions, q - rows of a query tile (r * Bq),
+k - columns of a key tile, d/e - key/value head dims.
+
+Masks (True = may attend) are given structurally so that no (Tq, Tk) tensor
+is ever built: `is_causal` with a static `causal_offset` (query `i` may see
+keys `j <= i + offset`), `key_padding` `(b, Tk)`, `query_padding` `(b, Tq)`
+and, optionally, a dense `mask` `(b|1, h|1, Tq, Tk)` that is sliced per
+tile. A query that can attend to nothing gets a zero result and zero
+gradients.
+"""
+
+import numpy as np
+from keras import ops
+
+from keras_attention.ops import _backend
+from keras_attention.ops.attention import mask_fill_value
+
+_FILL = mask_fill_value("float32")
+
+
+def _tiles(start, stop, size):
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+
+
+def _key_chunks(stop, size):
+    """Key tiles `[j0, j1)` on the global grid of `size`, cut at `stop`."""
+    return [(c, a, min(a + size, stop)) for c, a in enumerate(range(0, stop, size))]
+
+
+class _Plan:
+    """Static tiling of one call: which (query tile, key tile) pairs run."""
+
+    def __init__(self, tq, tk, is_causal, causal_offset, query_block, key_block):
+        self.tq, self.tk = tq, tk
+        self.query_block, self.key_block = query_block, key_block
+        if isinstance(causal_offset, np.integer):
+            causal_offset = int(causal_offset)
+        self.static_causal = is_causal and isinstance(causal_offset, int)
+        self.dynamic_causal = is_causal and not self.static_causal
+        self.offset = causal_offset
+        self.rows = []  # (i0, i1, [(c, j0, j1, needs_causal_mask), ...])
+        for i0, i1 in _tiles(0, tq, query_block):
+            stop = tk
+            if self.static_causal:
+                # Last key visible to the tile's last query.
+                stop = max(0, min(tk, i1 + causal_offset))
+            chunks = []
+            for c, j0, j1 in _key_chunks(stop, key_block):
+                crosses = (j1 - 1) > (i0 + causal_offset) if self.static_causal else False
+                chunks.append((c, j0, j1, crosses or self.dynamic_causal))
+            self.rows.append((i0, i1, chunks))
+
+
+def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
+    """Boolean mask broadcastable to `(b, g, r, Bq, k)`, or None."""
+    key_padding, dense_mask, offset = aux
+    offset = plan.offset if offset is None else offset
+    parts = []
+    if needs_causal:
+        qpos = ops.arange(i0, i1, dtype="int32")[:, None] + ops.cast(offset, "int32")
+        kpos = ops.arange(j0, j1, dtype="int32")[None, :]
+        parts.append((kpos <= qpos)[None, None, None])
+    if key_padding is not None:
+        parts.append(key_padding[:, None, None, None, j0:j1])
+    if dense_mask is not None:
+        parts.append(dense_mask[:, :, :, i0:i1, j0:j1])
+    if not parts:
+        return None
+    mask = parts[0]
+    for part in parts[1:]:
+        mask = ops.logical_and(mask, part)
+    return mask
+
+
+def _scores(q_t, k_c, mask, r, rows):
+    """Masked float32 scores `(b, g, q, k)` of one tile."""
+    s = ops.cast(ops.einsum("bgqd,bgkd->bgqk", q_t, k_c), "float32")
+    if mask is None:
+        return s
+    g, cols = ops.shape(s)[1], ops.shape(s)[3]
+    s = ops.reshape(s, (-1, g, r, rows, cols))
+    s = ops.where(mask, s, _FILL)
+    return ops.reshape(s, (-1, g, r * rows, cols))
+
+
+def _forward(plan, qh, kh, vh, aux, valid_rows):
+    """Online softmax over key tiles for every query tile.
+
+    Returns the output `(b, g, r, i, e)`, the log-sum-exp `(b, g, r, i, 1)`
+    and the row validity `(b, g, r, i, 1)` (bool).
+    """
+    g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
+    outs, lses, valids = [], [], []
+    for i0, i1, chunks in plan.rows:
+        n = i1 - i0
+        q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
+        m = l = acc = None
+        for _, j0, j1, needs_causal in chunks:
+            mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
+            s = _scores(q_t, kh[:, :, j0:j1], mask, r, n)
+            m_c = ops.max(s, axis=-1, keepdims=True)
+            m_new = m_c if m is None else ops.maximum(m, m_c)
+            p = ops.exp(s - m_new)
+            l_c = ops.sum(p, axis=-1, keepdims=True)
+            pv = ops.einsum(
+                "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1]
+            )
+            pv = ops.cast(pv, "float32")
+            if m is None:
+                l, acc = l_c, pv
+            else:
+                alpha = ops.exp(m - m_new)
+                l, acc = l * alpha + l_c, acc * alpha + pv
+            m = m_new
+        if m is None:  # Causal tile that sees no key at all.
+            lse = ops.zeros_like(qh[:, :, :, i0:i1, :1], "float32")
+            out = lse + ops.zeros((e,), "float32")
+            valid = ops.cast(lse, "bool")
+        else:
+            out = ops.reshape(acc / l, (-1, g, r, n, e))
+            lse = ops.reshape(m + ops.log(l), (-1, g, r, n, 1))
+            # A row whose max is the fill value saw only masked keys.
+            valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
+            if valid_rows is not None:
+                valid = ops.logical_and(valid, valid_rows[:, None, None, i0:i1, None])
+            out = ops.where(valid, out, 0.0)
+        outs.append(out)
+        lses.append(lse)
+        valids.append(valid)
+    cat = lambda xs: xs[0] if len(xs) == 1 else ops.concatenate(xs, axis=3)
+    out = ops.cast(cat(outs), qh.dtype)
+    return out, cat(lses), cat(valids)
+
+
+def _backward(plan, qh, kh, vh, aux, out, lse, valid, d_out):
+    """Gradients w.r.t. `qh, kh, vh` recomputing each tile's probabilities."""
+    g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
+    dtype = qh.dtype
+    d_out = ops.where(valid, d_out, ops.zeros_like(d_out))
+    # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
+    big_d = ops.sum(
+        ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1, keepdims=True
+    )
+    dqs = []
+    dks, dvs = {}, {}
+    for i0, i1, chunks in plan.rows:
+        n = i1 - i0
+        q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, d))
+        do_t = ops.reshape(d_out[:, :, :, i0:i1], (-1, g, r * n, e))
+        lse_t = ops.reshape(lse[:, :, :, i0:i1], (-1, g, r * n, 1))
+        dd_t = ops.reshape(big_d[:, :, :, i0:i1], (-1, g, r * n, 1))
+        dq_t = None
+        for c, j0, j1, needs_causal in chunks:
+            k_c, v_c = kh[:, :, j0:j1], vh[:, :, j0:j1]
+            mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
+            p = ops.exp(_scores(q_t, k_c, mask, r, n) - lse_t)
+            dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
+            dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
+            ds = ops.cast(p * (dp - dd_t), dtype)
+            dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
+            dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
+            dq_t = dq_c if dq_t is None else dq_t + dq_c
+            for store, grad in ((dks, dk_c), (dvs, dv_c)):
+                store.setdefault(c, []).append((j1 - j0, grad))
+        if dq_t is None:
+            dq_t = ops.zeros_like(q_t)
+        dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
+    dq = dqs[0] if len(dqs) == 1 else ops.concatenate(dqs, axis=3)
+    return dq, _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
+
+
+def _gather_keys(plan, store, like):
+    """Sums per-key-tile contributions and lays them out along `j`."""
+    parts = []
+    for c, j0, j1 in _key_chunks(plan.tk, plan.key_block):
+        size = j1 - j0
+        total = None
+        for length, grad in store.get(c, []):
+            if length < size:
+                grad = ops.pad(grad, [[0, 0], [0, 0], [0, size - length], [0, 0]])
+            total = grad if total is None else total + grad
+        if total is None:
+            total = ops.zeros_like(like[:, :, j0:j1])
+        parts.append(total)
+    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+
+def blockwise_attention(
+    query,
+    key,
+    value,
+    is_causal=False,
+    causal_offset=0,
+    key_padding=None,
+    query_padding=None,
+    mask=None,
+    query_block=128,
+    key_block=1024,
+):
+    """Exact attention in O(T * tile) memory, forward and backward.
+
+    Args:
+        query: `(b, i, h, d)`, already multiplied by the softmax scale.
+        key: `(b, j, g, d)`, `h % g == 0`.
+        value: `(b, j, g, e)`.
+        is_causal: query `i` may only attend to keys `j <= i + causal_offset`.
+        causal_offset: int (tiles above the diagonal are skipped) or scalar
+            tensor (then the causal mask is applied on every tile).
+        key_padding: optional bool `(b, j)`, True on real keys.
+        query_padding: optional bool `(b, i)`, True on real queries (padded
+            queries get zeros).
+        mask: optional bool `(b|1, h|1, i, j)` (rank 4), True = may attend.
+        query_block, key_block: static tile sizes (Bq, Bk).
+
+    Returns:
+        `(b, i, h, e)` in the query's dtype.
+    """
+    b_tq, tk = query.shape[1], key.shape[1]
+    h, g = query.shape[2], key.shape[2]
+    r = h // g
+    d, e = query.shape[-1], value.shape[-1]
+    plan = _Plan(b_tq, tk, is_causal, causal_offset, query_block, key_block)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        mh = mask.shape[1]
+        mask = ops.reshape(
+            mask,
+            (ops.shape(mask)[0], g if mh == h else 1, r if mh == h else 1)
+            + tuple(ops.shape(mask)[2:]),
+        )
+    if key_padding is not None:
+        key_padding = ops.cast(key_padding, "bool")
+    if query_padding is not None:
+        query_padding = ops.cast(query_padding, "bool")
+    offset = causal_offset if plan.dynamic_causal else None
+
+    def forward(q, k, v, aux):
+        key_padding, query_padding, mask, offset = aux
+        qh = ops.transpose(ops.reshape(q, (-1, b_tq, g, r, d)), (0, 2, 3, 1, 4))
+        kh = ops.transpose(k, (0, 2, 1, 3))
+        vh = ops.transpose(v, (0, 2, 1, 3))
+        tile_aux = (key_padding, mask, offset)
+        out, lse, valid = _forward(plan, qh, kh, vh, tile_aux, query_padding)
+        result = ops.reshape(ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e))
+        return result, (qh, kh, vh, tile_aux, out, lse, valid)
+
+    def backward(residuals, d_result):
+        qh, kh, vh, tile_aux, out, lse, valid = residuals
+        d_out = ops.transpose(
+            ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
+            (0, 2, 3, 1, 4),
+        )
+        dq, dk, dv = _backward(plan, qh, kh, vh, tile_aux, out, lse, valid, d_out)
+        dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
+        return dq, ops.transpose(dk, (0, 2, 1, 3)), ops.transpose(dv, (0, 2, 1, 3))
+
+    aux = (key_padding, query_padding, mask, offset)
+    return _backend.custom_vjp(forward, backward)(query, key, value, aux)
