@@ -226,10 +226,7 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         b, t = inputs.shape[0], inputs.shape[1]
         outputs = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
         if return_attention_scores:
-            tk = t if self_attention_cache is None else self_attention_cache.shape[2]
-            outputs += (
-                keras.KerasTensor((b, self.num_heads, t, tk), dtype=self.compute_dtype),
-            )
+            outputs += (self._self_attention_scores_spec(inputs, self_attention_cache),)
             if self.cross_attention:
                 s = (
                     context.shape[1]

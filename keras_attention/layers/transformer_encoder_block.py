@@ -267,9 +267,15 @@ class TransformerEncoderBlock(keras.layers.Layer):
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
-        b, t = inputs.shape[0], inputs.shape[1]
-        scores = keras.KerasTensor((b, self.num_heads, t, t), dtype=self.compute_dtype)
-        return output, scores
+        return output, self._self_attention_scores_spec(inputs)
+
+    def _self_attention_scores_spec(self, inputs, cache=None):
+        """Shape of the self-attention weights, as the attention layer says
+        (a local attention layer may return banded weights)."""
+        spec = self.self_attention.compute_output_spec(
+            inputs, return_attention_scores=True, cache=cache
+        )[1]
+        return keras.KerasTensor(spec.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,182 @@
+import keras
+import numpy as np
+import pytest
+
+import references
+from harness import run_layer_test, run_mask_test
+from keras_attention import masks
+from keras_attention.layers import TransformerEncoderBlock
+
+
+def layer_norm(x, norm, eps=1e-5):
+    gamma, beta = [np.asarray(w) for w in norm.get_weights()]
+    mu = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def feed_forward(x, ffn):
+    w1, b1, w2, b2 = [np.asarray(w) for w in ffn.get_weights()]
+    return np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+
+def residual(x, f, norm, norm_first):
+    """Post-norm: LN(x + f(x)); pre-norm: x + f(LN(x))."""
+    if norm_first:
+        return x + f(layer_norm(x, norm))
+    return layer_norm(x + f(x), norm)
+
+
+def encoder_reference(block, x, mask):
+    """The block in NumPy with its own weights; `mask` (b, h|1, i, j)."""
+    def attend(y):
+        return references.multi_head_attention(block.self_attention, y, y, mask=mask)[0]
+
+    x = residual(x, attend, block.self_attention_norm, block.norm_first)
+    return residual(
+        x, lambda y: feed_forward(y, block.feed_forward), block.feed_forward_norm,
+        block.norm_first,
+    )
+
+
+def padding_4d(valid):
+    return valid[:, None, :, None] & valid[:, None, None, :]
+
+
+def test_harness_post_norm_with_scores():
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    run_layer_test(
+        TransformerEncoderBlock,
+        dict(num_heads=2, intermediate_dim=16, dropout=0.1),
+        dict(inputs=x),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 8), (2, 2, 5, 5)),
+        expected_num_trainable_weights=16,
+    )
+
+
+def test_harness_pre_norm_causal_rotary_gqa():
+    x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
+    run_layer_test(
+        TransformerEncoderBlock,
+        dict(num_heads=4, intermediate_dim=16, num_key_value_heads=2,
+             norm_first=True, causal=True, rotary_max_wavelength=100,
+             activation="gelu"),
+        dict(inputs=x),
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=16,
+    )
+
+
+def test_masks():
+    run_mask_test(TransformerEncoderBlock, dict(num_heads=2, intermediate_dim=16),
+                  ("inputs",), ("padding_mask",))
+
+
+def test_masks_causal():
+    run_mask_test(TransformerEncoderBlock,
+                  dict(num_heads=2, intermediate_dim=16, causal=True, norm_first=True),
+                  ("inputs",), ("padding_mask",), causal=True)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_matches_numpy_reference(norm_first):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    valid = np.ones((2, 6), bool)
+    valid[1, 4:] = False
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16,
+                                    norm_first=norm_first)
+    out = np.asarray(block(x, padding_mask=valid))
+    expected = encoder_reference(block, x.astype("float64"), padding_4d(valid))
+    np.testing.assert_allclose(out[valid], expected[valid], atol=1e-4)
+
+
+def test_prefix_lm_mask_bidirectional_in_prefix_causal_after():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 7, 8)).astype("float32")
+    prefix = 3
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16)
+    mask = masks.prefix_lm_mask(7, prefix)
+    out, w = block(x, attention_mask=mask, return_attention_scores=True)
+    w = np.asarray(w)
+    i, j = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
+    assert np.all(w[..., j > np.maximum(i, prefix - 1)] == 0)
+    assert np.all(w[..., (j < prefix) | (j <= i)] > 0)
+    expected = encoder_reference(
+        block, x.astype("float64"), (j <= np.maximum(i, prefix - 1))[None, None]
+    )
+    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-4)
+    # A later prefix token reaches the first position; tokens after it don't.
+    changed = x.copy()
+    changed[:, 2] += 1.0
+    changed_out = np.asarray(block(changed, attention_mask=mask))
+    assert not np.allclose(changed_out[:, 0], np.asarray(out)[:, 0])
+    future = x.copy()
+    future[:, 5:] += 1.0
+    future_out = np.asarray(block(future, attention_mask=mask))
+    np.testing.assert_allclose(future_out[:, :5], np.asarray(out)[:, :5], atol=1e-6)
+
+
+def test_causal_leaks_nothing_from_the_future():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16, causal=True,
+                                    rotary_max_wavelength=100)
+    base = np.asarray(block(x))
+    for t in range(1, 6):
+        changed = x.copy()
+        changed[:, t:] = rng.normal(size=changed[:, t:].shape)
+        np.testing.assert_array_equal(np.asarray(block(changed))[:, :t], base[:, :t])
+
+
+@pytest.mark.tf_only
+def test_scores_are_tensors_inside_tf_function():
+    import tensorflow as tf
+
+    x = np.random.default_rng(5).normal(size=(2, 4, 8)).astype("float32")
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16)
+    eager = block(x, return_attention_scores=True)
+    graph = tf.function(lambda t: block(t, return_attention_scores=True))(x)
+    for e, g in zip(eager, graph):
+        assert isinstance(g, tf.Tensor)
+        np.testing.assert_allclose(g.numpy(), np.asarray(e), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_heads=0, intermediate_dim=4), "num_heads=0"),
+        (dict(num_heads=2, intermediate_dim=-4), "intermediate_dim=-4"),
+        (dict(num_heads=2, intermediate_dim=4, key_dim=0), "key_dim=0"),
+        (dict(num_heads=4, intermediate_dim=4, num_key_value_heads=3),
+         "num_key_value_heads=3"),
+        (dict(num_heads=2, intermediate_dim=4, dropout=1.5), "dropout=1.5"),
+        (dict(num_heads=2, intermediate_dim=4, layer_norm_epsilon=0),
+         "layer_norm_epsilon=0"),
+    ],
+)
+def test_constructor_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerEncoderBlock(**kwargs)
+
+
+def test_build_errors():
+    with pytest.raises(ValueError, match="features=7"):
+        TransformerEncoderBlock(num_heads=2, intermediate_dim=4)(
+            np.zeros((1, 3, 7), "float32"))
+    with pytest.raises(ValueError, match="inputs_shape"):
+        TransformerEncoderBlock(num_heads=2, intermediate_dim=4)(
+            np.zeros((3, 8), "float32"))
+    # An explicit key_dim lifts the divisibility requirement.
+    out = TransformerEncoderBlock(num_heads=2, intermediate_dim=4, key_dim=3)(
+        np.zeros((1, 3, 7), "float32"))
+    assert tuple(out.shape) == (1, 3, 7)
+
+
+def test_keras_mask_flows_through_a_stack():
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
+    for _ in range(2):
+        x = TransformerEncoderBlock(num_heads=2, intermediate_dim=8)(x)
+    assert getattr(x, "_keras_mask", None) is not None
