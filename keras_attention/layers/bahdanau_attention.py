@@ -89,10 +89,11 @@ class _Seq2SeqAttention(keras.layers.Layer):
 
     def attend(
         self, query, memory, value, value_mask=None, query_mask=None,
-        training=None, **kwargs
+        training=None, return_weights=True, **kwargs
     ):
         """Context `(b, Tq, dv)` and float32 weights `(b, Tq, Tv)` for a
-        rank-3 `query`, with `memory = prepare_memory(value, key)`."""
+        rank-3 `query`, with `memory = prepare_memory(value, key)`; the
+        weights may be None when `return_weights=False`."""
         raise NotImplementedError
 
     def _call(
@@ -107,14 +108,15 @@ class _Seq2SeqAttention(keras.layers.Layer):
         memory = self.prepare_memory(value, key)
         context, weights = self.attend(
             query, memory, value, value_mask=value_mask,
-            query_mask=query_mask, training=training, **kwargs
+            query_mask=query_mask, training=training,
+            return_weights=return_attention_scores, **kwargs
         )
+        if not return_attention_scores:
+            return context[:, 0] if single else context
         weights = ops.cast(weights, self.compute_dtype)
         if single:
             context, weights = context[:, 0], weights[:, 0]
-        if return_attention_scores:
-            return context, weights
-        return context
+        return context, weights
 
     def compute_output_spec(
         self, query, value, key=None, return_attention_scores=False, **kwargs

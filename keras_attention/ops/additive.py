@@ -84,6 +84,8 @@ def additive_scores(query, key, v, max_chunk_elements=None):
         `(b, Tq, Tk)` scores in the query's dtype.
     """
     max_chunk_elements = max_chunk_elements or DEFAULT_MAX_CHUNK_ELEMENTS
+    # Read variables here: the custom-gradient function must see tensors.
+    query, key, v = (ops.copy(x) for x in (query, key, v))
     b, i, u = ops.shape(query)
     j = ops.shape(key)[1]
     c, n = _chunk_plan(b, i, j, u, max_chunk_elements)

@@ -1,0 +1,143 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention.layers import BahdanauAttention
+from references import masked_softmax
+
+RNG = np.random.default_rng(3)
+Q = RNG.normal(size=(2, 4, 8)).astype("float32")
+V = RNG.normal(size=(2, 7, 6)).astype("float32")
+VALUE_MASK = np.array([[1] * 4 + [0] * 3, [1] * 7], bool)
+QUERY_MASK = np.array([[1, 1, 1, 0], [1] * 4], bool)
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def np_bahdanau(layer, query, value, value_mask, query_mask):
+    """e_ij = v^T tanh(W_q q_i + W_k k_j + b), softmax over j, c = a v."""
+    wq = np_(layer.query_dense.kernel)
+    wk = np_(layer.key_dense.kernel)
+    v = np_(layer.attention_v)
+    b = np_(layer.attention_bias) if layer.use_bias else 0.0
+    if layer.normalize:
+        v = np_(layer.attention_g) * v / np.linalg.norm(v)
+    hidden = np.tanh((query @ wq)[:, :, None] + (value @ wk)[:, None] + b)
+    scores = hidden @ v
+    mask = value_mask[:, None, :] & query_mask[:, :, None]
+    weights = masked_softmax(scores, mask)
+    return weights @ value, weights
+
+
+def test_harness_sequence_normalized():
+    run_layer_test(
+        BahdanauAttention,
+        dict(units=5, normalize=True),
+        dict(query=Q, value=V),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 4, 6), (2, 4, 7)),
+        expected_num_trainable_weights=5,
+    )
+
+
+def test_harness_single_step():
+    run_layer_test(
+        BahdanauAttention,
+        dict(units=5, use_bias=False, dropout=0.1),
+        dict(query=Q[:, 0], value=V),
+        expected_output_shape=(2, 6),
+        expected_num_trainable_weights=3,
+    )
+
+
+def test_masks():
+    run_mask_test(BahdanauAttention, dict(units=4), ("query", "value"),
+                  ("query_mask", "value_mask"))
+
+
+@pytest.mark.parametrize("normalize,use_bias", [(False, True), (True, True), (False, False)])
+def test_reference(normalize, use_bias):
+    layer = BahdanauAttention(
+        5, normalize=normalize, use_bias=use_bias, bias_initializer="normal"
+    )
+    context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
+                             return_attention_scores=True)
+    ref_c, ref_w = np_bahdanau(layer, Q, V, VALUE_MASK, QUERY_MASK)
+    np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
+    # Weights sum to 1 over unmasked keys; padded queries get zeros.
+    sums = np_(weights).sum(-1)
+    np.testing.assert_allclose(sums, QUERY_MASK.astype("float32"), atol=1e-6)
+    assert np.all(np_(weights)[~np.broadcast_to(VALUE_MASK[:, None], (2, 4, 7))] == 0)
+
+
+def test_single_step_equals_sequence_row():
+    layer = BahdanauAttention(5)
+    seq_c, seq_w = layer(Q, V, value_mask=VALUE_MASK, return_attention_scores=True)
+    for t in range(Q.shape[1]):
+        c, w = layer(Q[:, t], V, value_mask=VALUE_MASK, return_attention_scores=True)
+        np.testing.assert_allclose(np_(c), np_(seq_c)[:, t], atol=1e-6)
+        np.testing.assert_allclose(np_(w), np_(seq_w)[:, t], atol=1e-6)
+
+
+def test_separate_key():
+    layer = BahdanauAttention(5)
+    key = RNG.normal(size=(2, 7, 3)).astype("float32")
+    context = layer(Q, V, key=key)
+    wq, wk, v = (np_(w) for w in (layer.query_dense.kernel, layer.key_dense.kernel,
+                                   layer.attention_v))
+    scores = np.tanh((Q @ wq)[:, :, None] + (key @ wk)[:, None]) @ v
+    ref = masked_softmax(scores, np.ones(scores.shape, bool)) @ V
+    np.testing.assert_allclose(np_(context), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_fully_padded_source_is_zero_not_nan(policy):
+    layer = BahdanauAttention(5, dtype=policy)
+    q, v = ops.convert_to_tensor(Q), ops.convert_to_tensor(V)
+    mask = np.zeros((2, 7), bool)
+    mask[1] = True  # example 0 has no source at all
+
+    def loss(q, v):
+        c, w = layer(q, v, value_mask=mask, return_attention_scores=True)
+        return ops.sum(ops.cast(c, "float32")), c, w
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        (_, c, w), grads = jax.value_and_grad(
+            lambda q, v: (lambda r: (r[0], (r[1], r[2])))(loss(q, v)),
+            argnums=(0, 1), has_aux=True,
+        )(q, v)
+        c, w = c
+    else:
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch([q, v])
+            total, c, w = loss(q, v)
+        grads = tape.gradient(total, [q, v])
+    c, w = np_(ops.cast(c, "float32")), np_(ops.cast(w, "float32"))
+    assert np.all(c[0] == 0) and np.all(w[0] == 0)
+    assert np.all(np.isfinite(c)) and np.all(np.isfinite(w))
+    for g in grads:
+        assert np.all(np.isfinite(np_(ops.cast(g, "float32"))))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="units=0"):
+        BahdanauAttention(0)
+    with pytest.raises(ValueError, match="normalize=yes"):
+        BahdanauAttention(4, normalize="yes")
+    with pytest.raises(ValueError, match="dropout=1.5"):
+        BahdanauAttention(4, dropout=1.5)
+    with pytest.raises(ValueError, match="query_shape"):
+        BahdanauAttention(4)(np.ones((2, 3, 4, 5), "float32"), V)
+    with pytest.raises(ValueError, match="value_shape"):
+        BahdanauAttention(4)(Q, np.ones((2, 6), "float32"))
+    with pytest.raises(ValueError, match="same number of steps"):
+        BahdanauAttention(4)(Q, V, key=np.ones((2, 5, 6), "float32"))
