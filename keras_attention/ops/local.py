@@ -179,7 +179,7 @@ def local_attention(
         dtype) if `return_weights`.
     """
     left, right = window_bounds(window_size, causal)
-    block = block_size or default_block_size(left, right)
+    block = default_block_size(left, right) if block_size is None else block_size
     if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
         raise ValueError(
             f"`block_size` must be a positive integer. Received: block_size={block}"
