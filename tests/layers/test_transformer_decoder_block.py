@@ -1,0 +1,196 @@
+import numpy as np
+import pytest
+
+import references
+from harness import run_layer_test, run_mask_test
+from keras_attention.layers import TransformerDecoderBlock
+
+
+def layer_norm(x, norm, eps=1e-5):
+    gamma, beta = [np.asarray(w) for w in norm.get_weights()]
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) * gamma + beta
+
+
+def residual(x, f, norm, norm_first):
+    if norm_first:
+        return x + f(layer_norm(x, norm))
+    return layer_norm(x + f(x), norm)
+
+
+def decoder_reference(block, x, context, valid, context_valid):
+    """The block in NumPy: causal self-attention, cross-attention, FFN."""
+    t = x.shape[1]
+    causal = np.tril(np.ones((t, t), bool))
+    self_mask = valid[:, None, :, None] & valid[:, None, None, :] & causal
+    cross_mask = valid[:, None, :, None] & context_valid[:, None, None, :]
+    w1, b1, w2, b2 = [np.asarray(w) for w in block.feed_forward.get_weights()]
+    mha = references.multi_head_attention
+    x = residual(x, lambda y: mha(block.self_attention, y, y, mask=self_mask)[0],
+                 block.self_attention_norm, block.norm_first)
+    x = residual(x, lambda y: mha(block.cross_attention_layer, y, context,
+                                  mask=cross_mask)[0],
+                 block.cross_attention_norm, block.norm_first)
+    return residual(x, lambda y: np.maximum(y @ w1 + b1, 0) @ w2 + b2,
+                    block.feed_forward_norm, block.norm_first)
+
+
+def decode_step_by_step(block, x, valid, **kwargs):
+    """Feeds `x` one position at a time through the block's cache; padded
+    positions of the prompt are masked as keys with `attention_mask`."""
+    b, t, _ = x.shape
+    attention = block.self_attention
+    kv_heads = attention.num_key_value_heads or attention.num_heads
+    cache = np.zeros((b, 2, t, kv_heads, attention.key_dim), "float32")
+    outputs = []
+    for i in range(t):
+        y, cache = block(
+            x[:, i : i + 1],
+            padding_mask=valid[:, i : i + 1],
+            attention_mask=valid[:, None, :],  # keys: (b, 1, max_length)
+            self_attention_cache=cache,
+            self_attention_cache_update_index=i,
+            **kwargs,
+        )
+        outputs.append(np.asarray(y))
+    return np.concatenate(outputs, axis=1)
+
+
+def test_harness_encoder_decoder_with_scores():
+    rng = np.random.default_rng(0)
+    run_layer_test(
+        TransformerDecoderBlock,
+        dict(num_heads=2, intermediate_dim=16, dropout=0.1),
+        dict(inputs=rng.normal(size=(2, 5, 8)).astype("float32"),
+             context=rng.normal(size=(2, 6, 4)).astype("float32")),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 8), (2, 2, 5, 5), (2, 2, 5, 6)),
+        expected_num_trainable_weights=26,
+    )
+
+
+def test_harness_decoder_only_pre_norm_rotary():
+    x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
+    run_layer_test(
+        TransformerDecoderBlock,
+        dict(num_heads=4, intermediate_dim=16, num_key_value_heads=1,
+             cross_attention=False, norm_first=True, rotary_max_wavelength=100),
+        dict(inputs=x),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 8), (2, 4, 5, 5)),
+        expected_num_trainable_weights=16,
+    )
+
+
+def test_masks_decoder_only_causal():
+    run_mask_test(TransformerDecoderBlock,
+                  dict(num_heads=2, intermediate_dim=16, cross_attention=False),
+                  ("inputs",), ("padding_mask",), causal=True)
+
+
+def test_masks_encoder_decoder():
+    run_mask_test(TransformerDecoderBlock, dict(num_heads=2, intermediate_dim=16),
+                  ("inputs", "context"), ("padding_mask", "context_padding_mask"))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_matches_numpy_reference(norm_first):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    context = rng.normal(size=(2, 4, 6)).astype("float32")
+    valid = np.ones((2, 5), bool)
+    valid[0, 3:] = False
+    context_valid = np.ones((2, 4), bool)
+    context_valid[1, 2:] = False
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16,
+                                    norm_first=norm_first)
+    out = block(x, context, padding_mask=valid, context_padding_mask=context_valid,
+                return_attention_scores=True)
+    expected = decoder_reference(block, x.astype("float64"),
+                                 context.astype("float64"), valid, context_valid)
+    np.testing.assert_allclose(np.asarray(out[0])[valid], expected[valid], atol=1e-4)
+    cross = np.asarray(out[2])
+    assert np.all(cross[1][..., 2:] == 0)  # padded context gets no weight
+
+
+def test_cache_matches_full_pass_decoder_only_with_padding():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 6, 8)).astype("float32")
+    valid = np.ones((3, 6), bool)
+    valid[0, :2] = False  # left padding
+    valid[1, 4:] = False  # right padding
+    block = TransformerDecoderBlock(num_heads=4, intermediate_dim=16,
+                                    num_key_value_heads=2, cross_attention=False,
+                                    rotary_max_wavelength=100)
+    full = np.asarray(block(x, padding_mask=valid))
+    cached = decode_step_by_step(block, x, valid)
+    np.testing.assert_allclose(cached[valid], full[valid], atol=1e-5)
+
+
+def test_cache_matches_full_pass_encoder_decoder_with_padding():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    context = rng.normal(size=(2, 7, 8)).astype("float32")
+    valid = np.ones((2, 5), bool)
+    valid[1, :1] = False
+    context_valid = np.ones((2, 7), bool)
+    context_valid[0, 5:] = False
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16, norm_first=True)
+    full = np.asarray(block(x, context, padding_mask=valid,
+                            context_padding_mask=context_valid))
+    cross_cache = block.compute_cross_attention_cache(context)
+    cached = decode_step_by_step(block, x, valid, cross_attention_cache=cross_cache,
+                                 context_padding_mask=context_valid)
+    np.testing.assert_allclose(cached[valid], full[valid], atol=1e-5)
+
+
+def test_cached_step_returns_scores_and_cache():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 1, 8)).astype("float32")
+    context = rng.normal(size=(2, 3, 8)).astype("float32")
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    block(np.concatenate([x, x], axis=1), context)
+    cache = np.zeros((2, 2, 4, 2, 4), "float32")
+    out, w_self, w_cross, new_cache = block(
+        x, cross_attention_cache=block.compute_cross_attention_cache(context),
+        self_attention_cache=cache, self_attention_cache_update_index=2,
+        return_attention_scores=True)
+    assert tuple(w_self.shape) == (2, 2, 1, 4) and tuple(w_cross.shape) == (2, 2, 1, 3)
+    assert np.all(np.asarray(w_self)[..., 3] == 0)  # causal: no later slot
+    new_cache = np.asarray(new_cache)
+    assert np.any(new_cache[:, :, 2] != 0) and np.all(new_cache[:, :, [0, 1, 3]] == 0)
+
+
+def test_no_leak_from_future_decoder_tokens():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    context = rng.normal(size=(2, 4, 8)).astype("float32")
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    base = np.asarray(block(x, context))
+    changed = x.copy()
+    changed[:, 3:] = rng.normal(size=changed[:, 3:].shape)
+    out = np.asarray(block(changed, context))
+    np.testing.assert_array_equal(out[:, :3], base[:, :3])
+    assert not np.allclose(out[:, 3:], base[:, 3:])
+
+
+def test_errors():
+    x = np.zeros((1, 3, 8), "float32")
+    with pytest.raises(ValueError, match="causal=False"):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, causal=False)
+    with pytest.raises(ValueError, match="context_shape=None"):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4)(x)  # unbuilt
+    built = TransformerDecoderBlock(num_heads=2, intermediate_dim=4)
+    built(x, x)
+    with pytest.raises(ValueError, match="context=None"):
+        built(x)
+    with pytest.raises(ValueError, match="cross_attention=False"):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4,
+                                cross_attention=False)(x, x)
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=4,
+                                    cross_attention=False)
+    with pytest.raises(ValueError, match="self_attention_cache_update_index=None"):
+        block(x, self_attention_cache=np.zeros((1, 2, 3, 2, 4), "float32"))
+    with pytest.raises(ValueError, match="context_shape"):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4)(
+            x, np.zeros((1, 3), "float32"))
