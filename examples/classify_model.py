@@ -1,0 +1,119 @@
+"""Model and string-serving export of the `classify` example.
+
+The classifier reads token ids, encodes them (a bidirectional GRU, or
+transformer encoder blocks), pools the sequence with `AttentionPooling`
+(Yang et al., 2016) and predicts a class. The pooling weights say which
+tokens the prediction rests on; `classify.py` plots them.
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_attention.layers import AttentionPooling
+
+
+def build_classifier(
+    vocabulary_size,
+    num_classes,
+    encoder="gru",
+    max_length=64,
+    embedding_dim=128,
+    hidden_dim=128,
+    num_layers=2,
+    num_heads=4,
+    dropout=0.1,
+):
+    """Returns `(model, attention_model)`, sharing their layers.
+
+    `model`: token ids `(batch, T)` (0 pads) -> class logits `(batch, C)`,
+    the model that is trained. `attention_model`: the same ids -> `(class
+    probabilities (batch, C), pooling weights (batch, T))`.
+    """
+    # b - batch, t - token positions, d - features, c - classes
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    if encoder == "gru":
+        x = keras.layers.Embedding(
+            vocabulary_size, embedding_dim, mask_zero=True, name="embedding"
+        )(ids)
+        x = keras.layers.Dropout(dropout)(x)
+        x = keras.layers.Bidirectional(
+            keras.layers.GRU(hidden_dim // 2, return_sequences=True), name="bigru"
+        )(x)  # (b, t, d), keeps the padding mask
+    elif encoder == "transformer":
+        from keras_attention.layers import TokenAndPositionEmbedding
+        from keras_attention.layers import TransformerEncoderBlock
+
+        x = TokenAndPositionEmbedding(
+            vocabulary_size, max_length, hidden_dim, mask_zero=True, name="embedding"
+        )(ids)
+        x = keras.layers.Dropout(dropout)(x)
+        for i in range(num_layers):
+            x = TransformerEncoderBlock(
+                num_heads=num_heads,
+                intermediate_dim=2 * hidden_dim,
+                dropout=dropout,
+                norm_first=True,
+                name=f"encoder_block_{i}",
+            )(x)
+        x = keras.layers.LayerNormalization(name="final_norm")(x)
+    else:
+        raise ValueError(
+            f"`encoder` must be 'gru' or 'transformer'. Received: encoder={encoder!r}"
+        )
+    pooled, weights = AttentionPooling(units=hidden_dim, name="pooling")(
+        x, return_attention_scores=True
+    )  # (b, d), (b, t)
+    pooled = keras.layers.Dropout(dropout)(pooled)
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(pooled)
+    probabilities = keras.layers.Softmax(dtype="float32", name="probabilities")(logits)
+    model = keras.Model(ids, logits, name=f"{encoder}_classifier")
+    attention_model = keras.Model(
+        ids, [probabilities, weights], name=f"{encoder}_classifier_with_attention"
+    )
+    return model, attention_model
+
+
+def pad_ids(token_ids, max_length):
+    """Ragged or dense ids -> dense `(batch, max_length)` int32, 0-padded."""
+    if isinstance(token_ids, tf.RaggedTensor):
+        token_ids = token_ids[:, :max_length].to_tensor(
+            0, shape=[None, max_length]
+        )
+    return tf.cast(token_ids, tf.int32)
+
+
+class ClassifierServer(tf.Module):
+    """What the SavedModel serves: raw strings in, class names out.
+
+    `classify(text)` takes a `(batch,)` string tensor and returns
+    `{"label": (batch,) string, "probability": (batch,) float32,
+    "attention": (batch, max_length) float32}`; tokenization runs inside
+    the graph (only TensorFlow and `tensorflow_text` are needed to serve).
+    """
+
+    def __init__(self, attention_model, tokenizer, class_names, max_length):
+        super().__init__()
+        self.attention_model = attention_model
+        self.tokenizer = tokenizer
+        self.class_names = tf.constant(list(class_names))
+        self.max_length = max_length
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def classify(self, text):
+        ids = pad_ids(self.tokenizer(text), self.max_length)
+        probabilities, weights = self.attention_model(ids, training=False)
+        best = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+        return {
+            "label": tf.gather(self.class_names, best),
+            "probability": tf.reduce_max(probabilities, axis=-1),
+            "attention": tf.cast(weights, tf.float32),
+        }
+
+
+def export_classifier(path, attention_model, tokenizer, class_names, max_length):
+    """Writes the string-serving SavedModel; returns the server module."""
+    server = ClassifierServer(attention_model, tokenizer, class_names, max_length)
+    tf.saved_model.save(
+        server, path, signatures={"serving_default": server.classify}
+    )
+    return server

@@ -1,0 +1,145 @@
+"""Decoder-only transformer, cached generation and string-serving export of
+the `language_model` example.
+
+    logits = Dense(LayerNorm(Block_L(... Block_1(TokenAndPositionEmbedding(ids)))))
+
+Each block is a pre-norm `TransformerDecoderBlock(cross_attention=False)`:
+causal self-attention (sliding-window `LocalSelfAttention` with `window`)
+and a feed-forward network. `keras_attention.generation.CausalLMGenerator`
+drives the `keras_hub` samplers with a fixed-size key/value cache.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from keras_attention.generation import CausalLMGenerator
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerDecoderBlock
+
+SAMPLERS = ("greedy", "beam", "top_k", "top_p")
+
+
+def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
+    """A `keras_hub` sampler by name."""
+    import keras_hub
+
+    if name == "greedy":
+        return keras_hub.samplers.GreedySampler()
+    if name == "beam":
+        return keras_hub.samplers.BeamSampler(num_beams=num_beams)
+    if name == "top_k":
+        return keras_hub.samplers.TopKSampler(k=k, seed=seed, temperature=temperature)
+    if name == "top_p":
+        return keras_hub.samplers.TopPSampler(p=p, seed=seed, temperature=temperature)
+    raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={name!r}")
+
+
+def build_language_model(
+    vocabulary_size,
+    max_length,
+    hidden_dim=192,
+    num_layers=3,
+    num_heads=4,
+    dropout=0.1,
+    window=None,
+):
+    """Returns `(model, generator)`.
+
+    `model`: token ids `(batch, T)` -> next-token logits `(batch, T, V)`,
+    `T <= max_length`. `generator`: a `CausalLMGenerator` over the same
+    layers (XLA off, so that it also runs inside a SavedModel as is).
+    """
+    # b - batch, t - positions, d - features, v - vocabulary
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    embedding = TokenAndPositionEmbedding(
+        vocabulary_size, max_length, hidden_dim, name="embedding"
+    )
+    block_kwargs = {} if window is None else {"window_size": window}
+    blocks = [
+        TransformerDecoderBlock(
+            num_heads=num_heads,
+            intermediate_dim=4 * hidden_dim,
+            cross_attention=False,
+            norm_first=True,
+            dropout=dropout,
+            name=f"decoder_block_{i}",
+            **block_kwargs,
+        )
+        for i in range(num_layers)
+    ]
+    final_norm = keras.layers.LayerNormalization(name="final_norm")
+    to_logits = keras.layers.Dense(vocabulary_size, dtype="float32", name="logits")
+    x = embedding(ids)  # (b, t, d)
+    for block in blocks:
+        x = block(x)
+    logits = to_logits(final_norm(x))  # (b, t, v)
+    model = keras.Model(ids, logits, name="char_transformer_lm")
+    generator = CausalLMGenerator(
+        embedding, blocks, [final_norm, to_logits], pad_token_id=0, jit_compile=False
+    )
+    return model, generator
+
+
+def bits_per_character(loss):
+    """Mean cross-entropy in nats per character -> bits per character."""
+    return loss / math.log(2.0)
+
+
+class LanguageModelServer(tf.Module):
+    """What the SavedModel serves: prompts in, completions out.
+
+    One signature per sampler (`greedy`, `beam`, `top_k`, `top_p`), each
+    `(batch,) string -> {"completion": (batch,) string}`: the text generated
+    after the prompt, up to the end of the line (the model's "verse end")
+    or `max_length` characters in all. Tokenization (Unicode code points),
+    the cached generation loop and detokenization run inside the graph.
+    """
+
+    def __init__(self, model, generator, tokenizer, max_length, samplers=SAMPLERS,
+                 seed=0):
+        super().__init__()
+        self.model = model  # tracks the weights the generator's layers use
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.samplers = {name: make_sampler(name, seed=seed) for name in samplers}
+        # The random samplers' seed states are variables too.
+        self.sampler_seeds = [v for s in self.samplers.values() for v in s.variables]
+        spec = tf.TensorSpec([None], tf.string, name="prompt")
+        for name in samplers:
+            fn = tf.function(
+                lambda prompt, name=name: self._complete(prompt, name),
+                input_signature=[spec],
+            )
+            setattr(self, name, fn)
+
+    def _complete(self, prompt, sampler):
+        # b - prompts, t - character positions
+        # A newline first: the model learned that lines start after one.
+        ids = self.tokenizer(tf.strings.join(["\n", prompt]))
+        ids = tf.cast(ids[:, -(self.max_length // 2):], tf.int32)  # ragged (b, t)
+        lengths = tf.cast(ids.row_lengths(), tf.int32)
+        dense = ids.to_tensor(0, shape=[None, self.max_length])
+        out, mask = self.generator.generate(
+            dense, sampler=self.samplers[sampler], stop_token_ids=(ord("\n"),)
+        )
+        positions = tf.range(self.max_length)[tf.newaxis, :]
+        keep = (
+            (positions >= lengths[:, tf.newaxis])
+            & tf.cast(mask, tf.bool)
+            & tf.not_equal(out, ord("\n"))
+        )
+        completion = tf.ragged.boolean_mask(out, keep)
+        return {"completion": self.tokenizer.detokenize(completion)}
+
+
+def export_language_model(path, model, generator, tokenizer, max_length,
+                          samplers=SAMPLERS):
+    """Writes the string-serving SavedModel; returns the server module."""
+    server = LanguageModelServer(model, generator, tokenizer, max_length, samplers)
+    signatures = {name: getattr(server, name) for name in samplers}
+    signatures["serving_default"] = getattr(server, samplers[0])
+    tf.saved_model.save(server, path, signatures=signatures)
+    return server
