@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite: everything on the TensorFlow backend, then the layer
+# and ops tests again on the JAX backend.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pytest -q tests "$@"
+KERAS_BACKEND=jax python -m pytest -q tests/layers tests/ops "$@"
