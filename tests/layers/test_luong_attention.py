@@ -1,0 +1,176 @@
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention.layers import LuongAttention
+from references import masked_softmax
+
+RNG = np.random.default_rng(4)
+Q = RNG.normal(size=(2, 5, 6)).astype("float32")
+V = RNG.normal(size=(2, 9, 6)).astype("float32")
+VALUE_MASK = np.array([[1] * 6 + [0] * 3, [1] * 9], bool)
+QUERY_MASK = np.array([[1, 1, 1, 1, 0], [1] * 5], bool)
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def np_scores(layer, query, value):
+    """Luong's score functions with the layer's weights, `(b, i, j)`."""
+    d = query.shape[-1]
+    if layer.score_mode == "dot":
+        scores = np.einsum("bid,bjd->bij", query, value)
+    elif layer.score_mode == "general":
+        w = np_(layer.key_dense.kernel)  # h_t^T W_a h_s
+        scores = np.einsum("bid,bjd->bij", query, value @ w)
+    else:  # v_a^T tanh(W_a [h_t; h_s]) on every pair
+        b, i, j = query.shape[0], query.shape[1], value.shape[1]
+        pairs = np.concatenate(
+            [np.broadcast_to(query[:, :, None], (b, i, j, d)),
+             np.broadcast_to(value[:, None], (b, i, j, value.shape[-1]))], -1
+        )
+        scores = np.tanh(pairs @ np_(layer.concat_kernel)) @ np_(layer.attention_v)
+    if layer.scale is True:
+        scores = scores / np.sqrt(layer.units if layer.score_mode == "concat" else d)
+    elif layer.scale == "learned":
+        scores = scores * np_(layer.scale_factor)
+    return scores
+
+
+def np_luong(layer, query, value, value_mask, query_mask, positions=None):
+    b, i, j = query.shape[0], query.shape[1], value.shape[1]
+    scores = np_scores(layer, query, value)
+    mask = value_mask[:, None, :] & query_mask[:, :, None]
+    s = np.arange(j)[None, None, :]
+    if layer.alignment == "local-m":
+        p = np.broadcast_to(np.arange(i) if positions is None else positions, (b, i))
+        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
+    if layer.alignment == "local-p":
+        hidden = np.tanh(query @ np_(layer.position_dense.kernel))
+        length = value_mask.sum(1)[:, None]
+        p = length / (1 + np.exp(-(hidden @ np_(layer.position_v))))
+        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
+    weights = masked_softmax(scores, mask)
+    if layer.alignment == "local-p":
+        sigma = layer.window / 2
+        weights = weights * np.exp(-((s - p[..., None]) ** 2) / (2 * sigma**2))
+    return weights @ value, weights
+
+
+def test_harness_general_global():
+    run_layer_test(
+        LuongAttention,
+        dict(score_mode="general", scale=True),
+        dict(query=Q, value=V),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 6), (2, 5, 9)),
+        expected_num_trainable_weights=1,
+    )
+
+
+def test_harness_concat_local_p():
+    run_layer_test(
+        LuongAttention,
+        dict(score_mode="concat", units=4, scale="learned", alignment="local-p",
+             window=2, dropout=0.1),
+        dict(query=Q, value=V),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 6), (2, 5, 9)),
+        expected_num_trainable_weights=5,
+    )
+
+
+def test_harness_dot_local_m_single_step():
+    run_layer_test(
+        LuongAttention,
+        dict(score_mode="dot", alignment="local-m", window=1),
+        dict(query=Q[:, 0], value=V),
+        call_kwargs=dict(positions=3),
+        expected_output_shape=(2, 6),
+        expected_num_trainable_weights=0,
+        run_fit=False,  # no weights to train
+    )
+
+
+@pytest.mark.parametrize("alignment", ["global", "local-p"])
+def test_masks(alignment):
+    window = None if alignment == "global" else 2
+    run_mask_test(LuongAttention, dict(alignment=alignment, window=window),
+                  ("query", "value"), ("query_mask", "value_mask"))
+
+
+@pytest.mark.parametrize("score_mode,scale", [
+    ("dot", False), ("dot", True), ("general", "learned"), ("concat", True),
+])
+@pytest.mark.parametrize("alignment", ["global", "local-m", "local-p"])
+def test_reference(score_mode, scale, alignment):
+    units = 4 if score_mode == "concat" else None
+    window = None if alignment == "global" else 2
+    layer = LuongAttention(score_mode, units=units, scale=scale,
+                           alignment=alignment, window=window)
+    context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
+                             return_attention_scores=True)
+    ref_c, ref_w = np_luong(layer, Q, V, VALUE_MASK, QUERY_MASK)
+    np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
+    sums = np_(weights).sum(-1)
+    if alignment == "local-p":
+        assert np.all(sums <= 1 + 1e-6)
+    else:
+        np.testing.assert_allclose(sums, QUERY_MASK.astype("float32"), atol=1e-6)
+
+
+def test_local_m_window_and_positions():
+    layer = LuongAttention("dot", alignment="local-m", window=1)
+    _, weights = layer(Q, V, return_attention_scores=True)
+    w = np_(weights)
+    for t in range(Q.shape[1]):
+        inside = np.abs(np.arange(9) - t) <= 1
+        assert np.all(w[:, t, ~inside] == 0) and np.all(w[:, t, inside] > 0)
+    # One step at position t equals row t of the sequence call.
+    for t in range(Q.shape[1]):
+        c, wt = layer(Q[:, t], V, positions=t, return_attention_scores=True)
+        np.testing.assert_allclose(np_(wt), w[:, t], atol=1e-6)
+    # Per-example positions, and a window past the end of the source.
+    positions = np.array([2, 20], "int32")
+    c, wt = layer(Q[:, 0], V, positions=positions, return_attention_scores=True)
+    ref_c, ref_w = np_luong(layer, Q[:, :1], V, np.ones((2, 9), bool),
+                            np.ones((2, 1), bool), positions[:, None])
+    np.testing.assert_allclose(np_(wt), ref_w[:, 0], atol=1e-6)
+    assert np.all(np_(c)[1] == 0)  # nothing to attend to: zero context
+
+
+def test_local_p_gaussian_and_fully_padded_source():
+    layer = LuongAttention("general", alignment="local-p", window=3)
+    mask = VALUE_MASK.copy()
+    mask[0] = False
+    context, weights = layer(Q, V, value_mask=mask, return_attention_scores=True)
+    c, w = np_(context), np_(weights)
+    assert np.all(np.isfinite(c)) and np.all(c[0] == 0) and np.all(w[0] == 0)
+    ref_c, ref_w = np_luong(layer, Q, V, mask, np.ones((2, 5), bool))
+    np.testing.assert_allclose(w, ref_w, atol=1e-6)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="score_mode='cosine'"):
+        LuongAttention("cosine")
+    with pytest.raises(ValueError, match="units=None"):
+        LuongAttention("concat")
+    with pytest.raises(ValueError, match="units=3"):
+        LuongAttention("general", units=3)
+    with pytest.raises(ValueError, match="scale=2"):
+        LuongAttention(scale=2.0)
+    with pytest.raises(ValueError, match="alignment='local'"):
+        LuongAttention(alignment="local")
+    with pytest.raises(ValueError, match="window=None"):
+        LuongAttention(alignment="local-m")
+    with pytest.raises(ValueError, match="window=-1"):
+        LuongAttention(alignment="local-p", window=-1)
+    with pytest.raises(ValueError, match="window=2"):
+        LuongAttention(alignment="global", window=2)
+    with pytest.raises(ValueError, match="key_shape"):
+        LuongAttention("dot")(Q, np.ones((2, 9, 5), "float32"))
+    with pytest.raises(ValueError, match="query_shape"):
+        LuongAttention()(np.ones((2,), "float32"), V)
