@@ -1,0 +1,212 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention import masks
+from keras_attention.layers import LocalSelfAttention, SelfAttention
+from references import multi_head_attention as np_mha
+
+RNG = np.random.default_rng(0)
+BACKEND = keras.backend.backend()
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def _pair(local_kwargs, x):
+    """A built LocalSelfAttention and a dense SelfAttention, same weights."""
+    kwargs = dict(local_kwargs)
+    kwargs.pop("window_size")
+    kwargs.pop("block_size", None)
+    local = LocalSelfAttention(**local_kwargs)
+    local(x)
+    dense = SelfAttention(**kwargs)
+    dense(x)
+    dense.set_weights(local.get_weights())
+    return local, dense
+
+
+def test_harness():
+    run_layer_test(
+        LocalSelfAttention,
+        dict(num_heads=2, key_dim=4, window_size=(2, 1), block_size=4),
+        dict(inputs=RNG.normal(size=(2, 7, 8)).astype("float32")),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 7, 8), (2, 2, 7, 4)),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_harness_causal_grouped_query():
+    run_layer_test(
+        LocalSelfAttention,
+        dict(num_heads=4, key_dim=4, window_size=3, causal=True,
+             num_key_value_heads=2, dropout=0.1, output_shape=6),
+        dict(inputs=RNG.normal(size=(2, 9, 8)).astype("float32")),
+        expected_output_shape=(2, 9, 6),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_masks_through_harness():
+    run_mask_test(LocalSelfAttention, dict(num_heads=2, key_dim=4, window_size=2),
+                  ("inputs",), ("mask",))
+    run_mask_test(LocalSelfAttention,
+                  dict(num_heads=2, key_dim=4, window_size=2, causal=True),
+                  ("inputs",), ("mask",), causal=True)
+
+
+# (T, window_size, causal, block_size, padded steps of the last example):
+# T not a multiple of the block, T smaller than the window, a fully padded
+# example, one-sided windows.
+CASES = [
+    (1, 2, False, None, 0),
+    (5, 9, False, None, 2),
+    (6, 9, True, 4, 6),
+    (11, (3, 1), False, 4, 3),
+    (23, 2, True, 4, 5),
+    (23, (0, 5), False, 8, 23),
+]
+
+
+@pytest.mark.parametrize("t,window,causal,block,padded", CASES)
+def test_equals_dense_self_attention_with_sliding_window_mask(
+    t, window, causal, block, padded
+):
+    x = RNG.normal(size=(2, t, 8)).astype("float32")
+    valid = np.ones((2, t), bool)
+    valid[1, t - padded :] = False
+    local, dense = _pair(
+        dict(num_heads=2, key_dim=4, window_size=window, causal=causal,
+             block_size=block, num_key_value_heads=1),
+        x,
+    )
+    out, scores = local(x, mask=valid, return_attention_scores=True)
+    window_mask = masks.sliding_window_mask(t, window, causal)
+    ref_out, ref_scores = dense(
+        x, mask=valid, attention_mask=window_mask, return_attention_scores=True
+    )
+    np.testing.assert_allclose(np_(out), np_(ref_out), atol=1e-5)
+    np.testing.assert_allclose(
+        np_(local.scores_to_dense(scores)), np_(ref_scores), atol=1e-6
+    )
+    assert np.all(np.isfinite(np_(out)))
+    if padded == t:  # fully padded example: zero weights, output = bias
+        assert np.all(np_(scores)[1] == 0)
+
+
+def test_matches_numpy_reference():
+    x = RNG.normal(size=(2, 10, 8)).astype("float32")
+    layer = LocalSelfAttention(2, 4, window_size=(2, 3), block_size=4,
+                               bias_initializer="random_normal")
+    out, scores = layer(x, return_attention_scores=True)
+    window = np.asarray(masks.sliding_window_mask(10, (2, 3)))[:, None]
+    ref_out, ref_weights = np_mha(layer, x, x, mask=window)
+    np.testing.assert_allclose(np_(out), ref_out, atol=1e-5)
+    np.testing.assert_allclose(np_(layer.scores_to_dense(scores)), ref_weights, atol=1e-6)
+
+
+def test_explicit_attention_mask_combines_with_window():
+    t = 9
+    x = RNG.normal(size=(2, t, 8)).astype("float32")
+    local, dense = _pair(dict(num_heads=2, key_dim=4, window_size=2, block_size=4), x)
+    extra = RNG.random((2, t, t)) > 0.4
+    window = masks.sliding_window_mask(t, 2)
+    np.testing.assert_allclose(
+        np_(local(x, attention_mask=extra)),
+        np_(dense(x, attention_mask=masks.combine_masks(window, extra))),
+        atol=1e-5,
+    )
+
+
+def test_rotary_positions_match_dense():
+    x = RNG.normal(size=(1, 12, 8)).astype("float32")
+    local, dense = _pair(
+        dict(num_heads=2, key_dim=4, window_size=3, rotary_max_wavelength=100),
+        x,
+    )
+    np.testing.assert_allclose(
+        np_(local(x)),
+        np_(dense(x, attention_mask=masks.sliding_window_mask(12, 3))),
+        atol=1e-5,
+    )
+
+
+def test_cache_decoding_matches_full_pass():
+    layer = LocalSelfAttention(2, 4, window_size=2, causal=True,
+                               num_key_value_heads=1)
+    x = RNG.normal(size=(2, 7, 8)).astype("float32")
+    full = np_(layer(x))
+    cache = np.zeros((2, 2, 7, 1, 4), "float32")
+    steps = []
+    for t in range(7):
+        out, cache = layer(x[:, t : t + 1], cache=cache, cache_update_index=t)
+        steps.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_padded_rows_finite_under_mixed_precision(policy):
+    layer = LocalSelfAttention(2, 4, window_size=2, dtype=policy)
+    x = RNG.normal(size=(2, 6, 8)).astype("float32") * 20
+    valid = np.ones((2, 6), bool)
+    valid[1] = False
+    out = np_(ops.cast(layer(x, mask=valid), "float32"))
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.tf_only
+def test_weight_gradients_equal_dense():
+    import tensorflow as tf
+
+    t = 13
+    x = RNG.normal(size=(2, t, 8)).astype("float32")
+    valid = np.ones((2, t), bool)
+    valid[1, 4:] = False
+    local, dense = _pair(dict(num_heads=2, key_dim=4, window_size=(3, 2), block_size=4), x)
+    window = masks.sliding_window_mask(t, (3, 2))
+    cot = RNG.normal(size=(2, t, 8)).astype("float32")
+
+    def grads(layer, **kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x, mask=valid, **kwargs) * cot)
+        return tape.gradient(loss, layer.trainable_weights)
+
+    for a, b in zip(grads(local), grads(dense, attention_mask=window)):
+        np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)
+
+
+def test_config_keeps_window_and_block():
+    layer = LocalSelfAttention(2, 4, window_size=(5, 1), block_size=8, causal=True)
+    config = layer.get_config()
+    assert config["window_size"] == (5, 1) and config["block_size"] == 8
+    revived = LocalSelfAttention.from_config(config)
+    assert revived.window_bounds == (5, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(window_size=-1), "window_size"),
+        (dict(window_size=(1, 2, 3)), "window_size"),
+        (dict(window_size=2.5), "window_size"),
+        (dict(window_size=2, block_size=0), "block_size"),
+        (dict(window_size=2, block_size=4.0), "block_size"),
+        (dict(window_size=2, dropout=1.5), "dropout"),
+    ],
+)
+def test_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=f"{name}.*Received"):
+        LocalSelfAttention(2, 4, **kwargs)
+
+
+def test_bad_shapes():
+    layer = LocalSelfAttention(2, 4, window_size=2)
+    with pytest.raises(ValueError, match="query_shape"):
+        layer(np.ones((2, 8), "float32"))
+    layer = LocalSelfAttention(2, 4, window_size=2)
+    with pytest.raises(ValueError, match="attention_mask"):
+        layer(np.ones((2, 5, 8), "float32"), attention_mask=np.ones((5, 4), bool))
