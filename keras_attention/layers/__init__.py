@@ -1,8 +1,10 @@
 """Public Keras layers of `keras_attention`."""
 
 from keras_attention.layers.attention_pooling import AttentionPooling
+from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.self_attention import CausalSelfAttention

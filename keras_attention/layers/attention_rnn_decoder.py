@@ -1,0 +1,427 @@
+import keras
+from keras import ops
+
+from keras_attention.layers.bahdanau_attention import _check_positive_int
+from keras_attention.layers.bahdanau_attention import _check_rate
+from keras_attention.layers.bahdanau_attention import _clone
+from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+STYLES = ("bahdanau", "luong")
+CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class AttentionRNNDecoder(keras.layers.Layer):
+    """The decoder of an RNN encoder-decoder with attention.
+
+    At target step `t`, with `x_t` the embedded previous token, `h` the
+    memory (the encoder states) and `f` the RNN cell:
+
+    - `attention_style="bahdanau"` (Bahdanau et al., 2015): the query is the
+      previous state, and the context is fed to the cell:
+
+          c_t = attention(s_{t-1}, h);   s_t = f(s_{t-1}, [x_t; c_t])
+
+      The output is `s_t`.
+    - `attention_style="luong"` (Luong et al., 2015): the cell runs first,
+      its state is the query, and the output is the attentional state:
+
+          h_t = f(h_{t-1}, [x_t; h~_{t-1}]);   c_t = attention(h_t, h)
+          h~_t = tanh(W_c [c_t; h_t])
+
+      With `input_feeding=False`, `h~_{t-1}` is not fed back.
+
+    `call` runs a whole target sequence (teacher forcing) in one loop
+    (`keras.ops.scan`): it works under `tf.function`, `jit_compile=True`,
+    in SavedModels and on JAX. `step` runs one step with the same weights
+    (for greedy or beam search); decoding a sequence step by step gives the
+    outputs of `call`. Padded target steps (`mask` False) carry the state
+    unchanged and output zeros; the target mask is propagated.
+
+    Args:
+        units: int, size of the cell state (and of the output).
+        attention: the attention layer: `BahdanauAttention`,
+            `LuongAttention` or `CrossAttention` (whose weights are averaged
+            over heads for the alignment history).
+        cell: `"gru"`, `"lstm"`, or a Keras RNN cell with `state_size`
+            (whose output size must be `units`).
+        attention_style: `"bahdanau"` or `"luong"`.
+        input_feeding: bool, Luong style only: feed `h~_{t-1}` to the cell.
+        return_attention_scores: bool, also return the alignment history.
+        return_state: bool, also return the final states (as `step` takes
+            them).
+        dropout: float in [0, 1), dropout on the embedded inputs.
+        kernel_initializer: initializer of `W_c` (Luong style) and of the
+            cells built from a name.
+        seed: optional int, seed of the dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, Tt, e)`, the embedded target sequence (shifted
+            right: the token before each step).
+        memory: `(batch, Ts, d)`, the encoder states.
+        initial_state: optional cell state: a tensor `(batch, units)` (GRU)
+            or a list `[h, c]` (LSTM), e.g. from `EncoderBridge`; zeros by
+            default. Or the full state list that `step` takes.
+        mask: optional boolean `(batch, Tt)` target mask (Keras mask).
+        memory_mask: optional boolean `(batch, Ts)` source mask (Keras mask).
+        training: bool.
+
+    Returns:
+        `(batch, Tt, units)`, then, if `return_attention_scores`, the
+        alignment history `(batch, Tt, Ts)`, then, if `return_state`, the
+        final states.
+
+    Example:
+
+    >>> decoder = AttentionRNNDecoder(8, BahdanauAttention(6))
+    >>> y = np.ones((2, 4, 5), "float32")       # embedded targets
+    >>> memory = np.ones((2, 7, 3), "float32")  # encoder states
+    >>> tuple(decoder(y, memory).shape)
+    (2, 4, 8)
+    >>> states = decoder.get_initial_state(2)
+    >>> out, states, weights = decoder.step(y[:, 0], states, memory)
+    >>> tuple(out.shape), tuple(weights.shape)
+    ((2, 8), (2, 7))
+
+    References:
+        - Bahdanau, Cho & Bengio, 2015, "Neural Machine Translation by
+          Jointly Learning to Align and Translate".
+        - Luong, Pham & Manning, 2015, "Effective Approaches to
+          Attention-based Neural Machine Translation".
+    """
+
+    def __init__(
+        self,
+        units,
+        attention,
+        cell="gru",
+        attention_style="bahdanau",
+        input_feeding=True,
+        return_attention_scores=False,
+        return_state=False,
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_positive_int("units", units)
+        if isinstance(attention, dict):
+            attention = keras.saving.deserialize_keras_object(attention)
+        if not isinstance(attention, (_Seq2SeqAttention, MultiHeadAttention)):
+            raise ValueError(
+                "`attention` must be a BahdanauAttention, LuongAttention or "
+                f"CrossAttention layer. Received: attention={attention!r}"
+            )
+        if isinstance(cell, dict):
+            cell = keras.saving.deserialize_keras_object(cell)
+        if isinstance(cell, str):
+            if cell not in CELLS:
+                raise ValueError(
+                    "`cell` must be 'gru', 'lstm' or an RNN cell layer. "
+                    f"Received: cell={cell!r}"
+                )
+        elif not hasattr(cell, "state_size"):
+            raise ValueError(
+                "`cell` must be 'gru', 'lstm' or an RNN cell layer with a "
+                f"`state_size`. Received: cell={cell!r}"
+            )
+        if attention_style not in STYLES:
+            raise ValueError(
+                f"`attention_style` must be one of {STYLES}. "
+                f"Received: attention_style={attention_style!r}"
+            )
+        _check_rate("dropout", dropout)
+        self.units = units
+        self.attention = attention
+        self.cell = cell
+        self.attention_style = attention_style
+        self.input_feeding = bool(input_feeding)
+        self.return_attention_scores = return_attention_scores
+        self.return_state = return_state
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.supports_masking = True
+        self._dropout_layer = keras.layers.Dropout(
+            dropout, seed=seed, dtype=self.dtype_policy
+        )
+
+    # Structure.
+
+    @property
+    def _cross(self):
+        return isinstance(self.attention, MultiHeadAttention)
+
+    @property
+    def _feeds(self):
+        return self.attention_style == "luong" and self.input_feeding
+
+    def _cell_state_sizes(self):
+        return [int(s) for s in _as_list(self.rnn_cell.state_size)]
+
+    def state_sizes(self):
+        """Sizes of the decoder state list (cell states, then `h~` when it
+        is fed back)."""
+        return self._cell_state_sizes() + ([self.units] if self._feeds else [])
+
+    def build(self, inputs_shape, memory_shape, initial_state_shape=None):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, Tt, features) with a known "
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+            )
+        if len(memory_shape) != 3 or memory_shape[-1] is None:
+            raise ValueError(
+                "`memory` must have shape (batch, Ts, features) with a known "
+                f"feature size. Received: memory_shape={tuple(memory_shape)}"
+            )
+        if isinstance(self.cell, str):
+            self.rnn_cell = CELLS[self.cell](
+                self.units,
+                kernel_initializer=_clone(self.kernel_initializer),
+                dtype=self.dtype_policy,
+                name=f"{self.cell}_cell",
+            )
+        else:
+            self.rnn_cell = self.cell
+        if not self.attention.built:
+            if self._cross:
+                self.attention.build((None, 1, self.units), memory_shape)
+            else:
+                self.attention.build((None, self.units), memory_shape)
+        context_dim = (
+            self.attention.output_dim if self._cross else memory_shape[-1]
+        )
+        features = inputs_shape[-1]
+        if self.attention_style == "bahdanau":
+            cell_input = features + context_dim
+        else:
+            cell_input = features + (self.units if self._feeds else 0)
+            self.attentional_dense = keras.layers.Dense(  # W_c
+                self.units,
+                activation="tanh",
+                use_bias=False,
+                kernel_initializer=_clone(self.kernel_initializer),
+                dtype=self.dtype_policy,
+                name="attentional",
+            )
+            self.attentional_dense.build((None, context_dim + self.units))
+        if not self.rnn_cell.built:
+            self.rnn_cell.build((None, cell_input))
+        self.built = True
+
+    # Step-by-step decoding.
+
+    def prepare_memory(self, memory):
+        """The attention's keys, computed once per source: pass them to
+        `step` as `prepared_memory`."""
+        if self._cross:
+            return self.attention.compute_cache(memory)
+        return self.attention.prepare_memory(memory)
+
+    def get_initial_state(self, batch_size, initial_state=None):
+        """The state list `step` takes: the cell state(s) (`initial_state`,
+        e.g. from `EncoderBridge`, or zeros), then a zero `h~_0` when it is
+        fed back (Luong style)."""
+        if initial_state is None:
+            states = [
+                ops.zeros((batch_size, n), self.compute_dtype)
+                for n in self._cell_state_sizes()
+            ]
+        else:
+            states = [ops.cast(s, self.compute_dtype) for s in _as_list(initial_state)]
+        if len(states) == len(self._cell_state_sizes()) and self._feeds:
+            states.append(ops.zeros((batch_size, self.units), self.compute_dtype))
+        return states
+
+    def _attend(self, query, prepared, memory, memory_mask, position, training):
+        """One query `(b, d)` -> context `(b, dc)`, weights float32 `(b, Ts)`."""
+        query = query[:, None, :]
+        if self._cross:
+            context, scores, _ = self.attention(
+                query, memory, context_mask=memory_mask, cache=prepared,
+                return_attention_scores=True, training=training,
+            )
+            weights = ops.mean(ops.cast(scores, "float32"), axis=1)  # b 1 j
+        else:
+            context, weights = self.attention.attend(
+                query, prepared, memory, value_mask=memory_mask,
+                training=training, positions=position,
+            )
+        return context[:, 0], weights[:, 0]
+
+    def _cell(self, x, states, training):
+        output, new_states = self.rnn_cell(x, states, training=training)
+        return output, _as_list(new_states)
+
+    def _step(self, x, states, prepared, memory, memory_mask, position, training):
+        n = len(self._cell_state_sizes())
+        cell_states = states[:n]
+        if self.attention_style == "bahdanau":
+            # c_t = a(s_{t-1}, h);  s_t = f(s_{t-1}, [x_t; c_t])
+            context, weights = self._attend(
+                cell_states[0], prepared, memory, memory_mask, position, training
+            )
+            output, new_states = self._cell(
+                ops.concatenate([x, ops.cast(context, x.dtype)], -1),
+                cell_states, training,
+            )
+        else:
+            # h_t = f(h_{t-1}, [x_t; h~_{t-1}]);  h~_t = tanh(W_c [c_t; h_t])
+            cell_input = ops.concatenate([x, states[n]], -1) if self._feeds else x
+            h, new_states = self._cell(cell_input, cell_states, training)
+            context, weights = self._attend(
+                h, prepared, memory, memory_mask, position, training
+            )
+            output = self.attentional_dense(
+                ops.concatenate([ops.cast(context, h.dtype), h], -1)
+            )
+            if self._feeds:
+                new_states = new_states + [output]
+        return output, new_states, weights
+
+    def step(
+        self,
+        inputs,
+        states,
+        memory,
+        memory_mask=None,
+        step_index=0,
+        prepared_memory=None,
+        training=None,
+    ):
+        """Runs one decoder step (for greedy or beam search).
+
+        Args:
+            inputs: `(batch, e)`, the embedded previous token.
+            states: the state list from `get_initial_state`, a previous
+                `step` or `call` with `return_state=True`.
+            memory: `(batch, Ts, d)`, the encoder states.
+            memory_mask: optional boolean `(batch, Ts)`.
+            step_index: int or scalar tensor, the target step `t` (read by
+                `LuongAttention(alignment="local-m")`).
+            prepared_memory: optional `prepare_memory(memory)`, to process
+                the memory once per source instead of at every step.
+            training: bool.
+
+        Returns:
+            `(output, new_states, weights)`: `(batch, units)`, the new state
+            list, and this step's attention weights `(batch, Ts)`.
+        """
+        if not self.built:
+            self.build(
+                (None, 1, inputs.shape[-1]), tuple(memory.shape)
+            )
+        if prepared_memory is None:
+            prepared_memory = self.prepare_memory(memory)
+        states = [ops.cast(s, self.compute_dtype) for s in _as_list(states)]
+        inputs = ops.cast(inputs, self.compute_dtype)
+        output, new_states, weights = self._step(
+            inputs, states, prepared_memory, memory, memory_mask,
+            step_index, training,
+        )
+        return output, new_states, ops.cast(weights, self.compute_dtype)
+
+    # Teacher forcing.
+
+    def call(
+        self,
+        inputs,
+        memory,
+        initial_state=None,
+        mask=None,
+        memory_mask=None,
+        training=None,
+    ):
+        batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        states = self.get_initial_state(batch, initial_state)
+        prepared = self.prepare_memory(memory)
+        x = self._dropout_layer(inputs, training=training) if self.dropout else inputs
+        x = ops.cast(x, self.compute_dtype)
+        if mask is None:
+            step_mask = ops.ones((batch, steps), "bool")
+        else:
+            step_mask = ops.cast(mask, "bool")
+        xs = (
+            ops.transpose(x, (1, 0, 2)),  # t b e
+            ops.transpose(step_mask, (1, 0)),  # t b
+            ops.arange(steps, dtype="int32"),  # t
+        )
+        num_states = len(states)
+        source_steps = ops.shape(memory)[1]
+        init = tuple(states) + (
+            ops.zeros((batch, self.units), self.compute_dtype),
+            ops.zeros((batch, source_steps), self.compute_dtype),
+        )
+
+        def body(carry, xs_t):
+            x_t, m_t, t = xs_t
+            old = list(carry[:num_states])
+            output, new, weights = self._step(
+                x_t, old, prepared, memory, memory_mask, t, training
+            )
+            keep = m_t[:, None]  # padded target steps carry the state
+            new = [ops.where(keep, n, o) for n, o in zip(new, old)]
+            output = ops.where(keep, output, ops.zeros_like(output))
+            weights = ops.cast(weights, self.compute_dtype)
+            weights = ops.where(keep, weights, ops.zeros_like(weights))
+            # keras.ops.scan on TensorFlow needs outputs shaped as the carry.
+            carry = tuple(new) + (output, weights)
+            return carry, carry
+
+        final, history = ops.scan(body, init, xs)
+        outputs = (ops.transpose(history[num_states], (1, 0, 2)),)
+        if self.return_attention_scores:
+            outputs += (ops.transpose(history[num_states + 1], (1, 0, 2)),)
+        if self.return_state:
+            outputs += tuple(final[:num_states])
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compute_mask(self, inputs, previous_mask):
+        return previous_mask
+
+    def compute_output_spec(self, inputs, memory, initial_state=None, **kwargs):
+        batch, steps = inputs.shape[0], inputs.shape[1]
+        dtype = self.compute_dtype
+        outputs = (keras.KerasTensor((batch, steps, self.units), dtype=dtype),)
+        if self.return_attention_scores:
+            outputs += (
+                keras.KerasTensor((batch, steps, memory.shape[1]), dtype=dtype),
+            )
+        if self.return_state:
+            if not self.built:
+                self.build(inputs.shape, memory.shape)
+            outputs += tuple(
+                keras.KerasTensor((batch, n), dtype=dtype) for n in self.state_sizes()
+            )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        cell = self.cell
+        if not isinstance(cell, str):
+            cell = keras.saving.serialize_keras_object(cell)
+        config.update(
+            {
+                "units": self.units,
+                "attention": keras.saving.serialize_keras_object(self.attention),
+                "cell": cell,
+                "attention_style": self.attention_style,
+                "input_feeding": self.input_feeding,
+                "return_attention_scores": self.return_attention_scores,
+                "return_state": self.return_state,
+                "dropout": self.dropout,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config
