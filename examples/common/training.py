@@ -254,6 +254,7 @@ def fit(
         validation set is given.
     """
     import keras
+    import tensorflow as tf
 
     output_dir = args.output_dir or "runs/example"
     os.makedirs(output_dir, exist_ok=True)
@@ -274,6 +275,11 @@ def fit(
     checkpoint_path = os.path.join(output_dir, "checkpoints", "best.weights.h5")
     os.makedirs(os.path.dirname(checkpoint_path), exist_ok=True)
     has_val = val_ds is not None
+    if has_val and int(val_ds.cardinality()) < 0:
+        # A known size keeps Keras from warning that the data "ran out".
+        val_ds = val_ds.apply(
+            tf.data.experimental.assert_cardinality(count_batches(val_ds))
+        )
     if not has_val and monitor.startswith("val_"):
         monitor = monitor[len("val_"):]
     all_callbacks = [

@@ -1,0 +1,250 @@
+"""Models of the `translate` example, built from `keras_attention.layers`.
+
+Each builder returns a `Translator`: the Keras training model (teacher
+forcing: `{"encoder_ids", "decoder_ids"} -> logits`) and the pieces that
+decode step by step with the `keras_hub` samplers (greedy or beam) and that
+give the cross-attention weights of a translation (for the heatmaps).
+
+Axes in comments: b - batch, s - source positions, t - target positions.
+"""
+
+import keras
+from keras import ops
+
+PAD = 0
+
+
+def _sampler(decode, beam_size):
+    import keras_hub
+
+    if decode == "beam":
+        return keras_hub.samplers.BeamSampler(num_beams=beam_size)
+    return keras_hub.samplers.GreedySampler()
+
+
+class Translator:
+    """A trained model plus its decoding. Subclasses set `self.model`."""
+
+    def __init__(self, start_id, end_id, max_target_length, decode="greedy",
+                 beam_size=4, jit_compile=False):
+        self.start_id, self.end_id = start_id, end_id
+        self.max_target_length = max_target_length
+        self.decode = decode
+        self.beam_size = beam_size
+        self.jit_compile = jit_compile
+
+    def _prompt(self, encoder_ids):
+        # b, t: [START] then padding up to the output length.
+        batch = ops.shape(encoder_ids)[0]
+        start = ops.full((batch, 1), self.start_id, "int32")
+        pad = ops.zeros((batch, self.max_target_length - 1), "int32")
+        return ops.concatenate([start, pad], axis=1)
+
+    def generate(self, encoder_ids):
+        """`(b, max_target_length)` ids: [START], tokens, [END], padding."""
+        raise NotImplementedError
+
+    def cross_attention(self, encoder_ids, decoder_ids):
+        """`(b, t, s)` attention of each target position to the source,
+        teacher-forced on `decoder_ids` (e.g. a generated translation)."""
+        raise NotImplementedError
+
+
+class TransformerTranslator(Translator):
+    """Transformer encoder-decoder (Vaswani et al., 2017): post-norm
+    encoder blocks, decoder blocks with cross-attention, cached generation
+    through `keras_attention.generation.Seq2SeqGenerator`."""
+
+    def __init__(self, source_vocabulary_size, target_vocabulary_size,
+                 max_source_length, max_target_length, start_id, end_id,
+                 hidden_dim=128, num_heads=4, intermediate_dim=512,
+                 num_layers=2, dropout=0.1, **kwargs):
+        from keras_attention.generation import Seq2SeqGenerator
+        from keras_attention.layers import TokenAndPositionEmbedding
+        from keras_attention.layers import TransformerDecoderBlock
+        from keras_attention.layers import TransformerEncoderBlock
+
+        super().__init__(start_id, end_id, max_target_length, **kwargs)
+        encoder_ids = keras.Input((None,), dtype="int32", name="encoder_ids")
+        decoder_ids = keras.Input((None,), dtype="int32", name="decoder_ids")
+
+        x = TokenAndPositionEmbedding(
+            source_vocabulary_size, max_source_length, hidden_dim,
+            mask_zero=True, name="source_embedding",
+        )(encoder_ids)
+        for i in range(num_layers):
+            x = TransformerEncoderBlock(
+                num_heads, intermediate_dim, dropout=dropout,
+                name=f"encoder_block_{i}",
+            )(x)
+        self.encoder = keras.Model(encoder_ids, x, name="encoder")
+
+        self.embedding = TokenAndPositionEmbedding(
+            target_vocabulary_size, max_target_length, hidden_dim,
+            mask_zero=True, name="target_embedding",
+        )
+        self.blocks = [
+            TransformerDecoderBlock(num_heads, intermediate_dim,
+                                    dropout=dropout, name=f"decoder_block_{i}")
+            for i in range(num_layers)
+        ]
+        # Logits in float32 under mixed precision.
+        self.head = keras.layers.Dense(target_vocabulary_size,
+                                       dtype="float32", name="logits")
+        context = self.encoder(encoder_ids)
+        context_mask = ops.not_equal(encoder_ids, PAD)
+        y = self.embedding(decoder_ids)
+        for block in self.blocks:
+            # Scores requested only to work around a TransformerDecoderBlock
+            # bug (`len()` of the cross-attention output when it returns a
+            # single tensor); they are discarded.
+            y, _, _ = block(y, context, context_padding_mask=context_mask,
+                            return_attention_scores=True)
+        logits = self.head(y)
+        self.model = keras.Model(
+            {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
+            logits, name="transformer_translator",
+        )
+        self.generator = Seq2SeqGenerator(
+            self.encoder, self.embedding, self.blocks, self.head,
+            pad_token_id=PAD, jit_compile=self.jit_compile,
+        )
+
+    def generate(self, encoder_ids):
+        ids, _ = self.generator.generate(
+            encoder_ids,
+            self._prompt(encoder_ids),
+            sampler=_sampler(self.decode, self.beam_size),
+            stop_token_ids=(self.end_id,),
+        )
+        return ids
+
+    def cross_attention(self, encoder_ids, decoder_ids):
+        context = self.encoder(encoder_ids)
+        context_mask = ops.not_equal(encoder_ids, PAD)
+        y = self.embedding(decoder_ids)
+        for block in self.blocks:
+            y, _, weights = block(
+                y, context, padding_mask=ops.not_equal(decoder_ids, PAD),
+                context_padding_mask=context_mask,
+                return_attention_scores=True,
+            )
+        return ops.mean(weights, axis=1)  # b, heads, t, s -> b, t, s (last block)
+
+
+class RNNTranslator(Translator):
+    """Bidirectional GRU encoder, `EncoderBridge`, `AttentionRNNDecoder`
+    with Bahdanau (Bahdanau et al., 2015) or Luong (Luong et al., 2015)
+    attention; teacher forcing in training, step-by-step decoding with the
+    `keras_hub` samplers (greedy or beam) through the decoder's `step`."""
+
+    def __init__(self, source_vocabulary_size, target_vocabulary_size,
+                 max_source_length, max_target_length, start_id, end_id,
+                 embedding_dim=64, encoder_units=128, decoder_units=256,
+                 attention="bahdanau", score="general", alignment="global",
+                 window=None, dropout=0.0, **kwargs):
+        from keras_attention.layers import AttentionRNNDecoder
+        from keras_attention.layers import EncoderBridge
+
+        super().__init__(start_id, end_id, max_target_length, **kwargs)
+        del max_source_length  # RNNs take any length.
+        encoder_ids = keras.Input((None,), dtype="int32", name="encoder_ids")
+        decoder_ids = keras.Input((None,), dtype="int32", name="decoder_ids")
+
+        x = keras.layers.Embedding(source_vocabulary_size, embedding_dim,
+                                   mask_zero=True,
+                                   name="source_embedding")(encoder_ids)
+        memory, forward_state, backward_state = keras.layers.Bidirectional(
+            keras.layers.GRU(encoder_units, return_sequences=True,
+                             return_state=True),
+            name="encoder",
+        )(x)
+        initial_state = EncoderBridge(decoder_units, name="bridge")(
+            [forward_state, backward_state]
+        )
+        self.encoder = keras.Model(
+            encoder_ids, [memory, initial_state], name="encoder"
+        )
+        self.embedding = keras.layers.Embedding(
+            target_vocabulary_size, embedding_dim, mask_zero=True,
+            name="target_embedding",
+        )
+        self.decoder = AttentionRNNDecoder(
+            decoder_units,
+            attention=_attention_layer(attention, decoder_units, score,
+                                       alignment, window),
+            attention_style=attention,
+            dropout=dropout,
+            name="decoder",
+        )
+        self.head = keras.layers.Dense(target_vocabulary_size,
+                                       dtype="float32", name="logits")
+        memory, state = self.encoder(encoder_ids)
+        memory_mask = ops.not_equal(encoder_ids, PAD)
+        y = self.embedding(decoder_ids)
+        outputs = self.decoder(y, memory, initial_state=state,
+                               memory_mask=memory_mask)
+        self.model = keras.Model(
+            {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
+            self.head(outputs), name="rnn_translator",
+        )
+
+    def _next(self, prompt, cache, index):
+        """The sampler callback: logits of position `index` from the token
+        at `index - 1` and the carried `(state, memory, memory_mask)`."""
+        state, memory, memory_mask = cache
+        token = ops.take(prompt, index - 1, axis=1)  # b
+        output, state, _ = self.decoder.step(
+            self.embedding(token), state, memory,
+            ops.cast(memory_mask, "bool"),
+        )
+        return self.head(output), output, (state, memory, memory_mask)
+
+    def generate(self, encoder_ids):
+        from keras_attention.generation.decoder_only import mask_after_stop
+
+        memory, state = self.encoder(encoder_ids)
+        memory_mask = ops.cast(ops.not_equal(encoder_ids, PAD), "int32")
+        prompt = self._prompt(encoder_ids)
+        mask = ops.not_equal(prompt, PAD)
+        ids = _sampler(self.decode, self.beam_size)(
+            next=self._next,
+            prompt=prompt,
+            cache=(state, memory, memory_mask),
+            index=1,
+            mask=mask,
+            stop_token_ids=(self.end_id,),
+        )
+        return mask_after_stop(ids, mask, (self.end_id,), PAD)[0]
+
+    def cross_attention(self, encoder_ids, decoder_ids):
+        memory, state = self.encoder(encoder_ids)
+        memory_mask = ops.not_equal(encoder_ids, PAD)
+        _, weights = self.decoder(
+            self.embedding(decoder_ids), memory, initial_state=state,
+            memory_mask=memory_mask, return_attention_scores=True,
+        )
+        return weights  # b, t, s
+
+
+def _attention_layer(kind, units, score, alignment, window):
+    from keras_attention.layers import BahdanauAttention
+    from keras_attention.layers import LuongAttention
+
+    if kind == "bahdanau":
+        return BahdanauAttention(units)
+    return LuongAttention(score_mode=score, alignment=alignment,
+                          window=window,
+                          units=units if score == "concat" else None)
+
+
+def build_translator(kind, **kwargs):
+    """`kind` is "rnn" or "transformer"; see the two classes for kwargs."""
+    if kind == "transformer":
+        for name in ("embedding_dim", "encoder_units", "decoder_units",
+                     "attention", "score", "alignment", "window"):
+            kwargs.pop(name, None)
+        return TransformerTranslator(**kwargs)
+    for name in ("hidden_dim", "num_heads", "intermediate_dim", "num_layers"):
+        kwargs.pop(name, None)
+    return RNNTranslator(**kwargs)
