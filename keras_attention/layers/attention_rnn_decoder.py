@@ -349,31 +349,34 @@ class AttentionRNNDecoder(keras.layers.Layer):
             step_mask = ops.ones((batch, steps), "bool")
         else:
             step_mask = ops.cast(mask, "bool")
-        xs = (
-            ops.transpose(x, (1, 0, 2)),  # t b e
-            ops.transpose(step_mask, (1, 0)),  # t b
-            ops.arange(steps, dtype="int32"),  # t
+        # One scanned tensor (keras.ops.scan on TensorFlow cannot zip several
+        # of unknown length): the inputs with the target mask as a last
+        # channel, time-major.
+        xs = ops.concatenate(
+            [x, ops.cast(step_mask, x.dtype)[..., None]], axis=-1
         )
+        xs = ops.transpose(xs, (1, 0, 2))  # t b (e + 1)
         num_states = len(states)
         source_steps = ops.shape(memory)[1]
         init = tuple(states) + (
             ops.zeros((batch, self.units), self.compute_dtype),
             ops.zeros((batch, source_steps), self.compute_dtype),
+            ops.zeros((), "int32"),  # t
         )
 
         def body(carry, xs_t):
-            x_t, m_t, t = xs_t
-            old = list(carry[:num_states])
+            x_t, m_t = xs_t[:, :-1], xs_t[:, -1:] > 0
+            old, t = list(carry[:num_states]), carry[-1]
             output, new, weights = self._step(
                 x_t, old, prepared, memory, memory_mask, t, training
             )
-            keep = m_t[:, None]  # padded target steps carry the state
-            new = [ops.where(keep, n, o) for n, o in zip(new, old)]
-            output = ops.where(keep, output, ops.zeros_like(output))
+            # Padded target steps carry the state and output zeros.
+            new = [ops.where(m_t, n, o) for n, o in zip(new, old)]
+            output = ops.where(m_t, output, ops.zeros_like(output))
             weights = ops.cast(weights, self.compute_dtype)
-            weights = ops.where(keep, weights, ops.zeros_like(weights))
+            weights = ops.where(m_t, weights, ops.zeros_like(weights))
             # keras.ops.scan on TensorFlow needs outputs shaped as the carry.
-            carry = tuple(new) + (output, weights)
+            carry = tuple(new) + (output, weights, t + 1)
             return carry, carry
 
         final, history = ops.scan(body, init, xs)

@@ -1,0 +1,207 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from harness import run_layer_test, run_mask_test
+from keras_attention.layers import AttentionRNNDecoder
+from keras_attention.layers import BahdanauAttention
+from keras_attention.layers import CrossAttention
+from keras_attention.layers import EncoderBridge
+from keras_attention.layers import LuongAttention
+
+RNG = np.random.default_rng(5)
+Y = RNG.normal(size=(2, 5, 4)).astype("float32")  # embedded targets
+M = RNG.normal(size=(2, 7, 6)).astype("float32")  # encoder states
+S0 = RNG.normal(size=(2, 8)).astype("float32") * 0.5
+Y_MASK = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+M_MASK = np.array([[1] * 4 + [0] * 3, [1] * 7], bool)
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def make(style, cell, attention=None, **kwargs):
+    if attention is None:
+        attention = (BahdanauAttention(6) if style == "bahdanau"
+                     else LuongAttention("general", alignment="local-m", window=2))
+    return AttentionRNNDecoder(8, attention, cell=cell, attention_style=style, **kwargs)
+
+
+def test_harness_bahdanau_gru():
+    run_layer_test(
+        AttentionRNNDecoder,
+        dict(units=8, attention=BahdanauAttention(6), return_attention_scores=True),
+        dict(inputs=Y, memory=M, initial_state=S0),
+        expected_output_shape=((2, 5, 8), (2, 5, 7)),
+        expected_num_trainable_weights=3 + 4,  # GRU cell + attention
+    )
+
+
+def test_harness_luong_lstm():
+    run_layer_test(
+        AttentionRNNDecoder,
+        dict(units=8, attention=LuongAttention("concat", units=5, alignment="local-p",
+                                               window=2),
+             cell="lstm", attention_style="luong", return_state=True),
+        dict(inputs=Y, memory=M),
+        expected_output_shape=((2, 5, 8), (2, 8), (2, 8), (2, 8)),
+        expected_num_trainable_weights=3 + 4 + 1,  # LSTM + attention + W_c
+    )
+
+
+def test_masks():
+    run_mask_test(AttentionRNNDecoder, dict(units=8, attention=BahdanauAttention(6)),
+                  ("inputs", "memory"), ("mask", "memory_mask"))
+
+
+@pytest.mark.parametrize("style", ["bahdanau", "luong"])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_step_by_step_equals_teacher_forcing(style, cell):
+    decoder = make(style, cell, return_attention_scores=True, return_state=True)
+    initial = [S0] if cell == "gru" else [S0, -S0]
+    outputs, alignment, *final = decoder(
+        Y, M, initial_state=initial, mask=Y_MASK, memory_mask=M_MASK
+    )
+    states = decoder.get_initial_state(2, initial)
+    prepared = decoder.prepare_memory(M)
+    for t in range(Y.shape[1]):
+        out, states, weights = decoder.step(
+            Y[:, t], states, M, memory_mask=M_MASK, step_index=t,
+            prepared_memory=prepared,
+        )
+        valid = Y_MASK[:, t]
+        np.testing.assert_allclose(np_(out)[valid], np_(outputs)[valid, t], atol=1e-5)
+        np.testing.assert_allclose(np_(weights)[valid], np_(alignment)[valid, t],
+                                   atol=1e-5)
+        # Padded target steps output zeros and have no alignment.
+        assert np.all(np_(outputs)[~valid, t] == 0)
+        assert np.all(np_(alignment)[~valid, t] == 0)
+        if t == 2:  # example 0's last real step: its final state
+            for f, s in zip(final, states):
+                np.testing.assert_allclose(np_(f)[0], np_(s)[0], atol=1e-5)
+    for f, s in zip(final, states):
+        np.testing.assert_allclose(np_(f)[1], np_(s)[1], atol=1e-5)
+
+
+def test_bahdanau_style_reference():
+    # c_t = a(s_{t-1}, h);  s_t = GRU(s_{t-1}, [y_t; c_t])
+    decoder = make("bahdanau", "gru")
+    out = np_(decoder(Y, M, initial_state=S0, memory_mask=M_MASK))
+    s = S0
+    for t in range(Y.shape[1]):
+        c = decoder.attention(s, M, value_mask=M_MASK)
+        s, _ = decoder.rnn_cell(np.concatenate([Y[:, t], np_(c)], -1), [s])
+        s = np_(s)
+        np.testing.assert_allclose(out[:, t], s, atol=1e-5)
+
+
+@pytest.mark.parametrize("input_feeding", [True, False])
+def test_luong_style_reference(input_feeding):
+    # h_t = LSTM(h_{t-1}, [y_t; h~_{t-1}]);  h~_t = tanh(W_c [c_t; h_t])
+    decoder = make("luong", "lstm", attention=LuongAttention("dot"),
+                   input_feeding=input_feeding)
+    out = np_(decoder(Y, np.concatenate([M, M[..., :2]], -1), memory_mask=M_MASK))
+    memory = np.concatenate([M, M[..., :2]], -1)
+    states = [np.zeros((2, 8), "float32")] * 2
+    feed = np.zeros((2, 8), "float32")
+    w_c = np_(decoder.attentional_dense.kernel)
+    for t in range(Y.shape[1]):
+        x = np.concatenate([Y[:, t], feed], -1) if input_feeding else Y[:, t]
+        h, states = decoder.rnn_cell(x, states)
+        h = np_(h)
+        c = np_(decoder.attention(h, memory, value_mask=M_MASK))
+        feed = np.tanh(np.concatenate([c, h], -1) @ w_c)
+        np.testing.assert_allclose(out[:, t], feed, atol=1e-5)
+
+
+def test_cross_attention_and_fully_padded_source():
+    decoder = AttentionRNNDecoder(8, CrossAttention(2, 4), return_attention_scores=True)
+    mask = M_MASK.copy()
+    mask[0] = False
+    out, alignment = decoder(Y, M, memory_mask=mask)
+    assert np.all(np.isfinite(np_(out)))
+    assert np.all(np_(alignment)[0] == 0)
+    np.testing.assert_allclose(np_(alignment)[1].sum(-1), 1.0, atol=1e-5)
+    states = decoder.get_initial_state(2)
+    step_out, states, weights = decoder.step(Y[:, 0], states, M, memory_mask=mask)
+    np.testing.assert_allclose(np_(step_out), np_(out)[:, 0], atol=1e-5)
+    for style in ("bahdanau", "luong"):
+        out = make(style, "gru")(Y, M, memory_mask=mask)
+        assert np.all(np.isfinite(np_(out)))
+
+
+@pytest.mark.tf_only
+def test_tf_function_xla_variable_lengths():
+    import tensorflow as tf
+
+    decoder = make("luong", "gru", return_attention_scores=True)
+    fn = tf.function(
+        lambda y, m: decoder(y, m), jit_compile=True, reduce_retracing=True
+    )
+    for steps, source in ((5, 7), (3, 4)):
+        y, m = Y[:, :steps], M[:, :source]
+        for a, b in zip(fn(y, m), decoder(y, m)):
+            np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)
+
+
+def test_seq2seq_fit_and_greedy_decoding():
+    """The README model: BiGRU encoder + bridge + Bahdanau decoder."""
+    vocab, emb, units = 12, 8, 16
+    src = keras.Input((None,), dtype="int32")
+    tgt = keras.Input((None,), dtype="int32")
+    src_embedding = keras.layers.Embedding(vocab, emb, mask_zero=True)
+    tgt_embedding = keras.layers.Embedding(vocab, emb, mask_zero=True)
+    memory, fh, bh = keras.layers.Bidirectional(
+        keras.layers.GRU(units, return_sequences=True, return_state=True)
+    )(src_embedding(src))
+    s0 = EncoderBridge(units)(fh, bh)
+    decoder = AttentionRNNDecoder(units, BahdanauAttention(units))
+    hidden = decoder(tgt_embedding(tgt), memory, initial_state=s0)
+    logits = keras.layers.Dense(vocab)(hidden)
+    model = keras.Model([src, tgt], logits)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = RNG.integers(3, vocab, size=(16, 6)).astype("int32")  # copy task
+    x[:4, 4:] = 0
+    y_in = np.concatenate([np.ones((16, 1), "int32"), x[:, :-1]], 1)  # 1 = <start>
+    history = model.fit([x, y_in], x, epochs=2, batch_size=8, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+
+    # Greedy decoding with the trained weights, one step at a time.
+    encoder = keras.Model(src, [memory, s0])
+    mem, state = encoder(x[:2])
+    mem_mask = x[:2] != 0
+    states = decoder.get_initial_state(2, state)
+    token = np.ones((2,), "int32")
+    step_logits = []
+    for t in range(6):
+        out, states, _ = decoder.step(
+            tgt_embedding(token), states, mem, memory_mask=mem_mask, step_index=t
+        )
+        step_logits.append(np_(model.layers[-1](out)))
+        token = np.argmax(step_logits[-1], -1).astype("int32")
+    # Feeding the greedy tokens back through teacher forcing agrees.
+    tokens = np.argmax(np.stack(step_logits, 1), -1)
+    forced_in = np.concatenate([np.ones((2, 1), "int32"), tokens[:, :-1]], 1)
+    forced = np_(model([x[:2], forced_in]))
+    np.testing.assert_allclose(np.stack(step_logits, 1), forced, atol=1e-4)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="units=0"):
+        AttentionRNNDecoder(0, BahdanauAttention(4))
+    with pytest.raises(ValueError, match="attention="):
+        AttentionRNNDecoder(8, "bahdanau")
+    with pytest.raises(ValueError, match="cell='rnn'"):
+        AttentionRNNDecoder(8, BahdanauAttention(4), cell="rnn")
+    with pytest.raises(ValueError, match="cell="):
+        AttentionRNNDecoder(8, BahdanauAttention(4), cell=keras.layers.Dense(3))
+    with pytest.raises(ValueError, match="attention_style='transformer'"):
+        AttentionRNNDecoder(8, BahdanauAttention(4), attention_style="transformer")
+    with pytest.raises(ValueError, match="dropout=2"):
+        AttentionRNNDecoder(8, BahdanauAttention(4), dropout=2)
+    with pytest.raises(ValueError, match="inputs_shape"):
+        AttentionRNNDecoder(8, BahdanauAttention(4))(Y[:, 0], M)
+    with pytest.raises(ValueError, match="memory_shape"):
+        AttentionRNNDecoder(8, BahdanauAttention(4))(Y, M[:, 0])
