@@ -50,6 +50,19 @@ class MultiHeadAttention(keras.layers.Layer):
     - grouped-query / multi-query attention with `num_key_value_heads`;
     - an optional key/value cache for incremental decoding.
 
+    Which attention computation runs (same results up to float rounding,
+    see `keras_attention.ops.dot_product_attention`):
+    - with `return_attention_scores=True` or dropout in training, the dense
+      one (scores `(batch, heads, Tq, Tv)` in memory), as for short or
+      not-statically-known sequence lengths (`Tq * Tv <= 32768`);
+    - otherwise on CPU (and TensorFlow GPUs), a blockwise one (online
+      softmax over tiles, backward pass recomputing them): memory linear in
+      the sequence length, and with `use_causal_mask` the tiles above the
+      diagonal are skipped (about half the work). Causal and padding masks
+      are passed to it as such, never as a `(Tq, Tv)` tensor;
+    - on JAX/torch with a GPU, `keras.ops.dot_product_attention`, which
+      uses the backend's fused (flash / cuDNN) kernel where it can.
+
     Args:
         num_heads: int, number of query heads `h`.
         key_dim: int, size of each query/key head.
@@ -341,19 +354,56 @@ class MultiHeadAttention(keras.layers.Layer):
             parts.append(as_4d_mask(attention_mask))
         return masks_lib.combine_masks(*parts)
 
-    def _attend(self, query, key, value, mask, return_scores, training):
-        """Core on projected `(b, T, heads, dim)` tensors."""
+    def _attention_masks(
+        self,
+        query,
+        key,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        query_offset=0,
+    ):
+        """The masks as `dot_product_attention` keyword arguments.
+
+        Causal and padding masks stay structural (`is_causal`,
+        `key_padding`, `query_padding`) so that the memory-efficient path
+        never builds a `(Tq, Tk)` mask; only `attention_mask` is dense.
+        """
+        mask = None
+        if attention_mask is not None:
+            self._check_attention_mask(attention_mask, query, key)
+            mask = as_4d_mask(attention_mask)
+        return dict(
+            mask=mask,
+            is_causal=bool(use_causal_mask),
+            causal_offset=query_offset,
+            key_padding=masks_lib.combine_masks(value_mask, key_mask),
+            query_padding=masks_lib.combine_masks(query_mask),
+        )
+
+    def _attend(self, query, key, value, mask, return_scores, training, **masks):
+        """Core on projected `(b, T, heads, dim)` tensors.
+
+        `masks`: optional structural masks (`is_causal`, `causal_offset`,
+        `key_padding`, `query_padding`) of `dot_product_attention`.
+        """
 
         def dropout_fn(weights):
             return self._dropout_layer(weights, training=training)
 
+        use_dropout = (
+            self.dropout > 0 and training is not None and training is not False
+        )
         return dot_product_attention(
             query,
             key,
             value,
             mask=mask,
-            dropout_fn=dropout_fn if self.dropout > 0 else None,
+            dropout_fn=dropout_fn if use_dropout else None,
             return_weights=return_scores,
+            **masks,
         )
 
     def call(
@@ -388,7 +438,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
             value_mask = key_mask = None
-        mask = self._compute_attention_mask(
+        masks = self._attention_masks(
             query,
             k,
             query_mask=query_mask,
@@ -398,7 +448,10 @@ class MultiHeadAttention(keras.layers.Layer):
             use_causal_mask=use_causal_mask,
             query_offset=offset,
         )
-        result = self._attend(q, k, v, mask, return_attention_scores, training)
+        mask = masks.pop("mask")
+        result = self._attend(
+            q, k, v, mask, return_attention_scores, training, **masks
+        )
         if return_attention_scores:
             result, scores = result
         output = self._output_dense(result)

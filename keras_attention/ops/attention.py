@@ -11,8 +11,12 @@ Rules (shared by every layer of the package):
   result), never NaN and never uniform weights; gradients stay finite.
 """
 
+import contextlib
+
 import numpy as np
 from keras import ops
+
+from keras_attention.ops import _backend
 
 
 def mask_fill_value(dtype):
@@ -75,8 +79,30 @@ def dot_product_attention(
     scale=None,
     dropout_fn=None,
     return_weights=False,
+    *,
+    is_causal=False,
+    causal_offset=0,
+    key_padding=None,
+    query_padding=None,
+    implementation=None,
 ):
     """softmax(q k^T * scale) v, per head, with grouped-query support.
+
+    Three implementations give the same result (up to float rounding):
+    - "dense": scores `(b, h, i, j)` in memory; the only one that can return
+      the weights or apply dropout to them, and the one used for sequence
+      lengths unknown at trace time and for small problems;
+    - "blockwise": exact attention over query/key tiles with an online
+      softmax and a backward pass that recomputes each tile (memory
+      O(T * tile), see `blockwise.py`); tiles above the causal diagonal are
+      skipped. Used on CPU (and GPUs without a fused kernel) when the
+      lengths are static and `Tq * Tk > 128 * 256`;
+    - "fused": `keras.ops.dot_product_attention` (cuDNN / flash kernels)
+      on the JAX and torch backends when a GPU is present.
+    `implementation=None` picks as above; `implementation_scope` or the
+    argument forces one ("dense" is always possible; "blockwise" needs
+    static lengths; neither "blockwise" nor "fused" returns weights or
+    takes `dropout_fn`).
 
     Args:
         query: `(b, i, h, d)`.
@@ -88,16 +114,47 @@ def dot_product_attention(
         scale: float; defaults to `1 / sqrt(d)`.
         dropout_fn: optional callable applied to the attention weights.
         return_weights: also return the weights `(b, h, i, j)`.
+        is_causal: query `i` may only attend to keys `j <= i + causal_offset`
+            (given this way, no `(i, j)` mask is built on the blockwise path).
+        causal_offset: int or scalar tensor, position of the first query.
+        key_padding: optional bool `(b, j)`, True on real keys.
+        query_padding: optional bool `(b, i)`, True on real queries; padded
+            queries get zero weights and a zero result.
+        implementation: None (automatic), "dense", "blockwise" or "fused".
 
     Returns:
         `(b, i, h, e)` in the query's dtype, and the weights (query dtype) if
         `return_weights`.
     """
-    num_heads = query.shape[2]
-    num_groups = key.shape[2]
+    choice = _choose_implementation(
+        implementation or _FORCED[-1], query, key, dropout_fn, return_weights
+    )
     d = query.shape[-1]
     if scale is None:
         scale = 1.0 / float(np.sqrt(d))
+    if choice != "dense":
+        mask = as_4d_mask(mask)
+        run = _blockwise if choice == "blockwise" else _fused
+        return run(
+            ops.multiply(query, ops.cast(scale, query.dtype)),
+            key,
+            value,
+            mask=mask,
+            is_causal=is_causal,
+            causal_offset=causal_offset,
+            key_padding=key_padding,
+            query_padding=query_padding,
+        )
+    mask = _structural_to_dense(
+        mask, query, key, is_causal, causal_offset, key_padding, query_padding
+    )
+    return _dense(query, key, value, mask, scale, dropout_fn, return_weights)
+
+
+def _dense(query, key, value, mask, scale, dropout_fn, return_weights):
+    num_heads = query.shape[2]
+    num_groups = key.shape[2]
+    d = query.shape[-1]
     query = ops.multiply(query, ops.cast(scale, query.dtype))
     mask = as_4d_mask(mask)
     if num_groups == num_heads:
@@ -122,3 +179,138 @@ def dot_product_attention(
     if return_weights:
         return output, weights
     return output
+
+
+# Implementation choice ------------------------------------------------------
+
+IMPLEMENTATIONS = ("dense", "blockwise", "fused")
+_FORCED = [None]
+# Below this many (query, key) pairs the dense path is as fast (one tile).
+_BLOCKWISE_MIN_PAIRS = 128 * 256
+_QUERY_BLOCK = 128
+_KEY_BLOCK = 256
+
+
+@contextlib.contextmanager
+def implementation_scope(name):
+    """Forces the implementation of `dot_product_attention` (for tests and
+    benchmarks): "dense", "blockwise", "fused" or None (automatic)."""
+    if name is not None and name not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
+            f"Received: implementation={name}"
+        )
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def _choose_implementation(name, query, key, dropout_fn, return_weights):
+    if name is not None and name not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
+            f"Received: implementation={name}"
+        )
+    needs_weights = return_weights or dropout_fn is not None
+    tq, tk = query.shape[1], key.shape[1]
+    static = tq is not None and tk is not None
+    if name is None:
+        if needs_weights:
+            return "dense"
+        if _backend.has_gpu():
+            return "fused"
+        if static and tq * tk > _BLOCKWISE_MIN_PAIRS:
+            return "blockwise"
+        return "dense"
+    if name != "dense" and needs_weights:
+        raise ValueError(
+            f'implementation="{name}" computes no attention weights: it cannot '
+            "return them or apply dropout to them. Received: "
+            f"return_weights={return_weights}, dropout_fn={dropout_fn}"
+        )
+    if name == "blockwise" and not static:
+        return "dense"  # Tiles need lengths known at trace time.
+    return name
+
+
+def _positions_mask(tq, tk, offset):
+    i = ops.arange(tq, dtype="int32")[:, None] + ops.cast(offset, "int32")
+    j = ops.arange(tk, dtype="int32")[None, :]
+    return (j <= i)[None, None]
+
+
+def _structural_to_dense(
+    mask, query, key, is_causal, causal_offset, key_padding, query_padding
+):
+    """One `(b|1, h|1, i, j)` boolean mask (or None) from every source."""
+    parts = [as_4d_mask(mask)]
+    if is_causal:
+        parts.append(
+            _positions_mask(ops.shape(query)[1], ops.shape(key)[1], causal_offset)
+        )
+    if key_padding is not None:
+        parts.append(ops.cast(key_padding, "bool")[:, None, None, :])
+    if query_padding is not None:
+        parts.append(ops.cast(query_padding, "bool")[:, None, :, None])
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = ops.logical_and(out, p)
+    return out
+
+
+def _blockwise(query, key, value, **masks):
+    from keras_attention.ops.blockwise import blockwise_attention
+
+    return blockwise_attention(
+        query, key, value, query_block=_QUERY_BLOCK, key_block=_KEY_BLOCK, **masks
+    )
+
+
+def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
+           query_padding):
+    """`keras.ops.dot_product_attention` (flash / cuDNN where available).
+
+    Rows that may attend to nothing would give NaN or uniform weights in
+    the fused kernels: they attend to everything instead and their result
+    is zeroed afterwards.
+    """
+    h, g = query.shape[2], key.shape[2]
+    if g == 1 and h > 1:  # Some backends only broadcast 1 < g < h groups.
+        key, value = ops.repeat(key, h, axis=2), ops.repeat(value, h, axis=2)
+    simple_causal = (
+        is_causal
+        and isinstance(causal_offset, int)
+        and causal_offset >= 0
+        and mask is None
+        and key_padding is None
+        and query_padding is None
+    )
+    if simple_causal and causal_offset == 0 and query.shape[1] == key.shape[1]:
+        return ops.dot_product_attention(
+            query, key, value, scale=1.0, is_causal=True
+        )
+    dense = _structural_to_dense(
+        mask, query, key, is_causal, causal_offset, key_padding, query_padding
+    )
+    if dense is None:
+        return ops.dot_product_attention(query, key, value, scale=1.0)
+    # b - batch, h - heads, i/j - query/key positions.
+    valid = ops.any(dense, axis=-1, keepdims=True)  # (b|1, h|1, i, 1)
+    dense = ops.logical_or(dense, ops.logical_not(valid))
+    dense = ops.broadcast_to(
+        dense,
+        (
+            ops.shape(query)[0] if dense.shape[0] != 1 else 1,
+            dense.shape[1],
+            ops.shape(query)[1],
+            ops.shape(key)[1],
+        ),
+    )
+    out = ops.dot_product_attention(query, key, value, mask=dense, scale=1.0)
+    valid = ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i, h|1, 1)
+    return ops.where(valid, out, ops.zeros_like(out))
