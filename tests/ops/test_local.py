@@ -20,9 +20,24 @@ def _np(x):
     return ops.convert_to_numpy(x)
 
 
+def _compiled(fn, *args):
+    """Runs `fn(*args)` eagerly on TensorFlow and under `jax.jit` on JAX
+    (one compilation instead of one per op and shape: much faster)."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)(*args)
+    return fn(*args)
+
+
 def _window(t, left, right):
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     return (j >= i - left) & (j <= i + right)
+
+
+def _bounds(window, causal):
+    left, right = window if isinstance(window, tuple) else (window, window)
+    return left, 0 if causal else right
 
 
 def _np_local(q, k, v, left, right, valid):
@@ -64,42 +79,54 @@ GRID = [
 @pytest.mark.parametrize("t,window,causal,block,groups", GRID)
 def test_matches_reference_and_dense(t, window, causal, block, groups):
     q, k, v, valid = _inputs(t, groups=groups)
-    out, banded = local_attention(
-        q, k, v, window, causal, query_mask=valid, key_mask=valid,
-        block_size=block, return_weights=True,
-    )
-    left = window[0] if isinstance(window, tuple) else window
-    right = 0 if causal else (window[1] if isinstance(window, tuple) else window)
+    mask = _window(t, *_bounds(window, causal))[None, None]
+    mask = mask & valid[:, None, :, None] & valid[:, None, None, :]
+
+    def run(q, k, v, valid, mask):
+        out, banded = local_attention(
+            q, k, v, window, causal, query_mask=valid, key_mask=valid,
+            block_size=block, return_weights=True,
+        )
+        dense_out = dot_product_attention(q, k, v, mask=mask)
+        return out, banded, banded_to_dense(banded, window, causal), dense_out
+
+    out, banded, dense_w, dense_out = _compiled(run, q, k, v, valid, mask)
+    left, right = _bounds(window, causal)
     ref_out, ref_w = _np_local(q, k, v, left, right, valid)
     np.testing.assert_allclose(_np(out), ref_out, atol=1e-5)
-    np.testing.assert_allclose(_np(banded_to_dense(banded, window, causal)), ref_w, atol=1e-6)
+    np.testing.assert_allclose(_np(dense_w), ref_w, atol=1e-6)
     assert banded.shape[-1] == left + right + 1
-
-    mask = np.asarray(sliding_window_mask(t, window, causal))[:, None]
-    mask = mask & valid[:, None, :, None] & valid[:, None, None, :]
-    dense_out = dot_product_attention(q, k, v, mask=mask)
     np.testing.assert_allclose(_np(out), _np(dense_out), atol=1e-5)
 
 
 def test_fully_padded_rows_are_zero():
     q, k, v, valid = _inputs(11, padded=11)  # last example entirely padded
-    out, banded = local_attention(
-        q, k, v, 3, query_mask=valid, key_mask=valid, block_size=4,
-        return_weights=True,
-    )
-    out, banded = _np(out), _np(banded)
+
+    def run(q, k, v, valid):
+        out, banded = local_attention(
+            q, k, v, 3, query_mask=valid, key_mask=valid, block_size=4,
+            return_weights=True,
+        )
+        # Keys all padded but queries valid: zero rows as well.
+        keys_only = local_attention(q, k, v, 3, key_mask=valid, block_size=4)
+        return out, banded, keys_only
+
+    out, banded, keys_only = (_np(x) for x in _compiled(run, q, k, v, valid))
     assert np.all(np.isfinite(out)) and np.all(out[-1] == 0)
     assert np.all(banded[-1] == 0)
-    # Keys all padded but queries valid: zero rows as well.
-    out = _np(local_attention(q, k, v, 3, key_mask=valid, block_size=4))
-    assert np.all(out[-1] == 0)
+    assert np.all(keys_only[-1] == 0)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_padded_rows_finite(dtype):
     q, k, v, valid = _inputs(9, padded=9)
     q, k, v = (ops.cast(x * 30, dtype) for x in (q, k, v))
-    out = local_attention(q, k, v, (2, 1), query_mask=valid, key_mask=valid)
+    out = _compiled(
+        lambda q, k, v, valid: local_attention(
+            q, k, v, (2, 1), query_mask=valid, key_mask=valid
+        ),
+        q, k, v, valid,
+    )
     assert keras.backend.standardize_dtype(out.dtype) == dtype
     out = _np(ops.cast(out, "float32"))
     assert np.all(np.isfinite(out)) and np.all(out[-1] == 0)
@@ -111,21 +138,29 @@ def test_attention_mask_combines_with_window():
     rng = np.random.default_rng(3)
     for shape in [(t, t), (2, t, t), (2, 2, t, t), (1, 1, t, t)]:
         extra = rng.random(shape) > 0.3
-        out = local_attention(q, k, v, (2, 3), attention_mask=extra, block_size=4)
-        mask = np.asarray(sliding_window_mask(t, (2, 3)))[:, None]
         as_4d = extra[:, None] if extra.ndim == 3 else extra  # (b, h, i, j)
-        full = mask & as_4d
-        np.testing.assert_allclose(
-            _np(out), _np(dot_product_attention(q, k, v, mask=full)), atol=1e-5
-        )
+        full = _window(t, 2, 3)[None, None] & as_4d
+
+        def run(q, k, v, extra, full):
+            return (
+                local_attention(q, k, v, (2, 3), attention_mask=extra, block_size=4),
+                dot_product_attention(q, k, v, mask=full),
+            )
+
+        out, expected = _compiled(run, q, k, v, extra, full)
+        np.testing.assert_allclose(_np(out), _np(expected), atol=1e-5)
 
 
 def test_block_size_does_not_change_results():
     q, k, v, valid = _inputs(29)
-    outs = [
-        _np(local_attention(q, k, v, 5, query_mask=valid, key_mask=valid, block_size=b))
-        for b in (1, 2, 7, 16, 64)
-    ]
+
+    def run(q, k, v, valid):
+        return [
+            local_attention(q, k, v, 5, query_mask=valid, key_mask=valid, block_size=b)
+            for b in (1, 2, 7, 16, 64)
+        ]
+
+    outs = [_np(o) for o in _compiled(run, q, k, v, valid)]
     for o in outs[1:]:
         np.testing.assert_allclose(o, outs[0], atol=1e-5)
 
@@ -158,13 +193,16 @@ def test_bad_arguments():
 
 def _grads(fn, args):
     """Gradients of sum(fn(*args) * cotangent) w.r.t. args (TF or JAX)."""
-    cot = np.random.default_rng(7).normal(size=_np(fn(*args)).shape).astype("float32")
+    q, v = args[0], args[2]
+    shape = q.shape[:3] + v.shape[-1:]  # (b, t, h, e)
+    cot = np.random.default_rng(7).normal(size=shape).astype("float32")
     if BACKEND == "jax":
         import jax
 
-        return [np.asarray(g) for g in jax.grad(
+        grad = jax.grad(
             lambda *a: (fn(*a) * cot).sum(), argnums=tuple(range(len(args)))
-        )(*args)]
+        )
+        return [np.asarray(g) for g in jax.jit(grad)(*args)]
     import tensorflow as tf
 
     args = [tf.Variable(a) for a in args]
