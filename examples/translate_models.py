@@ -157,10 +157,11 @@ class RNNTranslator(Translator):
         memory, forward_state, backward_state = keras.layers.Bidirectional(
             keras.layers.GRU(encoder_units, return_sequences=True,
                              return_state=True),
-            name="encoder",
+            name="encoder_gru",
         )(x)
+        # s_0 = tanh(W [h_fwd_T; h_bwd_1] + b)
         initial_state = EncoderBridge(decoder_units, name="bridge")(
-            [forward_state, backward_state]
+            forward_state, backward_state
         )
         self.encoder = keras.Model(
             encoder_ids, [memory, initial_state], name="encoder"
@@ -174,6 +175,7 @@ class RNNTranslator(Translator):
             attention=_attention_layer(attention, decoder_units, score,
                                        alignment, window),
             attention_style=attention,
+            return_attention_scores=True,  # the alignment, for the plots
             dropout=dropout,
             name="decoder",
         )
@@ -181,9 +183,9 @@ class RNNTranslator(Translator):
                                        dtype="float32", name="logits")
         memory, state = self.encoder(encoder_ids)
         memory_mask = ops.not_equal(encoder_ids, PAD)
-        y = self.embedding(decoder_ids)
-        outputs = self.decoder(y, memory, initial_state=state,
-                               memory_mask=memory_mask)
+        outputs, _ = self.decoder(self.embedding(decoder_ids), memory,
+                                  initial_state=state,
+                                  memory_mask=memory_mask)
         self.model = keras.Model(
             {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
             self.head(outputs), name="rnn_translator",
@@ -191,26 +193,31 @@ class RNNTranslator(Translator):
 
     def _next(self, prompt, cache, index):
         """The sampler callback: logits of position `index` from the token
-        at `index - 1` and the carried `(state, memory, memory_mask)`."""
-        state, memory, memory_mask = cache
+        at `index - 1` and the carried decoder states and memory."""
+        states, memory, prepared, memory_mask = cache
         token = ops.take(prompt, index - 1, axis=1)  # b
-        output, state, _ = self.decoder.step(
-            self.embedding(token), state, memory,
-            ops.cast(memory_mask, "bool"),
+        output, states, _ = self.decoder.step(
+            self.embedding(token), list(states), memory,
+            memory_mask=ops.cast(memory_mask, "bool"),
+            step_index=index - 1, prepared_memory=prepared,
         )
-        return self.head(output), output, (state, memory, memory_mask)
+        cache = (tuple(states), memory, prepared, memory_mask)
+        return self.head(output), output, cache
 
     def generate(self, encoder_ids):
         from keras_attention.generation.decoder_only import mask_after_stop
 
         memory, state = self.encoder(encoder_ids)
+        states = self.decoder.get_initial_state(ops.shape(encoder_ids)[0],
+                                                state)
         memory_mask = ops.cast(ops.not_equal(encoder_ids, PAD), "int32")
+        prepared = self.decoder.prepare_memory(memory)
         prompt = self._prompt(encoder_ids)
         mask = ops.not_equal(prompt, PAD)
         ids = _sampler(self.decode, self.beam_size)(
             next=self._next,
             prompt=prompt,
-            cache=(state, memory, memory_mask),
+            cache=(tuple(states), memory, prepared, memory_mask),
             index=1,
             mask=mask,
             stop_token_ids=(self.end_id,),
@@ -219,10 +226,9 @@ class RNNTranslator(Translator):
 
     def cross_attention(self, encoder_ids, decoder_ids):
         memory, state = self.encoder(encoder_ids)
-        memory_mask = ops.not_equal(encoder_ids, PAD)
         _, weights = self.decoder(
             self.embedding(decoder_ids), memory, initial_state=state,
-            memory_mask=memory_mask, return_attention_scores=True,
+            memory_mask=ops.not_equal(encoder_ids, PAD),
         )
         return weights  # b, t, s
 

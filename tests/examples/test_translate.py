@@ -98,3 +98,68 @@ def test_help():
                  "--decode", "--dataset", "--mixed-precision", "--strategy",
                  "--jit-compile", "--steps-per-epoch"):
         assert flag in out.stdout
+
+
+def test_rnn_bahdanau_quick(tmp_path):
+    _check(_run(tmp_path))  # the default model: RNN + Bahdanau, greedy
+
+
+def _tiny(kind, **kwargs):
+    from examples.translate_models import build_translator
+
+    return build_translator(
+        kind, source_vocabulary_size=40, target_vocabulary_size=30,
+        max_source_length=9, max_target_length=8, start_id=2, end_id=3,
+        embedding_dim=8, encoder_units=8, decoder_units=16, hidden_dim=16,
+        num_heads=2, intermediate_dim=16, num_layers=1, dropout=0.0,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("rnn", {"attention": "bahdanau"}),
+        ("rnn", {"attention": "luong", "score": "general"}),
+        ("rnn", {"attention": "luong", "alignment": "local-m", "window": 2}),
+        ("transformer", {}),
+    ],
+)
+def test_decoding_agrees_with_the_training_model(kind, options):
+    """Greedy step-by-step decoding picks, at every step, the argmax of the
+    teacher-forced training model on the decoded prefix; a one-beam search
+    equals greedy; the attention rows are distributions over the source."""
+    import numpy as np
+
+    source = np.array([[5, 9, 4, 7, 0, 0], [8, 6, 0, 0, 0, 0]], "int32")
+    translator = _tiny(kind, **options)
+    ids = np.asarray(translator.generate(source))
+    assert ids.shape == (2, 8) and (ids[:, 0] == 2).all()
+    logits = np.asarray(translator.model(
+        {"encoder_ids": source, "decoder_ids": ids[:, :-1]}
+    ))
+    for b in range(2):
+        for t in range(1, 8):
+            if ids[b, t] == 0:  # after [END]
+                break
+            assert ids[b, t] == logits[b, t - 1].argmax()
+            if ids[b, t] == 3:
+                break
+    translator.decode, translator.beam_size = "beam", 1
+    np.testing.assert_array_equal(np.asarray(translator.generate(source)),
+                                  ids)
+    weights = np.asarray(translator.cross_attention(source, ids))
+    assert weights.shape == (2, 8, 6)
+    np.testing.assert_allclose(weights[0, 0].sum(), 1.0, atol=1e-5)
+    assert np.abs(weights[1, :, 2:]).max() == 0.0  # padded source
+
+
+def test_beam_search_returns_well_formed_translations():
+    import numpy as np
+
+    translator = _tiny("rnn", decode="beam", beam_size=3)
+    ids = np.asarray(translator.generate(np.array([[5, 9, 4, 0]], "int32")))
+    assert ids[0, 0] == 2
+    tail = list(ids[0, 1:])
+    if 3 in tail:  # nothing but padding after [END]
+        assert all(t == 0 for t in tail[tail.index(3) + 1:])
