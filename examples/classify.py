@@ -62,7 +62,7 @@ def parse_args(argv=None):
     data.add_argument("--vocabulary-size", type=int, default=8000)
     data.add_argument("--max-length", type=int, default=48, help="tokens kept per text")
     model = parser.add_argument_group("model")
-    model.add_argument("--encoder", choices=["gru", "transformer"], default="gru")
+    model.add_argument("--encoder", choices=["gru", "transformer"], default="transformer")
     model.add_argument("--embedding-dim", type=int, default=128)
     model.add_argument("--hidden-dim", type=int, default=128)
     model.add_argument("--num-layers", type=int, default=2, help="transformer blocks")
@@ -165,14 +165,19 @@ def majority_baseline(train, test):
 
 
 def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
-    """One PNG per text: the pooling weight of each token."""
+    """One PNG per text: the pooling weight of each token.
+
+    Returns a list of `(path, (width, height))`, the image sizes in pixels.
+    """
     import numpy as np
 
     from examples.classify_model import pad_ids
     from examples.common.text import id_to_tokens
     from keras_attention.visualization import plot_attention
 
-    ids = pad_ids(tokenizer(texts), args.max_length)
+    import tensorflow as tf
+
+    ids = pad_ids(tokenizer(tf.constant(list(texts))), args.max_length)
     probabilities, weights = attention_model(ids, training=False)
     paths = []
     for i, text in enumerate(texts):
@@ -182,15 +187,17 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
         row = f"pred: {predicted}" + (f" / true: {labels[i]}" if labels else "")
         path = os.path.join(args.output_dir, "plots", f"pooling_attention_{i}.png")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        plot_attention(
+        figure = plot_attention(
             np.asarray(weights[i : i + 1, :n], "float32"),
             tokens,
             [row],
             path=path,
             title="AttentionPooling weights",
             show_values=True,
+            dpi=100,
         )
-        paths.append(path)
+        width, height = (figure.get_size_inches() * 100).round().astype(int)
+        paths.append((path, (int(width), int(height))))
     return paths
 
 
@@ -258,7 +265,7 @@ def main(argv=None):
     texts = np.array([t for t, _ in examples], dtype=object)
     labels = [class_names[int(y)] for _, y in examples]
     plots = plot_pooling(attention_model, tokenizer, texts, labels, class_names, args)
-    print("attention plots:", *plots, sep="\n  ")
+    print("attention plots:", *(path for path, _ in plots), sep="\n  ")
     return {
         "history": history.history,
         "test_accuracy": float(test_accuracy),

@@ -74,7 +74,10 @@ def build_classifier(
 
 
 def pad_ids(token_ids, max_length):
-    """Ragged or dense ids -> dense `(batch, max_length)` int32, 0-padded."""
+    """Ragged, dense or nested-list ids -> dense `(batch, max_length)`
+    int32, 0-padded. (`keras_hub` tokenizers return lists when run eagerly.)"""
+    if isinstance(token_ids, list):
+        token_ids = tf.ragged.constant(token_ids, dtype=tf.int32, ragged_rank=1)
     if isinstance(token_ids, tf.RaggedTensor):
         token_ids = token_ids[:, :max_length].to_tensor(
             0, shape=[None, max_length]

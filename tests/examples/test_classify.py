@@ -1,0 +1,197 @@
+"""Tests of `python -m examples.classify`: data, vocabulary, and a tiny
+end-to-end run (training, export, serving in a fresh process, plots)."""
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+SERVE = """
+import json, sys
+
+class _Block:  # serving must not need these packages
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras_attention", "examples", "keras_hub", "keras_nlp"):
+            raise ImportError("blocked: " + name)
+
+sys.meta_path.insert(0, _Block())
+import tensorflow as tf
+import tensorflow_text  # noqa: F401 (registers the WordPiece ops)
+
+served = tf.saved_model.load(sys.argv[1])
+out = served.classify(tf.constant(json.loads(sys.argv[2])))
+print("ANSWERS" + json.dumps({
+    "label": [s.decode() for s in out["label"].numpy()],
+    "probability": out["probability"].numpy().tolist(),
+}))
+"""
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        header = f.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and header[12:16] == b"IHDR"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_parse_data_noun_reads_supersense_and_definition():
+    from examples.data.wordnet_glosses import NOUN_CLASSES
+    from examples.data.wordnet_glosses import parse_data_noun
+
+    lines = [
+        "  1 This software and database is being provided to you\n",
+        "00005930 03 n 01 dwarf 0 001 @ 00004475 n 0000 | a plant  \n",
+        "01234567 05 n 01 cat 0 000 | feline mammal; has fur; "
+        '"the cat purred"; "a cat"  \n',
+        "07654321 28 n 01 noon 0 000 | midday  \n",
+    ]
+    rows = list(parse_data_noun(lines))
+    # noun.Tops (03) is not a class; lex files 04.. map to NOUN_CLASSES.
+    assert rows == [
+        (NOUN_CLASSES[5 - 4], "01234567", "feline mammal; has fur"),
+        ("time", "07654321", "midday"),
+    ]
+    assert NOUN_CLASSES[5 - 4] == "animal" and len(NOUN_CLASSES) == 25
+
+
+def test_shipped_glosses_are_labelled_and_split_without_overlap():
+    from examples.data.wordnet_glosses import DATA_FILE
+    from examples.data.wordnet_glosses import NOUN_CLASSES
+    from examples.data.wordnet_glosses import read_glosses
+    from examples.data.wordnet_glosses import split_of
+
+    rows = list(read_glosses(DATA_FILE))
+    assert len(rows) > 80000
+    assert {label for label, _, _ in rows} == set(NOUN_CLASSES)
+    offsets = [offset for _, offset, _ in rows]
+    assert len(set(offsets)) == len(offsets)
+    splits = np.array([split_of(o) for o in offsets])
+    for split, share in [("train", 0.8), ("validation", 0.1), ("test", 0.1)]:
+        assert abs(np.mean(splits == split) - share) < 0.01
+    with gzip.open(DATA_FILE, "rt", encoding="utf-8") as f:
+        assert all(line.count("\t") == 2 for line in f)
+
+
+def test_frequent_word_piece_vocabulary_covers_every_word():
+    import keras_hub
+
+    from examples.classify_text import frequent_word_piece_vocabulary
+    from examples.common.text import RESERVED_TOKENS
+
+    texts = ["a cat, a dog.", b"the cat sat", "Zebra"]
+    vocabulary = frequent_word_piece_vocabulary(texts, vocabulary_size=64)
+    assert vocabulary[: len(RESERVED_TOKENS)] == RESERVED_TOKENS
+    assert len(vocabulary) == len(set(vocabulary)) <= 64
+    # After the characters (single-character words like "a" among them),
+    # the most frequent words first.
+    words = vocabulary[vocabulary.index("##z") + 1 :]
+    assert words[0] == "cat" and "zebra" in words and "a" not in words
+    # A vocabulary too small for whole words still covers every character.
+    small = frequent_word_piece_vocabulary(texts, vocabulary_size=10)
+    tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+        vocabulary=small, lowercase=True, oov_token="[UNK]"
+    )
+    ids = np.asarray(tokenizer("zebra sat"))
+    assert small.index("[UNK]") not in ids
+    assert str(np.asarray(tokenizer.detokenize(ids)).item()) == "zebra sat"
+
+
+def test_classifier_attention_model_matches_numpy_pooling():
+    from examples.classify_model import build_classifier
+
+    model, attention_model = build_classifier(
+        50, 3, encoder="gru", embedding_dim=8, hidden_dim=8
+    )
+    ids = np.array([[5, 7, 9, 0, 0], [3, 0, 0, 0, 0]], "int32")
+    probabilities, weights = (np.asarray(t) for t in attention_model(ids))
+    logits = np.asarray(model(ids))
+    np.testing.assert_allclose(
+        probabilities, np.exp(logits) / np.exp(logits).sum(-1, keepdims=True),
+        atol=1e-5,
+    )
+    # Pooling weights: a distribution over the real tokens, 0 on padding.
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert np.all(weights[ids == 0] == 0)
+    # Padding does not change the result.
+    p_short, _ = attention_model(ids[:1, :3])
+    np.testing.assert_allclose(np.asarray(p_short), probabilities[:1], atol=1e-5)
+
+
+def test_unknown_encoder_is_rejected():
+    from examples.classify_model import build_classifier
+
+    with pytest.raises(ValueError, match="encoder='lstm'"):
+        build_classifier(50, 3, encoder="lstm")
+
+
+def test_unprepared_tfds_dataset_is_an_error_without_download(tmp_path):
+    from examples import classify
+
+    args = classify.parse_args(
+        ["--dataset", "imdb_reviews", "--data-dir", str(tmp_path)]
+    )
+    with pytest.raises(ValueError, match="--download"):
+        classify.load_splits(args)
+
+
+def test_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "examples.classify", "--help"],
+        capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--encoder" in out.stdout and "--strategy" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    from examples import classify
+
+    tmp = tmp_path_factory.mktemp("classify")
+    results = classify.main(
+        ["--quick", "--output-dir", str(tmp / "run"), "--data-dir", str(tmp / "tfds")]
+    )
+    return results
+
+
+def test_quick_run_learns(quick_run):
+    losses = quick_run["history"]["loss"]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    assert 0.0 <= quick_run["test_accuracy"] <= 1.0
+    assert 0.0 < quick_run["baseline_accuracy"] < 1.0
+    assert os.path.exists(os.path.join(
+        os.path.dirname(quick_run["export_path"]), "checkpoints", "best.weights.h5"
+    ))
+
+
+def test_quick_run_plots_valid_pngs(quick_run):
+    assert len(quick_run["plots"]) == 2
+    for path, (width, height) in quick_run["plots"]:
+        assert _png_size(path) == (width, height)
+        assert width > 100 and height > 100
+
+
+def test_exported_model_answers_like_the_python_model(quick_run):
+    texts = ["a large wild cat with a striped coat", "a person who writes poems",
+             "an unseen word: xylophonist"]
+    expected = quick_run["server"].classify(np.array(texts, dtype=object))
+    out = subprocess.run(
+        [sys.executable, "-c", SERVE, quick_run["export_path"], json.dumps(texts)],
+        capture_output=True, text=True, timeout=300, cwd="/",
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+    lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
+    assert lines, out.stderr[-3000:]
+    served = json.loads(lines[0][len("ANSWERS"):])
+    assert served["label"] == [s.decode() for s in expected["label"].numpy()]
+    np.testing.assert_allclose(
+        served["probability"], expected["probability"].numpy(), atol=1e-5
+    )

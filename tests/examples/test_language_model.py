@@ -1,0 +1,204 @@
+"""Tests of `python -m examples.language_model`: data, windows, cached
+generation against full forward passes, and a tiny end-to-end run
+(training, export, serving in a fresh process)."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+SERVE = """
+import json, sys
+
+class _Block:  # serving must not need these packages
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras_attention", "examples", "keras_hub", "keras_nlp"):
+            raise ImportError("blocked: " + name)
+
+sys.meta_path.insert(0, _Block())
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+
+served = tf.saved_model.load(sys.argv[1])
+prompts = tf.constant(json.loads(sys.argv[2]))
+print("ANSWERS" + json.dumps({
+    name: [s.decode("utf-8") for s in getattr(served, name)(prompts)["completion"].numpy()]
+    for name in json.loads(sys.argv[3])
+}))
+"""
+
+
+def test_parse_bible_listing():
+    from examples.data.kjv_bible import parse_bible_listing
+
+    listing = io.StringIO(
+        "\nGenesis 1\n\n  1 In the beginning God created the heaven and the earth.\n"
+        "  2 And the earth was without form.\n\n1 Samuel 3\n\n  10 And the LORD came.\n"
+    )
+    assert list(parse_bible_listing(listing)) == [
+        ("Genesis", 1, 1, "In the beginning God created the heaven and the earth."),
+        ("Genesis", 1, 2, "And the earth was without form."),
+        ("1 Samuel", 3, 10, "And the LORD came."),
+    ]
+    with pytest.raises(ValueError, match="Unexpected line"):
+        list(parse_bible_listing(["  1 a verse before any chapter\n"]))
+
+
+def test_shipped_bible_is_complete_and_split_by_chapter():
+    from examples.data.kjv_bible import read_verses
+    from examples.data.kjv_bible import split_of
+
+    verses = list(read_verses())
+    assert len(verses) == 31102
+    assert verses[0][:3] == ("Genesis", 1, 1) and verses[-1][:3] == ("Revelation", 22, 21)
+    chapters = list(dict.fromkeys((b, c) for b, c, _, _ in verses))
+    assert len(chapters) == 1189
+    splits = [split_of(i) for i in range(len(chapters))]
+    assert splits.count("test") == splits.count("validation") == 60
+
+
+def test_char_windows_shift_targets_by_one():
+    import tensorflow as tf
+
+    from examples.common.text import character_tokenizer
+    from examples.lm_data import char_windows
+
+    lines = tf.data.Dataset.from_tensor_slices(["abc", "de", "fgh"])
+    tokenizer = character_tokenizer(lines)
+    pairs = list(char_windows(lines, tokenizer, 4).as_numpy_iterator())
+    stream = [ord(c) for c in "abc\nde\nfgh\n"]  # 11 characters: 2 windows of 5
+    assert len(pairs) == 2
+    for k, (x, y) in enumerate(pairs):
+        window = stream[5 * k : 5 * k + 5]
+        np.testing.assert_array_equal(x, window[:-1])
+        np.testing.assert_array_equal(y, window[1:])
+
+
+def test_bits_per_character():
+    from examples.lm_model import bits_per_character
+
+    assert bits_per_character(math.log(2.0)) == pytest.approx(1.0)
+    # A uniform guess over 128 characters costs 7 bits.
+    assert bits_per_character(math.log(128)) == pytest.approx(7.0)
+
+
+def _tiny_lm(window=None, vocabulary_size=40):
+    import keras
+
+    from examples.lm_model import build_language_model
+
+    keras.utils.set_random_seed(1)
+    return build_language_model(vocabulary_size, 24, hidden_dim=16, num_layers=2,
+                                num_heads=2, window=window)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_cached_greedy_generation_matches_full_forward_passes(window):
+    model, generator = _tiny_lm(window)
+    prompts = np.zeros((2, 12), "int32")
+    prompts[0, :3] = [10, 11, 12]
+    prompts[1, :5] = [13, 14, 15, 16, 17]
+    out, mask = (np.asarray(t) for t in generator.generate(prompts, sampler="greedy"))
+    assert out.shape == (2, 12) and mask.all()
+    np.testing.assert_array_equal(out[0, :3], prompts[0, :3])
+    np.testing.assert_array_equal(out[1, :5], prompts[1, :5])
+    # Each generated token is the argmax of a full (uncached) forward pass.
+    logits = np.asarray(model(out))
+    for row, start in [(0, 3), (1, 5)]:
+        np.testing.assert_array_equal(
+            out[row, start:], logits[row, start - 1 : -1].argmax(-1)
+        )
+
+
+def test_sliding_window_limits_what_a_position_sees():
+    model, _ = _tiny_lm(window=2)
+    ids = np.arange(1, 13, dtype="int32")[None]
+    changed = ids.copy()
+    changed[0, 0] = 30  # far outside the window of the last position...
+    last = np.asarray(model(ids))[0, -1]
+    # ...through 2 layers of window 2 the last position sees 4 steps back.
+    np.testing.assert_allclose(np.asarray(model(changed))[0, -1], last, atol=1e-5)
+    changed[0, -2] = 30  # inside the window: the prediction changes
+    assert np.abs(np.asarray(model(changed))[0, -1] - last).max() > 1e-4
+
+
+def test_random_samplers_complete_prompts():
+    # greedy and beam: see the exported-model test below.
+    import tensorflow as tf
+
+    from examples.common.text import character_tokenizer
+    from examples.lm_model import LanguageModelServer
+
+    tokenizer = character_tokenizer(tf.data.Dataset.from_tensor_slices(["abc"]))
+    model, generator = _tiny_lm(vocabulary_size=tokenizer.vocabulary_size())
+    samplers = ("top_k", "top_p")
+    server = LanguageModelServer(model, generator, tokenizer, 16, samplers)
+    prompts = np.array(["ab", "", "a much longer prompt than max_length"], dtype=object)
+    for name in samplers:
+        out = getattr(server, name)(prompts)["completion"].numpy()
+        assert out.shape == (3,), name
+        for completion in out:
+            text = completion.decode("utf-8")
+            assert "\n" not in text and len(text) < 16, (name, text)
+
+
+def test_unknown_sampler_is_rejected():
+    from examples.lm_model import make_sampler
+
+    with pytest.raises(ValueError, match="sampler='nucleus'"):
+        make_sampler("nucleus")
+
+
+def test_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "examples.language_model", "--help"],
+        capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--window" in out.stdout and "--mixed-precision" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    from examples import language_model
+
+    tmp = tmp_path_factory.mktemp("language_model")
+    return language_model.main([
+        "--quick", "--samplers", "greedy,beam", "--output-dir", str(tmp / "run"),
+        "--data-dir", str(tmp / "tfds"),
+    ])
+
+
+def test_quick_run_learns(quick_run):
+    losses = quick_run["history"]["loss"]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    # Better than a uniform guess over the characters of the text.
+    assert 0 < quick_run["test_bits_per_character"] < math.log2(128)
+
+
+def test_exported_model_answers_like_the_python_model(quick_run):
+    prompts = list(quick_run["prompts"]) + ["Then"]
+    samplers = ["greedy", "beam"]
+    expected = {
+        name: [c.decode("utf-8") for c in getattr(quick_run["server"], name)(
+            np.array(prompts, dtype=object))["completion"].numpy()]
+        for name in samplers
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", SERVE, quick_run["export_path"], json.dumps(prompts),
+         json.dumps(samplers)],
+        capture_output=True, text=True, timeout=300, cwd="/",
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+    lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
+    assert lines, out.stderr[-3000:]
+    assert json.loads(lines[0][len("ANSWERS"):]) == expected
+    assert expected["greedy"][:3] == quick_run["completions"]["greedy"]
