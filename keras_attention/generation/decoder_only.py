@@ -19,10 +19,15 @@ def _get_sampler(sampler):
     return keras_hub.samplers.get(sampler) if isinstance(sampler, str) else sampler
 
 
+def _sampler_key(sampler):
+    """Samplers given by name share one compiled loop; objects by identity."""
+    return sampler if isinstance(sampler, str) else id(sampler)
+
+
 def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
     """Keeps the first generated stop token, pads everything after it."""
     if stop_token_ids is None:
-        return token_ids, padding_mask
+        return token_ids, ops.ones_like(token_ids, dtype="bool")
     padding_mask = ops.cast(padding_mask, "bool")
     generated = ops.logical_not(padding_mask)
     is_stop = ops.zeros_like(generated)
@@ -193,8 +198,11 @@ class CausalLMGenerator:
         return mask_after_stop(result, padding_mask, stop_token_ids, self.pad_token_id)
 
     def _compile(self, sampler, stop_token_ids, num_inputs):
-        key = (id(sampler), stop_token_ids, num_inputs)
+        """One compiled generation loop per sampler and stop tokens (and,
+        through tf.function, per input shape)."""
+        key = (_sampler_key(sampler), stop_token_ids, num_inputs)
         if key not in self._compiled:
+            sampler = _get_sampler(sampler)
 
             def step(token_ids, padding_mask, *inputs):
                 return self._generate_step(
@@ -237,6 +245,5 @@ class CausalLMGenerator:
             `(token_ids, padding_mask)`, both `(batch, max_length)`.
         """
         token_ids, padding_mask = self._prepare(token_ids, padding_mask, max_length)
-        sampler = _get_sampler(sampler)
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
         return self._compile(sampler, stop, 0)(token_ids, padding_mask)
