@@ -91,7 +91,9 @@ def plot_attention(
     fig = Figure(figsize=figsize, dpi=dpi)
     ax = fig.add_subplot()
     image = ax.imshow(weights, cmap=cmap, vmin=0.0, aspect="auto")
-    ax.set_xticks(range(cols), labels=source_tokens, rotation=90)
+    # Short tokens (characters) read best upright, words rotated.
+    rotation = 90 if max(map(len, source_tokens), default=0) > 2 else 0
+    ax.set_xticks(range(cols), labels=source_tokens, rotation=rotation)
     ax.set_yticks(range(rows), labels=target_tokens)
     ax.xaxis.tick_top()
     ax.set_xlabel("source")
