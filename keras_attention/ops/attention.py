@@ -282,6 +282,14 @@ def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
     h, g = query.shape[2], key.shape[2]
     if g == 1 and h > 1:  # Some backends only broadcast 1 < g < h groups.
         key, value = ops.repeat(key, h, axis=2), ops.repeat(value, h, axis=2)
+    d, e = query.shape[-1], value.shape[-1]
+    if d != e:  # Kernels want one head size: zero padding changes nothing.
+        pad = lambda x, n: ops.pad(x, [[0, 0]] * 3 + [[0, n - x.shape[-1]]])
+        size = max(d, e)
+        query, key, value = pad(query, size), pad(key, size), pad(value, size)
+        out = _fused(query, key, value, mask, is_causal, causal_offset,
+                     key_padding, query_padding)
+        return out[..., :e]
     simple_causal = (
         is_causal
         and isinstance(causal_offset, int)
