@@ -24,8 +24,10 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
     Args:
         num_heads, intermediate_dim, key_dim, num_key_value_heads, dropout,
         activation, norm_first, layer_norm_epsilon, rotary_max_wavelength,
-        kernel_initializer, bias_initializer: see `TransformerEncoderBlock`
-            (rotary positions apply to the self-attention only).
+        kernel_initializer, bias_initializer, window_size: see
+            `TransformerEncoderBlock` (rotary positions and the local
+            window apply to the self-attention only; with a cache the
+            window is applied as a mask over the cache).
         cross_attention: bool, whether the block attends to a `context`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 

@@ -1,6 +1,8 @@
 import keras
 
+from keras_attention import masks as masks_lib
 from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
 
 
@@ -64,6 +66,12 @@ class TransformerEncoderBlock(keras.layers.Layer):
         causal: bool, causal self-attention (position `i` sees `<= i`).
         rotary_max_wavelength: optional number; rotary position embeddings
             in the self-attention (None: off).
+        window_size: optional int or pair `(left, right)`; when set, the
+            self-attention is local (`LocalSelfAttention`: position `i`
+            sees `i - left .. i + right`, in `O(T * window)` time and
+            memory, Longformer-style) and returned attention weights are
+            banded `(batch, heads, T, left + right + 1)`. None: full
+            attention.
         kernel_initializer, bias_initializer: initializers of all dense
             layers.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -112,9 +120,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
         rotary_max_wavelength=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        window_size=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if window_size is not None:
+            masks_lib.window_bounds(window_size)  # validates
+            if isinstance(window_size, list):
+                window_size = tuple(window_size)
         _check_positive_int("num_heads", num_heads)
         _check_positive_int("intermediate_dim", intermediate_dim)
         _check_positive_int("key_dim", key_dim, allow_none=True)
@@ -140,6 +153,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.causal = bool(causal)
         self.rotary_max_wavelength = rotary_max_wavelength
+        self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -174,6 +188,12 @@ class TransformerEncoderBlock(keras.layers.Layer):
     def _make_self_attention(self, hidden_dim):
         """The block's self-attention layer: `call(x, mask=...,
         attention_mask=..., return_attention_scores=..., training=...)`."""
+        if self.window_size is not None:
+            return LocalSelfAttention(
+                window_size=self.window_size,
+                causal=self.causal,
+                **self._self_attention_kwargs(hidden_dim),
+            )
         return SelfAttention(causal=self.causal, **self._self_attention_kwargs(hidden_dim))
 
     def _make_norm(self, name):
@@ -291,6 +311,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "causal": self.causal,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
+                "window_size": self.window_size,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
