@@ -204,7 +204,7 @@ def plan(args):
         for t in (128, 512, 2048):
             configs.append((t, 4, False, "float32", False, True))
         return configs
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
     for t in sizes:
         batch = 1 if t >= 8192 else args.batch
         for causal in (False, True):
@@ -266,9 +266,9 @@ def main():
     text = [
         f"Machine: {machine_summary()}; backend {BACKEND}; float32 matmul "
         f"peak measured in the run: {peak:.1f} GFLOP/s.",
-        "",
-        markdown_table(headers, rows),
     ]
+    if rows:
+        text += ["", markdown_table(headers, rows)]
     if args.memory:
         configs = [
             tuple(int(v) for v in item.split(":"))
