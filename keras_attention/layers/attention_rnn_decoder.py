@@ -15,6 +15,40 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def _scan(f, init, xs):
+    """`keras.ops.scan` for a body whose outputs are its new carry.
+
+    On TensorFlow, a `tf.while_loop` with `maximum_iterations`, which XLA
+    needs to differentiate through it (`keras.ops.scan` sets none, so
+    `jit_compile=True` training fails).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.scan(f, init, xs)
+    import tensorflow as tf
+
+    n = tf.shape(xs)[0]
+    xs_array = tf.TensorArray(xs.dtype, size=n, element_shape=xs.shape[1:])
+    xs_array = xs_array.unstack(xs)
+    flat = [tf.convert_to_tensor(c) for c in tf.nest.flatten(init)]
+    arrays = [
+        tf.TensorArray(c.dtype, size=n, element_shape=c.shape) for c in flat
+    ]
+
+    def body(i, carry, arrays):
+        carry, ys = f(tf.nest.pack_sequence_as(init, carry), xs_array.read(i))
+        arrays = [a.write(i, y) for a, y in zip(arrays, tf.nest.flatten(ys))]
+        return i + 1, tf.nest.flatten(carry), arrays
+
+    _, carry, arrays = tf.while_loop(
+        lambda i, carry, arrays: i < n,
+        body,
+        (tf.constant(0), flat, arrays),
+        maximum_iterations=n,
+    )
+    pack = lambda x: tf.nest.pack_sequence_as(init, x)  # noqa: E731
+    return pack(carry), pack([a.stack() for a in arrays])
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class AttentionRNNDecoder(keras.layers.Layer):
     """The decoder of an RNN encoder-decoder with attention.
@@ -224,6 +258,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         `step` as `prepared_memory`."""
         if self._cross:
             return self.attention.compute_cache(memory)
+        memory = ops.cast(memory, self.attention.compute_dtype)
         return self.attention.prepare_memory(memory)
 
     def get_initial_state(self, batch_size, initial_state=None):
@@ -251,11 +286,14 @@ class AttentionRNNDecoder(keras.layers.Layer):
             )
             weights = ops.mean(ops.cast(scores, "float32"), axis=1)  # b 1 j
         else:
+            # `attend` is not a Keras call: bring the inputs to the
+            # attention's own compute dtype (it may differ from ours).
+            dtype = self.attention.compute_dtype
             context, weights = self.attention.attend(
-                query, prepared, memory, value_mask=memory_mask,
-                training=training, positions=position,
+                ops.cast(query, dtype), prepared, ops.cast(memory, dtype),
+                value_mask=memory_mask, training=training, positions=position,
             )
-        return context[:, 0], weights[:, 0]
+        return ops.cast(context[:, 0], self.compute_dtype), weights[:, 0]
 
     def _cell(self, x, states, training):
         output, new_states = self.rnn_cell(x, states, training=training)
@@ -349,8 +387,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
             step_mask = ops.ones((batch, steps), "bool")
         else:
             step_mask = ops.cast(mask, "bool")
-        # One scanned tensor (keras.ops.scan on TensorFlow cannot zip several
-        # of unknown length): the inputs with the target mask as a last
+        # One scanned tensor: the inputs with the target mask as a last
         # channel, time-major.
         xs = ops.concatenate(
             [x, ops.cast(step_mask, x.dtype)[..., None]], axis=-1
@@ -375,11 +412,10 @@ class AttentionRNNDecoder(keras.layers.Layer):
             output = ops.where(m_t, output, ops.zeros_like(output))
             weights = ops.cast(weights, self.compute_dtype)
             weights = ops.where(m_t, weights, ops.zeros_like(weights))
-            # keras.ops.scan on TensorFlow needs outputs shaped as the carry.
             carry = tuple(new) + (output, weights, t + 1)
             return carry, carry
 
-        final, history = ops.scan(body, init, xs)
+        final, history = _scan(body, init, xs)
         outputs = (ops.transpose(history[num_states], (1, 0, 2)),)
         if self.return_attention_scores:
             outputs += (ops.transpose(history[num_states + 1], (1, 0, 2)),)

@@ -11,6 +11,15 @@ def _clone(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
+def _project(fn, x):
+    """`fn` (a layer or a matmul) on the last axis; a one-step `(b, 1, d)`
+    query runs as `(b, d)`, the plain matmul that XLA differentiates
+    inside the decoder's loop."""
+    if len(x.shape) == 3 and x.shape[1] == 1:
+        return fn(x[:, 0])[:, None]
+    return fn(x)
+
+
 def _check_positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return
@@ -263,15 +272,14 @@ class BahdanauAttention(_Seq2SeqAttention):
             )
         self.built = True
 
-    def score_vector(self):
+    def score_vector(self, dtype=None):
         """`v`, or `g * v / ||v||` when `normalize=True`."""
-        v = ops.convert_to_tensor(self.attention_v)
+        dtype = dtype or self.compute_dtype
         if not self.normalize:
-            return v
-        v32 = ops.cast(v, "float32")
+            return ops.cast(self.attention_v, dtype)
+        v = ops.cast(self.attention_v, "float32")
         g = ops.cast(self.attention_g, "float32")
-        normed = g * v32 / ops.sqrt(ops.sum(ops.square(v32)))
-        return ops.cast(normed, v.dtype)
+        return ops.cast(g * v / ops.sqrt(ops.sum(ops.square(v))), dtype)
 
     def prepare_memory(self, value, key=None):
         """`W_k k_j` for every source step: `(batch, Tv, units)`."""
@@ -281,10 +289,12 @@ class BahdanauAttention(_Seq2SeqAttention):
         self, query, memory, value, value_mask=None, query_mask=None,
         training=None, **kwargs
     ):
-        processed_query = self.query_dense(query)  # b i u
+        processed_query = _project(self.query_dense, query)  # b i u
         if self.use_bias:
-            processed_query = processed_query + self.attention_bias
-        scores = additive_scores(processed_query, memory, self.score_vector())
+            bias = ops.cast(self.attention_bias, processed_query.dtype)
+            processed_query = processed_query + bias
+        v = self.score_vector(processed_query.dtype)
+        scores = additive_scores(processed_query, memory, v)
         return self._global_attend(scores, value, value_mask, query_mask, training)
 
     def call(

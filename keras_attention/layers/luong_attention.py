@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention.layers.bahdanau_attention import _check_positive_int
 from keras_attention.layers.bahdanau_attention import _clone
+from keras_attention.layers.bahdanau_attention import _project
 from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import masked_softmax
@@ -199,7 +200,7 @@ class LuongAttention(_Seq2SeqAttention):
         if self.score_mode == "general":
             return self.key_dense(key)
         if self.score_mode == "concat":
-            kernel = ops.convert_to_tensor(self.concat_kernel)
+            kernel = ops.cast(self.concat_kernel, key.dtype)
             return ops.matmul(key, kernel[self._query_dim :])
         return key
 
@@ -212,29 +213,32 @@ class LuongAttention(_Seq2SeqAttention):
         return scores
 
     def _concat_query(self, query):
-        kernel = ops.convert_to_tensor(self.concat_kernel)
-        return ops.matmul(query, kernel[: self._query_dim])
+        kernel = ops.cast(self.concat_kernel, query.dtype)[: self._query_dim]
+        return _project(lambda x: ops.matmul(x, kernel), query)
 
     def _global_scores(self, query, keys):
         # b - batch, i - queries, j - source steps
         if self.score_mode == "concat":
-            v = ops.convert_to_tensor(self.attention_v)
-            return additive_scores(self._concat_query(query), keys, v)
+            processed = self._concat_query(query)
+            v = ops.cast(self.attention_v, processed.dtype)
+            return additive_scores(processed, keys, v)
         return ops.einsum("bid,bjd->bij", query, keys)
 
     def _window_scores(self, query, keys):
         # keys: (b, i, w, d) gathered windows; s - window slots
         if self.score_mode == "concat":
             hidden = ops.tanh(self._concat_query(query)[:, :, None, :] + keys)
-            return ops.einsum("bisu,u->bis", hidden, self.attention_v)
+            v = ops.cast(self.attention_v, hidden.dtype)
+            return ops.einsum("bisu,u->bis", hidden, v)
         return ops.einsum("bid,bisd->bis", query, keys)
 
     # Alignment positions.
 
     def _predicted_positions(self, query, value, value_mask):
         """p_t = S * sigmoid(v_p^T tanh(W_p h_t)), float32 `(b, i)`."""
-        hidden = ops.tanh(self.position_dense(query))
-        logit = ops.einsum("bid,d->bi", hidden, self.position_v)
+        hidden = ops.tanh(_project(self.position_dense, query))
+        v_p = ops.cast(self.position_v, hidden.dtype)
+        logit = ops.einsum("bid,d->bi", hidden, v_p)
         if value_mask is None:
             length = ops.cast(ops.shape(value)[1], "float32")
         else:
@@ -272,12 +276,8 @@ class LuongAttention(_Seq2SeqAttention):
         distance = ops.cast(slots, "float32") - p[..., None]  # s - p_t
         valid = ops.logical_and(valid, ops.abs(distance) <= self.window)
         if value_mask is not None:
-            source_ok = ops.take_along_axis(
-                ops.cast(value_mask, "bool"),
-                ops.reshape(clipped, (ops.shape(clipped)[0], -1)),
-                axis=1,
-            )
-            valid = ops.logical_and(valid, ops.reshape(source_ok, ops.shape(clipped)))
+            source_ok = gather_windows(ops.cast(value_mask, "int32"), clipped)
+            valid = ops.logical_and(valid, source_ok > 0)
         if query_mask is not None:
             valid = ops.logical_and(valid, ops.cast(query_mask, "bool")[..., None])
 

@@ -7,7 +7,9 @@ and unit: `b * Tq * Tk * units` values, kept again for the backward pass.
 `additive_scores` walks over chunks of queries instead (a `map` in the
 forward pass) and has its own gradient that recomputes each chunk's `tanh`
 (a loop in the backward pass), so the extra memory of both passes is a
-few chunks of about `max_chunk_elements` values, whatever the shape.
+few chunks of about `max(max_chunk_elements, b * Tk * units)` values,
+whatever `Tq`. Shapes known to fit in one chunk, and single queries (one
+decoder step), are differentiated by plain autodiff.
 
 Gradients (t = tanh(q_i + k_j), g = dL/de):
     dL/dq_iu = sum_j g_ij v_u (1 - t_iju^2)
@@ -88,6 +90,12 @@ def additive_scores(query, key, v, max_chunk_elements=None):
     query, key, v = (ops.copy(x) for x in (query, key, v))
     b, i, u = ops.shape(query)
     j = ops.shape(key)[1]
+    if (_static(i) and i == 1) or (
+        _static(b, i, j, u) and b * i * j * u <= max_chunk_elements
+    ):
+        # Small enough (e.g. one decoder step): plain autodiff, which also
+        # differentiates inside loops under XLA.
+        return _chunk_scores(query, key, v)
     c, n = _chunk_plan(b, i, j, u, max_chunk_elements)
     single = _static(n) and n == 1
 

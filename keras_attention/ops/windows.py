@@ -32,13 +32,18 @@ def window_indices(start, width, length):
 
 
 def gather_windows(x, clipped):
-    """`x` `(b, t, ...)`, `clipped` `(b, i, w)` -> `(b, i, w, ...)`."""
-    b, i, w = ops.shape(clipped)
-    flat = ops.reshape(clipped, (b, i * w))
+    """`x` `(b, t, ...)`, `clipped` `(b, i, w)` -> `(b, i, w, ...)`.
+
+    A flat `take` on `(b * t, ...)` (its gradient differentiates inside
+    loops under XLA, unlike a broadcasting `take_along_axis`).
+    """
+    b, t = ops.shape(x)[0], ops.shape(x)[1]
+    _, i, w = ops.shape(clipped)
     extra = tuple(x.shape[2:])
-    for _ in extra:
-        flat = flat[..., None]
-    out = ops.take_along_axis(x, flat, axis=1)  # b (i w) ...
+    flat_x = ops.reshape(x, (b * t,) + extra)
+    rows = ops.arange(b, dtype="int32")[:, None, None] * ops.cast(t, "int32")
+    flat_index = ops.reshape(ops.cast(clipped, "int32") + rows, (-1,))
+    out = ops.take(flat_x, flat_index, axis=0)  # (b i w) ...
     return ops.reshape(out, (b, i, w) + extra)
 
 
@@ -46,11 +51,12 @@ def scatter_windows(weights, start, length):
     """Dense `(b, i, t)` weights from window weights `(b, i, w)`.
 
     Slot `s` of query `i` lands on source step `start_i + s`; slots outside
-    `[0, t)` must already be zero (they are dropped).
+    `[0, t)` must already be zero (they are dropped). `O(b * i * t)` memory
+    (one pass per slot, `w` is static).
     """
-    w = ops.shape(weights)[-1]
-    t = ops.arange(length, dtype="int32")  # t
-    offset = t - ops.cast(start, "int32")[..., None]  # b i t
-    inside = ops.logical_and(offset >= 0, offset < w)
-    picked = ops.take_along_axis(weights, ops.clip(offset, 0, w - 1), axis=-1)
-    return ops.where(inside, picked, ops.zeros_like(picked))
+    width = weights.shape[-1]
+    offset = ops.arange(length, dtype="int32") - ops.cast(start, "int32")[..., None]
+    dense = ops.zeros_like(ops.cast(offset, weights.dtype))  # b i t
+    for s in range(width):
+        dense = dense + ops.where(offset == s, weights[..., s : s + 1], 0.0)
+    return dense
