@@ -193,8 +193,9 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
                     training=training,
                     cache=cross_attention_cache,
                 )
-                if cross_attention_cache is not None:
-                    out = out[:-1]  # the fixed cache comes back unchanged
+                if cross_attention_cache is None:
+                    return out
+                out = out[:-1]  # the fixed cache comes back unchanged
                 return out if len(out) > 1 else out[0]
 
             x, cross_extra = self._residual(

@@ -194,3 +194,14 @@ def test_errors():
     with pytest.raises(ValueError, match="context_shape"):
         TransformerDecoderBlock(num_heads=2, intermediate_dim=4)(
             x, np.zeros((1, 3), "float32"))
+
+
+def test_functional_encoder_decoder_without_scores():
+    import keras
+
+    inputs, context = keras.Input((None, 8)), keras.Input((None, 6))
+    out = TransformerDecoderBlock(num_heads=2, intermediate_dim=8)(inputs, context)
+    assert tuple(out.shape) == (None, None, 8)
+    model = keras.Model([inputs, context], out)
+    y = model([np.ones((2, 3, 8), "float32"), np.ones((2, 4, 6), "float32")])
+    assert tuple(y.shape) == (2, 3, 8)
