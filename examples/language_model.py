@@ -54,7 +54,7 @@ def parse_args(argv=None):
     data.add_argument("--sequence-length", type=int, default=128,
                       help="characters of context in training")
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden-dim", type=int, default=192)
+    model.add_argument("--hidden-dim", type=int, default=128)
     model.add_argument("--num-layers", type=int, default=3)
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.0)
@@ -69,7 +69,7 @@ def parse_args(argv=None):
                      help="comma-separated samplers shown and exported")
     parser.add_argument("--quick", action="store_true",
                         help="tiny data subset and model, a few steps (smoke test)")
-    add_training_args(parser, epochs=4, batch_size=64, steps_per_epoch=300,
+    add_training_args(parser, epochs=5, batch_size=32, steps_per_epoch=300,
                       output_dir="runs/language_model")
     args = parser.parse_args(argv)
     args.samplers = tuple(s for s in args.samplers.split(",") if s)

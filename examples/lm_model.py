@@ -39,7 +39,7 @@ def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
 def build_language_model(
     vocabulary_size,
     max_length,
-    hidden_dim=192,
+    hidden_dim=128,
     num_layers=3,
     num_heads=4,
     dropout=0.1,

@@ -118,7 +118,10 @@ def test_cached_greedy_generation_matches_full_forward_passes(window):
 
 
 def test_sliding_window_limits_what_a_position_sees():
-    model, _ = _tiny_lm(window=2)
+    from keras_attention.layers import LocalSelfAttention
+
+    model, generator = _tiny_lm(window=2)
+    assert all(isinstance(b.self_attention, LocalSelfAttention) for b in generator.blocks)
     ids = np.arange(1, 13, dtype="int32")[None]
     changed = ids.copy()
     changed[0, 0] = 30  # far outside the window of the last position...
