@@ -82,7 +82,7 @@ def parse_args(argv=None):
                         help="evaluate on the first N test examples")
     decode.add_argument("--quick", action="store_true",
                         help="tiny data and model, a few steps (smoke test)")
-    add_training_args(parser, epochs=3, batch_size=64,
+    add_training_args(parser, epochs=2, batch_size=64,
                       output_dir="runs/translate", patience=2)
     args = parser.parse_args(argv)
     if args.quick:
