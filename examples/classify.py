@@ -9,7 +9,7 @@ example plots them as PNG heatmaps. Reports test accuracy (and the
 majority-class baseline) and exports a SavedModel that classifies raw
 strings:
 
-    python -m examples.classify                      # ~5 min on 2 CPU cores
+    python -m examples.classify                      # a few minutes on 2 CPU cores
     python -m examples.classify --encoder transformer
     python -m examples.classify --dataset imdb_reviews --download  # real TFDS corpus
 
@@ -60,7 +60,7 @@ def parse_args(argv=None):
         "--download", action="store_true", help="let TFDS download the dataset"
     )
     data.add_argument("--vocabulary-size", type=int, default=8000)
-    data.add_argument("--max-length", type=int, default=48, help="tokens kept per text")
+    data.add_argument("--max-length", type=int, default=40, help="tokens kept per text")
     model = parser.add_argument_group("model")
     model.add_argument("--encoder", choices=["gru", "transformer"], default="transformer")
     model.add_argument("--embedding-dim", type=int, default=128)
@@ -75,7 +75,7 @@ def parse_args(argv=None):
         action="store_true",
         help="tiny data subset and model, a few steps (smoke test)",
     )
-    add_training_args(parser, epochs=5, batch_size=64, output_dir="runs/classify")
+    add_training_args(parser, epochs=3, batch_size=128, output_dir="runs/classify")
     args = parser.parse_args(argv)
     if args.quick:
         args.vocabulary_size = min(args.vocabulary_size, 1000)
