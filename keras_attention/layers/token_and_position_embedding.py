@@ -40,7 +40,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     >>> layer = TokenAndPositionEmbedding(100, 16, 8, mask_zero=True)
     >>> ids = np.array([[5, 7, 0]])
-    >>> tuple(layer(ids).shape), layer.compute_mask(ids).tolist()
+    >>> tuple(layer(ids).shape), np.asarray(layer.compute_mask(ids)).tolist()
     ((1, 3, 8), [[True, True, False]])
 
     References:
