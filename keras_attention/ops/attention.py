@@ -145,13 +145,32 @@ def dot_product_attention(
             key_padding=key_padding,
             query_padding=query_padding,
         )
+    # Causal alone with offset >= 0: every query sees key 0, no empty row.
+    rows_nonempty = (
+        is_causal
+        and isinstance(causal_offset, int)
+        and causal_offset >= 0
+        and key_padding is None
+        and query_padding is None
+        and as_4d_mask(mask) is None
+    )
     mask = _structural_to_dense(
         mask, query, key, is_causal, causal_offset, key_padding, query_padding
     )
-    return _dense(query, key, value, mask, scale, dropout_fn, return_weights)
+    softmax = _softmax_no_empty_rows if rows_nonempty else masked_softmax
+    return _dense(
+        query, key, value, mask, scale, dropout_fn, return_weights, softmax
+    )
 
 
-def _dense(query, key, value, mask, scale, dropout_fn, return_weights):
+def _softmax_no_empty_rows(scores, mask):
+    """`masked_softmax` when no row is fully masked (one pass fewer)."""
+    scores = ops.where(mask, ops.cast(scores, "float32"), mask_fill_value("float32"))
+    return ops.softmax(scores, axis=-1)
+
+
+def _dense(query, key, value, mask, scale, dropout_fn, return_weights,
+           softmax=masked_softmax):
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
@@ -159,7 +178,7 @@ def _dense(query, key, value, mask, scale, dropout_fn, return_weights):
     mask = as_4d_mask(mask)
     if num_groups == num_heads:
         scores = ops.einsum("bihd,bjhd->bhij", query, key)
-        weights = masked_softmax(scores, mask)
+        weights = softmax(scores, mask)
         weights = ops.cast(weights, value.dtype)
         kept = dropout_fn(weights) if dropout_fn is not None else weights
         output = ops.einsum("bhij,bjhe->bihe", kept, value)
@@ -170,7 +189,7 @@ def _dense(query, key, value, mask, scale, dropout_fn, return_weights):
         q = ops.reshape(query, (b, i, num_groups, r, d))
         scores = ops.einsum("bigrd,bjgd->bgrij", q, key)
         scores = ops.reshape(scores, (b, num_heads, i, j))
-        weights = masked_softmax(scores, mask)
+        weights = softmax(scores, mask)
         weights = ops.cast(weights, value.dtype)
         kept = dropout_fn(weights) if dropout_fn is not None else weights
         kept = ops.reshape(kept, (b, num_groups, r, i, j))
