@@ -69,7 +69,7 @@ def parse_args(argv=None):
                      help="comma-separated samplers shown and exported")
     parser.add_argument("--quick", action="store_true",
                         help="tiny data subset and model, a few steps (smoke test)")
-    add_training_args(parser, epochs=5, batch_size=32, steps_per_epoch=300,
+    add_training_args(parser, epochs=4, batch_size=32, steps_per_epoch=250,
                       output_dir="runs/language_model")
     args = parser.parse_args(argv)
     args.samplers = tuple(s for s in args.samplers.split(",") if s)
