@@ -158,8 +158,11 @@ def majority_baseline(train, test):
     """Accuracy of always predicting the most frequent training class."""
     import numpy as np
 
-    train_labels = np.array([int(y) for _, y in train.as_numpy_iterator()])
-    test_labels = np.array([int(y) for _, y in test.as_numpy_iterator()])
+    def labels(ds):
+        batches = ds.map(lambda text, label: label).batch(8192).as_numpy_iterator()
+        return np.concatenate(list(batches)).astype(int)
+
+    train_labels, test_labels = labels(train), labels(test)
     majority = np.bincount(train_labels).argmax()
     return float(np.mean(test_labels == majority))
 
@@ -245,7 +248,7 @@ def main(argv=None):
     model.summary(print_fn=logger.info)
     history = fit(model, train_batches, val_batches, args, monitor="val_accuracy", mode="max")
     test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
-    baseline = majority_baseline(train, test)
+    baseline = majority_baseline(train_raw, test_raw)
     train_time = time.time() - start
     print(
         f"\ntest accuracy: {test_accuracy:.4f} (majority-class baseline "

@@ -195,3 +195,13 @@ def test_exported_model_answers_like_the_python_model(quick_run):
     np.testing.assert_allclose(
         served["probability"], expected["probability"].numpy(), atol=1e-5
     )
+
+
+def test_majority_baseline():
+    import tensorflow as tf
+
+    from examples.classify import majority_baseline
+
+    train = tf.data.Dataset.from_tensor_slices((["a", "b", "c"], [1, 1, 2]))
+    test = tf.data.Dataset.from_tensor_slices((["d", "e", "f", "g"], [1, 0, 1, 1]))
+    assert majority_baseline(train, test) == pytest.approx(0.75)
