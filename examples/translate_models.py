@@ -95,11 +95,7 @@ class TransformerTranslator(Translator):
         context_mask = ops.not_equal(encoder_ids, PAD)
         y = self.embedding(decoder_ids)
         for block in self.blocks:
-            # Scores requested only to work around a TransformerDecoderBlock
-            # bug (`len()` of the cross-attention output when it returns a
-            # single tensor); they are discarded.
-            y, _, _ = block(y, context, context_padding_mask=context_mask,
-                            return_attention_scores=True)
+            y = block(y, context, context_padding_mask=context_mask)
         logits = self.head(y)
         self.model = keras.Model(
             {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
