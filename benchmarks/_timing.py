@@ -25,6 +25,7 @@ scripts put this folder on `sys.path` themselves.
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,14 +68,22 @@ def peak_rss_mb(cmd_args, env=None, timeout=None):
         "subprocess.run(sys.argv[1:], check=True)\n"
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    done = subprocess.run(
+    # Own process group, so that a timeout also ends the measured command.
+    proc = subprocess.Popen(
         [sys.executable, "-c", helper, *map(str, cmd_args)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=timeout,
-        check=False,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         raise subprocess.CalledProcessError(
             done.returncode, cmd_args, done.stdout, done.stderr

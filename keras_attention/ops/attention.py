@@ -285,8 +285,16 @@ def _structural_to_dense(
 def _blockwise(query, key, value, **masks):
     from keras_attention.ops.blockwise import blockwise_attention
 
+    # Tiles grow past T = 4096 so that the (unrolled) graph stays at most
+    # 32 x 16 tiles: tracing time, not memory (still O(T * tile)).
+    tq, tk = query.shape[1], key.shape[1]
     return blockwise_attention(
-        query, key, value, query_block=_QUERY_BLOCK, key_block=_KEY_BLOCK, **masks
+        query,
+        key,
+        value,
+        query_block=max(_QUERY_BLOCK, -(-tq // 32)),
+        key_block=max(_KEY_BLOCK, -(-tk // 16)),
+        **masks,
     )
 
 
