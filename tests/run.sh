@@ -3,5 +3,5 @@
 # and ops tests again on the JAX backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pytest -q tests "$@"
-KERAS_BACKEND=jax python -m pytest -q tests/layers tests/ops "$@"
+python -m pytest -q -n 2 --dist loadfile tests "$@"
+KERAS_BACKEND=jax python -m pytest -q -n 2 --dist loadfile tests/layers tests/ops "$@"
