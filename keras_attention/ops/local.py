@@ -80,7 +80,8 @@ def _skew(x, keep):
     rows = x.shape[-2] if x.shape[-2] is not None else shape[-2]
     width = x.shape[-1]
     x = _pad_axis(x, -1, 0, rows)
-    flat = ops.reshape(x, lead + (rows * (width + rows),))[..., : rows * (width + rows - 1)]
+    flat = ops.reshape(x, lead + (rows * (width + rows),))
+    flat = flat[..., : rows * (width + rows - 1)]  # drop the last row's pad
     return ops.reshape(flat, lead + (rows, width + rows - 1))[..., :keep]
 
 
