@@ -5,14 +5,13 @@ gradient of their sum of squares w.r.t. projected queries, keys and `v`.
 
 Times: interleaved, after warm-up, medians of `--repeats` (TensorFlow,
 `tf.function`). Peak memory: a separate process per configuration and
-method (growth of peak RSS during one step).
+method (peak RSS of the whole process, runtime included).
 
     python benchmarks/additive_attention.py [--markdown FILE] [--repeats 5]
 """
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -54,21 +53,14 @@ def make_step(method, b, i, j, u):
     return lambda: [t.numpy() for t in step(q, k, v)]
 
 
-def measure_peak(method, config):
-    """Peak RSS growth (MiB) of one step, in this (fresh) process."""
-    run = make_step(method, *config)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    run()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (after - before) / 1024.0
-
-
 def peak_in_subprocess(method, config):
-    cmd = [sys.executable, __file__, "--peak", method, *map(str, config)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        return float("nan")
-    return float(out.stdout.split()[-1])
+    """Peak RSS (MiB, whole process) of one step in a fresh process."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import try_peak_rss_mb
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", method]
+    peak = try_peak_rss_mb(cmd + [str(c) for c in config])
+    return float("nan") if peak is None else peak
 
 
 def main():
@@ -76,10 +68,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown", metavar="FILE",
                         help="also write the table as Markdown to FILE")
-    parser.add_argument("--peak", nargs=5)
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--run", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.peak:
-        print(measure_peak(args.peak[0], tuple(map(int, args.peak[1:]))))
+    if args.run:  # child process of the memory measurement
+        make_step(args.run[0], *map(int, args.run[1:]))()
         return
 
     import numpy as np
@@ -90,12 +83,12 @@ def main():
         fits = b * i * j * u <= BROADCAST_LIMIT
         methods = ["ours", "broadcast"] if fits else ["ours"]
         runs = {m: make_step(m, *config) for m in methods}
-        results = {m: runs[m]() for m in methods}  # warm-up
-        if fits:  # same result first
+        results = {} if args.memory_only else {m: runs[m]() for m in methods}
+        if fits and results:  # same result first
             for a, e in zip(results["ours"], results["broadcast"]):
                 np.testing.assert_allclose(a, e, rtol=1e-3, atol=1e-3)
-        times = {m: [] for m in methods}
-        for _ in range(args.repeats if fits else 1):
+        times = {m: [] if not args.memory_only else [float("nan")] for m in methods}
+        for _ in range(0 if args.memory_only else args.repeats if fits else 1):
             for m in methods:  # interleaved
                 start = time.perf_counter()
                 runs[m]()
