@@ -5,10 +5,9 @@ from keras import ops
 
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import masked_softmax
-
-
-def _clone(initializer):
-    return initializer.__class__.from_config(initializer.get_config())
+from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import clone_initializer as _clone
 
 
 def _project(fn, x):
@@ -18,20 +17,6 @@ def _project(fn, x):
     if len(x.shape) == 3 and x.shape[1] == 1:
         return fn(x[:, 0])[:, None]
     return fn(x)
-
-
-def _check_positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
-        )
-
-
-def _check_rate(name, value):
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value}")
 
 
 class _Seq2SeqAttention(keras.layers.Layer):

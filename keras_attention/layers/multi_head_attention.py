@@ -5,22 +5,8 @@ from keras_attention import masks as masks_lib
 from keras_attention.ops.attention import as_4d_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-
-
-def _check_positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
-        )
-
-
-def _check_rate(name, value):
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value}"
-        )
+from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_positive_int as _check_positive_int
 
 
 def _check_rank3(name, shape):
@@ -325,34 +311,6 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"Tq={tq}, Tk={tk}. Received: attention_mask.shape={shape}, "
                 f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
             )
-
-    def _compute_attention_mask(
-        self,
-        query,
-        key,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        query_offset=0,
-    ):
-        """Joins all masks into one `(b|1, h|1, Tq, Tk)` boolean or None."""
-        parts = []
-        if query_mask is not None:
-            parts.append(ops.cast(query_mask, "bool")[:, None, :, None])
-        for m in (value_mask, key_mask):
-            if m is not None:
-                parts.append(ops.cast(m, "bool")[:, None, None, :])
-        if use_causal_mask:
-            causal = masks_lib.causal_mask(
-                ops.shape(query)[1], ops.shape(key)[1], offset=query_offset
-            )
-            parts.append(causal[:, None])
-        if attention_mask is not None:
-            self._check_attention_mask(attention_mask, query, key)
-            parts.append(as_4d_mask(attention_mask))
-        return masks_lib.combine_masks(*parts)
 
     def _attention_masks(
         self,

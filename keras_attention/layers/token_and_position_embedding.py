@@ -2,13 +2,7 @@ import keras
 from keras import ops
 
 from keras_attention.layers.position_embedding import PositionEmbedding
-
-
-def _check_positive_int(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
-        )
+from keras_attention.layers._validation import check_positive_int as _check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

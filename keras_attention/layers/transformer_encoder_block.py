@@ -4,20 +4,9 @@ from keras_attention import masks as masks_lib
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
-
-
-def _check_positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
-        )
-
-
-def _check_rate(name, value):
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value}")
+from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import clone_initializer as _clone
 
 
 def _first(*values):
@@ -25,10 +14,6 @@ def _first(*values):
         if v is not None:
             return v
     return None
-
-
-def _clone(initializer):
-    return initializer.__class__.from_config(initializer.get_config())
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
