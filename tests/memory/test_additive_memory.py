@@ -4,14 +4,11 @@ needs several GB: batch 4, Tq 128, Tv 1,024, 1,024 units. The
 bytes = 2 GiB, kept for the backward pass, which needs as much again for its
 gradient."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from peak_growth import peak_growth_mib
 B, TQ, TV, UNITS = 4, 128, 1024, 1024
 
 _SCRIPT = textwrap.dedent(
@@ -52,15 +49,7 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.mark.tf_only
 def test_bahdanau_trains_in_bounded_memory():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-        env=env, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    before, after = map(float, done.stdout.split()[-2:])
-    grown = after - before
+    grown = peak_growth_mib(_SCRIPT)
     broadcast_mib = B * TQ * TV * UNITS * 4 / 2**20  # one (b, Tq, Tv, u) tensor
     # The broadcast keeps >= 2 such tensors (tanh and its gradient): 4 GiB.
     assert grown < 768, f"a training step grew peak RSS by {grown:.0f} MiB"

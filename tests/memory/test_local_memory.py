@@ -2,14 +2,11 @@
 memory. A dense masked version could not: one float32 score matrix of this
 length is T * T * 4 bytes = 4 GiB per head and example."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from peak_growth import peak_growth_mib
 
 _SCRIPT = textwrap.dedent(
     """
@@ -44,15 +41,7 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.mark.tf_only
 def test_local_attention_32k_forward_backward_memory():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-        env=env, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    before, after = map(float, done.stdout.split()[-2:])
-    grown = after - before
+    grown = peak_growth_mib(_SCRIPT)
     # Dense: 2 heads x 4 GiB for the scores alone (and as much again for
     # the softmax and its gradient). Banded: a few (T x (B + 2w)) tensors.
     dense_scores_mib = 2 * 32768 * 32768 * 4 / 2**20
