@@ -22,3 +22,11 @@ def check_rate(name, value):
 def clone_initializer(initializer):
     """A fresh copy, so sublayers do not share one (stateless) initializer."""
     return initializer.__class__.from_config(initializer.get_config())
+
+
+def check_positive_number(name, value):
+    """Raises `ValueError` naming `name` unless `value` is a number > 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value}"
+        )

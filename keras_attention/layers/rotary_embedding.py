@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_attention.layers._validation import check_positive_number
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
@@ -47,15 +49,7 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        if (
-            not isinstance(max_wavelength, (int, float))
-            or isinstance(max_wavelength, bool)
-            or max_wavelength <= 0
-        ):
-            raise ValueError(
-                "`max_wavelength` must be a positive number. "
-                f"Received: max_wavelength={max_wavelength}"
-            )
+        check_positive_number("max_wavelength", max_wavelength)
         self.max_wavelength = max_wavelength
         self.supports_masking = True
 
