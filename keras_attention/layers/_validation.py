@@ -1,4 +1,8 @@
-"""Argument checks and helpers shared by the layers."""
+"""Argument checks and helpers shared by the layers.
+
+Every check raises `ValueError` naming the argument and showing the value
+with `repr` (so `"2"` and `2` read differently).
+"""
 
 
 def check_positive_int(name, value, allow_none=False):
@@ -7,16 +11,44 @@ def check_positive_int(name, value, allow_none=False):
         return
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+
+
+def check_non_negative_int(name, value, allow_none=False):
+    """Raises `ValueError` naming `name` unless `value` is an int >= 0."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(
+            f"`{name}` must be a non-negative integer. "
+            f"Received: {name}={value!r}"
         )
 
 
 def check_rate(name, value):
     """Raises `ValueError` naming `name` unless `0 <= value < 1`."""
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not 0.0 <= value < 1.0
+    ):
         raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value}"
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )
+
+
+def check_bool(name, value):
+    """Raises `ValueError` naming `name` unless `value` is a bool.
+
+    Strings such as `"False"` (from a command line or a YAML file) are
+    refused rather than silently taken as True. NumPy bools are accepted.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ValueError(
+        f"`{name}` must be a bool (True or False). Received: {name}={value!r}"
+    )
 
 
 def clone_initializer(initializer):
@@ -24,9 +56,36 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
-def check_positive_number(name, value):
+def check_positive_number(name, value, allow_none=False):
     """Raises `ValueError` naming `name` unless `value` is a number > 0."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    if value is None and allow_none:
+        return
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or value <= 0
+    ):
         raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value}"
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+
+
+def check_padding_mask(name, mask, inputs, inputs_name="inputs"):
+    """Raises `ValueError` unless `mask` fits `inputs`' `(batch, T)` axes.
+
+    `mask` may be None (nothing to check). Dimensions unknown at trace
+    time are not compared. Returns nothing.
+    """
+    if mask is None:
+        return
+    mask_shape = tuple(mask.shape)
+    want = tuple(inputs.shape[:2])
+    ok = len(mask_shape) == 2 and all(
+        m is None or w is None or m == w for m, w in zip(mask_shape, want)
+    )
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be a boolean (batch, T) mask matching "
+            f"`{inputs_name}` of shape {tuple(inputs.shape)}: expected "
+            f"{want}. Received: {name}.shape={mask_shape}"
         )
