@@ -64,13 +64,16 @@ class CausalLMGenerator:
 
     Example:
 
-    >>> from keras_attention.layers import (
-    ...     TokenAndPositionEmbedding, TransformerDecoderBlock)
-    >>> emb = TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)
-    >>> block = TransformerDecoderBlock(2, 16, cross_attention=False)
+    >>> import keras
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> emb = keras_attention.layers.TokenAndPositionEmbedding(
+    ...     50, 16, 8, mask_zero=True)
+    >>> block = keras_attention.layers.TransformerDecoderBlock(
+    ...     2, 16, cross_attention=False)
     >>> head = keras.layers.Dense(50)
     >>> _ = head(block(emb(np.ones((1, 4), "int32"))))  # build
-    >>> lm = CausalLMGenerator(emb, [block], head)
+    >>> lm = keras_attention.generation.CausalLMGenerator(emb, [block], head)
     >>> out, mask = lm.generate(np.array([[1, 5, 0, 0, 0, 0]]), sampler="greedy")
     >>> tuple(out.shape)
     (1, 6)

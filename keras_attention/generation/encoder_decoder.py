@@ -28,17 +28,21 @@ class Seq2SeqGenerator(CausalLMGenerator):
 
     Example:
 
-    >>> from keras_attention.layers import (TokenAndPositionEmbedding,
-    ...     TransformerEncoderBlock, TransformerDecoderBlock)
+    >>> import keras
+    >>> import numpy as np
+    >>> import keras_attention
     >>> src = keras.Input((None,), dtype="int32")
-    >>> enc_out = TransformerEncoderBlock(2, 16)(
-    ...     TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)(src))
+    >>> src_emb = keras_attention.layers.TokenAndPositionEmbedding(
+    ...     50, 16, 8, mask_zero=True)
+    >>> enc_out = keras_attention.layers.TransformerEncoderBlock(2, 16)(src_emb(src))
     >>> encoder = keras.Model(src, enc_out)
-    >>> emb = TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)
-    >>> block = TransformerDecoderBlock(2, 16)
+    >>> emb = keras_attention.layers.TokenAndPositionEmbedding(
+    ...     50, 16, 8, mask_zero=True)
+    >>> block = keras_attention.layers.TransformerDecoderBlock(2, 16)
     >>> head = keras.layers.Dense(50)
     >>> _ = head(block(emb(np.ones((1, 4), "int32")), np.ones((1, 3, 8), "float32")))
-    >>> translator = Seq2SeqGenerator(encoder, emb, [block], head)
+    >>> translator = keras_attention.generation.Seq2SeqGenerator(
+    ...     encoder, emb, [block], head)
     >>> out, mask = translator.generate(
     ...     np.array([[4, 9, 3, 0]]), np.array([[1, 0, 0, 0, 0]]))
     >>> tuple(out.shape)

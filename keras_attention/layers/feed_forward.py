@@ -26,7 +26,9 @@ class FeedForward(keras.layers.Layer):
 
     Example:
 
-    >>> ffn = FeedForward(intermediate_dim=32)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> ffn = keras_attention.layers.FeedForward(intermediate_dim=32)
     >>> tuple(ffn(np.ones((2, 5, 8), "float32")).shape)
     (2, 5, 8)
 

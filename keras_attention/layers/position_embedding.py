@@ -25,7 +25,9 @@ class PositionEmbedding(keras.layers.Layer):
 
     Example:
 
-    >>> layer = PositionEmbedding(sequence_length=10)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.PositionEmbedding(sequence_length=10)
     >>> tuple(layer(np.zeros((2, 4, 8), "float32")).shape)
     (2, 4, 8)
 

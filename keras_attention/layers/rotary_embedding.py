@@ -37,7 +37,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Example:
 
-    >>> rope = RotaryEmbedding()
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> rope = keras_attention.layers.RotaryEmbedding()
     >>> q = np.ones((1, 4, 2, 8), "float32")
     >>> tuple(rope(q, start_index=3).shape)
     (1, 4, 2, 8)

@@ -32,8 +32,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     Example:
 
+    >>> import numpy as np
+    >>> import keras_attention
     >>> x = np.zeros((2, 5, 8), "float32")
-    >>> pe = SinusoidalPositionEncoding()(x)
+    >>> pe = keras_attention.layers.SinusoidalPositionEncoding()(x)
     >>> tuple(pe.shape), float(pe[0, 0, 1])  # cos(0)
     ((2, 5, 8), 1.0)
 

@@ -32,7 +32,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     Example:
 
-    >>> layer = TokenAndPositionEmbedding(100, 16, 8, mask_zero=True)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.TokenAndPositionEmbedding(
+    ...     100, 16, 8, mask_zero=True)
     >>> ids = np.array([[5, 7, 0]])
     >>> tuple(layer(ids).shape), np.asarray(layer.compute_mask(ids)).tolist()
     ((1, 3, 8), [[True, True, False]])

@@ -66,7 +66,10 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
 
     Example:
 
-    >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.layers.TransformerDecoderBlock(
+    ...     num_heads=2, intermediate_dim=16)
     >>> x, ctx = np.ones((2, 4, 8), "float32"), np.ones((2, 6, 8), "float32")
     >>> y, w_self, w_cross = block(x, ctx, return_attention_scores=True)
     >>> tuple(y.shape), tuple(w_self.shape), tuple(w_cross.shape)

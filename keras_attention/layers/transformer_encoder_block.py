@@ -79,7 +79,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
     Example:
 
-    >>> block = TransformerEncoderBlock(num_heads=2, intermediate_dim=32)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.layers.TransformerEncoderBlock(
+    ...     num_heads=2, intermediate_dim=32)
     >>> y, w = block(np.ones((2, 5, 8), "float32"), return_attention_scores=True)
     >>> tuple(y.shape), tuple(w.shape)
     ((2, 5, 8), (2, 2, 5, 5))

@@ -60,6 +60,8 @@ def plot_attention(
 
     Example:
 
+    >>> import numpy as np
+    >>> from keras_attention.visualization import plot_attention
     >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
     >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
     >>> fig.axes[0].get_xticklabels()[1].get_text()
