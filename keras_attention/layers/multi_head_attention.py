@@ -1,19 +1,75 @@
+import math
+
 import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.ops import _backend
 from keras_attention.ops.attention import as_4d_mask
 from keras_attention.ops.attention import dot_product_attention
+from keras_attention.ops.local import local_attention
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_bool as _check_bool
+from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import check_positive_number
+from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import clone_initializer
+
+_FLASH_SCORES_ERROR = (
+    "Returning attention scores is not supported when flash attention is "
+    "enabled. Please disable flash attention to access attention scores."
+)
 
 
-def _check_rank3(name, shape):
-    if len(shape) != 3 or shape[-1] is None:
+def _prod(dims):
+    """Product of dimensions (ints, or scalar tensors when not static)."""
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def _check_output_shape(output_shape):
+    """`None`, an int or a tuple of ints -> `None` or a tuple of ints."""
+    if output_shape is None:
+        return None
+    shape = (output_shape,) if isinstance(output_shape, int) else output_shape
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
+    ) or not shape:
         raise ValueError(
-            f"`{name}` must have shape (batch, steps, features) with a known "
-            f"feature size. Received: {name}={tuple(shape)}"
+            "Invalid `output_shape`: it must be a positive int or a non-empty "
+            f"tuple of positive ints. Received: output_shape={output_shape!r}"
+        )
+    return tuple(shape)
+
+
+def _check_attention_axes(attention_axes):
+    if attention_axes is None:
+        return None
+    axes = (attention_axes,) if isinstance(attention_axes, int) else attention_axes
+    if not isinstance(axes, (tuple, list)) or not axes or not all(
+        isinstance(a, int) and not isinstance(a, bool) for a in axes
+    ):
+        raise ValueError(
+            "`attention_axes` must be None, an int, or a non-empty list or "
+            f"tuple of ints. Received: attention_axes={attention_axes!r}"
+        )
+    return tuple(axes)
+
+
+def _check_key_value_shapes(value_shape, key_shape):
+    """Keras's rule: `key` and `value` agree on every axis but the last."""
+    v, k = tuple(value_shape)[1:-1], tuple(key_shape)[1:-1]
+    ok = len(v) == len(k) and all(
+        a is None or b is None or a == b for a, b in zip(v, k)
+    )
+    if not ok:
+        raise ValueError(
+            "All dimensions of `value` and `key`, except the last one, must "
+            f"be equal. Received: value_shape={tuple(value_shape)!r}, "
+            f"key_shape={tuple(key_shape)!r}"
         )
 
 
@@ -21,20 +77,46 @@ def _check_rank3(name, shape):
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head (and grouped-query) scaled dot-product attention.
 
-    A drop-in replacement for `keras.layers.MultiHeadAttention` on
-    `(batch, steps, features)` inputs: same call signature and, when
-    `num_key_value_heads` is None, the same weights in the same order and
-    shapes (`set_weights(keras_mha.get_weights())` gives the same outputs).
-    Differences, all deliberate:
+    A drop-in replacement for Keras 3.15's `keras.layers.MultiHeadAttention`:
+    same constructor (same positional order), same call signature, same
+    options (`attention_axes`, `use_gate`, `sliding_window`,
+    `flash_attention`, tuple `output_shape`) and, when `num_key_value_heads`
+    is None, the same weights in the same order and shapes
+    (`set_weights(keras_mha.get_weights())` gives the same outputs). A config
+    saved by Keras's layer loads with `from_config`, so a `.keras` model
+    holding Keras's layer loads with
+    `custom_objects={"MultiHeadAttention": keras_attention.layers.MultiHeadAttention}`.
+
+    Differences from Keras's layer, all deliberate:
     - a query with nothing to attend to (fully masked row, padded query) gets
       zero attention weights and a zero attention result (then the output
       projection's bias), never NaN or uniform weights;
     - the softmax runs in float32 under mixed precision;
     - Keras masks of the inputs are read but never deleted, so a masked tensor
-      reused by several layers keeps its mask for all of them;
-    - attention scores are always per head, `(batch, num_heads, Tq, Tv)`;
-    - grouped-query / multi-query attention with `num_key_value_heads`;
-    - an optional key/value cache for incremental decoding.
+      reused by several layers keeps its mask for all of them; an explicit
+      `query_mask` is honoured (Keras's layer replaces it with the query's
+      Keras mask);
+    - the returned scores have the true key length also symbolically
+      (Keras's symbolic scores assume `Tv == Tq`);
+    - no tensor of rank above 5 is built (the limit of TensorFlow's oneDNN
+      CPU kernels): with `attention_axes`, the other axes are merged into the
+      batch and the attention axes into one sequence axis. Only the returned
+      scores take Keras's shape `(batch, <other axes>, num_heads,
+      <query attention axes>, <key attention axes>)`, by a final reshape,
+      which is of rank above 5 when attention runs over several axes;
+    - with `attention_axes`, `use_causal_mask` and `sliding_window` count
+      positions over the attention axes flattened in row-major order (Keras
+      counts along axis 1 only; the two agree for one attention axis);
+      padding masks (`query_mask`, ...) have the input's shape without its
+      last axis;
+    - `flash_attention=True` picks the memory-efficient paths of this package
+      (fused kernel on GPUs, blockwise online softmax on CPUs) on every
+      backend; `False` forces the dense computation; `None` (default) picks
+      automatically. As in Keras, `True` refuses dropout and returning
+      scores;
+    - extras: grouped-query / multi-query attention (`num_key_value_heads`),
+      rotary position embeddings (`rotary_max_wavelength`) and a key/value
+      cache for incremental decoding (rank-3 inputs).
 
     Which attention computation runs (same results up to float rounding,
     see `keras_attention.ops.dot_product_attention`):
@@ -47,64 +129,100 @@ class MultiHeadAttention(keras.layers.Layer):
       diagonal are skipped (about half the work). Causal and padding masks
       are passed to it as such, never as a `(Tq, Tv)` tensor;
     - on JAX/torch with a GPU, `keras.ops.dot_product_attention`, which
-      uses the backend's fused (flash / cuDNN) kernel where it can.
+      uses the backend's fused (flash / cuDNN) kernel where it can;
+    - with `sliding_window` and `Tq == Tv` (self-attention, no cache, no
+      scores requested, `flash_attention` not False), the banded
+      `keras_attention.ops.local_attention`: time and memory
+      `O(T * sliding_window)`; otherwise the window is a mask.
 
     Args:
         num_heads: int, number of query heads `h`.
         key_dim: int, size of each query/key head.
         value_dim: int, size of each value head; defaults to `key_dim`.
-        num_key_value_heads: int dividing `num_heads`, number of key/value
-            heads (`1`: multi-query attention). Defaults to `num_heads`.
         dropout: float in [0, 1), dropout on the attention weights.
         use_bias: bool, whether the projections have biases.
-        output_shape: int, size of the output features; defaults to the
-            query's feature size.
+        output_shape: int or tuple of ints, the shape of the output besides
+            the batch and attention axes (a tuple gives a multi-dimensional
+            output); defaults to the query's feature size.
+        attention_axes: int or tuple of ints, the axes of inputs of rank > 3
+            over which attention runs (negative values count from the end of
+            the input's shape, -1 being the features). None (default):
+            every axis but the batch and features.
+        sliding_window: optional positive int `w`: query `i` attends only to
+            keys `j` with `|i - j| < w` (with `use_causal_mask`,
+            `i - w < j <= i`: Mistral's causal window).
+        flash_attention: None (automatic), True (memory-efficient paths
+            only: no scores, no dropout) or False (dense computation). When
+            None, `keras.config.disable_flash_attention()` means False.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
-        bias_constraint: as for `keras.layers.Dense`.
+        bias_constraint: as for `keras.layers.EinsumDense` (the activity
+            regularizer applies, as in Keras, to each projection and to the
+            output).
+        use_gate: bool, gated attention: the attention result of each head
+            is multiplied by `sigmoid(query W_g + b_g)` (weights `gate`,
+            created between `key` and `value`, as in Keras).
         seed: optional int, seed of the dropout.
-        rotary_max_wavelength: optional number; when set, rotary position
-            embeddings (`RotaryEmbedding`) rotate the projected queries and
-            keys. Query positions start at `cache_update_index` (else 0);
-            keys are rotated at their absolute positions when written into
-            the cache (`compute_cache` rotates them from 0). Defaults to
-            None (off; no weights added either way).
+        num_key_value_heads: keyword-only int dividing `num_heads`, number
+            of key/value heads (`1`: multi-query attention). Defaults to
+            `num_heads`.
+        rotary_max_wavelength: keyword-only optional positive number; when
+            set, rotary position embeddings (`RotaryEmbedding`) rotate the
+            projected queries and keys (`key_dim` must be even). Query
+            positions start at `cache_update_index` (else 0); keys are
+            rotated at their absolute positions when written into the cache
+            (`compute_cache` rotates them from 0). Defaults to None (off; no
+            weights added either way).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(batch, Tq, dq)`.
-        value: `(batch, Tv, dv)`.
+        query: `(batch, Tq, dq)`, or `(batch, <axes>, dq)` with
+            `attention_axes`.
+        value: `(batch, Tv, dv)` (same rank as `query`).
         key: optional `(batch, Tv, dk)`; defaults to `value`.
-        query_mask, value_mask, key_mask: optional boolean `(batch, T)`
-            padding masks; read from the inputs' Keras masks when omitted.
+        query_mask, value_mask, key_mask: optional boolean padding masks of
+            the inputs' shapes without the last axis (`(batch, T)`); read
+            from the inputs' Keras masks when omitted.
         attention_mask: optional boolean mask of shape `(Tq, Tv)`,
             `(batch, Tq, Tv)` or `(batch, num_heads, Tq, Tv)`; True = may
-            attend. Combined (and) with the padding and causal masks.
+            attend. Combined (and) with the padding, causal and window
+            masks. With `attention_axes`, as in Keras: the query and key
+            attention axes last, preceded by a prefix of
+            `(batch, <other axes>, num_heads)`.
         return_attention_scores: bool, also return the attention weights.
         training: bool, dropout on or off.
         use_causal_mask: bool, forbid attending to later positions.
         cache: optional `(batch, 2, max_length, num_key_value_heads, key_dim)`
-            key/value cache. With `cache_update_index`, the projected keys
-            and values of this call are written at that index and attention
-            runs over the whole cache (mask unfilled slots with
-            `attention_mask` or `use_causal_mask`, which then counts query
-            positions from `cache_update_index`). Without it, the cached keys
-            and values are used as they are (precomputed cross-attention,
-            see `compute_cache`).
+            key/value cache (rank-3 inputs only). With `cache_update_index`,
+            the projected keys and values of this call are written at that
+            index and attention runs over the whole cache (mask unfilled
+            slots with `attention_mask` or `use_causal_mask`, which then
+            counts query positions from `cache_update_index`). Without it,
+            the cached keys and values are used as they are (precomputed
+            cross-attention, see `compute_cache`).
         cache_update_index: int or scalar tensor.
 
     Returns:
-        `attention_output` `(batch, Tq, output_shape)`, then the attention
-        scores `(batch, num_heads, Tq, Tv)` if requested, then the updated
-        cache if one was given.
+        `attention_output` of the query's shape with the last axis replaced
+        by `output_shape`, then the attention scores if requested
+        (`(batch, num_heads, Tq, Tv)`; Keras's shape with `attention_axes`),
+        then the updated cache if one was given.
 
     Example:
 
-    >>> mha = MultiHeadAttention(num_heads=2, key_dim=8)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> mha = keras_attention.layers.MultiHeadAttention(num_heads=2, key_dim=8)
     >>> x = np.ones((3, 5, 16), "float32")
     >>> y, scores = mha(x, x, return_attention_scores=True)
     >>> tuple(y.shape), tuple(scores.shape)
     ((3, 5, 16), (3, 2, 5, 5))
+    >>> images = np.ones((2, 4, 6, 16), "float32")
+    >>> mha = keras_attention.layers.MultiHeadAttention(
+    ...     2, 8, attention_axes=2, use_gate=True, sliding_window=3)
+    >>> y, scores = mha(images, images, return_attention_scores=True)
+    >>> tuple(y.shape), tuple(scores.shape)
+    ((2, 4, 6, 16), (2, 4, 2, 6, 6))
 
     References:
         - Vaswani et al., 2017, "Attention Is All You Need".
@@ -112,6 +230,9 @@ class MultiHeadAttention(keras.layers.Layer):
           You Need" (multi-query).
         - Ainslie et al., 2023, "GQA: Training Generalized Multi-Query
           Transformer Models from Multi-Head Checkpoints".
+        - Qiu et al., 2025, "Gated Attention for Large Language Models"
+          (`use_gate`).
+        - Beltagy et al., 2020, "Longformer" (sliding-window attention).
     """
 
     def __init__(
@@ -119,10 +240,12 @@ class MultiHeadAttention(keras.layers.Layer):
         num_heads,
         key_dim,
         value_dim=None,
-        num_key_value_heads=None,
         dropout=0.0,
         use_bias=True,
         output_shape=None,
+        attention_axes=None,
+        sliding_window=None,
+        flash_attention=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
@@ -130,7 +253,10 @@ class MultiHeadAttention(keras.layers.Layer):
         activity_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        use_gate=False,
         seed=None,
+        *,
+        num_key_value_heads=None,
         rotary_max_wavelength=None,
         **kwargs,
     ):
@@ -144,26 +270,49 @@ class MultiHeadAttention(keras.layers.Layer):
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads}, "
-                f"num_heads={num_heads}"
+                f"num_key_value_heads={num_key_value_heads!r}, "
+                f"num_heads={num_heads!r}"
             )
         _check_rate("dropout", dropout)
-        if isinstance(output_shape, (tuple, list)):
-            if len(output_shape) != 1:
-                raise ValueError(
-                    "`output_shape` must be an int or a 1-tuple. "
-                    f"Received: output_shape={output_shape}"
-                )
-            output_shape = output_shape[0]
-        _check_positive_int("output_shape", output_shape, allow_none=True)
+        _check_positive_int("sliding_window", sliding_window, allow_none=True)
+        if flash_attention is not None:
+            flash_attention = _check_bool("flash_attention", flash_attention)
+        check_positive_number(
+            "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
+        )
+        if rotary_max_wavelength is not None and key_dim % 2:
+            raise ValueError(
+                "Rotary position embeddings rotate pairs of features: "
+                "`key_dim` must be even when `rotary_max_wavelength` is set. "
+                f"Received: key_dim={key_dim!r}, "
+                f"rotary_max_wavelength={rotary_max_wavelength!r}"
+            )
         self.supports_masking = True
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim if value_dim else key_dim
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
-        self.use_bias = use_bias
-        self._output_shape = output_shape
+        self.use_bias = _check_bool("use_bias", use_bias)
+        self.use_gate = _check_bool("use_gate", use_gate)
+        # Full output shape (tuple) and, for subclasses, `_output_shape`:
+        # an int for a one-dimensional output, else the tuple.
+        self._output_shapes = _check_output_shape(output_shape)
+        self._output_shape = self._output_shapes
+        if self._output_shapes is not None and len(self._output_shapes) == 1:
+            self._output_shape = self._output_shapes[0]
+        self.attention_axes = _check_attention_axes(attention_axes)
+        self.sliding_window = self._sliding_window = sliding_window
+        self.flash_attention = flash_attention
+        if flash_attention is None:
+            flash_attention = keras.config.is_flash_attention_enabled()
+        self._flash_attention = flash_attention
+        if self._flash_attention and dropout > 0.0:
+            raise ValueError(
+                "Dropout is not supported when flash attention is enabled. "
+                "Please set dropout to 0.0 to use flash attention. Received: "
+                f"dropout={dropout!r}, flash_attention={self.flash_attention!r}"
+            )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -185,7 +334,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @property
     def output_dim(self):
-        """Size of the output features (known after build)."""
+        """Size of the output features (known after build); a tuple for a
+        multi-dimensional `output_shape`."""
         return self._output_shape or self._query_feature_dim
 
     @property
@@ -193,24 +343,23 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.num_key_value_heads or self.num_heads
 
     def _sublayer_kwargs(self):
-        def clone(initializer):
-            return initializer.__class__.from_config(initializer.get_config())
-
         return dict(
-            kernel_initializer=clone(self.kernel_initializer),
-            bias_initializer=clone(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
+            activity_regularizer=self.activity_regularizer,
             kernel_constraint=self.kernel_constraint,
             bias_constraint=self.bias_constraint,
             dtype=self.dtype_policy,
         )
 
-    def _projection(self, name, heads, dim):
+    def _projection(self, name, heads, dim, activation=None):
         dense = keras.layers.EinsumDense(
             "abc,cde->abde",
             output_shape=(None, heads, dim),
             bias_axes="de" if self.use_bias else None,
+            activation=activation,
             name=name,
             **self._sublayer_kwargs(),
         )
@@ -219,40 +368,100 @@ class MultiHeadAttention(keras.layers.Layer):
         dense.supports_masking = True
         return dense
 
+    # Layout of inputs of rank > 3 (attention_axes) ---------------------------
+
+    def _layout(self, rank):
+        """`(axes, other_axes, perm)` for inputs of rank `rank`.
+
+        `perm` brings an input to `(batch, <other axes>, <attention axes>,
+        features)`; the layer then merges the first group into the batch and
+        the second into one sequence axis.
+        """
+        if self.attention_axes is None:
+            axes = tuple(range(1, rank - 1))
+        else:
+            axes = tuple(a + rank if a < 0 else a for a in self.attention_axes)
+            bad = [a for a in axes if not 1 <= a <= rank - 2]
+            if bad or len(set(axes)) != len(axes):
+                raise ValueError(
+                    "`attention_axes` must be distinct axes of the inputs "
+                    "other than the batch (0) and features (-1) axes. "
+                    f"Received: attention_axes={self.attention_axes!r} for "
+                    f"inputs of rank {rank}"
+                )
+        others = tuple(i for i in range(1, rank - 1) if i not in axes)
+        return axes, others, (0,) + others + axes + (rank - 1,)
+
+    def _flat_shape(self, shape):
+        """Static rank-3 shape of an input after merging axes."""
+        shape = tuple(shape)
+        if len(shape) == 3:
+            return shape
+        axes, others, _ = self._layout(len(shape))
+        known = lambda dims: None if None in dims else _prod(dims)
+        lead = [shape[0]] + [shape[a] for a in others]
+        return (known(lead), known([shape[a] for a in axes]), shape[-1])
+
+    def _check_shapes(self, query_shape, value_shape, key_shape):
+        _check_key_value_shapes(value_shape, key_shape)
+        rank = len(query_shape)
+        for name, shape in (
+            ("query_shape", query_shape),
+            ("value_shape", value_shape),
+            ("key_shape", key_shape),
+        ):
+            if len(shape) < 3 or shape[-1] is None or len(shape) != rank:
+                raise ValueError(
+                    f"`{name}` must have shape (batch, <axes>, features) with "
+                    "a known feature size, of the same rank for query, key "
+                    f"and value. Received: {name}={tuple(shape)!r}, "
+                    f"query_shape={tuple(query_shape)!r}"
+                )
+        if rank == 3:
+            return
+        _, others, _ = self._layout(rank)
+        for a in others:
+            q, v = query_shape[a], value_shape[a]
+            if q is not None and v is not None and q != v:
+                raise ValueError(
+                    "`query` and `value` must be equal on the axes that are "
+                    f"not attention axes (axis {a}). Received: "
+                    f"query_shape={tuple(query_shape)!r}, "
+                    f"value_shape={tuple(value_shape)!r}"
+                )
+
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
-        _check_rank3("query_shape", query_shape)
-        _check_rank3("value_shape", value_shape)
-        _check_rank3("key_shape", key_shape)
-        if (
-            value_shape[1] is not None
-            and key_shape[1] is not None
-            and value_shape[1] != key_shape[1]
-        ):
-            raise ValueError(
-                "`key` and `value` must have the same number of steps. "
-                f"Received: key_shape={tuple(key_shape)}, "
-                f"value_shape={tuple(value_shape)}"
-            )
+        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+        key_shape = tuple(key_shape)
+        self._check_shapes(query_shape, value_shape, key_shape)
+        if len(query_shape) > 3:
+            self._layout(len(query_shape))  # Validates attention_axes.
+        q3, v3, k3 = map(self._flat_shape, (query_shape, value_shape, key_shape))
         self._query_feature_dim = query_shape[-1]
         self._query_dense = self._projection("query", self.num_heads, self.key_dim)
-        self._query_dense.build(query_shape)
+        self._query_dense.build(q3)
         self._key_dense = self._projection("key", self._kv_heads, self.key_dim)
-        self._key_dense.build(key_shape)
+        self._key_dense.build(k3)
+        if self.use_gate:
+            self._gate_dense = self._projection(
+                "gate", self.num_heads, self.value_dim, activation="sigmoid"
+            )
+            self._gate_dense.build(q3)
         self._value_dense = self._projection(
             "value", self._kv_heads, self.value_dim
         )
-        self._value_dense.build(value_shape)
+        self._value_dense.build(v3)
+        out = self._output_shapes or (query_shape[-1],)
+        letters = "efghij"[: len(out)]
         self._output_dense = keras.layers.EinsumDense(
-            "abcd,cde->abe",
-            output_shape=(None, self.output_dim),
-            bias_axes="e" if self.use_bias else None,
+            f"abcd,cd{letters}->ab{letters}",
+            output_shape=(None,) + tuple(out),
+            bias_axes=letters if self.use_bias else None,
             name="attention_output",
             **self._sublayer_kwargs(),
         )
-        self._output_dense.build(
-            (query_shape[0], query_shape[1], self.num_heads, self.value_dim)
-        )
+        self._output_dense.build((q3[0], q3[1], self.num_heads, self.value_dim))
         self.built = True
 
     # Projections and the attention core, usable on their own (blocks,
@@ -341,28 +550,70 @@ class MultiHeadAttention(keras.layers.Layer):
             query_padding=masks_lib.combine_masks(query_mask),
         )
 
+    def _implementation(self):
+        """`dot_product_attention`'s implementation for `flash_attention`."""
+        if self._flash_attention is None:
+            return None
+        if not self._flash_attention:
+            return "dense"
+        return "fused" if _backend.has_gpu() else "blockwise"
+
+    def _dropout_fn(self, training):
+        if self.dropout > 0 and training is not None and training is not False:
+            return lambda weights: self._dropout_layer(weights, training=training)
+        return None
+
     def _attend(self, query, key, value, mask, return_scores, training, **masks):
         """Core on projected `(b, T, heads, dim)` tensors.
 
         `masks`: optional structural masks (`is_causal`, `causal_offset`,
         `key_padding`, `query_padding`) of `dot_product_attention`.
         """
-
-        def dropout_fn(weights):
-            return self._dropout_layer(weights, training=training)
-
-        use_dropout = (
-            self.dropout > 0 and training is not None and training is not False
-        )
+        dropout_fn = self._dropout_fn(training)
+        implementation = self._implementation()
+        if return_scores or dropout_fn is not None:
+            implementation = "dense"
         return dot_product_attention(
             query,
             key,
             value,
             mask=mask,
-            dropout_fn=dropout_fn if use_dropout else None,
+            dropout_fn=dropout_fn,
             return_weights=return_scores,
+            implementation=implementation,
             **masks,
         )
+
+    def _use_local_path(self, q, k, query, key, return_scores, cache):
+        """Whether `sliding_window` can run banded (`local_attention`)."""
+        if self.sliding_window is None or return_scores or cache is not None:
+            return False
+        if self._flash_attention is False:
+            return False
+        tq, tk = q.shape[1], k.shape[1]
+        return query is key or (tq is not None and tq == tk)
+
+    def _check_padding_masks(self, query, value, key, masks):
+        """`ValueError` naming the mask unless it fits its input."""
+        for (name, mask), (inputs_name, inputs) in zip(
+            masks, (("query", query), ("value", value), ("key", key))
+        ):
+            if mask is None:
+                continue
+            if len(inputs.shape) == 3:
+                check_padding_mask(name, mask, inputs, inputs_name)
+                continue
+            want = tuple(inputs.shape[:-1])
+            got = tuple(mask.shape)
+            if len(got) != len(want) or any(
+                g is not None and w is not None and g != w
+                for g, w in zip(got, want)
+            ):
+                raise ValueError(
+                    f"`{name}` must be a boolean mask of `{inputs_name}`'s "
+                    f"shape without its last axis: expected {want!r}. "
+                    f"Received: {name}.shape={got!r}"
+                )
 
     def call(
         self,
@@ -380,7 +631,52 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         key = value if key is None else key
+        if cache is None or cache_update_index is not None:
+            # Also at call time: a layer built on `(None, d)` inputs.
+            _check_key_value_shapes(value.shape, key.shape)
+        self._check_padding_masks(
+            query,
+            value,
+            key,
+            (("query_mask", query_mask), ("value_mask", value_mask),
+             ("key_mask", key_mask)),
+        )
+        if return_attention_scores and self._flash_attention:
+            raise ValueError(_FLASH_SCORES_ERROR)
+        if len(query.shape) == 3:
+            return self._call_3d(
+                query, value, key, query_mask,
+                value_mask, key_mask, attention_mask, return_attention_scores,
+                training, use_causal_mask, cache, cache_update_index,
+            )
+        if cache is not None:
+            raise ValueError(
+                "A key/value `cache` needs inputs of shape (batch, steps, "
+                f"features). Received: query.shape={tuple(query.shape)!r}"
+            )
+        return self._call_high_rank(
+            query, value, key, query_mask, value_mask, key_mask,
+            attention_mask, return_attention_scores, training, use_causal_mask,
+        )
+
+    def _call_3d(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        return_attention_scores,
+        training,
+        use_causal_mask,
+        cache,
+        cache_update_index,
+    ):
+        """Attention on `(b, T, features)` inputs (the rank-3 core)."""
         offset = 0 if cache_update_index is None else cache_update_index
+        gate = self._gate_dense(query) if self.use_gate else None
         q = self._rotate(self._query_dense(query), offset)
         if cache is None:
             k = self._rotate(self._key_dense(key), 0)
@@ -396,22 +692,49 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
             value_mask = key_mask = None
-        masks = self._attention_masks(
-            query,
-            k,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            query_offset=offset,
-        )
-        mask = masks.pop("mask")
-        result = self._attend(
-            q, k, v, mask, return_attention_scores, training, **masks
-        )
+        if self._use_local_path(
+            q, k, query, key, return_attention_scores, cache
+        ):
+            if attention_mask is not None:
+                self._check_attention_mask(attention_mask, query, k)
+            result = local_attention(
+                q,
+                k,
+                v,
+                self.sliding_window - 1,
+                causal=bool(use_causal_mask),
+                query_mask=query_mask,
+                key_mask=masks_lib.combine_masks(value_mask, key_mask),
+                attention_mask=attention_mask,
+                dropout_fn=self._dropout_fn(training),
+            )
+        else:
+            masks = self._attention_masks(
+                query,
+                k,
+                query_mask=query_mask,
+                value_mask=value_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                query_offset=offset,
+            )
+            mask = masks.pop("mask")
+            if self.sliding_window is not None:
+                window = masks_lib.sliding_window_mask(
+                    ops.shape(query)[1],
+                    self.sliding_window - 1,
+                    key_length=ops.shape(k)[1],
+                    offset=offset,
+                )
+                mask = masks_lib.combine_masks(mask, window[:, None])
+            result = self._attend(
+                q, k, v, mask, return_attention_scores, training, **masks
+            )
         if return_attention_scores:
             result, scores = result
+        if gate is not None:
+            result = ops.multiply(result, ops.cast(gate, result.dtype))
         output = self._output_dense(result)
         outputs = (output,)
         if return_attention_scores:
@@ -419,6 +742,136 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _flatten(self, x, layout, keep_last=True):
+        """`(b, <axes>, [f])` -> `(b * others, T, [f])` following `layout`."""
+        _, others, perm = layout
+        if not keep_last:
+            perm = perm[:-1]
+        x = ops.transpose(x, perm)
+        shape = ops.shape(x)
+        lead = _prod(shape[: 1 + len(others)])
+        stop = len(shape) - 1 if keep_last else len(shape)
+        length = _prod(shape[1 + len(others) : stop])
+        new = (lead, length) + ((x.shape[-1],) if keep_last else ())
+        return ops.reshape(x, new)
+
+    def _flatten_attention_mask(self, mask, query, key, layout):
+        """Keras's high-rank `attention_mask` -> `(b', [h,] Tq, Tk)`.
+
+        As in Keras, the mask's last axes are the query then key attention
+        axes, and its leading axes a prefix of `(batch, <other axes>,
+        num_heads)` (missing ones broadcast).
+        """
+        axes, others, _ = layout
+        q_shape, k_shape = ops.shape(query), ops.shape(key)
+        qa = tuple(q_shape[a] for a in axes)
+        ka = tuple(k_shape[a] for a in axes)
+        full_lead = (q_shape[0],) + tuple(q_shape[a] for a in others)
+        full_lead += (self.num_heads,)
+        n_lead = len(mask.shape) - 2 * len(axes)
+        if not 0 <= n_lead <= len(full_lead):
+            raise ValueError(
+                "`attention_mask` must end with the query and key attention "
+                f"axes ({2 * len(axes)} axes), preceded by at most the batch, "
+                "the other axes and the heads. Received: "
+                f"attention_mask.shape={tuple(mask.shape)!r}, "
+                f"query.shape={tuple(query.shape)!r}, attention_axes={axes!r}"
+            )
+        mask = ops.broadcast_to(ops.cast(mask, "bool"), full_lead[:n_lead] + qa + ka)
+        tq, tk = _prod(qa), _prod(ka)
+        if n_lead == 0:
+            return ops.reshape(mask, (tq, tk))
+        if n_lead == len(full_lead):  # With the heads axis.
+            lead = _prod(full_lead[:-1])
+            return ops.reshape(mask, (lead, self.num_heads, tq, tk))
+        present = _prod(full_lead[:n_lead])
+        absent = _prod(full_lead[n_lead:-1])
+        mask = ops.reshape(mask, (present, 1, tq, tk))
+        mask = ops.broadcast_to(mask, (present, absent, tq, tk))
+        return ops.reshape(mask, (present * absent, tq, tk))
+
+    def _call_high_rank(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        return_attention_scores,
+        training,
+        use_causal_mask,
+    ):
+        """`attention_axes`: merge the other axes into the batch and the
+        attention axes into one sequence axis, attend (rank 3), undo."""
+        layout = self._layout(len(query.shape))
+        axes, others, perm = layout
+        flat = lambda m: None if m is None else self._flatten(
+            ops.cast(m, "bool"), layout, keep_last=False
+        )
+        if attention_mask is not None:
+            attention_mask = self._flatten_attention_mask(
+                attention_mask, query, key, layout
+            )
+        result = self._call_3d(
+            self._flatten(query, layout),
+            self._flatten(value, layout),
+            self._flatten(key, layout),
+            flat(query_mask),
+            flat(value_mask),
+            flat(key_mask),
+            attention_mask,
+            return_attention_scores,
+            training,
+            use_causal_mask,
+            None,
+            None,
+        )
+        output, scores = result if return_attention_scores else (result, None)
+        q_shape, k_shape = ops.shape(query), ops.shape(key)
+        out_dims = self._output_shapes or (query.shape[-1],)
+        # (b, <others>, <attention axes>, <output dims>), then the query's
+        # axis order back.
+        output = ops.reshape(
+            output, tuple(q_shape[p] for p in perm[:-1]) + tuple(out_dims)
+        )
+        n = len(perm) - 1
+        inverse = [perm[:-1].index(i) for i in range(n)]
+        inverse += list(range(n, n + len(out_dims)))
+        output = ops.transpose(output, inverse)
+        if not return_attention_scores:
+            return output
+        # Keras's layout: (b, <others>, heads, <query axes>, <key axes>).
+        scores = ops.reshape(
+            scores,
+            (q_shape[0],)
+            + tuple(q_shape[a] for a in others)
+            + (self.num_heads,)
+            + tuple(q_shape[a] for a in axes)
+            + tuple(k_shape[a] for a in axes),
+        )
+        return output, scores
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        _check_key_value_shapes(value_shape, key_shape)
+        out = self._output_shapes or (query_shape[-1],)
+        return query_shape[:-1] + tuple(out)
+
+    def _scores_shape(self, query_shape, key_shape):
+        if len(query_shape) == 3:
+            return (query_shape[0], self.num_heads, query_shape[1], key_shape[1])
+        axes, others, _ = self._layout(len(query_shape))
+        return (
+            (query_shape[0],)
+            + tuple(query_shape[a] for a in others)
+            + (self.num_heads,)
+            + tuple(query_shape[a] for a in axes)
+            + tuple(key_shape[a] for a in axes)
+        )
 
     def compute_output_spec(
         self,
@@ -430,18 +883,21 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         key = value if key is None else key
-        batch, tq = query.shape[0], query.shape[1]
-        tk = cache.shape[2] if cache is not None else key.shape[1]
-        out_dim = self._output_shape or query.shape[-1]
-        outputs = (
-            keras.KerasTensor(
-                (batch, tq, out_dim), dtype=self.compute_dtype
-            ),
-        )
+        if return_attention_scores and self._flash_attention:
+            raise ValueError(_FLASH_SCORES_ERROR)
+        query_shape = tuple(query.shape)
+        key_shape = tuple(key.shape)
+        if cache is None:
+            shape = self.compute_output_shape(query_shape, value.shape, key_shape)
+        else:
+            shape = query_shape[:-1] + (self._output_shapes or query_shape[-1:])
+            key_shape = (key_shape[0], cache.shape[2]) + key_shape[2:]
+        outputs = (keras.KerasTensor(shape, dtype=self.compute_dtype),)
         if return_attention_scores:
             outputs += (
                 keras.KerasTensor(
-                    (batch, self.num_heads, tq, tk), dtype=self.compute_dtype
+                    self._scores_shape(query_shape, key_shape),
+                    dtype=self.compute_dtype,
                 ),
             )
         if cache is not None:
@@ -455,10 +911,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 "num_heads": self.num_heads,
                 "key_dim": self.key_dim,
                 "value_dim": self.value_dim,
-                "num_key_value_heads": self.num_key_value_heads,
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
-                "output_shape": self._output_shape,
+                "use_gate": self.use_gate,
+                "output_shape": self._output_shapes,
+                "attention_axes": self.attention_axes,
+                "sliding_window": self.sliding_window,
+                "flash_attention": self.flash_attention,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
@@ -481,6 +940,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     self.bias_constraint
                 ),
                 "seed": self.seed,
+                "num_key_value_heads": self.num_key_value_heads,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
             }
         )

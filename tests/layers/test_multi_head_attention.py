@@ -186,7 +186,17 @@ def test_cache_matches_full_causal_pass():
         (dict(num_heads=4, key_dim=4, num_key_value_heads=0), "num_key_value_heads"),
         (dict(num_heads=2, key_dim=4, dropout=-0.1), "dropout"),
         (dict(num_heads=2, key_dim=4, dropout=1.0), "dropout"),
-        (dict(num_heads=2, key_dim=4, output_shape=(3, 4)), "output_shape"),
+        (dict(num_heads=2, key_dim=4, output_shape=(3, 0)), "output_shape"),
+        (dict(num_heads=2, key_dim=4, output_shape=8.0), "output_shape"),
+        (dict(num_heads=2, key_dim=4, use_bias="False"), "use_bias"),
+        (dict(num_heads=2, key_dim=4, use_gate="False"), "use_gate"),
+        (dict(num_heads=2, key_dim=4, flash_attention="True"), "flash_attention"),
+        (dict(num_heads=2, key_dim=4, sliding_window=0), "sliding_window"),
+        (dict(num_heads=2, key_dim=4, attention_axes="1"), "attention_axes"),
+        (dict(num_heads=2, key_dim=4, rotary_max_wavelength=0), "rotary_max_wavelength"),
+        (dict(num_heads=2, key_dim=4, rotary_max_wavelength=-1.0), "rotary_max_wavelength"),
+        (dict(num_heads=2, key_dim=4, rotary_max_wavelength="1e4"), "rotary_max_wavelength"),
+        (dict(num_heads=2, key_dim=5, rotary_max_wavelength=10000), "key_dim"),
     ],
 )
 def test_bad_arguments(kwargs, name):
@@ -199,3 +209,49 @@ def test_bad_input_shapes():
         MultiHeadAttention(2, 4)(np.ones((2, 8), "float32"), V)
     with pytest.raises(ValueError, match="key_shape"):
         MultiHeadAttention(2, 4)(Q, V, key=np.ones((2, 6, 6), "float32"))
+
+
+def test_bool_flag_strings_are_refused_with_repr():
+    with pytest.raises(ValueError, match="use_bias='False'"):
+        MultiHeadAttention(2, 4, use_bias="False")
+
+
+def test_odd_key_dim_with_rotary_names_both_arguments_at_construction():
+    with pytest.raises(ValueError) as info:
+        MultiHeadAttention(2, 5, rotary_max_wavelength=10000)
+    assert "rotary_max_wavelength" in str(info.value)
+    assert "key_dim=5" in str(info.value)
+
+
+def test_fourth_positional_argument_is_dropout_as_in_keras():
+    layer = MultiHeadAttention(8, 64, None, 0.1)
+    assert layer.dropout == 0.1 and layer.num_key_value_heads is None
+    with pytest.raises(TypeError):
+        MultiHeadAttention(8, 64, None, 0.1, True, None, None, None, None,
+                           "glorot_uniform", "zeros", None, None, None, None,
+                           None, False, None, 2)
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("query_mask", (2, 4)), ("value_mask", (2, 5)), ("key_mask", (1, 7)),
+     ("value_mask", (2, 7, 1))],
+)
+def test_wrongly_sized_padding_masks_raise_value_error(name, shape):
+    layer = MultiHeadAttention(2, 4)
+    with pytest.raises(ValueError, match=f"{name}.*{shape[0]}, {shape[1]}"):
+        layer(Q, V, **{name: np.ones(shape, bool)})
+
+
+def test_key_value_length_checked_at_call_time_after_symbolic_build():
+    layer = MultiHeadAttention(2, 4)
+    layer(keras.Input((None, 8)), keras.Input((None, 6)), key=keras.Input((None, 6)))
+    with pytest.raises(ValueError, match="must be equal.*key_shape"):
+        layer(Q, V, key=np.ones((2, 6, 6), "float32"))
+
+
+def test_compute_output_shape_matches_outputs():
+    layer = MultiHeadAttention(2, 4, output_shape=(3, 2))
+    out = layer(Q, V)
+    assert layer.compute_output_shape(Q.shape, V.shape) == tuple(out.shape)
+    assert tuple(out.shape) == (2, 5, 3, 2)
