@@ -5,9 +5,16 @@ from keras import ops
 
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import masked_softmax
+from keras_attention.layers._validation import check_bool as _check_bool
+from keras_attention.layers._validation import check_padding_mask as _check_padding_mask
 from keras_attention.layers._validation import check_rate as _check_rate
 from keras_attention.layers._validation import check_positive_int as _check_positive_int
 from keras_attention.layers._validation import clone_initializer as _clone
+
+# Floor of `||v||^2` in the weight-normalized score vector (as
+# `tf.math.l2_normalize`): a zero `v` gives zero scores (uniform attention)
+# and finite gradients instead of 0/0.
+_NORM_EPSILON = 1e-12
 
 
 def _project(fn, x):
@@ -59,6 +66,22 @@ class _Seq2SeqAttention(keras.layers.Layer):
                 f"key_shape={tuple(key_shape)}, value_shape={tuple(value_shape)}"
             )
 
+    def _check_masks(self, query, value, query_mask, value_mask):
+        """`ValueError` naming the mask unless it fits its input's axes."""
+        if query_mask is not None and len(query.shape) == 2:
+            # One decoder step: a `(batch,)` mask.
+            shape, batch = tuple(query_mask.shape), query.shape[0]
+            if len(shape) != 1 or (None not in (shape[0], batch) and shape[0] != batch):
+                raise ValueError(
+                    "`query_mask` of a one-step query must be a boolean "
+                    f"(batch,) mask matching `query` of shape "
+                    f"{tuple(query.shape)}: expected {(batch,)}. "
+                    f"Received: query_mask.shape={shape}"
+                )
+        else:
+            _check_padding_mask("query_mask", query_mask, query, "query")
+        _check_padding_mask("value_mask", value_mask, value, "value")
+
     def _dropout_weights(self, weights, training):
         if self.dropout > 0:
             return self._dropout_layer(weights, training=training)
@@ -94,7 +117,13 @@ class _Seq2SeqAttention(keras.layers.Layer):
         self, query, value, key, query_mask, value_mask,
         return_attention_scores, training, **kwargs
     ):
-        key = value if key is None else key
+        self._check_masks(query, value, query_mask, value_mask)
+        # Integer (or any non-compute-dtype) inputs are computed in the
+        # layer's compute dtype: cast to an int dtype, the weights would
+        # round to zero.
+        dtype = self.compute_dtype
+        query, value = ops.cast(query, dtype), ops.cast(value, dtype)
+        key = value if key is None else ops.cast(key, dtype)
         single = len(query.shape) == 2
         if single:
             query = query[:, None, :]
@@ -139,8 +168,18 @@ class BahdanauAttention(_Seq2SeqAttention):
         c_i  = sum_j a_ij v_j
 
     With `normalize=True`, `v` is weight-normalized (Salimans & Kingma,
-    2016): `v = g * v / ||v||` with a learned scalar `g` (as TensorFlow
-    Addons' `BahdanauAttention(normalize=True)`).
+    2016): `v = g * v / ||v||` with a learned scalar `g` initialised to
+    `sqrt(1 / units)` -- the formula and initial value of TensorFlow
+    Addons' `BahdanauAttention(normalize=True)`, except that `||v||^2` is
+    floored at 1e-12, so a zero `v` (`kernel_initializer="zeros"`, uniform
+    attention at the start) gives finite scores and gradients, not NaN.
+
+    Porting from TensorFlow Addons: `tfa.seq2seq.BahdanauAttention(units,
+    normalize=True)` has the same weights as `BahdanauAttention(units,
+    normalize=True)` (`W_q`, `W_k` without bias, `v`, `g`, `b`);
+    `normalize=False` there has no bias `b`: use `use_bias=False`. The
+    memory mask is `value_mask` (or the Keras mask) instead of
+    `memory_sequence_length`.
 
     The scores never materialize the `(batch, Tq, Tv, units)` tensor: they
     are computed over chunks of queries, and the backward pass recomputes
@@ -177,12 +216,16 @@ class BahdanauAttention(_Seq2SeqAttention):
 
     Example:
 
-    >>> attention = BahdanauAttention(units=16)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> attention = keras_attention.layers.BahdanauAttention(units=16)
     >>> state = np.ones((2, 8), "float32")       # one decoder step
     >>> memory = np.ones((2, 5, 6), "float32")   # encoder states
     >>> context, weights = attention(state, memory, return_attention_scores=True)
     >>> tuple(context.shape), tuple(weights.shape)
     ((2, 6), (2, 5))
+    >>> np.round(np.asarray(weights)[0], 2)   # equal keys: uniform weights
+    array([0.2, 0.2, 0.2, 0.2, 0.2], dtype=float32)
 
     References:
         - Bahdanau, Cho & Bengio, 2015, "Neural Machine Translation by
@@ -207,11 +250,9 @@ class BahdanauAttention(_Seq2SeqAttention):
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         _check_positive_int("units", units)
-        if not isinstance(normalize, bool):
-            raise ValueError(f"`normalize` must be a bool. Received: normalize={normalize}")
         self.units = units
-        self.normalize = normalize
-        self.use_bias = use_bias
+        self.normalize = _check_bool("normalize", normalize)
+        self.use_bias = _check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -258,13 +299,15 @@ class BahdanauAttention(_Seq2SeqAttention):
         self.built = True
 
     def score_vector(self, dtype=None):
-        """`v`, or `g * v / ||v||` when `normalize=True`."""
+        """`v`, or `g * v / ||v||` when `normalize=True` (float32, with
+        `||v||^2` floored at 1e-12: a zero `v` gives zero scores)."""
         dtype = dtype or self.compute_dtype
         if not self.normalize:
             return ops.cast(self.attention_v, dtype)
         v = ops.cast(self.attention_v, "float32")
         g = ops.cast(self.attention_g, "float32")
-        return ops.cast(g * v / ops.sqrt(ops.sum(ops.square(v))), dtype)
+        squared_norm = ops.maximum(ops.sum(ops.square(v)), _NORM_EPSILON)
+        return ops.cast(g * v * ops.rsqrt(squared_norm), dtype)
 
     def prepare_memory(self, value, key=None):
         """`W_k k_j` for every source step: `(batch, Tv, units)`."""

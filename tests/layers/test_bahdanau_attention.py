@@ -133,7 +133,7 @@ def test_fully_padded_source_is_zero_not_nan(policy):
 def test_errors():
     with pytest.raises(ValueError, match="units=0"):
         BahdanauAttention(0)
-    with pytest.raises(ValueError, match="normalize=yes"):
+    with pytest.raises(ValueError, match="normalize='yes'"):
         BahdanauAttention(4, normalize="yes")
     with pytest.raises(ValueError, match="dropout=1.5"):
         BahdanauAttention(4, dropout=1.5)
@@ -143,3 +143,97 @@ def test_errors():
         BahdanauAttention(4)(Q, np.ones((2, 6), "float32"))
     with pytest.raises(ValueError, match="same number of steps"):
         BahdanauAttention(4)(Q, V, key=np.ones((2, 5, 6), "float32"))
+
+
+def variable_grads(layer, *args, **kwargs):
+    """Gradients of `sum(output)` w.r.t. the layer's trainable weights."""
+    if keras.backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        trainable = [v.value for v in layer.trainable_variables]
+        frozen = [v.value for v in layer.non_trainable_variables]
+
+        def total(trainable):
+            out, _ = layer.stateless_call(trainable, frozen, *args, **kwargs)
+            return jnp.sum(out.astype("float32"))
+
+        return jax.grad(total)(trainable)
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        total = ops.sum(ops.cast(layer(*args, **kwargs), "float32"))
+    return tape.gradient(total, layer.trainable_variables)
+
+
+def test_integer_memory_is_computed_in_float():
+    # Defect 8: int memory cast the weights to int32 and returned zeros.
+    memory = np.arange(2 * 5 * 3).reshape(2, 5, 3).astype("int32") % 4
+    layer = BahdanauAttention(4, bias_initializer="normal")
+    context, weights = layer(Q, memory, return_attention_scores=True)
+    assert context.dtype == "float32"
+    ref_c, ref_w = np_bahdanau(layer, Q, memory.astype("float32"),
+                               np.ones((2, 5), bool), np.ones((2, 4), bool))
+    np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
+    assert np.abs(np_(context)).sum() > 0
+
+
+def test_normalize_with_zero_v_is_uniform_and_finite():
+    # Defect 8: g * v / ||v|| was 0/0 = NaN for v = 0.
+    layer = BahdanauAttention(4, normalize=True, kernel_initializer="zeros",
+                              bias_initializer="ones")
+    context, weights = layer(Q, V, value_mask=VALUE_MASK,
+                             return_attention_scores=True)
+    ref_w = np.broadcast_to(VALUE_MASK[:, None] / VALUE_MASK.sum(-1)[:, None, None],
+                            (2, 4, 7))
+    np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(np_(context), ref_w @ V, atol=1e-5)
+    grads = variable_grads(layer, Q, V, value_mask=VALUE_MASK)
+    assert len(grads) == 5
+    for g in grads:
+        assert np.all(np.isfinite(np_(g)))
+    # A non-zero v still gets exactly g * v / ||v||.
+    layer.attention_v.assign(np.array([3.0, 0.0, 4.0, 0.0], "float32"))
+    expected = np.sqrt(1 / 4) * np.array([0.6, 0.0, 0.8, 0.0], "float32")
+    np.testing.assert_allclose(np_(layer.score_vector()), expected, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy,factor", [("mixed_float16", 1e3),
+                                           ("mixed_bfloat16", 1e4)])
+def test_mixed_precision_large_inputs(policy, factor):
+    # The additive score is bounded by ||v||_1: finite, close to float32.
+    layer = BahdanauAttention(5, dtype=policy)
+    reference = BahdanauAttention(5)
+    c, w = layer(Q * factor, V * factor, return_attention_scores=True)
+    reference(Q, V)
+    reference.set_weights(layer.get_weights())
+    compute = "float16" if policy == "mixed_float16" else "bfloat16"
+    q, v = (np_(ops.cast(ops.cast(x * factor, compute), "float32")) for x in (Q, V))
+    ref_c, ref_w = reference(q, v, return_attention_scores=True)
+    c, w = np_(ops.cast(c, "float32")), np_(ops.cast(w, "float32"))
+    assert np.all(np.isfinite(c)) and np.all(np.isfinite(w))
+    np.testing.assert_allclose(w, np_(ref_w), atol=0.05)
+    np.testing.assert_allclose(c / factor, np_(ref_c) / factor, atol=0.05)
+
+
+def test_wrongly_sized_masks_name_the_argument():
+    # Defect 8: these ended in an opaque SelectV2 broadcasting error.
+    layer = BahdanauAttention(4)
+    with pytest.raises(ValueError, match=r"value_mask.*\(2, 7, 6\).*\(2, 6\)"):
+        layer(Q, V, value_mask=np.ones((2, 6), bool))
+    with pytest.raises(ValueError, match=r"query_mask.*\(2, 4, 8\).*\(2, 3\)"):
+        layer(Q, V, query_mask=np.ones((2, 3), bool))
+    with pytest.raises(ValueError, match=r"query_mask.*one-step.*\(2, 1\)"):
+        layer(Q[:, 0], V, query_mask=np.ones((2, 1), bool))
+    # A one-step query takes a (batch,) mask.
+    c = layer(Q[:, 0], V, query_mask=np.array([True, False]))
+    assert np.all(np_(c)[1] == 0) and np.any(np_(c)[0] != 0)
+
+
+def test_string_flags_are_refused():
+    # Defect 8: "False" from a CLI or YAML must not read as True.
+    with pytest.raises(ValueError, match="normalize='False'"):
+        BahdanauAttention(4, normalize="False")
+    with pytest.raises(ValueError, match="use_bias='False'"):
+        BahdanauAttention(4, use_bias="False")
