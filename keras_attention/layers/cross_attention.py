@@ -1,6 +1,8 @@
 import keras
 
+from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.self_attention import keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -36,10 +38,18 @@ class CrossAttention(MultiHeadAttention):
 
     Example:
 
-    >>> layer = CrossAttention(num_heads=2, key_dim=4)
-    >>> y = layer(np.ones((2, 3, 8), "float32"), np.ones((2, 7, 6), "float32"))
-    >>> tuple(y.shape)
-    (2, 3, 8)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.CrossAttention(num_heads=2, key_dim=4)
+    >>> query = np.ones((2, 3, 8), "float32")
+    >>> context = np.ones((2, 7, 6), "float32")
+    >>> context_mask = np.array([[True] * 5 + [False] * 2, [True] * 7])
+    >>> y, scores = layer(query, context, context_mask=context_mask,
+    ...                   return_attention_scores=True)
+    >>> tuple(y.shape), tuple(scores.shape)
+    ((2, 3, 8), (2, 2, 3, 7))
+    >>> float(np.asarray(scores)[0, :, :, 5:].max())  # padded context
+    0.0
 
     References:
         - Vaswani et al., 2017, "Attention Is All You Need".
@@ -59,6 +69,15 @@ class CrossAttention(MultiHeadAttention):
         training=None,
         cache=None,
     ):
+        # Keras fills `query_mask`/`context_mask` from the inputs' Keras
+        # masks only when they are passed as tensors to `__call__`; read
+        # them here too (direct `call`, nested layers).
+        if query_mask is None:
+            query_mask = keras_mask(query)
+        if context_mask is None:
+            context_mask = keras_mask(context)
+        check_padding_mask("query_mask", query_mask, query, "query")
+        check_padding_mask("context_mask", context_mask, context, "context")
         return super().call(
             query=query,
             value=context,

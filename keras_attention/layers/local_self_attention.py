@@ -2,9 +2,26 @@ import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers._validation import check_positive_int
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import local_attention
+
+
+def _check_window_size(window_size):
+    """Raises `ValueError` unless `window_size` is an int >= 0 or a pair."""
+    if isinstance(window_size, (tuple, list)):
+        parts, ok = tuple(window_size), len(window_size) == 2
+    else:
+        parts, ok = (window_size,), True
+    ok = ok and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
+    )
+    if not ok:
+        raise ValueError(
+            "`window_size` must be a non-negative int or a pair (left, right) "
+            f"of non-negative ints. Received: window_size={window_size!r}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -59,7 +76,11 @@ class LocalSelfAttention(SelfAttention):
 
     Example:
 
-    >>> layer = LocalSelfAttention(num_heads=2, key_dim=4, window_size=2)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.LocalSelfAttention(
+    ...     num_heads=2, key_dim=4, window_size=2
+    ... )
     >>> x = np.random.default_rng(0).normal(size=(1, 10, 8)).astype("float32")
     >>> y, scores = layer(x, return_attention_scores=True)
     >>> tuple(y.shape), tuple(scores.shape)
@@ -87,16 +108,9 @@ class LocalSelfAttention(SelfAttention):
         **kwargs,
     ):
         super().__init__(num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs)
-        self._left, self._right = masks_lib.window_bounds(window_size, causal)
-        if block_size is not None and (
-            not isinstance(block_size, int)
-            or isinstance(block_size, bool)
-            or block_size <= 0
-        ):
-            raise ValueError(
-                "`block_size` must be a positive integer or None. "
-                f"Received: block_size={block_size}"
-            )
+        _check_window_size(window_size)
+        self._left, self._right = masks_lib.window_bounds(window_size, self.causal)
+        check_positive_int("block_size", block_size, allow_none=True)
         if isinstance(window_size, list):
             window_size = tuple(window_size)
         self.window_size = window_size
@@ -122,6 +136,7 @@ class LocalSelfAttention(SelfAttention):
         cache=None,
         cache_update_index=None,
     ):
+        mask = self._padding_mask(inputs, mask)
         if cache is not None:
             # Decoding: attention over the cache, the window as a mask.
             window = masks_lib.sliding_window_mask(

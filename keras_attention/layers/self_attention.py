@@ -1,6 +1,25 @@
 import keras
 
+from keras_attention.layers._validation import check_bool
+from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+try:  # Keras >= 3.6
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+
+def keras_mask(x):
+    """The Keras mask attached to `x` (eager, traced or symbolic), or None.
+
+    Keras fills a layer's `mask` argument only when the call has exactly
+    one tensor argument; with more (`attention_mask=`, `cache=`) it fills
+    `<argument>_mask` names instead, so layers read the mask themselves.
+    """
+    return None if x is None else _get_keras_mask(x)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -38,8 +57,21 @@ class SelfAttention(MultiHeadAttention):
 
     Example:
 
-    >>> layer = SelfAttention(num_heads=2, key_dim=4, causal=True)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.SelfAttention(
+    ...     num_heads=2, key_dim=4, causal=True
+    ... )
     >>> tuple(layer(np.ones((2, 6, 8), "float32")).shape)
+    (2, 6, 8)
+
+    With padding (`valid`, True on real tokens) and a prefix-LM mask:
+
+    >>> valid = np.array([[True] * 4 + [False] * 2, [True] * 6])
+    >>> prefix = keras_attention.masks.prefix_lm_mask(6, 2)
+    >>> y = layer(np.ones((2, 6, 8), "float32"), mask=valid,
+    ...           attention_mask=prefix)
+    >>> tuple(y.shape)
     (2, 6, 8)
 
     References:
@@ -48,7 +80,7 @@ class SelfAttention(MultiHeadAttention):
 
     def __init__(self, num_heads, key_dim, causal=False, **kwargs):
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
-        self.causal = bool(causal)
+        self.causal = check_bool("causal", causal)
 
     def build(self, inputs_shape):
         super().build(inputs_shape, inputs_shape)
@@ -63,6 +95,7 @@ class SelfAttention(MultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
+        mask = self._padding_mask(inputs, mask)
         return super().call(
             query=inputs,
             value=inputs,
@@ -75,6 +108,13 @@ class SelfAttention(MultiHeadAttention):
             cache=cache,
             cache_update_index=cache_update_index,
         )
+
+    def _padding_mask(self, inputs, mask):
+        """`mask`, else the Keras mask of `inputs`; checked against them."""
+        if mask is None:
+            mask = keras_mask(inputs)
+        check_padding_mask("mask", mask, inputs)
+        return mask
 
     def compute_output_spec(
         self, inputs, return_attention_scores=False, cache=None, **kwargs
@@ -101,7 +141,9 @@ class CausalSelfAttention(SelfAttention):
 
     Example:
 
-    >>> layer = CausalSelfAttention(num_heads=2, key_dim=4)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> layer = keras_attention.layers.CausalSelfAttention(num_heads=2, key_dim=4)
     >>> y, s = layer(np.ones((1, 3, 8), "float32"), return_attention_scores=True)
     >>> float(s[0, 0, 0, 1])
     0.0

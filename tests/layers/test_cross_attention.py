@@ -44,3 +44,31 @@ def test_reference_and_context_mask_and_cache():
     mha(Q, C)
     mha.set_weights(layer.get_weights())
     np.testing.assert_allclose(np_(mha(Q, C, value_mask=context_mask)), np_(out), atol=1e-6)
+
+
+def test_keras_masks_are_read_with_attention_mask_given():
+    import keras
+
+    layer = CrossAttention(2, 4)
+    query_valid = np.array([[1, 1, 1, 0], [1] * 4], bool)
+    context_valid = np.array([[1] * 3 + [0] * 4, [1] * 5 + [0] * 2], bool)
+    attention_mask = RNG.random((2, 4, 7)) < 0.7
+    q = keras.layers.Masking()(Q * query_valid[..., None])
+    c = keras.layers.Masking()(C * context_valid[..., None])
+    out = layer(q, c, attention_mask=attention_mask)
+    mask = (query_valid[:, None, :, None] & context_valid[:, None, None]
+            & attention_mask[:, None])
+    ref, _ = np_mha(layer, Q * query_valid[..., None], C * context_valid[..., None],
+                    mask=mask)
+    np.testing.assert_allclose(np_(out)[query_valid], ref[query_valid], atol=1e-5)
+    np.testing.assert_array_equal(np_(keras.src.backend.get_keras_mask(out)), query_valid)
+
+
+def test_padding_mask_shapes_are_checked():
+    import pytest
+
+    layer = CrossAttention(2, 4)
+    with pytest.raises(ValueError, match=r"`context_mask`.*\(2, 7\).*\(2, 4\)"):
+        layer(Q, C, context_mask=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match=r"`query_mask`.*\(2, 4\).*\(2, 7\)"):
+        layer(Q, C, query_mask=np.ones((2, 7), bool))

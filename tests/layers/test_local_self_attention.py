@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -227,3 +229,49 @@ def test_bad_shapes():
     layer = LocalSelfAttention(2, 4, window_size=2)
     with pytest.raises(ValueError, match="attention_mask"):
         layer(np.ones((2, 5, 8), "float32"), attention_mask=np.ones((5, 4), bool))
+
+
+@pytest.mark.parametrize("value", ["2", (2, "1"), True])
+def test_window_size_message_shows_the_value_with_repr(value):
+    with pytest.raises(ValueError, match=re.escape(f"window_size={value!r}")):
+        LocalSelfAttention(2, 4, window_size=value)
+
+
+def test_block_size_message_shows_the_value_with_repr():
+    with pytest.raises(ValueError, match=re.escape("block_size='4'")):
+        LocalSelfAttention(2, 4, window_size=2, block_size="4")
+
+
+def test_causal_must_be_a_bool():
+    with pytest.raises(ValueError, match=re.escape("causal='False'")):
+        LocalSelfAttention(2, 4, window_size=2, causal="False")
+
+
+# Issue 10, defect 2: the Keras mask was dropped as soon as `attention_mask`
+# was passed (Keras then fills `inputs_mask`, not `mask`).
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_keras_mask_is_kept_when_attention_mask_is_given(causal):
+    t = 7
+    x = RNG.normal(size=(2, t, 8)).astype("float32")
+    valid = np.ones((2, t), bool)
+    valid[0, :2] = False  # left padding: seen by causal queries too
+    extra = RNG.random((2, t, t)) > 0.3
+    layer = LocalSelfAttention(2, 4, window_size=2, causal=causal, block_size=4)
+    masked = keras.layers.Masking()(x * valid[..., None])
+    out = layer(masked, attention_mask=extra)
+    window = np_(masks.sliding_window_mask(t, 2, causal))[:, None]
+    xz = x * valid[..., None]
+    full = valid[:, None, :, None] & valid[:, None, None] & window & extra[:, None]
+    ref, _ = np_mha(layer, xz, xz, mask=full)
+    np.testing.assert_allclose(np_(out)[valid], ref[valid], atol=1e-5)
+    from keras.src.backend import get_keras_mask
+
+    np.testing.assert_array_equal(np_(get_keras_mask(out)), valid)
+
+
+def test_padding_mask_shape_is_checked():
+    layer = LocalSelfAttention(2, 4, window_size=2)
+    with pytest.raises(ValueError, match=r"`mask`.*mask.shape=\(2, 4\)"):
+        layer(np.ones((2, 5, 8), "float32"), mask=np.ones((2, 4), bool))

@@ -71,3 +71,60 @@ def test_causal_config_round_trip():
 def test_bad_input_rank():
     with pytest.raises(ValueError, match="query_shape"):
         SelfAttention(2, 4)(np.ones((3, 8), "float32"))
+
+
+# Issue 10, defect 2: with a second tensor argument (`attention_mask=`,
+# `cache=`) Keras stops filling `mask`; the layer reads the Keras mask itself.
+
+# Left padding, so that causal queries see padded keys too.
+VALID = np.array([[0, 0, 1, 1, 1, 1], [1] * 6], bool)
+
+
+def _masked(x, valid):
+    """`x` with a Keras mask attached (padded steps zeroed, as Masking does)."""
+    return keras.layers.Masking()(x * valid[..., None])
+
+
+@pytest.mark.parametrize("cls", [SelfAttention, CausalSelfAttention])
+def test_keras_mask_is_kept_when_attention_mask_is_given(cls):
+    layer = cls(2, 4)
+    prefix = np_(masks.prefix_lm_mask(6, np.array([2, 3])))  # (2, 6, 6)
+    x = X * VALID[..., None]
+    out = layer(_masked(X, VALID), attention_mask=prefix)
+    mask = VALID[:, None, :, None] & VALID[:, None, None, :] & prefix[:, None]
+    if layer.causal:
+        mask = mask & np.tril(np.ones((6, 6), bool))
+    ref, _ = np_mha(layer, x, x, mask=mask)
+    np.testing.assert_allclose(np_(out)[VALID], ref[VALID], atol=1e-5)
+    # The output still carries the input's Keras mask.
+    np.testing.assert_array_equal(np_(keras.src.backend.get_keras_mask(out)), VALID)
+
+
+def test_keras_mask_is_kept_in_a_functional_model_with_attention_mask():
+    tokens = keras.Input((6,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    x = embedding(tokens)
+    layer = SelfAttention(2, 4)
+    y = layer(x, attention_mask=masks.sliding_window_mask(6, 1))
+    assert keras.src.backend.get_keras_mask(y) is not None
+    model = keras.Model(tokens, y)
+    ids = np.array([[3, 1, 4, 1, 0, 0], [5, 9, 2, 6, 5, 3]], "int32")
+    valid = ids != 0
+    window = np_(masks.sliding_window_mask(6, 1))[:, None]
+    e = np_(embedding(ids))
+    ref, _ = np_mha(layer, e, e, mask=valid[:, None, :, None] & valid[:, None, None]
+                    & window)
+    np.testing.assert_allclose(np_(model(ids))[valid], ref[valid], atol=1e-5)
+
+
+def test_padding_mask_shape_is_checked():
+    with pytest.raises(ValueError, match=r"`mask`.*\(2, 6\).*mask.shape=\(2, 5\)"):
+        SelfAttention(2, 4)(X, mask=np.ones((2, 5), bool))
+    with pytest.raises(ValueError, match=r"`mask`.*mask.shape=\(2, 6, 1\)"):
+        CausalSelfAttention(2, 4)(X, mask=np.ones((2, 6, 1), bool))
+
+
+@pytest.mark.parametrize("causal", ["False", 1, None])
+def test_causal_must_be_a_bool(causal):
+    with pytest.raises(ValueError, match=f"causal={causal!r}"):
+        SelfAttention(2, 4, causal=causal)
