@@ -24,7 +24,7 @@ def init_cache(blocks, batch_size, max_length, dtype="float32"):
     if len(shapes) != 1:
         raise ValueError(
             "All blocks must have the same self-attention cache shape "
-            f"(kv_heads, key_dim) to share one cache. Received: {sorted(shapes)}"
+            f"(kv_heads, key_dim) to share one cache. Received: {sorted(shapes)!r}"
         )
     two, kv_heads, key_dim = shapes.pop()
     shape = (batch_size, len(blocks), two, max_length, kv_heads, key_dim)

@@ -5,6 +5,12 @@ from keras import ops
 
 from keras_attention.generation.cache import init_cache
 from keras_attention.generation.cache import stack_caches
+from keras_attention.layers._validation import check_bool
+from keras_attention.layers._validation import check_positive_int
+from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.token_and_position_embedding import (
+    TokenAndPositionEmbedding,
+)
 
 
 def _as_list(x):
@@ -22,6 +28,37 @@ def _get_sampler(sampler):
 def _sampler_key(sampler):
     """Samplers given by name share one compiled loop; objects by identity."""
     return sampler if isinstance(sampler, str) else id(sampler)
+
+
+def position_capacity(layer):
+    """How many positions `layer` (an embedding, or a model) can embed.
+
+    The smallest `sequence_length` of the learned position tables in it
+    (`PositionEmbedding`, `TokenAndPositionEmbedding`, at any depth), or
+    None when it has none (rotary and sinusoidal positions have no limit;
+    so has a plain callable).
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        return None
+    lengths = [
+        sublayer.sequence_length
+        for sublayer in layer._flatten_layers(include_self=True, recursive=True)
+        if isinstance(sublayer, (PositionEmbedding, TokenAndPositionEmbedding))
+    ]
+    return min(lengths) if lengths else None
+
+
+def check_length_fits(layer, length, name, layer_name):
+    """Raises `ValueError` when sequences of `length` positions overflow the
+    learned position table of `layer` (known before any graph is built)."""
+    capacity = position_capacity(layer)
+    if capacity is not None and length is not None and length > capacity:
+        raise ValueError(
+            f"`{name}` exceeds the {capacity!r} positions of the {layer_name}'s "
+            "position embedding (its `sequence_length`); generate at most "
+            f"that many tokens or train with a longer `sequence_length`. "
+            f"Received: {name}={length!r}, sequence_length={capacity!r}"
+        )
 
 
 def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
@@ -97,7 +134,7 @@ class CausalLMGenerator:
                 )
         self.head = _as_list(head)
         self.pad_token_id = pad_token_id
-        self.jit_compile = jit_compile
+        self.jit_compile = check_bool("jit_compile", jit_compile)
         self._embedding_takes_start = "start_index" in inspect.signature(
             embedding.call
         ).parameters
@@ -170,7 +207,18 @@ class CausalLMGenerator:
     # Generation.
 
     def _prepare(self, token_ids, padding_mask, max_length):
+        check_positive_int("max_length", max_length, allow_none=True)
         token_ids = ops.convert_to_tensor(token_ids, "int32")
+        if max_length is None or max_length <= token_ids.shape[1]:
+            # Outputs keep the prompts' length.
+            check_length_fits(
+                self.embedding, token_ids.shape[1], "token_ids.shape[1]",
+                "decoder embedding",
+            )
+        else:
+            check_length_fits(
+                self.embedding, max_length, "max_length", "decoder embedding"
+            )
         if padding_mask is None:
             padding_mask = ops.not_equal(token_ids, self.pad_token_id)
         padding_mask = ops.cast(padding_mask, "bool")

@@ -2,6 +2,7 @@ from keras import ops
 
 from keras_attention.generation.cache import stack_caches
 from keras_attention.generation.decoder_only import CausalLMGenerator
+from keras_attention.generation.decoder_only import check_length_fits
 
 
 class Seq2SeqGenerator(CausalLMGenerator):
@@ -108,6 +109,10 @@ class Seq2SeqGenerator(CausalLMGenerator):
             decoder_token_ids, padding_mask, max_length
         )
         encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
+        check_length_fits(
+            self.encoder, encoder_token_ids.shape[1],
+            "encoder_token_ids.shape[1]", "encoder",
+        )
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
         step = self._compile(sampler, stop, 1)
         return step(token_ids, padding_mask, encoder_token_ids)

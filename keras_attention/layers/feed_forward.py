@@ -1,5 +1,10 @@
 import keras
 
+from keras_attention.layers._validation import check_bool
+from keras_attention.layers._validation import check_positive_int
+from keras_attention.layers._validation import check_rate
+from keras_attention.layers._validation import clone_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class FeedForward(keras.layers.Layer):
@@ -47,31 +52,18 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if (
-            not isinstance(intermediate_dim, int)
-            or isinstance(intermediate_dim, bool)
-            or intermediate_dim <= 0
-        ):
-            raise ValueError(
-                "`intermediate_dim` must be a positive integer. "
-                f"Received: intermediate_dim={intermediate_dim}"
-            )
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"`dropout` must be a float in [0, 1). Received: dropout={dropout}"
-            )
+        check_positive_int("intermediate_dim", intermediate_dim)
+        check_rate("dropout", dropout)
         self.intermediate_dim = intermediate_dim
         self.activation = keras.activations.get(activation)
         self.dropout = dropout
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
     def _dense(self, units, name, activation=None):
-        def clone(init):
-            return init.__class__.from_config(init.get_config())
-
+        clone = clone_initializer
         return keras.layers.Dense(
             units,
             activation=activation,
@@ -86,7 +78,7 @@ class FeedForward(keras.layers.Layer):
         if len(inputs_shape) < 2 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have a known feature size. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
+                f"Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
         self.intermediate_dense = self._dense(

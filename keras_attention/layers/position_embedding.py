@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_attention.layers._validation import check_positive_int
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class PositionEmbedding(keras.layers.Layer):
@@ -39,15 +41,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if (
-            not isinstance(sequence_length, int)
-            or isinstance(sequence_length, bool)
-            or sequence_length <= 0
-        ):
-            raise ValueError(
-                "`sequence_length` must be a positive integer. "
-                f"Received: sequence_length={sequence_length}"
-            )
+        check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
@@ -56,13 +50,13 @@ class PositionEmbedding(keras.layers.Layer):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, steps, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         if inputs_shape[1] is not None and inputs_shape[1] > self.sequence_length:
             raise ValueError(
                 "`inputs` has more steps than `sequence_length`. Received: "
-                f"inputs_shape={tuple(inputs_shape)}, "
-                f"sequence_length={self.sequence_length}"
+                f"inputs_shape={tuple(inputs_shape)!r}, "
+                f"sequence_length={self.sequence_length!r}"
             )
         self.position_embeddings = self.add_weight(
             name="embeddings",

@@ -59,12 +59,12 @@ class RotaryEmbedding(keras.layers.Layer):
         if len(inputs_shape) < 3 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, steps, ..., features) with a "
-                f"known feature size. Received: inputs_shape={tuple(inputs_shape)}"
+                f"known feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         if inputs_shape[-1] % 2:
             raise ValueError(
                 "The rotated feature size must be even. "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
+                f"Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         self.built = True
 

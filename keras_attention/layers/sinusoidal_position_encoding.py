@@ -53,7 +53,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, steps, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         self.built = True
 

@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers._validation import check_bool as _check_bool
 from keras_attention.layers._validation import check_positive_int as _check_positive_int
 
 
@@ -62,7 +63,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.vocabulary_size = vocabulary_size
         self.sequence_length = sequence_length
         self.embedding_dim = embedding_dim
-        self.mask_zero = bool(mask_zero)
+        self.mask_zero = _check_bool("mask_zero", mask_zero)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = self.mask_zero
 
@@ -74,7 +75,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if len(inputs_shape) != 2:
             raise ValueError(
                 "`inputs` must be token ids of shape (batch, steps). "
-                f"Received: inputs_shape={tuple(inputs_shape)}"
+                f"Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         self.token_embedding = keras.layers.Embedding(
             self.vocabulary_size,

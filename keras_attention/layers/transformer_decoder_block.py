@@ -1,5 +1,6 @@
 import keras
 
+from keras_attention.layers._validation import check_bool as _check_bool
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attention.layers.transformer_encoder_block import _clone
@@ -85,10 +86,11 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         if "causal" in kwargs:
             raise ValueError(
                 "`TransformerDecoderBlock` is always causal. "
-                f"Received: causal={kwargs['causal']}"
+                f"Received: causal={kwargs['causal']!r}"
             )
+        cross_attention = _check_bool("cross_attention", cross_attention)
         super().__init__(num_heads, intermediate_dim, causal=True, **kwargs)
-        self.cross_attention = bool(cross_attention)
+        self.cross_attention = cross_attention
 
     def _make_cross_attention(self, hidden_dim):
         return CrossAttention(
@@ -115,7 +117,7 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         if len(context_shape) != 3 or context_shape[-1] is None:
             raise ValueError(
                 "`context` must have shape (batch, steps, features) with a "
-                f"known feature size. Received: context_shape={tuple(context_shape)}"
+                f"known feature size. Received: context_shape={tuple(context_shape)!r}"
             )
         self.cross_attention_layer = self._make_cross_attention(inputs_shape[-1])
         self.cross_attention_layer.build(inputs_shape, context_shape)
@@ -155,7 +157,7 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         if not self.cross_attention and has_context:
             raise ValueError(
                 "This block has `cross_attention=False` and takes no context. "
-                f"Received: context with shape {getattr(context, 'shape', None)}"
+                f"Received: context.shape={getattr(context, 'shape', None)!r}"
             )
         padding_mask = _first(padding_mask, inputs_mask, mask)
         context_padding_mask = _first(context_padding_mask, context_mask)

@@ -4,8 +4,12 @@ from keras_attention import masks as masks_lib
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
-from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_bool as _check_bool
 from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import (
+    check_positive_number as _check_positive_number,
+)
+from keras_attention.layers._validation import check_rate as _check_rate
 from keras_attention.layers._validation import clone_initializer as _clone
 
 
@@ -14,6 +18,17 @@ def _first(*values):
         if v is not None:
             return v
     return None
+
+
+def _check_rotary_head_dim(rotary_max_wavelength, head_dim, source):
+    """Rotary embeddings rotate pairs of features: the head size must be
+    even. `source` says where the head size came from."""
+    if rotary_max_wavelength is not None and head_dim % 2:
+        raise ValueError(
+            "`rotary_max_wavelength` needs an even attention head size (rotary "
+            f"embeddings rotate feature pairs). Received: {source}, "
+            f"rotary_max_wavelength={rotary_max_wavelength!r}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -123,13 +138,19 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+                f"num_key_value_heads={num_key_value_heads!r}, "
+                f"num_heads={num_heads!r}"
             )
         _check_rate("dropout", dropout)
-        if not isinstance(layer_norm_epsilon, (int, float)) or layer_norm_epsilon <= 0:
-            raise ValueError(
-                "`layer_norm_epsilon` must be a positive float. "
-                f"Received: layer_norm_epsilon={layer_norm_epsilon}"
+        _check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
+        norm_first = _check_bool("norm_first", norm_first)
+        causal = _check_bool("causal", causal)
+        _check_positive_number(
+            "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
+        )
+        if key_dim is not None:
+            _check_rotary_head_dim(
+                rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
             )
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -137,9 +158,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
         self.activation = keras.activations.get(activation)
-        self.norm_first = bool(norm_first)
+        self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.causal = bool(causal)
+        self.causal = causal
         self.rotary_max_wavelength = rotary_max_wavelength
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -154,10 +175,17 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if hidden_dim % self.num_heads:
             raise ValueError(
                 "The feature size must be divisible by `num_heads` when "
-                f"`key_dim` is None. Received: features={hidden_dim}, "
-                f"num_heads={self.num_heads}"
+                f"`key_dim` is None. Received: features={hidden_dim!r}, "
+                f"num_heads={self.num_heads!r}"
             )
-        return hidden_dim // self.num_heads
+        head_dim = hidden_dim // self.num_heads
+        _check_rotary_head_dim(
+            self.rotary_max_wavelength,
+            head_dim,
+            f"head size features // num_heads = {hidden_dim!r} // "
+            f"{self.num_heads!r} = {head_dim!r}",
+        )
+        return head_dim
 
     def _self_attention_kwargs(self, hidden_dim):
         """Arguments shared by every self-attention variant of the block."""
@@ -207,7 +235,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, steps, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
+                f"feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
             )
         hidden_dim = inputs_shape[-1]
         self.self_attention = self._make_self_attention(hidden_dim)

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from keras_attention.layers._validation import check_bool
+
 
 def _as_matrix(weights):
     """Brings weights to a `(target, source)` NumPy matrix."""
@@ -14,7 +16,7 @@ def _as_matrix(weights):
     if weights.ndim != 2:
         raise ValueError(
             "`weights` must have shape (target, source) or (heads, target, "
-            f"source). Received: weights.shape={weights.shape}"
+            f"source). Received: weights.shape={weights.shape!r}"
         )
     return weights
 
@@ -61,6 +63,8 @@ def plot_attention(
     Example:
 
     >>> import numpy as np
+
+from keras_attention.layers._validation import check_bool
     >>> from keras_attention.visualization import plot_attention
     >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
     >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
@@ -76,6 +80,7 @@ def plot_attention(
             "the `examples` extra)."
         ) from e
     del matplotlib
+    show_values = check_bool("show_values", show_values)
     weights = _as_matrix(weights)
     source_tokens = [str(t) for t in source_tokens]
     target_tokens = [str(t) for t in target_tokens]
@@ -84,7 +89,7 @@ def plot_attention(
         raise ValueError(
             "`weights` must have at least one row per target token and one "
             f"column per source token. Received: weights.shape="
-            f"{weights.shape}, {rows} target and {cols} source tokens"
+            f"{weights.shape!r}, {rows!r} target and {cols!r} source tokens"
         )
     weights = weights[:rows, :cols]
     if figsize is None:

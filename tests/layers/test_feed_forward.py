@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -32,3 +34,14 @@ def test_errors():
         FeedForward(intermediate_dim=4, dropout=1.0)
     with pytest.raises(ValueError, match="inputs_shape"):
         FeedForward(intermediate_dim=4)(np.zeros((3,), "float32"))
+
+
+@pytest.mark.parametrize("value", ["False", 0, None])
+def test_use_bias_refuses_non_bools(value):
+    with pytest.raises(ValueError, match=re.escape(f"use_bias={value!r}")):
+        FeedForward(intermediate_dim=4, use_bias=value)
+
+
+def test_errors_show_values_with_repr():
+    with pytest.raises(ValueError, match=re.escape("intermediate_dim='4'")):
+        FeedForward(intermediate_dim="4")

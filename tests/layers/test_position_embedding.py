@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -32,3 +34,8 @@ def test_errors():
         PositionEmbedding(sequence_length=3)(np.zeros((1, 4, 2), "float32"))
     with pytest.raises(ValueError, match="inputs_shape"):
         PositionEmbedding(sequence_length=3)(np.zeros((1, 2), "float32"))
+
+
+def test_errors_show_values_with_repr():
+    with pytest.raises(ValueError, match=re.escape("sequence_length='4'")):
+        PositionEmbedding(sequence_length="4")

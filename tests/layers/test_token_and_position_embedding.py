@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -50,3 +52,9 @@ def test_constructor_errors(kwargs, name):
 def test_build_error():
     with pytest.raises(ValueError, match="inputs_shape"):
         TokenAndPositionEmbedding(5, 4, 2)(np.zeros((1, 2, 3), "int32"))
+
+
+@pytest.mark.parametrize("value", ["False", 0, None])
+def test_mask_zero_refuses_non_bools(value):
+    with pytest.raises(ValueError, match=re.escape(f"mask_zero={value!r}")):
+        TokenAndPositionEmbedding(5, 4, 2, mask_zero=value)

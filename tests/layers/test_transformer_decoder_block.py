@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -205,3 +207,58 @@ def test_functional_encoder_decoder_without_scores():
     model = keras.Model([inputs, context], out)
     y = model([np.ones((2, 3, 8), "float32"), np.ones((2, 4, 6), "float32")])
     assert tuple(y.shape) == (2, 3, 8)
+
+
+@pytest.mark.parametrize("name", ["cross_attention", "norm_first"])
+@pytest.mark.parametrize("value", ["False", 1])
+def test_bool_flags_refuse_non_bools(name, value):
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, **{name: value})
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_rotary_max_wavelength_checked_at_construction(value):
+    with pytest.raises(ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, cross_attention=False,
+                                rotary_max_wavelength=value)
+    with pytest.raises(ValueError, match="key_dim=3"):
+        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, key_dim=3,
+                                rotary_max_wavelength=100)
+
+
+def test_keras_masks_kept_with_context_and_mask_keywords():
+    # Three tensor arguments: Keras fills `inputs_mask` and `context_mask`;
+    # both paddings must be read, whether `context` is positional or keyword.
+    import keras
+
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    ids = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]], "int32")
+    context_ids = np.array([[1, 2, 3, 4, 0, 0], [5, 0, 0, 0, 0, 0]], "int32")
+    valid = (ids != 0)[..., None]
+    attention_mask = np.ones((5, 5), bool)
+    attention_mask[:, 1] = False
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+    x, context = embedding(ids), embedding(context_ids)
+    plain_x = keras.ops.convert_to_tensor(np.asarray(x))
+    plain_context = keras.ops.convert_to_tensor(np.asarray(context))
+    expected = block(plain_x, plain_context, padding_mask=ids != 0,
+                     context_padding_mask=context_ids != 0,
+                     attention_mask=attention_mask)
+    unpadded = block(plain_x, plain_context, attention_mask=attention_mask)
+    assert np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max() > 1e-3
+
+    ids_in = keras.Input((5,), dtype="int32")
+    context_in = keras.Input((6,), dtype="int32")
+    functional = keras.Model(
+        [ids_in, context_in],
+        block(embedding(ids_in), context=embedding(context_in),
+              attention_mask=attention_mask),
+    )
+    outputs = [
+        block(x, context=context, attention_mask=attention_mask),
+        block(x, context, attention_mask=attention_mask),
+        functional([ids, context_ids]),
+    ]
+    for got in outputs:
+        np.testing.assert_allclose(np.asarray(got) * valid,
+                                   np.asarray(expected) * valid, atol=1e-5)

@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -180,3 +182,64 @@ def test_keras_mask_flows_through_a_stack():
     for _ in range(2):
         x = TransformerEncoderBlock(num_heads=2, intermediate_dim=8)(x)
     assert getattr(x, "_keras_mask", None) is not None
+
+
+@pytest.mark.parametrize("name", ["norm_first", "causal"])
+@pytest.mark.parametrize("value", ["False", 0, None])
+def test_bool_flags_refuse_non_bools(name, value):
+    # "False" from a command line or YAML file used to be taken as True.
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
+        TransformerEncoderBlock(num_heads=2, intermediate_dim=4, **{name: value})
+
+
+@pytest.mark.parametrize("value", [0, -1, "10000"])
+def test_rotary_max_wavelength_checked_at_construction(value):
+    # Used to pass until build, then name `max_wavelength` (not the argument).
+    with pytest.raises(ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")):
+        TransformerEncoderBlock(num_heads=2, intermediate_dim=4,
+                                rotary_max_wavelength=value)
+
+
+def test_rotary_needs_an_even_head_size():
+    with pytest.raises(ValueError, match=r"key_dim=5.*rotary_max_wavelength=100"):
+        TransformerEncoderBlock(num_heads=2, intermediate_dim=4, key_dim=5,
+                                rotary_max_wavelength=100)
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=4,
+                                    rotary_max_wavelength=100)
+    with pytest.raises(ValueError, match=r"= 5.*rotary_max_wavelength=100"):
+        block(np.zeros((1, 3, 10), "float32"))  # head size 10 // 2 = 5
+
+
+def _masked_embedding_inputs():
+    ids = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]], "int32")
+    return ids, keras.layers.Embedding(10, 8, mask_zero=True)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_keras_mask_kept_when_attention_mask_is_passed(norm_first):
+    # With two tensor arguments Keras fills `inputs_mask`, not `mask`: the
+    # padding must still be read (eager, functional and tf.function alike).
+    ids, embedding = _masked_embedding_inputs()
+    valid = (ids != 0)[..., None]
+    attention_mask = np.ones((5, 5), bool)
+    attention_mask[:, 1] = False
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=8,
+                                    norm_first=norm_first)
+    x = embedding(ids)
+    plain = keras.ops.convert_to_tensor(np.asarray(x))  # no Keras mask
+    expected = block(plain, padding_mask=ids != 0, attention_mask=attention_mask)
+    unpadded = block(plain, attention_mask=attention_mask)
+    assert np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max() > 1e-3
+
+    eager = block(x, attention_mask=attention_mask)
+    inp = keras.Input((5,), dtype="int32")
+    model = keras.Model(inp, block(embedding(inp), attention_mask=attention_mask))
+    outputs = [eager, model(ids)]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        outputs.append(tf.function(
+            lambda t: block(embedding(t), attention_mask=attention_mask))(ids))
+    for got in outputs:
+        np.testing.assert_allclose(np.asarray(got) * valid,
+                                   np.asarray(expected) * valid, atol=1e-5)

@@ -49,6 +49,8 @@ def test_errors():
         plot_attention(np.ones((2, 2)), ["a", "b", "c"], ["x"])
     with pytest.raises(ValueError, match="weights.shape=\\(4,\\)"):
         plot_attention(np.ones(4), ["a"], ["x"])
+    with pytest.raises(ValueError, match="show_values='False'"):
+        plot_attention(np.ones((1, 1)), ["a"], ["x"], show_values="False")
 
 
 def test_works_without_matplotlib_until_plotting():
