@@ -17,6 +17,12 @@ SCORE_MODES = ("dot", "general", "concat")
 ALIGNMENTS = ("global", "local-m", "local-p")
 
 
+def _pad_one_step(x):
+    """`(b, T, ...)` -> `(b, T + 1, ...)`, a zero step at the end."""
+    pad = ops.zeros((ops.shape(x)[0], 1) + tuple(x.shape[2:]), x.dtype)
+    return ops.concatenate([x, pad], axis=1)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class LuongAttention(_Seq2SeqAttention):
     """Global and local attention of Luong, Pham & Manning (2015).
@@ -42,14 +48,29 @@ class LuongAttention(_Seq2SeqAttention):
 
     Local alignments gather each query's `2D + 1` source steps: the cost is
     `O(Tq * D)`, no `Tq x Tv` score matrix is built (except for the dense
-    weights, when they are requested).
+    weights, when they are requested). An empty memory (`Tv = 0`) gives a
+    zero context and zero weights, for every alignment.
+
+    The scores are computed in float32 (under mixed precision, the `dot`
+    product `h_t . h_s` of float16 states overflows already for states of
+    size ~100), then softmax-normalized in float32.
+
+    Porting from TensorFlow Addons: `tfa.seq2seq.LuongAttention(units,
+    scale=True)` multiplies the `general` score by a *learned* scalar `g`
+    (initially 1): that is `LuongAttention("general", scale="learned")`
+    here, with the same weights (`W_a` without bias, `g`). Our
+    `scale=True` is instead the fixed `1/sqrt(d)` of scaled dot-product
+    attention (no weight). `tfa`'s `scale=False` is our default
+    `LuongAttention("general")`.
 
     Args:
         score_mode: `"dot"`, `"general"` or `"concat"`.
         units: int, hidden size of the `concat` score (required by it and
             only used by it).
-        scale: False, True (`1/sqrt(d)`, `d` the query size, or `units`
-            for `concat`) or `"learned"` (a trained scalar, initially 1).
+        scale: False, True (a fixed `1/sqrt(d)`, `d` the query size, or
+            `units` for `concat`) or `"learned"` (a trained scalar,
+            initially 1). Not the meaning of TensorFlow Addons'
+            `scale=True`, which is our `"learned"` (see below).
         alignment: `"global"`, `"local-m"` or `"local-p"`.
         window: int `D >= 0`, half-width of local windows (required by and
             only used by the local alignments).
@@ -78,7 +99,10 @@ class LuongAttention(_Seq2SeqAttention):
 
     Example:
 
-    >>> attention = LuongAttention("general", alignment="local-p", window=2)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> attention = keras_attention.layers.LuongAttention(
+    ...     "general", alignment="local-p", window=2)
     >>> h = np.ones((2, 4, 8), "float32")       # decoder states
     >>> memory = np.ones((2, 9, 6), "float32")  # encoder states
     >>> context, weights = attention(h, memory, return_attention_scores=True)
@@ -114,7 +138,7 @@ class LuongAttention(_Seq2SeqAttention):
         elif units is not None:
             raise ValueError(
                 "`units` is only used by `score_mode='concat'`. "
-                f"Received: units={units}, score_mode={score_mode!r}"
+                f"Received: units={units!r}, score_mode={score_mode!r}"
             )
         if not (scale is False or scale is True or scale == "learned"):
             raise ValueError(
@@ -130,12 +154,12 @@ class LuongAttention(_Seq2SeqAttention):
             if window is not None:
                 raise ValueError(
                     "`window` is only used by local alignments. "
-                    f"Received: window={window}, alignment='global'"
+                    f"Received: window={window!r}, alignment='global'"
                 )
         elif not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ValueError(
                 f"`alignment={alignment!r}` needs `window`, a non-negative int "
-                f"D (the window is [p_t - D, p_t + D]). Received: window={window}"
+                f"D (the window is [p_t - D, p_t + D]). Received: window={window!r}"
             )
         self.score_mode = score_mode
         self.units = units
@@ -200,8 +224,9 @@ class LuongAttention(_Seq2SeqAttention):
         if self.score_mode == "general":
             return self.key_dense(key)
         if self.score_mode == "concat":
-            kernel = ops.cast(self.concat_kernel, key.dtype)
-            return ops.matmul(key, kernel[self._query_dim :])
+            # float32, as the query half (see `_concat_query`).
+            kernel = ops.cast(self.concat_kernel, "float32")
+            return ops.matmul(ops.cast(key, "float32"), kernel[self._query_dim :])
         return key
 
     def _scale(self, scores):
@@ -213,7 +238,11 @@ class LuongAttention(_Seq2SeqAttention):
         return scores
 
     def _concat_query(self, query):
-        kernel = ops.cast(self.concat_kernel, query.dtype)[: self._query_dim]
+        # float32: under mixed precision, the rounding of large projections
+        # that nearly cancel in `W_a[:dq] h_t + W_a[dq:] h_s` would decide
+        # the (unsaturated) `tanh`s.
+        kernel = ops.cast(self.concat_kernel, "float32")[: self._query_dim]
+        query = ops.cast(query, "float32")
         return _project(lambda x: ops.matmul(x, kernel), query)
 
     def _global_scores(self, query, keys):
@@ -222,7 +251,10 @@ class LuongAttention(_Seq2SeqAttention):
             processed = self._concat_query(query)
             v = ops.cast(self.attention_v, processed.dtype)
             return additive_scores(processed, keys, v)
-        return ops.einsum("bid,bjd->bij", query, keys)
+        # float32: the product of float16 states overflows (b i j).
+        return ops.einsum(
+            "bid,bjd->bij", ops.cast(query, "float32"), ops.cast(keys, "float32")
+        )
 
     def _window_scores(self, query, keys):
         # keys: (b, i, w, d) gathered windows; s - window slots
@@ -230,7 +262,9 @@ class LuongAttention(_Seq2SeqAttention):
             hidden = ops.tanh(self._concat_query(query)[:, :, None, :] + keys)
             v = ops.cast(self.attention_v, hidden.dtype)
             return ops.einsum("bisu,u->bis", hidden, v)
-        return ops.einsum("bid,bisd->bis", query, keys)
+        return ops.einsum(
+            "bid,bisd->bis", ops.cast(query, "float32"), ops.cast(keys, "float32")
+        )
 
     # Alignment positions.
 
@@ -270,6 +304,12 @@ class LuongAttention(_Seq2SeqAttention):
         else:
             p = self._predicted_positions(query, value, value_mask)
         tv = ops.shape(value)[1]
+        if not (isinstance(value.shape[1], int) and value.shape[1] > 0):
+            # Possibly empty memory: gather from one extra zero step (never
+            # valid) so that the clipped index 0 exists.
+            memory, value = _pad_one_step(memory), _pad_one_step(value)
+            if value_mask is not None:
+                value_mask = _pad_one_step(ops.cast(value_mask, "int32"))
         width = 2 * self.window + 1
         start = ops.cast(ops.floor(p), "int32") - self.window  # b i
         slots, clipped, valid = window_indices(start, width, tv)  # b i s

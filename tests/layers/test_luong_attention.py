@@ -174,3 +174,97 @@ def test_errors():
         LuongAttention("dot")(Q, np.ones((2, 9, 5), "float32"))
     with pytest.raises(ValueError, match="query_shape"):
         LuongAttention()(np.ones((2,), "float32"), V)
+
+
+def make_layer(score_mode, alignment, **kwargs):
+    units = 4 if score_mode == "concat" else None
+    window = None if alignment == "global" else 2
+    return LuongAttention(score_mode, units=units, alignment=alignment,
+                          window=window, **kwargs)
+
+
+@pytest.mark.parametrize("alignment", ["global", "local-m", "local-p"])
+def test_integer_memory_is_computed_in_float(alignment):
+    # Defect 8: int memory cast the weights to int32 and returned zeros.
+    memory = (np.arange(2 * 9 * 6).reshape(2, 9, 6) % 5).astype("int32")
+    layer = make_layer("general", alignment)
+    context, weights = layer(Q, memory, return_attention_scores=True)
+    assert context.dtype == "float32"
+    ref_c, ref_w = np_luong(layer, Q, memory.astype("float32"),
+                            np.ones((2, 9), bool), np.ones((2, 5), bool))
+    np.testing.assert_allclose(np_(weights), ref_w, atol=1e-5)
+    np.testing.assert_allclose(np_(context), ref_c, atol=1e-4)
+
+
+@pytest.mark.parametrize("score_mode", ["dot", "concat"])
+@pytest.mark.parametrize("alignment", ["global", "local-m", "local-p"])
+def test_empty_memory_gives_zeros(score_mode, alignment):
+    # Defect 8: local alignments gathered index 0 of an empty memory.
+    layer = make_layer(score_mode, alignment)
+    empty = np.zeros((2, 0, 6), "float32")
+    for query in (Q, Q[:, 0]):
+        context, weights = layer(query, empty, return_attention_scores=True)
+        c, w = np_(context), np_(weights)
+        assert c.shape == query.shape and w.shape == query.shape[:-1] + (0,)
+        assert np.all(c == 0)
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("alignment", ["local-m", "local-p"])
+def test_empty_memory_of_unknown_length_in_a_graph(alignment):
+    import tensorflow as tf
+
+    layer = make_layer("general", alignment)
+    layer(Q, V)  # build
+    fn = tf.function(
+        lambda q, v: layer(q, v, return_attention_scores=True),
+        input_signature=[tf.TensorSpec((None, None, 6)), tf.TensorSpec((None, None, 6))],
+    )
+    c, w = fn(Q, np.zeros((2, 0, 6), "float32"))
+    assert np.all(np_(c) == 0) and np_(w).shape == (2, 5, 0)
+    c, w = fn(Q, V)  # the padded path gives the same numbers as the static one
+    ref_c, ref_w = layer(Q, V, return_attention_scores=True)
+    np.testing.assert_allclose(np_(c), np_(ref_c), atol=1e-6)
+    np.testing.assert_allclose(np_(w), np_(ref_w), atol=1e-6)
+
+
+@pytest.mark.parametrize("policy,factor", [("mixed_float16", 1e3),
+                                           ("mixed_bfloat16", 1e4)])
+@pytest.mark.parametrize("score_mode,scale", [
+    ("dot", False), ("dot", True), ("general", "learned"), ("concat", False),
+])
+@pytest.mark.parametrize("alignment", ["global", "local-m"])
+def test_mixed_precision_large_inputs(policy, factor, score_mode, scale, alignment):
+    # Defect 8: `dot` scores of float16 states overflowed (NaN at x100).
+    layer = make_layer(score_mode, alignment, scale=scale, dtype=policy)
+    c, w = layer(Q * factor, V * factor, return_attention_scores=True)
+    # float32 reference on the same (rounded) inputs, with the same weights.
+    compute = "float16" if policy == "mixed_float16" else "bfloat16"
+    q, v = (np_(ops.cast(ops.cast(x * factor, compute), "float32")) for x in (Q, V))
+    reference = make_layer(score_mode, alignment, scale=scale)
+    reference(q, v)
+    reference.set_weights(layer.get_weights())
+    ref_c, ref_w = reference(q, v, return_attention_scores=True)
+    c, w = np_(ops.cast(c, "float32")), np_(ops.cast(w, "float32"))
+    assert np.all(np.isfinite(c)) and np.all(np.isfinite(w))
+    np.testing.assert_allclose(w, np_(ref_w), atol=0.05)
+    np.testing.assert_allclose(c / factor, np_(ref_c) / factor, atol=0.05)
+
+
+def test_wrongly_sized_masks_name_the_argument():
+    # Defect 8: these ended in an opaque SelectV2 broadcasting error.
+    for alignment in ("global", "local-m"):
+        layer = make_layer("dot", alignment)
+        with pytest.raises(ValueError, match=r"value_mask.*\(2, 9, 6\).*\(2, 8\)"):
+            layer(Q, V, value_mask=np.ones((2, 8), bool))
+        with pytest.raises(ValueError, match=r"query_mask.*\(2, 5, 6\).*\(3, 5\)"):
+            layer(Q, V, query_mask=np.ones((3, 5), bool))
+
+
+def test_error_messages_show_values_with_repr():
+    with pytest.raises(ValueError, match="units='3'"):
+        LuongAttention("general", units="3")
+    with pytest.raises(ValueError, match="window='2'"):
+        LuongAttention(alignment="local-m", window="2")
+    with pytest.raises(ValueError, match="scale='True'"):
+        LuongAttention(scale="True")
