@@ -1,6 +1,9 @@
 import keras
 from keras import ops
 
+from keras_attention.layers._validation import check_bool
+from keras_attention.layers._validation import check_padding_mask
+from keras_attention.layers._validation import check_positive_int
 from keras_attention.ops.attention import masked_softmax
 
 
@@ -15,7 +18,8 @@ class AttentionPooling(keras.layers.Layer):
     - `units=n`: `e_t = v^T tanh(W h_t + b)` (Yang et al., 2016).
 
     Padded steps get weight exactly 0; a fully padded sequence gets all-zero
-    weights and a zero vector.
+    weights and a zero vector. Inputs of any dtype (e.g. integer features)
+    are computed in the layer's compute dtype.
 
     Args:
         units: optional int, size of the hidden scoring layer.
@@ -33,10 +37,17 @@ class AttentionPooling(keras.layers.Layer):
 
     Example:
 
-    >>> pool = AttentionPooling(units=8)
-    >>> y, w = pool(np.ones((2, 5, 4), "float32"), return_attention_scores=True)
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> pool = keras_attention.layers.AttentionPooling(units=8)
+    >>> x = np.ones((2, 5, 4), "float32")
+    >>> mask = np.array([[True] * 3 + [False] * 2, [True] * 5])
+    >>> y, w = pool(x, mask=mask, return_attention_scores=True)
     >>> tuple(y.shape), tuple(w.shape)
     ((2, 4), (2, 5))
+    >>> np.round(np.asarray(w), 2)   # equal steps: uniform over the valid ones
+    array([[0.33, 0.33, 0.33, 0.  , 0.  ],
+           [0.2 , 0.2 , 0.2 , 0.2 , 0.2 ]], dtype=float32)
 
     References:
         - Yang et al., 2016, "Hierarchical Attention Networks for Document
@@ -54,14 +65,9 @@ class AttentionPooling(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if units is not None and (
-            not isinstance(units, int) or isinstance(units, bool) or units <= 0
-        ):
-            raise ValueError(
-                f"`units` must be a positive integer or None. Received: units={units}"
-            )
+        check_positive_int("units", units, allow_none=True)
         self.units = units
-        self.use_bias = use_bias
+        self.use_bias = check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -101,6 +107,10 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, return_attention_scores=False):
         # b - batch, t - steps, d - features
+        check_padding_mask("mask", mask, inputs)
+        # Integer inputs are pooled in the compute dtype (cast to an int
+        # dtype, the weights would round to zero).
+        inputs = ops.cast(inputs, self.compute_dtype)
         h = self._hidden(inputs) if self.units is not None else inputs
         scores = self._score(h)[..., 0]  # (b, t)
         weights = masked_softmax(scores, mask)

@@ -48,3 +48,35 @@ def test_errors():
         AttentionPooling(units=0)
     with pytest.raises(ValueError, match="inputs_shape"):
         AttentionPooling()(np.ones((2, 3), "float32"))
+
+
+@pytest.mark.parametrize("units", [None, 3])
+def test_integer_inputs_are_pooled_in_float(units):
+    # Defect 8: the float32 weights were cast to int32 (all zeros).
+    x = np.arange(40).reshape(2, 5, 4).astype("int32") % 7
+    layer = AttentionPooling(units=units)
+    pooled, w = layer(x, return_attention_scores=True)
+    assert pooled.dtype == "float32"
+    xf = x.astype("float32")
+    weights = [np.asarray(a) for a in layer.get_weights()]
+    if units is None:
+        scores = (xf @ weights[0])[..., 0]
+    else:
+        wh, bh, v = weights
+        scores = (np.tanh(xf @ wh + bh) @ v)[..., 0]
+    ref_w = masked_softmax(scores, np.ones(scores.shape, bool))
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
+    np.testing.assert_allclose(np_(pooled), np.einsum("bt,btd->bd", ref_w, xf), atol=1e-4)
+
+
+def test_wrongly_sized_mask_names_the_argument():
+    # Defect 8: this ended in an opaque SelectV2 broadcasting error.
+    with pytest.raises(ValueError, match=r"`mask`.*\(3, 5, 6\).*\(3, 4\)"):
+        AttentionPooling()(X, mask=np.ones((3, 4), bool))
+
+
+def test_string_flags_are_refused():
+    with pytest.raises(ValueError, match="use_bias='False'"):
+        AttentionPooling(units=4, use_bias="False")
+    with pytest.raises(ValueError, match="units='4'"):
+        AttentionPooling(units="4")
