@@ -156,9 +156,9 @@ class MultiHeadAttention(keras.layers.Layer):
             None, `keras.config.disable_flash_attention()` means False.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
-        bias_constraint: as for `keras.layers.EinsumDense` (the activity
-            regularizer applies, as in Keras, to each projection and to the
-            output).
+        bias_constraint: as for `keras.layers.EinsumDense` (as in Keras,
+            the activity regularizer applies to the output of each
+            projection, the output projection included).
         use_gate: bool, gated attention: the attention result of each head
             is multiplied by `sigmoid(query W_g + b_g)` (weights `gate`,
             created between `key` and `value`, as in Keras).
@@ -260,7 +260,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_max_wavelength=None,
         **kwargs,
     ):
-        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        super().__init__(**kwargs)
         _check_positive_int("num_heads", num_heads)
         _check_positive_int("key_dim", key_dim)
         _check_positive_int("value_dim", value_dim, allow_none=True)
@@ -319,6 +319,11 @@ class MultiHeadAttention(keras.layers.Layer):
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
+        # As in Keras: regularizes each projection's output (the output
+        # projection included), not the layer's output a second time.
+        self.projection_activity_regularizer = keras.regularizers.get(
+            activity_regularizer
+        )
         self.seed = seed
         self.rotary_max_wavelength = rotary_max_wavelength
         self._rotary = None
@@ -348,7 +353,7 @@ class MultiHeadAttention(keras.layers.Layer):
             bias_initializer=clone_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
-            activity_regularizer=self.activity_regularizer,
+            activity_regularizer=self.projection_activity_regularizer,
             kernel_constraint=self.kernel_constraint,
             bias_constraint=self.bias_constraint,
             dtype=self.dtype_policy,
@@ -931,7 +936,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     self.bias_regularizer
                 ),
                 "activity_regularizer": keras.regularizers.serialize(
-                    self.activity_regularizer
+                    self.projection_activity_regularizer
                 ),
                 "kernel_constraint": keras.constraints.serialize(
                     self.kernel_constraint
