@@ -2,18 +2,20 @@
 
 Default task (shipped, no network): read a WordNet noun definition, e.g.
 "a person who writes poems", and predict its supersense among 25 classes
-(`person`, `animal`, `artifact`, `plant`, ...). The encoder (a bidirectional
-GRU, or transformer encoder blocks with `--encoder transformer`) feeds
+(`person`, `animal`, `artifact`, `plant`, ...). The encoder (transformer
+encoder blocks by default, or a bidirectional GRU with `--encoder gru`) feeds
 `AttentionPooling`, whose weights show which tokens decided the class: the
 example plots them as PNG heatmaps. Reports test accuracy (and the
 majority-class baseline) and exports a SavedModel that classifies raw
 strings:
 
     python -m examples.classify                      # a few minutes on 2 CPU cores
-    python -m examples.classify --encoder transformer
+    python -m examples.classify --encoder gru        # bidirectional GRU
     python -m examples.classify --dataset imdb_reviews --download  # real TFDS corpus
 
-    served = tf.saved_model.load("runs/classify/saved_model")  # + import tensorflow_text
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the WordPiece ops)
+    served = tf.saved_model.load("runs/classify/saved_model")
     served.classify(tf.constant(["a large cat with a striped coat"]))["label"]
 """
 
@@ -22,6 +24,7 @@ import logging
 import os
 import time
 
+from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
@@ -44,7 +47,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m examples.classify",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
     )
     data = parser.add_argument_group("data")
     data.add_argument(
@@ -62,7 +66,12 @@ def parse_args(argv=None):
     data.add_argument("--vocabulary-size", type=int, default=8000)
     data.add_argument("--max-length", type=int, default=40, help="tokens kept per text")
     model = parser.add_argument_group("model")
-    model.add_argument("--encoder", choices=["gru", "transformer"], default="transformer")
+    model.add_argument(
+        "--encoder",
+        choices=["gru", "transformer"],
+        default="transformer",
+        help="transformer encoder blocks, or a bidirectional GRU",
+    )
     model.add_argument("--embedding-dim", type=int, default=128)
     model.add_argument("--hidden-dim", type=int, default=128)
     model.add_argument("--num-layers", type=int, default=2, help="transformer blocks")

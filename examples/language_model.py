@@ -20,6 +20,7 @@ import logging
 import os
 import time
 
+from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
@@ -37,7 +38,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m examples.language_model",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
     )
     data = parser.add_argument_group("data")
     data.add_argument(

@@ -12,9 +12,11 @@ generated with babel (no network). The run trains with `model.fit` on a
 `tf.data` pipeline (teacher forcing), prints translations of held-out
 examples, reports the metric on the held-out test split (exact match for
 dates, BLEU via sacrebleu for language pairs), writes attention heatmaps
-(PNG) and exports a SavedModel that translates raw strings:
+(PNG) and exports a SavedModel that translates raw strings (loading it needs
+`tensorflow_text`, which registers the tokenizers' ops):
 
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401
     translator = tf.saved_model.load("runs/translate/saved_model")
     translator.translate(tf.constant(["3 janvier 1999"]))
 """

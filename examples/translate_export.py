@@ -2,12 +2,15 @@
 
 The serving function runs the whole pipeline inside the TensorFlow graph:
 tokenize (keras_hub tokenizer ops), pad, encode, the sampler's generation
-loop over the decoder, strip the special tokens, detokenize. The exported
-SavedModel needs TensorFlow only (plus `import tensorflow_text` for
-WordPiece), not keras_attention or keras:
+loop over the decoder, strip the special tokens, detokenize. Loading the
+exported SavedModel needs TensorFlow and `tensorflow_text`, whose ops the
+tokenizers run in the graph (`CaseFoldUTF8` lowercases the dates' sources;
+WordPiece for language pairs): without `import tensorflow_text` loading
+fails with `Op type not registered 'CaseFoldUTF8'`. It needs neither
+keras_attention nor keras:
 
     import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (WordPiece ops; dates need none)
+    import tensorflow_text  # noqa: F401  (registers the tokenizers' ops)
     translator = tf.saved_model.load(path)
     translator.translate(tf.constant(["29 novembre 2026"]))
     # -> [b"2026-11-29"]

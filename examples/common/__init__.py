@@ -1,5 +1,6 @@
 """Shared infrastructure of the examples: runtime setup, training, text."""
 
+from examples.common.training import HelpFormatter
 from examples.common.training import add_training_args
 from examples.common.training import fit
 from examples.common.training import setup_runtime

@@ -34,6 +34,18 @@ logger = logging.getLogger("examples")
 _METADATA = "training_metadata.json"
 
 
+class HelpFormatter(
+    argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
+):
+    """Shows each option's default (unless its help already says it) and
+    the epilog (the module docstring's commands) as written."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_training_args(
     parser,
     epochs=10,
@@ -51,7 +63,9 @@ def add_training_args(
         "--steps-per-epoch",
         type=int,
         default=steps_per_epoch,
-        help="steps per epoch (default: one pass over the training split)",
+        help="steps per epoch"
+        + (" (default: one pass over the training split)"
+           if steps_per_epoch is None else f" (default: {steps_per_epoch})"),
     )
     group.add_argument(
         "--output-dir",

@@ -205,3 +205,37 @@ def test_majority_baseline():
     train = tf.data.Dataset.from_tensor_slices((["a", "b", "c"], [1, 1, 2]))
     test = tf.data.Dataset.from_tensor_slices((["d", "e", "f", "g"], [1, 0, 1, 1]))
     assert majority_baseline(train, test) == pytest.approx(0.75)
+
+
+def test_help_names_the_default_encoder(capsys):
+    # `--help` used to describe the GRU as the default encoder.
+    from examples import classify
+
+    assert classify.parse_args([]).encoder == "transformer"
+    with pytest.raises(SystemExit):
+        classify.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    encoder_help = help_text.split("--encoder {gru,transformer}", 2)[2]
+    assert encoder_help.split("--embedding-dim")[0].strip().endswith(
+        "(default: transformer)")
+    # The docstring (shown as the epilog) offers the non-default as the option.
+    assert "--encoder gru" in help_text
+    assert "--encoder transformer" not in help_text
+    assert "GRU, or transformer" not in " ".join(classify.__doc__.split())
+
+
+def test_help_defaults_are_not_contradicted():
+    # `--steps-per-epoch` said "one pass over the training split" next to
+    # "(default: 250)" in language_model; defaults shown once.
+    import argparse
+
+    from examples.common import HelpFormatter, add_training_args
+
+    for steps, shown in ((None, "one pass over the training split"), (250, "250")):
+        parser = argparse.ArgumentParser(formatter_class=HelpFormatter)
+        add_training_args(parser, steps_per_epoch=steps, output_dir="runs/x")
+        help_text = " ".join(parser.format_help().split())
+        assert f"steps per epoch (default: {shown})" in help_text
+        assert "split) (default:" not in help_text
+        assert "(default: None)" not in help_text
+        assert "XLA-compile the train step (default: on with a GPU)" in help_text

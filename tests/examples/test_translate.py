@@ -163,3 +163,25 @@ def test_beam_search_returns_well_formed_translations():
     tail = list(ids[0, 1:])
     if 3 in tail:  # nothing but padding after [END]
         assert all(t == 0 for t in tail[tail.index(3) + 1:])
+
+
+def test_dates_savedmodel_needs_tensorflow_text_and_the_docs_say_so():
+    # The dates' source tokenizer lowercases with tensorflow_text's
+    # CaseFoldUTF8 op, so loading the SavedModel without `import
+    # tensorflow_text` fails; the docs used to say TensorFlow alone sufficed.
+    import tensorflow as tf
+
+    from examples import translate
+    from examples import translate_data
+    from examples import translate_export
+
+    pairs = tf.data.Dataset.from_tensor_slices(
+        (["29 Novembre 2026"], ["2026-11-29"]))
+    source_tokenizer, _ = translate_data.build_tokenizers(translate_data.DATES, pairs)
+    graph = tf.function(source_tokenizer).get_concrete_function(
+        tf.TensorSpec([None], tf.string)).graph
+    assert "CaseFoldUTF8" in {op.type for op in graph.get_operations()}
+    for doc in (translate.__doc__, translate_export.__doc__):
+        assert "import tensorflow_text" in doc
+    assert "TensorFlow only" not in translate_export.__doc__
+    assert "dates need none" not in translate_export.__doc__
