@@ -44,3 +44,139 @@ def multi_head_attention(layer, query, value, key=None, mask=None):
     weights = masked_softmax(scores, np.broadcast_to(mask, scores.shape))
     out = np.einsum("bhij,bjhe->bihe", weights, v)
     return np.einsum("bihe,heo->bio", out, wo) + bo, weights
+
+
+def _np(x):
+    return np.asarray(x)
+
+
+def attention_pooling(layer, x, mask):
+    """AttentionPooling: a = softmax_t(v^T tanh(W x_t + b)) (or v^T x_t
+    without `units`), pooled sum_t a_t x_t. Returns (pooled, weights)."""
+    w = [np.asarray(v) for v in layer.get_weights()]
+    if len(w) == 3:
+        wh, bh, v = w
+        h = np.tanh(x @ wh + bh)
+    else:
+        (v,) = w
+        h = x
+    weights = masked_softmax((h @ v)[..., 0], mask)
+    return np.einsum("bt,btd->bd", weights, x), weights
+
+
+def bahdanau(layer, query, value, value_mask, query_mask):
+    """e_ij = v^T tanh(W_q q_i + W_k k_j + b) (v weight-normalized with
+    `normalize`), softmax over j, c_i = sum_j a_ij v_j; rank-3 query.
+    Returns (context, weights)."""
+    wq = _np(layer.query_dense.kernel)
+    wk = _np(layer.key_dense.kernel)
+    v = _np(layer.attention_v)
+    b = _np(layer.attention_bias) if layer.use_bias else 0.0
+    if layer.normalize:
+        v = _np(layer.attention_g) * v / np.linalg.norm(v)
+    hidden = np.tanh((query @ wq)[:, :, None] + (value @ wk)[:, None] + b)
+    scores = hidden @ v
+    if scores.ndim == 4:
+        scores = scores[..., 0]
+    mask = value_mask[:, None, :] & query_mask[:, :, None]
+    weights = masked_softmax(scores, mask)
+    return weights @ value, weights
+
+
+def luong_scores(layer, query, value):
+    """Luong's score functions with the layer's weights, `(b, i, j)`."""
+    d = query.shape[-1]
+    if layer.score_mode == "dot":
+        scores = np.einsum("bid,bjd->bij", query, value)
+    elif layer.score_mode == "general":
+        w = _np(layer.key_dense.kernel)  # h_t^T W_a h_s
+        scores = np.einsum("bid,bjd->bij", query, value @ w)
+    else:  # v_a^T tanh(W_a [h_t; h_s]) on every pair
+        b, i, j = query.shape[0], query.shape[1], value.shape[1]
+        pairs = np.concatenate(
+            [np.broadcast_to(query[:, :, None], (b, i, j, d)),
+             np.broadcast_to(value[:, None], (b, i, j, value.shape[-1]))], -1
+        )
+        scores = np.tanh(pairs @ _np(layer.concat_kernel)) @ _np(layer.attention_v)
+        if scores.ndim == 4:
+            scores = scores[..., 0]
+    if layer.scale is True:
+        scores = scores / np.sqrt(layer.units if layer.score_mode == "concat" else d)
+    elif layer.scale == "learned":
+        scores = scores * _np(layer.scale_factor)
+    return scores
+
+
+def luong(layer, query, value, value_mask, query_mask, positions=None):
+    """Luong attention, global / local-m (window around p_t = t, or
+    `positions`) / local-p (p_t = S sigmoid(v_p^T tanh(W_p h_t)), S the
+    number of valid source steps, Gaussian weighting sigma = D / 2).
+    Returns (context, weights)."""
+    b, i, j = query.shape[0], query.shape[1], value.shape[1]
+    scores = luong_scores(layer, query, value)
+    mask = value_mask[:, None, :] & query_mask[:, :, None]
+    s = np.arange(j)[None, None, :]
+    if layer.alignment == "local-m":
+        p = np.broadcast_to(np.arange(i) if positions is None else positions, (b, i))
+        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
+    if layer.alignment == "local-p":
+        hidden = np.tanh(query @ _np(layer.position_dense.kernel))
+        length = value_mask.sum(1)[:, None]
+        logits = hidden @ _np(layer.position_v)
+        if logits.ndim == 3:
+            logits = logits[..., 0]
+        p = length / (1 + np.exp(-logits))
+        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
+    weights = masked_softmax(scores, mask)
+    if layer.alignment == "local-p":
+        sigma = layer.window / 2
+        weights = weights * np.exp(-((s - p[..., None]) ** 2) / (2 * sigma**2))
+    return weights @ value, weights
+
+
+def layer_norm(x, norm):
+    """`keras.layers.LayerNormalization` over the last axis, its weights."""
+    gamma, beta = [np.asarray(w) for w in norm.get_weights()]
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + norm.epsilon) * gamma + beta
+
+
+def feed_forward(x, ffn):
+    """Two dense layers with a ReLU between (the blocks' default)."""
+    w1, b1, w2, b2 = [np.asarray(w) for w in ffn.get_weights()]
+    return np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+
+def residual(x, f, norm, norm_first):
+    """Post-norm: LN(x + f(x)); pre-norm: x + f(LN(x))."""
+    if norm_first:
+        return x + f(layer_norm(x, norm))
+    return layer_norm(x + f(x), norm)
+
+
+def encoder_block(block, x, mask):
+    """TransformerEncoderBlock (ReLU feed-forward, no dropout) with its
+    own weights; `mask` broadcastable to (b, h, i, j)."""
+    def attend(y):
+        return multi_head_attention(block.self_attention, y, y, mask=mask)[0]
+
+    x = residual(x, attend, block.self_attention_norm, block.norm_first)
+    return residual(x, lambda y: feed_forward(y, block.feed_forward),
+                    block.feed_forward_norm, block.norm_first)
+
+
+def decoder_block(block, x, context, self_mask, cross_mask):
+    """TransformerDecoderBlock: self-attention under `self_mask`,
+    cross-attention to `context` under `cross_mask` (both broadcastable
+    to (b, h, i, j); the caller adds the causal part), feed-forward."""
+    mha = multi_head_attention
+    x = residual(x, lambda y: mha(block.self_attention, y, y, mask=self_mask)[0],
+                 block.self_attention_norm, block.norm_first)
+    if context is not None:
+        x = residual(
+            x, lambda y: mha(block.cross_attention_layer, y, context,
+                             mask=cross_mask)[0],
+            block.cross_attention_norm, block.norm_first,
+        )
+    return residual(x, lambda y: feed_forward(y, block.feed_forward),
+                    block.feed_forward_norm, block.norm_first)

@@ -1,0 +1,435 @@
+"""Mask matrix: every layer that takes masks, under every way of passing them.
+
+For each layer the output is compared with a NumPy reference computed with
+the layer's own weights (`tests/references.py`), over every combination of
+
+- a Keras mask on each sequence input (on / off),
+- the explicit mask arguments (`mask`, `query_mask`, `value_mask`,
+  `context_mask`, `memory_mask`, `padding_mask`, ...; on / off),
+- `attention_mask` (and the decoder block's `cross_attention_mask`; given
+  or not), where the layer has one,
+- `use_causal_mask` (call argument) or `causal` (constructor), where the
+  layer has one,
+
+in three call modes: eager, a functional `keras.Model` built on
+`keras.Input`s (masks attached inside the model, explicit masks as model
+inputs), and `tf.function` (TensorFlow only).
+
+The Keras masks and the explicit masks use different padding patterns, so
+the matrix also checks precedence: an explicit mask replaces the input's
+Keras mask (as documented), and a Keras mask is never dropped because
+another tensor argument (`attention_mask=`) is present (issue 10, defect 2).
+
+Every case also checks the padding property: replacing the values at the
+padded positions (of the effective masks) by large noise changes no output
+at a valid position.
+
+References: `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
+`CrossAttention`, `LocalSelfAttention`, `AttentionPooling`,
+`BahdanauAttention` and `LuongAttention` (global, local-m, local-p) are
+checked against NumPy formulas on every output row (padded queries
+included: zero attention, so the output projection's bias, or zeros).
+The transformer blocks are checked against NumPy too (layer norm, feed
+forward and attention in NumPy, `references.encoder_block` /
+`references.decoder_block`), on valid rows. `AttentionRNNDecoder` is
+checked against a reference built from its sublayers: its own `rnn_cell`
+(a Keras GRU cell) stepped in Python, with the Bahdanau attention in NumPy
+and padded target steps keeping the state and giving zeros.
+
+Size: see `MATRIX` below; `test_matrix_size` prints
+`layers x combinations x call modes`.
+"""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import references
+from keras_attention import layers as ka
+from keras_attention import masks as masks_lib
+
+BACKEND = keras.backend.backend()
+B, T, S, F = 2, 5, 6, 8
+RNG = np.random.default_rng(10)
+X = RNG.normal(size=(B, T, F)).astype("float32")  # queries / sequences
+C = RNG.normal(size=(B, S, F)).astype("float32")  # context / memory / values
+
+# Keras-mask and explicit-mask patterns differ (precedence is checked), and
+# pad on the left too, so that causal queries see padded keys.
+KERAS_PADDING = {
+    T: np.array([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]], bool),
+    S: np.array([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]], bool),
+}
+EXPLICIT_PADDING = {
+    T: np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]], bool),
+    S: np.array([[0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], bool),
+}
+
+
+def _attention_mask(tk, seed):
+    """(B, T, tk) random mask, True on key 0..: every row keeps a key."""
+    m = np.random.default_rng(seed).random((B, T, tk)) < 0.6
+    m[:, np.arange(T), np.arange(T) % tk] = True
+    return m
+
+
+ATTENTION_MASKS = {T: _attention_mask(T, 1), S: _attention_mask(S, 2)}
+CAUSAL = {tk: np.tril(np.ones((T, tk), bool)) for tk in (T, S)}
+
+
+def np_(x):
+    return ops.convert_to_numpy(x)
+
+
+def pad4(q_valid, k_valid):
+    """(b, 1, i, j) mask from query and key padding masks."""
+    return q_valid[:, None, :, None] & k_valid[:, None, None, :]
+
+
+class WithKerasMask(keras.layers.Layer):
+    """`[x, valid]` -> a copy of `x` carrying `valid` as its Keras mask (works
+    eagerly, in `tf.function` and on `keras.Input`s, on every backend)."""
+
+    def call(self, inputs):
+        return inputs[0] * 1.0
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return ops.cast(inputs[1], "bool")
+
+
+# --- Layer specifications ----------------------------------------------------
+#
+# inputs: (sequence array, explicit mask argument name) per positional tensor.
+# attention: names of the attention-mask arguments and their key lengths.
+# causal: None, "call" (use_causal_mask=) or "init" (causal= constructor).
+# core: compare every output row (True) or only valid query rows (False).
+
+
+def _mha_ref(layer, xs, valid, attn, causal):
+    mask = pad4(valid[0], valid[1])
+    if attn:
+        mask = mask & attn["attention_mask"][:, None]
+    if causal:
+        mask = mask & CAUSAL[xs[1].shape[1]]
+    return references.multi_head_attention(layer, xs[0], xs[1], mask=mask)[0]
+
+
+def _self_ref(layer, xs, valid, attn, causal):
+    mask = pad4(valid[0], valid[0])
+    if attn:
+        mask = mask & attn["attention_mask"][:, None]
+    if causal:
+        mask = mask & CAUSAL[T]
+    if isinstance(layer, ka.LocalSelfAttention):
+        mask = mask & np_(masks_lib.sliding_window_mask(T, layer.window_bounds))
+    return references.multi_head_attention(layer, xs[0], xs[0], mask=mask)[0]
+
+
+def _pool_ref(layer, xs, valid, attn, causal):
+    return references.attention_pooling(layer, xs[0], valid[0])[0]
+
+
+def _bahdanau_ref(layer, xs, valid, attn, causal):
+    return references.bahdanau(layer, xs[0], xs[1], valid[1], valid[0])[0]
+
+
+def _luong_ref(layer, xs, valid, attn, causal):
+    return references.luong(layer, xs[0], xs[1], valid[1], valid[0])[0]
+
+
+def _rnn_decoder_ref(decoder, xs, valid, attn, causal):
+    """Bahdanau-style step: c_t = a(s_{t-1}, h); s_t = GRU(s_{t-1}, [y_t; c_t]);
+    a padded target step keeps the state and outputs zeros."""
+    y, memory = xs
+    s = np.zeros((B, decoder.units), "float32")
+    outputs = []
+    for t in range(T):
+        c, _ = references.bahdanau(
+            decoder.attention, s[:, None], memory, valid[1], np.ones((B, 1), bool)
+        )
+        new_s, _ = decoder.rnn_cell(
+            np.concatenate([y[:, t], c[:, 0]], -1).astype("float32"), [s]
+        )
+        keep = valid[0][:, t, None]
+        s = np.where(keep, np_(new_s), s)
+        outputs.append(np.where(keep, s, 0.0))
+    return np.stack(outputs, 1)
+
+
+def _encoder_block_ref(block, xs, valid, attn, causal):
+    mask = pad4(valid[0], valid[0])
+    if attn:
+        mask = mask & attn["attention_mask"][:, None]
+    if causal:
+        mask = mask & CAUSAL[T]
+    return references.encoder_block(block, xs[0].astype("float64"), mask)
+
+
+def _decoder_block_ref(block, xs, valid, attn, causal):
+    self_mask = pad4(valid[0], valid[0]) & CAUSAL[T]
+    cross_mask = pad4(valid[0], valid[1])
+    if attn:
+        self_mask = self_mask & attn["attention_mask"][:, None]
+        cross_mask = cross_mask & attn["cross_attention_mask"][:, None]
+    x, context = (a.astype("float64") for a in xs)
+    return references.decoder_block(block, x, context, self_mask, cross_mask)
+
+
+SPECS = {
+    "MultiHeadAttention": dict(
+        make=lambda causal: ka.MultiHeadAttention(2, 4),
+        inputs=((X, "query_mask"), (C, "value_mask")),
+        attention={"attention_mask": S}, causal="call", core=True,
+        reference=_mha_ref,
+    ),
+    "SelfAttention": dict(
+        make=lambda causal: ka.SelfAttention(2, 4, causal=causal),
+        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="init",
+        core=True, reference=_self_ref,
+    ),
+    "CausalSelfAttention": dict(
+        make=lambda causal: ka.CausalSelfAttention(2, 4),
+        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="fixed",
+        core=True, reference=_self_ref,
+    ),
+    "CrossAttention": dict(
+        make=lambda causal: ka.CrossAttention(2, 4),
+        inputs=((X, "query_mask"), (C, "context_mask")),
+        attention={"attention_mask": S}, causal=None, core=True,
+        reference=_mha_ref,
+    ),
+    "LocalSelfAttention": dict(
+        make=lambda causal: ka.LocalSelfAttention(
+            2, 4, window_size=(2, 1), causal=causal, block_size=2
+        ),
+        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="init",
+        core=True, reference=_self_ref,
+    ),
+    "AttentionPooling": dict(
+        make=lambda causal: ka.AttentionPooling(units=4),
+        inputs=((X, "mask"),), attention={}, causal=None, core=True,
+        reference=_pool_ref,
+    ),
+    "BahdanauAttention": dict(
+        make=lambda causal: ka.BahdanauAttention(4),
+        inputs=((X, "query_mask"), (C, "value_mask")), attention={},
+        causal=None, core=True, reference=_bahdanau_ref,
+    ),
+    **{
+        f"LuongAttention[{alignment}]": dict(
+            make=(lambda alignment: lambda causal: ka.LuongAttention(
+                "general", alignment=alignment,
+                window=None if alignment == "global" else 2,
+            ))(alignment),
+            inputs=((X, "query_mask"), (C, "value_mask")), attention={},
+            causal=None, core=True, reference=_luong_ref,
+        )
+        for alignment in ("global", "local-m", "local-p")
+    },
+    "AttentionRNNDecoder": dict(
+        make=lambda causal: ka.AttentionRNNDecoder(
+            8, ka.BahdanauAttention(4), cell="gru", attention_style="bahdanau"
+        ),
+        inputs=((X, "mask"), (C, "memory_mask")), attention={}, causal=None,
+        core=False, reference=_rnn_decoder_ref,
+    ),
+    "TransformerEncoderBlock": dict(
+        make=lambda causal: ka.TransformerEncoderBlock(
+            2, 16, causal=causal, norm_first=bool(causal)
+        ),
+        inputs=((X, "padding_mask"),), attention={"attention_mask": T},
+        causal="init", core=False, reference=_encoder_block_ref,
+    ),
+    "TransformerDecoderBlock": dict(
+        make=lambda causal: ka.TransformerDecoderBlock(2, 16),
+        inputs=((X, "padding_mask"), (C, "context_padding_mask")),
+        attention={"attention_mask": T, "cross_attention_mask": S},
+        causal="fixed", core=False, reference=_decoder_block_ref,
+    ),
+}
+
+MODES = ("eager", "functional", "tf_function")
+
+
+def _combinations(spec):
+    """(keras mask per input, explicit masks, attention masks, causal)."""
+    n = len(spec["inputs"])
+    keras_masks = list(itertools.product((False, True), repeat=n))
+    attention = (False, True) if spec["attention"] else (False,)
+    if spec["causal"] in ("call", "init"):
+        causal = (False, True)
+    else:
+        causal = (spec["causal"] == "fixed",)
+    return list(itertools.product(keras_masks, (False, True), attention, causal))
+
+
+MATRIX = {name: _combinations(spec) for name, spec in SPECS.items()}
+NUM_COMBINATIONS = sum(len(c) for c in MATRIX.values())
+
+# Cases failing because of a defect in a layer this file does not own:
+# {(layer, keras_masks, explicit, attention, causal, mode): reason}.
+XFAIL = {}
+
+
+def _case_id(name, combo, mode):
+    keras_masks, explicit, attention, causal = combo
+    parts = [name, "keras=" + "".join("1" if k else "0" for k in keras_masks)]
+    parts += ["explicit" if explicit else "no_explicit"]
+    parts += ["attention_mask" if attention else "no_attention_mask"]
+    parts += ["causal" if causal else "not_causal", mode]
+    return "-".join(parts)
+
+
+def _params():
+    for name, combos in MATRIX.items():
+        for combo in combos:
+            for mode in MODES:
+                marks = [pytest.mark.tf_only] if mode == "tf_function" else []
+                reason = XFAIL.get((name,) + combo + (mode,))
+                if reason:
+                    marks.append(pytest.mark.xfail(strict=True, reason=reason))
+                yield pytest.param(name, combo, mode, marks=marks,
+                                   id=_case_id(name, combo, mode))
+
+
+@pytest.fixture(scope="module")
+def built_layers():
+    """Each layer (and causal variant) built once for the module."""
+    keras.utils.set_random_seed(7)
+    cache = {}
+
+    def get(name, causal):
+        spec = SPECS[name]
+        key = (name, causal if spec["causal"] == "init" else None)
+        if key not in cache:
+            layer = spec["make"](causal if spec["causal"] == "init" else None)
+            xs = [x for x, _ in spec["inputs"]]
+            layer(*xs)  # build
+            _randomize_biases(layer)
+            cache[key] = layer
+        return cache[key]
+
+    return get
+
+
+def _randomize_biases(layer):
+    """Non-zero biases, so that a padded query's output (the bias) and a
+    padded key's projection differ from zero."""
+    rng = np.random.default_rng(11)
+    for w in layer.weights:
+        if "bias" in w.path or "beta" in w.path:
+            w.assign(rng.normal(size=w.shape).astype(w.dtype) * 0.3)
+
+
+def _call(spec, layer, xs, keras_valid, kwargs, causal):
+    """Calls `layer` on `xs`, attaching the Keras masks, in the current mode
+    (the tensors may be eager, traced or symbolic)."""
+    tensors = [
+        WithKerasMask()([x, m]) if m is not None else x
+        for x, m in zip(xs, keras_valid)
+    ]
+    if spec["causal"] == "call" and causal:
+        kwargs = dict(kwargs, use_causal_mask=True)
+    out = layer(*tensors, **kwargs)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _run(mode, spec, layer, xs, keras_valid, kwargs, causal):
+    """Returns a function of (xs, keras masks, kwargs arrays) -> NumPy
+    output, prepared for `mode` (traced / model built once per case)."""
+    names = sorted(kwargs)
+    if mode == "eager":
+        def run(xs, keras_valid, kwargs):
+            return np_(_call(spec, layer, xs, keras_valid, kwargs, causal))
+
+        return run
+    if mode == "tf_function":
+        import tensorflow as tf
+
+        @tf.function
+        def traced(xs, keras_valid, kwargs):
+            return _call(spec, layer, xs, keras_valid, kwargs, causal)
+
+        def run(xs, keras_valid, kwargs):
+            return np_(traced(list(xs), list(keras_valid), dict(kwargs)))
+
+        return run
+    # Functional: every array a keras.Input (masks attached in the model).
+    x_in = [keras.Input(x.shape[1:], dtype="float32") for x in xs]
+    m_in = [
+        None if m is None else keras.Input(m.shape[1:], dtype="bool")
+        for m in keras_valid
+    ]
+    k_in = {k: keras.Input(kwargs[k].shape[1:], dtype="bool") for k in names}
+    out = _call(spec, layer, x_in, m_in, k_in, causal)
+    flat_inputs = x_in + [m for m in m_in if m is not None] + [k_in[k] for k in names]
+    model = keras.Model(flat_inputs, out)
+
+    def run(xs, keras_valid, kwargs):
+        arrays = list(xs) + [m for m in keras_valid if m is not None]
+        return np_(model(arrays + [kwargs[k] for k in names]))
+
+    return run
+
+
+@pytest.mark.parametrize("name,combo,mode", list(_params()))
+def test_mask_matrix(built_layers, name, combo, mode):
+    keras_on, explicit, attention, causal = combo
+    spec = SPECS[name]
+    layer = built_layers(name, causal)
+    xs = [x for x, _ in spec["inputs"]]
+    keras_valid = [
+        KERAS_PADDING[x.shape[1]] if on else None for x, on in zip(xs, keras_on)
+    ]
+    kwargs = {}
+    if explicit:
+        kwargs.update({arg: EXPLICIT_PADDING[x.shape[1]] for x, arg in spec["inputs"]})
+    if attention:
+        kwargs.update({k: ATTENTION_MASKS[tk] for k, tk in spec["attention"].items()})
+    # What the layer should apply: the explicit mask, else the Keras mask.
+    valid = [
+        EXPLICIT_PADDING[x.shape[1]] if explicit
+        else (kv if kv is not None else np.ones(x.shape[:2], bool))
+        for x, kv in zip(xs, keras_valid)
+    ]
+    attn = {k: kwargs[k] for k in spec["attention"] if k in kwargs}
+
+    run = _run(mode, spec, layer, xs, keras_valid, kwargs, causal)
+    out = run(xs, keras_valid, kwargs)
+    expected = spec["reference"](layer, xs, valid, attn, causal)
+    rows = Ellipsis if spec["core"] else valid[0]
+    assert np.all(np.isfinite(out)), "non-finite output"
+    np.testing.assert_allclose(out[rows], expected[rows], atol=1e-4, rtol=1e-4)
+
+    # Values at padded positions do not reach valid outputs.
+    noisy = []
+    for x, v in zip(xs, valid):
+        x = x.copy()
+        x[~v] = RNG.normal(size=x[~v].shape) * 10
+        noisy.append(x)
+    rows = valid[0] if out.ndim == 3 else Ellipsis
+    np.testing.assert_allclose(
+        run(noisy, keras_valid, kwargs)[rows], out[rows], atol=1e-4, rtol=1e-4
+    )
+
+
+def test_matrix_size(capsys):
+    """Every masked layer is in the matrix; prints its size."""
+    assert set(SPECS) == {
+        "MultiHeadAttention", "SelfAttention", "CausalSelfAttention",
+        "CrossAttention", "LocalSelfAttention", "AttentionPooling",
+        "BahdanauAttention", "LuongAttention[global]", "LuongAttention[local-m]",
+        "LuongAttention[local-p]", "AttentionRNNDecoder",
+        "TransformerEncoderBlock", "TransformerDecoderBlock",
+    }
+    modes = len(MODES) if BACKEND == "tensorflow" else 2
+    with capsys.disabled():
+        print(
+            f"\nmask matrix: {len(SPECS)} layers, {NUM_COMBINATIONS} "
+            f"combinations, x {modes} call modes = {NUM_COMBINATIONS * modes} "
+            "cases"
+        )
+    assert NUM_COMBINATIONS == sum(len(c) for c in MATRIX.values()) > 0
