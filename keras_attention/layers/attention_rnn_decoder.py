@@ -1,11 +1,22 @@
+import inspect
+
 import keras
 from keras import ops
 
+from keras_attention.layers._validation import check_bool
+from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.bahdanau_attention import _check_positive_int
 from keras_attention.layers.bahdanau_attention import _check_rate
 from keras_attention.layers.bahdanau_attention import _clone
 from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+try:  # Keras >= 3.6
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
 
 STYLES = ("bahdanau", "luong")
 CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
@@ -13,6 +24,44 @@ CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
 
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _cross_mask_argument(attention):
+    """The memory-mask argument of a multi-head attention layer called as
+    `attention(query, memory, ..., cache=...)`, or None if it cannot be.
+
+    `MultiHeadAttention` takes `value_mask`, `CrossAttention` takes
+    `context_mask`; self-attention layers (`SelfAttention` and its
+    subclasses) take one sequence and cannot attend to a memory.
+    """
+    if not isinstance(attention, MultiHeadAttention):
+        return None
+    params = inspect.signature(attention.call).parameters
+    names = [
+        n for n, p in params.items()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(names) < 2 or names[0] != "query":
+        return None
+    if "cache" not in params or "return_attention_scores" not in params:
+        return None
+    axes = getattr(attention, "attention_axes", None)
+    if axes is not None and tuple(_as_list(axes)) not in ((1,), (-2,)):
+        return None  # attention over other axes than time
+    for name in ("context_mask", "value_mask"):
+        if name in params:
+            return name
+    return None
+
+
+def _cell_sizes(cell):
+    """`(output_size, first state size)` of an RNN cell (ints or None)."""
+    states = _as_list(cell.state_size)
+    output = getattr(cell, "output_size", None)
+    if output is None:
+        output = getattr(cell, "units", None)
+    as_int = lambda n: int(n) if isinstance(n, int) else None  # noqa: E731
+    return as_int(output), as_int(states[0]) if states else None
 
 
 def _scan(f, init, xs):
@@ -70,6 +119,20 @@ class AttentionRNNDecoder(keras.layers.Layer):
 
       With `input_feeding=False`, `h~_{t-1}` is not fed back.
 
+    Porting from TensorFlow Addons' `AttentionWrapper(cell, mechanism)`
+    (the memory is given at each call here, not to the mechanism):
+
+    - `attention_layer_size=None, output_attention=False` is our
+      `attention_style="bahdanau"`: the context of `s_{t-1}` is fed to the
+      cell with `x_t`, the output is `s_t` (TFA feeds a zero context at the
+      first step, we attend with the initial state).
+    - `attention_layer_size=units` (`output_attention=True`) is our
+      `attention_style="luong", input_feeding=True`, except that TFA's
+      attention layer is linear, `W_c [h_t; c_t]`, where ours applies
+      `tanh` to `W_c [c_t; h_t]` as Luong et al. (eq. 5).
+    - `BasicDecoder` is `call` (teacher forcing); `BeamSearchDecoder` is
+      `step` driven by a `keras_hub` sampler (`BeamSampler`).
+
     `call` runs a whole target sequence (teacher forcing) in one loop
     (`keras.ops.scan`): it works under `tf.function`, `jit_compile=True`,
     in SavedModels and on JAX. `step` runs one step with the same weights
@@ -79,11 +142,16 @@ class AttentionRNNDecoder(keras.layers.Layer):
 
     Args:
         units: int, size of the cell state (and of the output).
-        attention: the attention layer: `BahdanauAttention`,
-            `LuongAttention` or `CrossAttention` (whose weights are averaged
-            over heads for the alignment history).
+        attention: the attention layer, called with the query `(batch, 1,
+            units)` of each step and the memory: `BahdanauAttention`,
+            `LuongAttention`, `CrossAttention` or `MultiHeadAttention` (the
+            last two: weights averaged over heads for the alignment
+            history; keys/values projected once per source with
+            `compute_cache`). Self-attention layers (`SelfAttention`, ...)
+            are refused with a `ValueError`.
         cell: `"gru"`, `"lstm"`, or a Keras RNN cell with `state_size`
-            (whose output size must be `units`).
+            (whose output size, and for the Bahdanau style first state
+            size, must be `units`; checked at construction).
         attention_style: `"bahdanau"` or `"luong"`.
         input_feeding: bool, Luong style only: feed `h~_{t-1}` to the cell.
         return_attention_scores: bool, also return the alignment history.
@@ -102,7 +170,8 @@ class AttentionRNNDecoder(keras.layers.Layer):
         initial_state: optional cell state: a tensor `(batch, units)` (GRU)
             or a list `[h, c]` (LSTM), e.g. from `EncoderBridge`; zeros by
             default. Or the full state list that `step` takes.
-        mask: optional boolean `(batch, Tt)` target mask (Keras mask).
+        mask: optional boolean `(batch, Tt)` target mask (read from the
+            Keras mask of `inputs` when omitted).
         memory_mask: optional boolean `(batch, Ts)` source mask (Keras mask).
         training: bool.
 
@@ -113,7 +182,10 @@ class AttentionRNNDecoder(keras.layers.Layer):
 
     Example:
 
-    >>> decoder = AttentionRNNDecoder(8, BahdanauAttention(6))
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> decoder = keras_attention.layers.AttentionRNNDecoder(
+    ...     8, keras_attention.layers.BahdanauAttention(6))
     >>> y = np.ones((2, 4, 5), "float32")       # embedded targets
     >>> memory = np.ones((2, 7, 3), "float32")  # encoder states
     >>> tuple(decoder(y, memory).shape)
@@ -148,10 +220,19 @@ class AttentionRNNDecoder(keras.layers.Layer):
         _check_positive_int("units", units)
         if isinstance(attention, dict):
             attention = keras.saving.deserialize_keras_object(attention)
-        if not isinstance(attention, (_Seq2SeqAttention, MultiHeadAttention)):
+        if not (
+            isinstance(attention, _Seq2SeqAttention)
+            or _cross_mask_argument(attention) is not None
+        ):
             raise ValueError(
-                "`attention` must be a BahdanauAttention, LuongAttention or "
-                f"CrossAttention layer. Received: attention={attention!r}"
+                "`attention` must be an encoder-decoder attention layer that "
+                "the decoder calls as `attention(query, memory)`: "
+                "`BahdanauAttention`, `LuongAttention`, `CrossAttention` or "
+                "`MultiHeadAttention` (over the time axis) of "
+                "`keras_attention.layers`. Self-attention layers "
+                "(`SelfAttention`, `CausalSelfAttention`, "
+                "`LocalSelfAttention`) attend within one sequence and cannot "
+                f"read the memory. Received: attention={attention!r}"
             )
         if isinstance(cell, dict):
             cell = keras.saving.deserialize_keras_object(cell)
@@ -166,6 +247,21 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 "`cell` must be 'gru', 'lstm' or an RNN cell layer with a "
                 f"`state_size`. Received: cell={cell!r}"
             )
+        else:
+            output_size, state_size = _cell_sizes(cell)
+            # The cell's output is the decoder's output (and, Bahdanau
+            # style, its first state is the attention query): both `units`.
+            sizes = [output_size]
+            if attention_style == "bahdanau":
+                sizes.append(state_size)
+            if any(n is not None and n != units for n in sizes):
+                raise ValueError(
+                    "`cell` must have output size (and, for "
+                    "`attention_style='bahdanau'`, first state size) equal to "
+                    f"`units`. Received: units={units!r}, cell={cell!r} with "
+                    f"output size {output_size!r} and state_size="
+                    f"{cell.state_size!r}"
+                )
         if attention_style not in STYLES:
             raise ValueError(
                 f"`attention_style` must be one of {STYLES}. "
@@ -176,9 +272,11 @@ class AttentionRNNDecoder(keras.layers.Layer):
         self.attention = attention
         self.cell = cell
         self.attention_style = attention_style
-        self.input_feeding = bool(input_feeding)
-        self.return_attention_scores = return_attention_scores
-        self.return_state = return_state
+        self.input_feeding = check_bool("input_feeding", input_feeding)
+        self.return_attention_scores = check_bool(
+            "return_attention_scores", return_attention_scores
+        )
+        self.return_state = check_bool("return_state", return_state)
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
@@ -191,7 +289,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
 
     @property
     def _cross(self):
-        return isinstance(self.attention, MultiHeadAttention)
+        return not isinstance(self.attention, _Seq2SeqAttention)
 
     @property
     def _feeds(self):
@@ -280,9 +378,10 @@ class AttentionRNNDecoder(keras.layers.Layer):
         """One query `(b, d)` -> context `(b, dc)`, weights float32 `(b, Ts)`."""
         query = query[:, None, :]
         if self._cross:
+            mask_argument = {_cross_mask_argument(self.attention): memory_mask}
             context, scores, _ = self.attention(
-                query, memory, context_mask=memory_mask, cache=prepared,
-                return_attention_scores=True, training=training,
+                query, memory, cache=prepared, return_attention_scores=True,
+                training=training, **mask_argument,
             )
             weights = ops.mean(ops.cast(scores, "float32"), axis=1)  # b 1 j
         else:
@@ -353,6 +452,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
             `(output, new_states, weights)`: `(batch, units)`, the new state
             list, and this step's attention weights `(batch, Ts)`.
         """
+        check_padding_mask("memory_mask", memory_mask, memory, "memory")
         if not self.built:
             self.build(
                 (None, 1, inputs.shape[-1]), tuple(memory.shape)
@@ -378,6 +478,12 @@ class AttentionRNNDecoder(keras.layers.Layer):
         memory_mask=None,
         training=None,
     ):
+        if mask is None:
+            # Keras fills `mask` only for one-tensor calls: read the target
+            # sequence's own Keras mask.
+            mask = _get_keras_mask(inputs)
+        check_padding_mask("mask", mask, inputs, "inputs")
+        check_padding_mask("memory_mask", memory_mask, memory, "memory")
         batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]
         states = self.get_initial_state(batch, initial_state)
         prepared = self.prepare_memory(memory)

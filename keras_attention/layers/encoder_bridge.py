@@ -38,10 +38,13 @@ class EncoderBridge(keras.layers.Layer):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import keras_attention
     >>> encoder = keras.layers.Bidirectional(
     ...     keras.layers.GRU(4, return_sequences=True, return_state=True))
     >>> memory, forward_h, backward_h = encoder(np.ones((2, 5, 3), "float32"))
-    >>> s0 = EncoderBridge(8)(forward_h, backward_h)
+    >>> s0 = keras_attention.layers.EncoderBridge(8)(forward_h, backward_h)
     >>> tuple(s0.shape)
     (2, 8)
 

@@ -8,7 +8,11 @@ from keras_attention.layers import AttentionRNNDecoder
 from keras_attention.layers import BahdanauAttention
 from keras_attention.layers import CrossAttention
 from keras_attention.layers import EncoderBridge
+from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import LuongAttention
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import SelfAttention
+from keras_attention.layers import CausalSelfAttention
 
 RNG = np.random.default_rng(5)
 Y = RNG.normal(size=(2, 5, 4)).astype("float32")  # embedded targets
@@ -205,3 +209,90 @@ def test_errors():
         AttentionRNNDecoder(8, BahdanauAttention(4))(Y[:, 0], M)
     with pytest.raises(ValueError, match="memory_shape"):
         AttentionRNNDecoder(8, BahdanauAttention(4))(Y, M[:, 0])
+
+
+@pytest.mark.parametrize("attention", [
+    SelfAttention(2, 4), CausalSelfAttention(2, 4),
+    LocalSelfAttention(2, 4, window_size=2), keras.layers.Dense(4),
+])
+def test_self_attention_is_refused_at_construction(attention):
+    # Defect 4: accepted, then a TypeError from deep inside at call.
+    with pytest.raises(ValueError, match=r"CrossAttention.*Received: attention=<"):
+        AttentionRNNDecoder(8, attention)
+
+
+@pytest.mark.parametrize("style", ["bahdanau", "luong"])
+def test_multi_head_attention_as_the_attention(style):
+    # Defect 4: `MultiHeadAttention` was accepted, then failed at call
+    # (`context_mask`). It attends over the memory like CrossAttention.
+    decoder = AttentionRNNDecoder(8, MultiHeadAttention(2, 4), attention_style=style,
+                                  return_attention_scores=True)
+    out, alignment = decoder(Y, M, initial_state=S0, memory_mask=M_MASK)
+    out, alignment = np_(out), np_(alignment)
+    # Reference: the same layers, one step at a time by hand.
+    mha, cell = decoder.attention, decoder.rnn_cell
+    s, feed = S0, None
+    for t in range(Y.shape[1]):
+        if style == "bahdanau":  # c_t = a(s_{t-1}, h);  s_t = f(s_{t-1}, [y_t; c_t])
+            c, scores = mha(s[:, None], M, value_mask=M_MASK, return_attention_scores=True)
+            s, _ = cell(np.concatenate([Y[:, t], np_(c)[:, 0]], -1), [s])
+            s = expected = np_(s)
+        else:  # h_t = f(h_{t-1}, [y_t; h~_{t-1}]);  h~_t = tanh(W_c [c_t; h_t])
+            feed = np.zeros((2, 8), "float32") if feed is None else feed
+            s, _ = cell(np.concatenate([Y[:, t], feed], -1), [s])
+            s = np_(s)
+            c, scores = mha(s[:, None], M, value_mask=M_MASK, return_attention_scores=True)
+            w_c = np_(decoder.attentional_dense.kernel)
+            feed = expected = np.tanh(np.concatenate([np_(c)[:, 0], s], -1) @ w_c)
+        np.testing.assert_allclose(out[:, t], expected, atol=1e-5)
+        np.testing.assert_allclose(alignment[:, t], np_(scores)[:, :, 0].mean(1), atol=1e-6)
+    assert np.all(alignment[~np.broadcast_to(M_MASK[:, None], alignment.shape)] == 0)
+    states = decoder.get_initial_state(2, S0)
+    step_out, _, _ = decoder.step(Y[:, 0], states, M, memory_mask=M_MASK)
+    np.testing.assert_allclose(np_(step_out), out[:, 0], atol=1e-5)
+
+
+def test_cell_and_units_must_agree_at_construction():
+    # Defect 8: accepted, then failed naming an internal layer.
+    with pytest.raises(ValueError, match=r"units=8.*cell=<GRUCell.*output size 5"):
+        AttentionRNNDecoder(8, BahdanauAttention(4), cell=keras.layers.GRUCell(5))
+    with pytest.raises(ValueError, match=r"units=8.*cell=<LSTMCell"):
+        AttentionRNNDecoder(8, LuongAttention("dot"), attention_style="luong",
+                            cell=keras.layers.LSTMCell(6))
+    decoder = AttentionRNNDecoder(8, BahdanauAttention(4), cell=keras.layers.LSTMCell(8))
+    assert tuple(decoder(Y, M).shape) == (2, 5, 8)
+
+
+def test_string_flags_are_refused():
+    # Defect 8: "False" from a CLI or YAML was taken as True.
+    for flag in ("input_feeding", "return_attention_scores", "return_state"):
+        with pytest.raises(ValueError, match=f"{flag}='False'"):
+            AttentionRNNDecoder(8, BahdanauAttention(4), **{flag: "False"})
+
+
+def test_wrongly_sized_masks_name_the_argument():
+    # Defect 8: these ended in opaque broadcasting errors inside the loop.
+    decoder = make("bahdanau", "gru")
+    with pytest.raises(ValueError, match=r"`mask`.*\(2, 5, 4\).*\(2, 4\)"):
+        decoder(Y, M, mask=Y_MASK[:, :4])
+    with pytest.raises(ValueError, match=r"memory_mask.*\(2, 7, 6\).*\(2, 6\)"):
+        decoder(Y, M, memory_mask=M_MASK[:, :6])
+    states = decoder.get_initial_state(2)
+    with pytest.raises(ValueError, match=r"memory_mask.*\(2, 7, 6\).*\(2, 6\)"):
+        decoder.step(Y[:, 0], states, M, memory_mask=M_MASK[:, :6])
+
+
+def test_keras_mask_of_the_targets_is_read():
+    # With two tensor arguments Keras fills `memory_mask` but not `mask`:
+    # the target's own Keras mask must still be honoured (eager and
+    # functional), padded steps output zeros.
+    ids = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 5]], "int32")
+    embedding = keras.layers.Embedding(8, 4, mask_zero=True)
+    decoder = make("luong", "gru")
+    explicit = np_(decoder(np_(embedding(ids)), M, mask=ids != 0))
+    assert np.all(explicit[0, 3:] == 0) and np.all(explicit[0, :3] != 0)
+    np.testing.assert_allclose(np_(decoder(embedding(ids), M)), explicit, atol=1e-6)
+    tokens = keras.Input((None,), dtype="int32")
+    memory = keras.Input((None, 6))
+    model = keras.Model([tokens, memory], decoder(embedding(tokens), memory))
+    np.testing.assert_allclose(np_(model([ids, M])), explicit, atol=1e-6)
