@@ -41,8 +41,9 @@ class SelfAttention(MultiHeadAttention):
 
     Call arguments:
         inputs: `(batch, T, features)`.
-        mask: optional boolean `(batch, T)` padding mask (read from the Keras
-            mask of `inputs` when omitted).
+        mask: optional boolean `(batch, T)` padding mask; when omitted, the
+            Keras mask of `inputs` is read (also when `attention_mask` or
+            `cache` is passed, where Keras itself would not fill `mask`).
         attention_mask: optional boolean mask `(T, T)`, `(batch, T, T)` or
             `(batch, heads, T, T)`, combined with the padding/causal masks.
         return_attention_scores: bool, also return `(batch, heads, T, T)`.

@@ -46,6 +46,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from keras.src.backend import get_keras_mask
 
 import references
 from keras_attention import layers as ka
@@ -324,7 +325,7 @@ def _randomize_biases(layer):
             w.assign(rng.normal(size=w.shape).astype(w.dtype) * 0.3)
 
 
-def _call(spec, layer, xs, keras_valid, kwargs, causal):
+def _call(spec, layer, xs, keras_valid, kwargs, causal, return_inputs=False):
     """Calls `layer` on `xs`, attaching the Keras masks, in the current mode
     (the tensors may be eager, traced or symbolic)."""
     tensors = [
@@ -334,7 +335,8 @@ def _call(spec, layer, xs, keras_valid, kwargs, causal):
     if spec["causal"] == "call" and causal:
         kwargs = dict(kwargs, use_causal_mask=True)
     out = layer(*tensors, **kwargs)
-    return out[0] if isinstance(out, (tuple, list)) else out
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return (out, tensors) if return_inputs else out
 
 
 def _run(mode, spec, layer, xs, keras_valid, kwargs, causal):
@@ -414,6 +416,19 @@ def test_mask_matrix(built_layers, name, combo, mode):
     np.testing.assert_allclose(
         run(noisy, keras_valid, kwargs)[rows], out[rows], atol=1e-4, rtol=1e-4
     )
+    if mode == "eager" and keras_on[0] and out.ndim == 3:
+        _check_keras_mask_flow(spec, layer, xs, keras_valid, kwargs, causal)
+
+
+def _check_keras_mask_flow(spec, layer, xs, keras_valid, kwargs, causal):
+    """The output carries the first input's Keras mask (the explicit `mask`
+    when one is given), and no input loses its Keras mask."""
+    out, tensors = _call(spec, layer, xs, keras_valid, kwargs, causal, True)
+    want = kwargs.get("mask", keras_valid[0])
+    np.testing.assert_array_equal(np_(get_keras_mask(out)), want)
+    for t, m in zip(tensors, keras_valid):
+        if m is not None:
+            np.testing.assert_array_equal(np_(get_keras_mask(t)), m)
 
 
 def test_matrix_size(capsys):
