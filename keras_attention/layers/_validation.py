@@ -4,6 +4,8 @@ Every check raises `ValueError` naming the argument and showing the value
 with `repr` (so `"2"` and `2` read differently).
 """
 
+import numpy as np
+
 
 def check_positive_int(name, value, allow_none=False):
     """Raises `ValueError` naming `name` unless `value` is a positive int."""
@@ -44,7 +46,7 @@ def check_bool(name, value):
     Strings such as `"False"` (from a command line or a YAML file) are
     refused rather than silently taken as True. NumPy bools are accepted.
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise ValueError(
         f"`{name}` must be a bool (True or False). Received: {name}={value!r}"
