@@ -181,6 +181,9 @@ class BahdanauAttention(_Seq2SeqAttention):
     memory mask is `value_mask` (or the Keras mask) instead of
     `memory_sequence_length`.
 
+    Under mixed precision the scores stay in the compute dtype (they cannot
+    overflow: `|e_ij| <= sum_u |v_u|`); the softmax runs in float32.
+
     The scores never materialize the `(batch, Tq, Tv, units)` tensor: they
     are computed over chunks of queries, and the backward pass recomputes
     each chunk (see `keras_attention.ops.additive.additive_scores`), so a

