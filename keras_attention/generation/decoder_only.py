@@ -124,7 +124,7 @@ class CausalLMGenerator:
         self.embedding = embedding
         self.blocks = list(blocks)
         if not self.blocks:
-            raise ValueError(f"`blocks` must not be empty. Received: blocks={blocks}")
+            raise ValueError(f"`blocks` must not be empty. Received: blocks={blocks!r}")
         for block in self.blocks:
             if getattr(block, "cross_attention", None) is not self._cross_attention:
                 raise ValueError(
