@@ -77,7 +77,10 @@ class CrossAttention(MultiHeadAttention):
         if context_mask is None:
             context_mask = keras_mask(context)
         check_padding_mask("query_mask", query_mask, query, "query")
-        check_padding_mask("context_mask", context_mask, context, "context")
+        if context is not None:
+            check_padding_mask("context_mask", context_mask, context, "context")
+        elif cache is not None:  # Keys/values precomputed: (b, 2, Tv, g, d).
+            check_padding_mask("context_mask", context_mask, cache[:, 0], "cache")
         return super().call(
             query=query,
             value=context,
