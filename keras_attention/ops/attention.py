@@ -6,13 +6,17 @@ head dims.
 
 Rules (shared by every layer of the package):
 - mask True means "may attend";
-- the softmax runs in float32 whatever the compute dtype;
+- the scores `q k^T` are formed in float32 for float16 / bfloat16 inputs
+  (in float16 they overflow to inf, hence NaN weights, as soon as
+  `|q| |k|` nears 65504), and the softmax runs in float32 whatever the
+  compute dtype;
 - a query row with no key to attend to gets all-zero weights (so a zero
   result), never NaN and never uniform weights; gradients stay finite.
 """
 
 import contextlib
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -29,6 +33,13 @@ def mask_fill_value(dtype):
     if dtype == "bfloat16":
         return -1.6e38
     return float(np.finfo(np.dtype(dtype)).min) / 2.0
+
+
+def score_dtype(dtype):
+    """The dtype attention scores are formed in: float32 for float16 and
+    bfloat16 inputs (no overflow), the input dtype otherwise."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 def masked_softmax(scores, mask=None, axis=-1):
@@ -67,7 +78,7 @@ def as_4d_mask(mask):
         return mask
     raise ValueError(
         "An attention mask must have rank 2, 3 or 4. "
-        f"Received: mask.shape={mask.shape}"
+        f"Received: mask.shape={tuple(mask.shape)!r}"
     )
 
 
@@ -125,6 +136,25 @@ def dot_product_attention(
     Returns:
         `(b, i, h, e)` in the query's dtype, and the weights (query dtype) if
         `return_weights`.
+
+    Low-precision inputs: the scores of float16 / bfloat16 inputs are formed
+    in float32 on the dense and blockwise paths (and by the fused kernels of
+    JAX, which accumulate in float32; on TensorFlow the "fused" path computes
+    in float32), so large queries and keys cannot overflow them.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.normal(size=(2, 5, 4, 8)).astype("float32")    # 4 query heads
+    >>> kv = rng.normal(size=(2, 7, 2, 8)).astype("float32")   # 2 key/value heads
+    >>> out, weights = keras_attention.ops.dot_product_attention(
+    ...     q, kv, kv, is_causal=True, return_weights=True)
+    >>> tuple(out.shape), tuple(weights.shape)
+    ((2, 5, 4, 8), (2, 4, 5, 7))
+    >>> float(np.asarray(weights)[0, 0, 0, 1])  # query 0 sees key 0 only
+    0.0
     """
     choice = _choose_implementation(
         implementation or _FORCED[-1], query, key, dropout_fn, return_weights
@@ -174,7 +204,10 @@ def _dense(query, key, value, mask, scale, dropout_fn, return_weights,
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
-    query = ops.multiply(query, ops.cast(scale, query.dtype))
+    # Scores in float32 for low-precision inputs: they cannot overflow.
+    dtype = score_dtype(query.dtype)
+    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
+    key = ops.cast(key, dtype)
     mask = as_4d_mask(mask)
     if num_groups == num_heads:
         scores = ops.einsum("bihd,bjhd->bhij", query, key)
@@ -217,7 +250,7 @@ def implementation_scope(name):
     if name is not None and name not in IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
-            f"Received: implementation={name}"
+            f"Received: implementation={name!r}"
         )
     _FORCED.append(name)
     try:
@@ -230,7 +263,7 @@ def _choose_implementation(name, query, key, dropout_fn, return_weights):
     if name is not None and name not in IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
-            f"Received: implementation={name}"
+            f"Received: implementation={name!r}"
         )
     needs_weights = return_weights or dropout_fn is not None
     tq, tk = query.shape[1], key.shape[1]
@@ -245,9 +278,9 @@ def _choose_implementation(name, query, key, dropout_fn, return_weights):
         return "dense"
     if name != "dense" and needs_weights:
         raise ValueError(
-            f'implementation="{name}" computes no attention weights: it cannot '
+            f"implementation={name!r} computes no attention weights: it cannot "
             "return them or apply dropout to them. Received: "
-            f"return_weights={return_weights}, dropout_fn={dropout_fn}"
+            f"return_weights={return_weights!r}, dropout_fn={dropout_fn!r}"
         )
     if name == "blockwise" and not static:
         return "dense"  # Tiles need lengths known at trace time.
@@ -304,8 +337,18 @@ def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
 
     Rows that may attend to nothing would give NaN or uniform weights in
     the fused kernels: they attend to everything instead and their result
-    is zeroed afterwards.
+    is zeroed afterwards. JAX's kernels form float16 / bfloat16 scores in
+    float32 (`preferred_element_type`), cuDNN / flash kernels accumulate in
+    float32; TensorFlow's does not, so there low precision runs in float32.
     """
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    if keras.backend.backend() == "tensorflow" and score_dtype(dtype) != dtype:
+        # TensorFlow's kernel forms float16 scores in float16 (overflow);
+        # it has no fused kernel to lose: compute in float32.
+        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
+        out = _fused(query, key, value, mask, is_causal, causal_offset,
+                     key_padding, query_padding)
+        return ops.cast(out, dtype)
     h, g = query.shape[2], key.shape[2]
     if g == 1 and h > 1:  # Some backends only broadcast 1 < g < h groups.
         key, value = ops.repeat(key, h, axis=2), ops.repeat(value, h, axis=2)

@@ -84,8 +84,10 @@ def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
 
 
 def _scores(q_t, k_c, mask, r, rows):
-    """Masked float32 scores `(b, g, q, k)` of one tile."""
-    s = ops.cast(ops.einsum("bgqd,bgkd->bgqk", q_t, k_c), "float32")
+    """Masked float32 scores `(b, g, q, k)` of one tile, formed in float32
+    (float16 products of large queries and keys would overflow)."""
+    q_t, k_c = ops.cast(q_t, "float32"), ops.cast(k_c, "float32")
+    s = ops.einsum("bgqd,bgkd->bgqk", q_t, k_c)
     if mask is None:
         return s
     g, cols = ops.shape(s)[1], ops.shape(s)[3]

@@ -196,11 +196,11 @@ def test_automatic_choice_and_errors():
     q, k, v = inputs()
     out, w = dot_product_attention(q, k, v, return_weights=True)
     assert tuple(w.shape) == (2, 4, 13, 17)
-    with pytest.raises(ValueError, match="implementation=sparse"):
+    with pytest.raises(ValueError, match="implementation='sparse'"):
         dot_product_attention(q, k, v, implementation="sparse")
     with pytest.raises(ValueError, match="return_weights=True"):
         dot_product_attention(q, k, v, return_weights=True, implementation="blockwise")
-    with pytest.raises(ValueError, match="implementation=flash"):
+    with pytest.raises(ValueError, match="implementation='flash'"):
         with implementation_scope("flash"):
             pass
     with implementation_scope("blockwise"):
