@@ -296,3 +296,39 @@ def test_keras_mask_of_the_targets_is_read():
     memory = keras.Input((None, 6))
     model = keras.Model([tokens, memory], decoder(embedding(tokens), memory))
     np.testing.assert_allclose(np_(model([ids, M])), explicit, atol=1e-6)
+
+
+def test_keras_hub_samplers_drive_step():
+    """The README's migration example: `BeamSearchDecoder` -> a keras_hub
+    sampler over `step`, the states, memory and mask as its cache."""
+    keras_hub = pytest.importorskip("keras_hub")
+    vocab = 9
+    embedding = keras.layers.Embedding(vocab, 4)
+    decoder = make("bahdanau", "gru")
+    head = keras.layers.Dense(vocab)
+    head(decoder(embedding(np.ones((2, 1), "int32")), M))  # build
+    cache = (tuple(decoder.get_initial_state(2, S0)), M, M_MASK)
+
+    def next(prompt, cache, index):
+        states, mem, mem_mask = cache
+        out, states, _ = decoder.step(
+            embedding(prompt[:, index - 1]), list(states), mem,
+            memory_mask=mem_mask, step_index=index - 1,
+        )
+        return head(out), None, (tuple(states), mem, mem_mask)
+
+    prompt = np.zeros((2, 6), "int32")
+    prompt[:, 0] = 1
+    greedy = np_(keras_hub.samplers.GreedySampler()(next, prompt, cache=cache, index=1))
+    # Reference: argmax decoding by hand.
+    states, token, expected = decoder.get_initial_state(2, S0), prompt[:, 0], [prompt[:, 0]]
+    for t in range(5):
+        out, states, _ = decoder.step(embedding(token), states, M,
+                                      memory_mask=M_MASK, step_index=t)
+        token = np.argmax(np_(head(out)), -1).astype("int32")
+        expected.append(token)
+    np.testing.assert_array_equal(greedy, np.stack(expected, 1))
+    beams = keras_hub.samplers.BeamSampler(num_beams=3, return_all_beams=True)
+    tokens, log_probs = beams(next, prompt, cache=cache, index=1)
+    assert tuple(tokens.shape) == (2, 3, 6) and np.all(np_(tokens)[:, :, 0] == 1)
+    assert np.all(np.diff(np_(log_probs), axis=-1) <= 1e-6)  # best beam first
