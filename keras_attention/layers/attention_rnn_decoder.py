@@ -323,7 +323,21 @@ class AttentionRNNDecoder(keras.layers.Layer):
             )
         else:
             self.rnn_cell = self.cell
-        if not self.attention.built:
+        if self.attention.built:
+            # The attention's query is the decoder state (`units`).
+            features = getattr(
+                self.attention,
+                "_query_feature_dim" if self._cross else "_query_features",
+                None,
+            )
+            if features is not None and features != self.units:
+                raise ValueError(
+                    "`attention` is already built for queries of size "
+                    f"{features!r}; the decoder's queries are its states of "
+                    f"size `units`. Received: units={self.units!r}, "
+                    f"attention={self.attention!r}"
+                )
+        else:
             if self._cross:
                 self.attention.build((None, 1, self.units), memory_shape)
             else:

@@ -65,6 +65,7 @@ class _Seq2SeqAttention(keras.layers.Layer):
                 "`key` and `value` must have the same number of steps. Received: "
                 f"key_shape={tuple(key_shape)}, value_shape={tuple(value_shape)}"
             )
+        self._query_features = query_shape[-1]
 
     def _check_masks(self, query, value, query_mask, value_mask):
         """`ValueError` naming the mask unless it fits its input's axes."""
@@ -118,6 +119,10 @@ class _Seq2SeqAttention(keras.layers.Layer):
         return_attention_scores, training, **kwargs
     ):
         self._check_masks(query, value, query_mask, value_mask)
+        if key is not None:
+            # Again at call time: a layer built on `(None, None, d)` inputs
+            # could not compare the lengths then.
+            self._check_shapes(query.shape, value.shape, key.shape)
         # Integer (or any non-compute-dtype) inputs are computed in the
         # layer's compute dtype: cast to an int dtype, the weights would
         # round to zero.

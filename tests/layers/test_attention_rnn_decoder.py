@@ -332,3 +332,14 @@ def test_keras_hub_samplers_drive_step():
     tokens, log_probs = beams(next, prompt, cache=cache, index=1)
     assert tuple(tokens.shape) == (2, 3, 6) and np.all(np_(tokens)[:, :, 0] == 1)
     assert np.all(np.diff(np_(log_probs), axis=-1) <= 1e-6)  # best beam first
+
+
+def test_attention_built_for_other_queries_is_refused():
+    attention = BahdanauAttention(4)
+    attention(np.ones((2, 5), "float32"), M)  # built for queries of size 5
+    with pytest.raises(ValueError, match=r"queries of size 5.*units=8"):
+        AttentionRNNDecoder(8, attention)(Y, M)
+    mha = MultiHeadAttention(2, 4)
+    mha(np.ones((2, 1, 5), "float32"), M)
+    with pytest.raises(ValueError, match=r"queries of size 5.*units=8"):
+        AttentionRNNDecoder(8, mha)(Y, M)

@@ -246,3 +246,12 @@ def test_string_flags_are_refused():
         BahdanauAttention(4, normalize="False")
     with pytest.raises(ValueError, match="use_bias='False'"):
         BahdanauAttention(4, use_bias="False")
+
+
+def test_key_value_lengths_checked_at_call_after_symbolic_build():
+    # Built on `keras.Input((None, d))`, the build could not compare them.
+    layer = BahdanauAttention(4)
+    q, v, k = keras.Input((None, 8)), keras.Input((None, 6)), keras.Input((None, 3))
+    layer(q, v, key=k)
+    with pytest.raises(ValueError, match=r"key_shape=\(2, 5, 3\), value_shape=\(2, 7, 6\)"):
+        layer(Q, V, key=np.ones((2, 5, 3), "float32"))
