@@ -1,17 +1,34 @@
 """Decoder-only transformer, cached generation and string-serving export of
 the `language_model` example.
 
-    logits = Dense(LayerNorm(Block_L(... Block_1(TokenAndPositionEmbedding(ids)))))
+    logits = Dense(LayerNorm(Block_L(... Block_1(Embedding(ids)))))
 
 Each block is a pre-norm `TransformerDecoderBlock(cross_attention=False)`:
 causal self-attention (sliding-window `LocalSelfAttention` with `window`)
 and a feed-forward network. `keras_attention.generation.CausalLMGenerator`
 drives the `keras_hub` samplers with a fixed-size key/value cache.
+
+Positions, and why (issue 17). The model is trained on windows of
+`sequence_length` characters but generates `max_length` of them, which is
+longer. A learned absolute position table (`positions="learned"`, the old
+setup) leaves positions `sequence_length ..` untrained: the generated text
+collapses there. Rotary positions (`positions="rotary"`, the default) make
+attention depend on the distance `i - j` only, but with full causal
+attention generation still meets distances (and numbers of keys) never
+seen in training, and rotary models are known to extrapolate poorly. With
+rotary positions *and* a sliding window (`window < sequence_length`: query
+`i` sees keys `i - window .. i`) every query at generation sees at most
+`window + 1` keys at distances `0 .. window`, exactly what every training
+position `>= window` saw, so nothing at generation is out of distribution,
+however long it runs. The example
+measures it: bits/char on windows of the generation length match the
+training-length figure (`positional_bits_per_character`).
 """
 
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_attention.generation import CausalLMGenerator
@@ -19,6 +36,7 @@ from keras_attention.layers import TokenAndPositionEmbedding
 from keras_attention.layers import TransformerDecoderBlock
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
+POSITIONS = ("rotary", "learned")
 
 
 def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
@@ -44,19 +62,37 @@ def build_language_model(
     num_heads=4,
     dropout=0.1,
     window=None,
+    positions="rotary",
+    rotary_max_wavelength=10_000,
 ):
     """Returns `(model, generator)`.
 
-    `model`: token ids `(batch, T)` -> next-token logits `(batch, T, V)`,
-    `T <= max_length`. `generator`: a `CausalLMGenerator` over the same
-    layers (XLA off, so that it also runs inside a SavedModel as is).
+    `model`: token ids `(batch, T)` -> next-token logits `(batch, T, V)`.
+    `generator`: a `CausalLMGenerator` over the same layers (XLA off, so
+    that it also runs inside a SavedModel as is).
+
+    `positions="rotary"` (default): a token embedding without position
+    table, rotary positions in every self-attention; any `T`, but only
+    distances seen in training generalize (see the module docstring: use a
+    `window` shorter than the training windows to generate longer texts).
+    `positions="learned"`: `TokenAndPositionEmbedding` with a table of
+    `max_length` positions (`T <= max_length`); positions beyond the
+    training windows stay untrained.
     """
+    if positions not in POSITIONS:
+        raise ValueError(
+            f"`positions` must be one of {POSITIONS}. Received: positions={positions!r}"
+        )
     # b - batch, t - positions, d - features, v - vocabulary
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    embedding = TokenAndPositionEmbedding(
-        vocabulary_size, max_length, hidden_dim, name="embedding"
-    )
     block_kwargs = {} if window is None else {"window_size": window}
+    if positions == "learned":
+        embedding = TokenAndPositionEmbedding(
+            vocabulary_size, max_length, hidden_dim, name="embedding"
+        )
+    else:
+        embedding = keras.layers.Embedding(vocabulary_size, hidden_dim, name="embedding")
+        block_kwargs["rotary_max_wavelength"] = rotary_max_wavelength
     blocks = [
         TransformerDecoderBlock(
             num_heads=num_heads,
@@ -85,6 +121,31 @@ def build_language_model(
 def bits_per_character(loss):
     """Mean cross-entropy in nats per character -> bits per character."""
     return loss / math.log(2.0)
+
+
+def positional_bits_per_character(model, batches):
+    """Teacher-forced bits per character at each position of the windows.
+
+    Args:
+        model: token ids `(batch, T)` -> logits `(batch, T, V)`.
+        batches: `(inputs, targets)` batches of int `(batch, T)` windows.
+
+    Returns:
+        float64 `(T,)`: `mean_b -log2 softmax(logits[b, t])[targets[b, t]]`.
+    """
+    # b - windows, t - positions, v - vocabulary
+    total, count = 0.0, 0
+    for inputs, targets in batches:
+        logits = np.asarray(model(inputs, training=False), "float64")
+        logits -= logits.max(-1, keepdims=True)
+        log_z = np.log(np.exp(logits).sum(-1))  # (b, t)
+        targets = np.asarray(targets)
+        picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+        total = total + (log_z - picked).sum(0)  # (t,)
+        count += targets.shape[0]
+    if not count:
+        raise ValueError("`batches` is empty: no window to evaluate.")
+    return total / count / math.log(2.0)
 
 
 class LanguageModelServer(tf.Module):

@@ -132,6 +132,114 @@ def test_sliding_window_limits_what_a_position_sees():
     assert np.abs(np.asarray(model(changed))[0, -1] - last).max() > 1e-4
 
 
+def test_positional_bits_per_character_matches_the_keras_loss():
+    import keras
+    import tensorflow as tf
+
+    from examples.lm_model import bits_per_character
+    from examples.lm_model import positional_bits_per_character
+
+    model, _ = _tiny_lm()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 40, size=(5, 13)).astype("int32")
+    batches = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).batch(2)
+    bits = positional_bits_per_character(model, batches)
+    assert bits.shape == (12,)
+    # Reference: NumPy log-softmax of the logits, per position.
+    logits = np.asarray(model(ids[:, :-1]), "float64")
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nats = -np.take_along_axis(log_p, ids[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(bits, nats.mean(0) / math.log(2.0), rtol=1e-5)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    np.testing.assert_allclose(
+        bits.mean(), bits_per_character(float(loss(ids[:, 1:], logits))), rtol=1e-5
+    )
+
+
+@pytest.fixture(scope="module")
+def bible(tmp_path_factory):
+    """Tiny shipped Bible splits and their character tokenizer."""
+    from examples import lm_data
+    from examples.common.text import character_tokenizer
+
+    splits = lm_data.load_text_splits(
+        "kjv_bible", data_dir=str(tmp_path_factory.mktemp("tfds")), tiny=True
+    )
+    return splits, character_tokenizer(splits[0])
+
+
+TRAIN_LENGTH, GENERATION_LENGTH = 32, 64
+
+
+def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
+    """Quick-trains on windows of TRAIN_LENGTH characters; returns held-out
+    teacher-forced bits/char at positions `< TRAIN_LENGTH` and at positions
+    `TRAIN_LENGTH .. GENERATION_LENGTH - 1` of windows as long as generation."""
+    import keras
+
+    from examples import lm_data
+    from examples.lm_model import build_language_model
+    from examples.lm_model import positional_bits_per_character
+
+    (train, val, test), tokenizer = bible
+    keras.utils.set_random_seed(0)
+    model, _ = build_language_model(
+        tokenizer.vocabulary_size(), GENERATION_LENGTH, hidden_dim=64,
+        num_layers=2, num_heads=2, dropout=0.0, **model_kwargs,
+    )
+    model.compile(
+        keras.optimizers.Adam(3e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    windows = lm_data.char_windows(train, tokenizer, TRAIN_LENGTH)
+    model.fit(lm_data.batches(windows, 32, shuffle=True).repeat(),
+              steps_per_epoch=500, epochs=1, verbose=0)
+    held_out = lm_data.char_windows(val.concatenate(test), tokenizer, GENERATION_LENGTH)
+    bits = positional_bits_per_character(
+        model, lm_data.batches(held_out, 64, shuffle=False)
+    )
+    return bits[:TRAIN_LENGTH].mean(), bits[TRAIN_LENGTH:].mean()
+
+
+def test_positions_beyond_the_training_length_are_predicted_as_well(bible):
+    # The example's setup: rotary positions, a window below the training
+    # length (default 64 of 128; here 16 of 32).
+    inside, beyond = _bits_inside_and_beyond_training_length(bible, window=16)
+    assert inside < 4.0  # it learned something (uniform: ~6 bits)
+    assert beyond <= 1.5 * inside, (inside, beyond)
+
+
+def test_learned_positions_fail_beyond_the_training_length(bible):
+    # The old setup (issue 17): a learned table of GENERATION_LENGTH
+    # positions, trained on TRAIN_LENGTH windows. The check above catches it.
+    inside, beyond = _bits_inside_and_beyond_training_length(
+        bible, positions="learned"
+    )
+    assert inside < 4.0
+    assert beyond > 1.5 * inside, (inside, beyond)
+
+
+def test_generation_beyond_trained_distances_is_refused_at_start_up(capsys):
+    from examples.language_model import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--window", "0", "--sequence-length", "128", "--max-length", "256"])
+    assert "--max-length 256 exceeds --sequence-length 128" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--window", "128", "--sequence-length", "128"])
+    assert "--window 128 must be smaller" in capsys.readouterr().err
+    args = parse_args(["--window", "0", "--max-length", "128"])
+    assert (args.window, args.max_length) == (0, 128)
+    assert parse_args([]).window < parse_args([]).sequence_length < parse_args([]).max_length
+
+
+def test_unknown_positions_are_rejected():
+    from examples.lm_model import build_language_model
+
+    with pytest.raises(ValueError, match="positions='absolute'"):
+        build_language_model(10, 8, positions="absolute")
+
+
 def test_random_samplers_complete_prompts():
     # greedy and beam: see the exported-model test below.
     import tensorflow as tf
@@ -185,6 +293,10 @@ def test_quick_run_learns(quick_run):
     assert len(losses) == 2 and losses[-1] < losses[0]
     # Better than a uniform guess over the characters of the text.
     assert 0 < quick_run["test_bits_per_character"] < math.log2(128)
+    # Also reported on windows of the generation length (48 characters).
+    bits = quick_run["positional_bits_per_character"]
+    assert bits.shape == (48,)
+    assert quick_run["generation_length_bits_per_character"] == pytest.approx(bits.mean())
 
 
 def test_exported_model_answers_like_the_python_model(quick_run):
