@@ -53,7 +53,14 @@ class Translator:
 class TransformerTranslator(Translator):
     """Transformer encoder-decoder (Vaswani et al., 2017): post-norm
     encoder blocks, decoder blocks with cross-attention, cached generation
-    through `keras_attention.generation.Seq2SeqGenerator`."""
+    through `keras_attention.generation.Seq2SeqGenerator`.
+
+    Positions are learned tables of `max_source_length` and
+    `max_target_length` entries. Training targets are truncated to
+    `max_target_length` ids and generation produces exactly that many, so
+    decoding never reaches a position the training targets did not (unlike
+    issue 17's language model); the generator refuses a longer length at
+    its start (`check_length_fits`)."""
 
     def __init__(self, source_vocabulary_size, target_vocabulary_size,
                  max_source_length, max_target_length, start_id, end_id,
