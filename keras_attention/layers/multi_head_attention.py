@@ -603,7 +603,7 @@ class MultiHeadAttention(keras.layers.Layer):
         for (name, mask), (inputs_name, inputs) in zip(
             masks, (("query", query), ("value", value), ("key", key))
         ):
-            if mask is None:
+            if mask is None or inputs is None:  # No value: a precomputed cache.
                 continue
             if len(inputs.shape) == 3:
                 check_padding_mask(name, mask, inputs, inputs_name)
@@ -636,7 +636,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         key = value if key is None else key
-        if cache is None or cache_update_index is not None:
+        if value is not None and (cache is None or cache_update_index is not None):
             # Also at call time: a layer built on `(None, d)` inputs.
             _check_key_value_shapes(value.shape, key.shape)
         self._check_padding_masks(
