@@ -6,7 +6,7 @@ character (and per-character perplexity) on the held-out chapters,
 completes prompts with greedy, beam, top-k and top-p sampling through the
 key/value cache, and exports a SavedModel that completes raw strings:
 
-    python -m examples.language_model                   # ~5 min on 2 CPU cores
+    python -m examples.language_model                   # ~1,000 CPU-seconds
     python -m examples.language_model --window 0 --max-length 128  # full attention
     python -m examples.language_model --text-file pg100.txt   # any UTF-8 text
     python -m examples.language_model --dataset tiny_shakespeare --download
