@@ -5,10 +5,64 @@ attend". Every builder returns a boolean tensor broadcastable to
 `(batch, query_length, key_length)`; `combine_masks` joins any number of
 them (and `None`s) with a logical and.
 
+Arguments known when a builder is called (Python numbers, NumPy arrays,
+eager tensors) are checked and bad ones raise `ValueError` naming the
+argument; symbolic tensors (inside `tf.function`, `jax.jit` or a
+functional model) are taken as they are.
+
 Axes in comments: b - batch, i - query positions, j - key positions.
 """
 
+import keras
+import numpy as np
 from keras import ops
+
+
+def _concrete(value):
+    """`value` as a NumPy array when it is known now, else None.
+
+    Python numbers, NumPy arrays and eager tensors are known; symbolic
+    tensors (graph tensors, JAX tracers, Keras tensors) are not.
+    """
+    if isinstance(value, (bool, int, float, str, np.ndarray, np.generic)):
+        return np.asarray(value)
+    if isinstance(value, (list, tuple)):
+        return np.asarray(value)
+    try:
+        return np.asarray(ops.convert_to_numpy(value))
+    except Exception:  # noqa: BLE001 - symbolic: no value before it runs.
+        return None
+
+
+def _is_integer(dtype):
+    return np.dtype(dtype).kind in "iu"
+
+
+def _check_integer(name, value, allow_negative=False):
+    """`ValueError` unless `value` is an integer (>= 0 unless
+    `allow_negative`) or integer array; symbolic tensors must have an
+    integer dtype (their values are not known yet)."""
+    known = _concrete(value)
+    if known is None:
+        dtype = keras.backend.standardize_dtype(getattr(value, "dtype", "int32"))
+        if "int" not in dtype:
+            raise ValueError(
+                f"`{name}` must be an integer tensor. Received: {name} of "
+                f"dtype {dtype!r}"
+            )
+        return
+    if not _is_integer(known.dtype) or (not allow_negative and np.any(known < 0)):
+        what = "an integer" if allow_negative else "a non-negative integer"
+        shown = value if known.ndim == 0 or isinstance(value, (int, str)) else known
+        raise ValueError(f"`{name}` must be {what}. Received: {name}={shown!r}")
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"`{name}` must be a bool (True or False). Received: {name}={value!r}"
+        )
+    return bool(value)
 
 
 def _positions(length, offset=0):
@@ -16,8 +70,7 @@ def _positions(length, offset=0):
 
 
 def _check_length(name, value):
-    if isinstance(value, int) and value < 0:
-        raise ValueError(f"`{name}` must be non-negative. Received: {name}={value}")
+    _check_integer(name, value)
 
 
 def causal_mask(query_length, key_length=None, offset=0):
@@ -31,10 +84,19 @@ def causal_mask(query_length, key_length=None, offset=0):
 
     Returns:
         Boolean tensor of shape `(1, Tq, Tk)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> np.asarray(keras_attention.masks.causal_mask(2, 4, offset=1)).astype(int)
+    array([[[1, 1, 0, 0],
+            [1, 1, 1, 0]]])
     """
     _check_length("query_length", query_length)
     key_length = query_length if key_length is None else key_length
     _check_length("key_length", key_length)
+    _check_integer("offset", offset, allow_negative=True)
     i = _positions(query_length, offset)[:, None]
     j = _positions(key_length)[None, :]
     return ops.expand_dims(j <= i, 0)
@@ -54,21 +116,34 @@ def padding_mask(lengths_or_mask, max_length=None, query_mask=None):
     Returns:
         Boolean tensor of shape `(batch, 1, Tk)`, or `(batch, Tq, Tk)` when
         `query_mask` is given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> lengths = np.array([2, 3])
+    >>> mask = keras_attention.masks.padding_mask(lengths, max_length=4)
+    >>> np.asarray(mask).astype(int)
+    array([[[1, 1, 0, 0]],
+    <BLANKLINE>
+           [[1, 1, 1, 0]]])
     """
     x = ops.convert_to_tensor(lengths_or_mask)
     if len(x.shape) == 1:
         if max_length is None:
             raise ValueError(
                 "`max_length` is required when `lengths_or_mask` holds lengths "
-                f"of shape {x.shape}. Received: max_length={max_length}"
+                f"of shape {tuple(x.shape)!r}. Received: max_length={max_length!r}"
             )
+        _check_length("max_length", max_length)
+        _check_integer("lengths_or_mask", x)  # lengths: integers >= 0
         key_valid = _positions(max_length)[None, :] < ops.cast(x, "int32")[:, None]
     elif len(x.shape) == 2:
         key_valid = ops.cast(x, "bool")
     else:
         raise ValueError(
             "`lengths_or_mask` must have shape (batch,) or (batch, Tk). "
-            f"Received: lengths_or_mask.shape={x.shape}"
+            f"Received: lengths_or_mask.shape={tuple(x.shape)!r}"
         )
     mask = key_valid[:, None, :]
     if query_mask is not None:
@@ -88,9 +163,19 @@ def prefix_lm_mask(length, prefix_length):
 
     Returns:
         Boolean tensor of shape `(1, T, T)` or `(batch, T, T)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> np.asarray(keras_attention.masks.prefix_lm_mask(4, 2)[0]).astype(int)
+    array([[1, 1, 0, 0],
+           [1, 1, 0, 0],
+           [1, 1, 1, 0],
+           [1, 1, 1, 1]])
     """
     _check_length("length", length)
-    _check_length("prefix_length", prefix_length)
+    _check_integer("prefix_length", prefix_length)
     i = _positions(length)[:, None]
     j = _positions(length)[None, :]
     prefix = ops.cast(ops.convert_to_tensor(prefix_length), "int32")
@@ -99,12 +184,21 @@ def prefix_lm_mask(length, prefix_length):
 
 
 def window_bounds(window_size, causal=False):
-    """Normalizes `window_size` (int or `(left, right)`) to `(left, right)`."""
+    """Normalizes `window_size` (int or `(left, right)`) to `(left, right)`.
+
+    Example:
+
+    >>> import keras_attention
+    >>> keras_attention.masks.window_bounds(3), keras_attention.masks.window_bounds(
+    ...     (2, 1), causal=True)
+    ((3, 3), (2, 0))
+    """
+    causal = _check_bool("causal", causal)
     if isinstance(window_size, (tuple, list)):
         if len(window_size) != 2:
             raise ValueError(
                 "`window_size` must be an int or a pair (left, right). "
-                f"Received: window_size={window_size}"
+                f"Received: window_size={window_size!r}"
             )
         left, right = window_size
     else:
@@ -113,7 +207,7 @@ def window_bounds(window_size, causal=False):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(
                 "`window_size` must hold non-negative ints. "
-                f"Received: window_size={window_size}"
+                f"Received: window_size={window_size!r}"
             )
     return (int(left), 0 if causal else int(right))
 
@@ -132,9 +226,23 @@ def sliding_window_mask(
 
     Returns:
         Boolean tensor of shape `(1, Tq, Tk)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> mask = keras_attention.masks.sliding_window_mask(4, (1, 0))
+    >>> np.asarray(mask[0]).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
     """
     left, right = window_bounds(window_size, causal)
+    _check_length("query_length", query_length)
     key_length = query_length if key_length is None else key_length
+    _check_length("key_length", key_length)
+    _check_integer("offset", offset, allow_negative=True)
     i = _positions(query_length, offset)[:, None]
     j = _positions(key_length)[None, :]
     return ops.expand_dims(ops.logical_and(j >= i - left, j <= i + right), 0)
@@ -144,6 +252,18 @@ def combine_masks(*masks):
     """Logical and of several masks (broadcasting); `None`s are skipped.
 
     Returns `None` when every argument is `None`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> masks = keras_attention.masks
+    >>> both = masks.combine_masks(
+    ...     masks.causal_mask(3), None, masks.padding_mask(np.array([2]), 3))
+    >>> np.asarray(both[0]).astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 0]])
     """
     masks = [ops.cast(m, "bool") for m in masks if m is not None]
     if not masks:
