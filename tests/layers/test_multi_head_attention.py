@@ -255,3 +255,19 @@ def test_compute_output_shape_matches_outputs():
     out = layer(Q, V)
     assert layer.compute_output_shape(Q.shape, V.shape) == tuple(out.shape)
     assert tuple(out.shape) == (2, 5, 3, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, shape",
+    [(dict(sliding_window=2), (None, 8)),
+     (dict(attention_axes=2, use_gate=True), (None, 4, 8)),
+     (dict(attention_axes=(1, 2), output_shape=(3, 2)), (None, 4, 8))],
+)
+def test_new_options_in_a_functional_model_with_unknown_lengths(kwargs, shape):
+    layer = MultiHeadAttention(2, 4, **kwargs)
+    x = keras.Input(shape)
+    model = keras.Model(x, layer(x, x, use_causal_mask=True))
+    data = RNG.normal(size=(2, 5) + shape[1:]).astype("float32")
+    np.testing.assert_allclose(
+        model.predict(data, verbose=0),
+        np_(layer(data, data, use_causal_mask=True)), atol=1e-5)
