@@ -24,6 +24,25 @@ def _check_window_size(window_size):
         )
 
 
+def _refuse_unsupported(kwargs):
+    """`MultiHeadAttention` options that have no meaning here."""
+    for name, hint in (
+        ("sliding_window", "use `window_size`"),
+        ("attention_axes", "attention runs over the time axis only"),
+    ):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"`LocalSelfAttention` does not take `{name}` ({hint}). "
+                f"Received: {name}={kwargs[name]!r}"
+            )
+    shape = kwargs.get("output_shape")
+    if isinstance(shape, (tuple, list)) and len(shape) != 1:
+        raise ValueError(
+            "`LocalSelfAttention` takes an int `output_shape` (or a 1-tuple). "
+            f"Received: output_shape={shape!r}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class LocalSelfAttention(SelfAttention):
     """Sliding-window (local) multi-head self-attention, linear in length.
@@ -109,6 +128,7 @@ class LocalSelfAttention(SelfAttention):
     ):
         super().__init__(num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs)
         _check_window_size(window_size)
+        _refuse_unsupported(kwargs)
         self._left, self._right = masks_lib.window_bounds(window_size, self.causal)
         check_positive_int("block_size", block_size, allow_none=True)
         if isinstance(window_size, list):
@@ -176,8 +196,11 @@ class LocalSelfAttention(SelfAttention):
         )
         if return_attention_scores:
             result, scores = result
-            return self._output_dense(result), scores
-        return self._output_dense(result)
+        if self.use_gate:  # (b, t, h, e) * sigmoid(inputs W_g + b_g)
+            gate = self._gate_dense(inputs)
+            result = ops.multiply(result, ops.cast(gate, result.dtype))
+        output = self._output_dense(result)
+        return (output, scores) if return_attention_scores else output
 
     def compute_output_spec(
         self, inputs, return_attention_scores=False, cache=None, **kwargs

@@ -83,9 +83,14 @@ class MultiHeadAttention(keras.layers.Layer):
     `flash_attention`, tuple `output_shape`) and, when `num_key_value_heads`
     is None, the same weights in the same order and shapes
     (`set_weights(keras_mha.get_weights())` gives the same outputs). A config
-    saved by Keras's layer loads with `from_config`, so a `.keras` model
-    holding Keras's layer loads with
-    `custom_objects={"MultiHeadAttention": keras_attention.layers.MultiHeadAttention}`.
+    saved by Keras's layer loads with `from_config`. Keras 3.15 resolves its
+    own built-in classes before `custom_objects`, so to move a saved `.keras`
+    model onto this class, load it and swap the layers:
+    `keras.models.clone_model(model, clone_function=lambda layer:
+    keras_attention.layers.MultiHeadAttention.from_config(layer.get_config())
+    if isinstance(layer, keras.layers.MultiHeadAttention) else
+    layer.__class__.from_config(layer.get_config()))`, then
+    `set_weights(model.get_weights())`.
 
     Differences from Keras's layer, all deliberate:
     - a query with nothing to attend to (fully masked row, padded query) gets

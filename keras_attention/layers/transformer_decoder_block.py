@@ -128,7 +128,20 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
 
     def compute_cross_attention_cache(self, context):
         """Encoder keys/values `(batch, 2, S, kv_heads, key_dim)`, once per
-        source sequence."""
+        source sequence. The block must be built (called once, or `build`
+        with the inputs' and context's shapes): the decoder's feature size is
+        not known from `context` alone."""
+        if not self.cross_attention:
+            raise ValueError(
+                "This block has no cross-attention "
+                "(`cross_attention=False`): there is no context to cache."
+            )
+        if not self.built:
+            raise ValueError(
+                "`compute_cross_attention_cache` needs a built block: call it "
+                "once or `build(inputs_shape, context_shape)` first. "
+                f"Received: context.shape={tuple(context.shape)!r}"
+            )
         return self.cross_attention_layer.compute_cache(context)
 
     def call(

@@ -275,3 +275,34 @@ def test_padding_mask_shape_is_checked():
     layer = LocalSelfAttention(2, 4, window_size=2)
     with pytest.raises(ValueError, match=r"`mask`.*mask.shape=\(2, 4\)"):
         layer(np.ones((2, 5, 8), "float32"), mask=np.ones((2, 4), bool))
+
+
+def test_gated_attention_matches_dense():
+    # `use_gate` (a MultiHeadAttention option) gates each head's result as in
+    # SelfAttention; before, the gate weights were created and never used.
+    x = RNG.normal(size=(2, 11, 8)).astype("float32")
+    local, dense = _pair(
+        dict(num_heads=2, key_dim=4, window_size=2, use_gate=True), x
+    )
+    plain = SelfAttention(num_heads=2, key_dim=4)
+    plain(x)
+    plain.set_weights([w for w, v in zip(local.get_weights(), local.weights)
+                       if "gate" not in v.path])
+    window = masks.sliding_window_mask(11, 2)
+    want = np_(_call(dense, x, attention_mask=window))
+    np.testing.assert_allclose(np_(_call(local, x)), want, atol=1e-5)
+    ungated = np_(_call(plain, x, attention_mask=window))
+    assert np.abs(want - ungated).max() > 1e-3  # the gate does something
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(sliding_window=3), "sliding_window"),
+        (dict(attention_axes=(1,)), "attention_axes"),
+        (dict(output_shape=(4, 2)), "output_shape"),
+    ],
+)
+def test_multi_head_options_without_meaning_here_are_refused(kwargs, name):
+    with pytest.raises(ValueError, match=re.escape(f"{name}=")):
+        LocalSelfAttention(2, 4, window_size=2, **kwargs)

@@ -262,3 +262,13 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
     for got in outputs:
         np.testing.assert_allclose(np.asarray(got) * valid,
                                    np.asarray(expected) * valid, atol=1e-5)
+
+
+def test_cross_attention_cache_needs_a_built_block_with_cross_attention():
+    context = np.ones((2, 6, 16), "float32")
+    with pytest.raises(ValueError, match="needs a built block"):
+        TransformerDecoderBlock(2, 8).compute_cross_attention_cache(context)
+    block = TransformerDecoderBlock(2, 8, cross_attention=False)
+    block(np.ones((2, 5, 16), "float32"))
+    with pytest.raises(ValueError, match="no cross-attention"):
+        block.compute_cross_attention_cache(context)
