@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import references
 from harness import run_layer_test, run_mask_test
 from keras_attention.layers import BahdanauAttention
 from references import masked_softmax
@@ -18,19 +19,7 @@ def np_(x):
     return ops.convert_to_numpy(x)
 
 
-def np_bahdanau(layer, query, value, value_mask, query_mask):
-    """e_ij = v^T tanh(W_q q_i + W_k k_j + b), softmax over j, c = a v."""
-    wq = np_(layer.query_dense.kernel)
-    wk = np_(layer.key_dense.kernel)
-    v = np_(layer.attention_v)
-    b = np_(layer.attention_bias) if layer.use_bias else 0.0
-    if layer.normalize:
-        v = np_(layer.attention_g) * v / np.linalg.norm(v)
-    hidden = np.tanh((query @ wq)[:, :, None] + (value @ wk)[:, None] + b)
-    scores = hidden @ v
-    mask = value_mask[:, None, :] & query_mask[:, :, None]
-    weights = masked_softmax(scores, mask)
-    return weights @ value, weights
+
 
 
 def test_harness_sequence_normalized():
@@ -66,7 +55,7 @@ def test_reference(normalize, use_bias):
     )
     context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
                              return_attention_scores=True)
-    ref_c, ref_w = np_bahdanau(layer, Q, V, VALUE_MASK, QUERY_MASK)
+    ref_c, ref_w = references.bahdanau(layer, Q, V, VALUE_MASK, QUERY_MASK)
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
     # Weights sum to 1 over unmasked keys; padded queries get zeros.
@@ -172,7 +161,7 @@ def test_integer_memory_is_computed_in_float():
     layer = BahdanauAttention(4, bias_initializer="normal")
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
-    ref_c, ref_w = np_bahdanau(layer, Q, memory.astype("float32"),
+    ref_c, ref_w = references.bahdanau(layer, Q, memory.astype("float32"),
                                np.ones((2, 5), bool), np.ones((2, 4), bool))
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from keras import ops
 
+import references
 from harness import run_layer_test, run_mask_test
 from keras_attention.layers import LuongAttention
-from references import masked_softmax
 
 RNG = np.random.default_rng(4)
 Q = RNG.normal(size=(2, 5, 6)).astype("float32")
@@ -17,46 +17,7 @@ def np_(x):
     return ops.convert_to_numpy(x)
 
 
-def np_scores(layer, query, value):
-    """Luong's score functions with the layer's weights, `(b, i, j)`."""
-    d = query.shape[-1]
-    if layer.score_mode == "dot":
-        scores = np.einsum("bid,bjd->bij", query, value)
-    elif layer.score_mode == "general":
-        w = np_(layer.key_dense.kernel)  # h_t^T W_a h_s
-        scores = np.einsum("bid,bjd->bij", query, value @ w)
-    else:  # v_a^T tanh(W_a [h_t; h_s]) on every pair
-        b, i, j = query.shape[0], query.shape[1], value.shape[1]
-        pairs = np.concatenate(
-            [np.broadcast_to(query[:, :, None], (b, i, j, d)),
-             np.broadcast_to(value[:, None], (b, i, j, value.shape[-1]))], -1
-        )
-        scores = np.tanh(pairs @ np_(layer.concat_kernel)) @ np_(layer.attention_v)
-    if layer.scale is True:
-        scores = scores / np.sqrt(layer.units if layer.score_mode == "concat" else d)
-    elif layer.scale == "learned":
-        scores = scores * np_(layer.scale_factor)
-    return scores
 
-
-def np_luong(layer, query, value, value_mask, query_mask, positions=None):
-    b, i, j = query.shape[0], query.shape[1], value.shape[1]
-    scores = np_scores(layer, query, value)
-    mask = value_mask[:, None, :] & query_mask[:, :, None]
-    s = np.arange(j)[None, None, :]
-    if layer.alignment == "local-m":
-        p = np.broadcast_to(np.arange(i) if positions is None else positions, (b, i))
-        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
-    if layer.alignment == "local-p":
-        hidden = np.tanh(query @ np_(layer.position_dense.kernel))
-        length = value_mask.sum(1)[:, None]
-        p = length / (1 + np.exp(-(hidden @ np_(layer.position_v))))
-        mask = mask & (np.abs(s - p[..., None]) <= layer.window)
-    weights = masked_softmax(scores, mask)
-    if layer.alignment == "local-p":
-        sigma = layer.window / 2
-        weights = weights * np.exp(-((s - p[..., None]) ** 2) / (2 * sigma**2))
-    return weights @ value, weights
 
 
 def test_harness_general_global():
@@ -112,7 +73,7 @@ def test_reference(score_mode, scale, alignment):
                            alignment=alignment, window=window)
     context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
                              return_attention_scores=True)
-    ref_c, ref_w = np_luong(layer, Q, V, VALUE_MASK, QUERY_MASK)
+    ref_c, ref_w = references.luong(layer, Q, V, VALUE_MASK, QUERY_MASK)
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
     sums = np_(weights).sum(-1)
@@ -136,7 +97,7 @@ def test_local_m_window_and_positions():
     # Per-example positions, and a window past the end of the source.
     positions = np.array([2, 20], "int32")
     c, wt = layer(Q[:, 0], V, positions=positions, return_attention_scores=True)
-    ref_c, ref_w = np_luong(layer, Q[:, :1], V, np.ones((2, 9), bool),
+    ref_c, ref_w = references.luong(layer, Q[:, :1], V, np.ones((2, 9), bool),
                             np.ones((2, 1), bool), positions[:, None])
     np.testing.assert_allclose(np_(wt), ref_w[:, 0], atol=1e-6)
     assert np.all(np_(c)[1] == 0)  # nothing to attend to: zero context
@@ -149,7 +110,7 @@ def test_local_p_gaussian_and_fully_padded_source():
     context, weights = layer(Q, V, value_mask=mask, return_attention_scores=True)
     c, w = np_(context), np_(weights)
     assert np.all(np.isfinite(c)) and np.all(c[0] == 0) and np.all(w[0] == 0)
-    ref_c, ref_w = np_luong(layer, Q, V, mask, np.ones((2, 5), bool))
+    ref_c, ref_w = references.luong(layer, Q, V, mask, np.ones((2, 5), bool))
     np.testing.assert_allclose(w, ref_w, atol=1e-6)
 
 
@@ -190,7 +151,7 @@ def test_integer_memory_is_computed_in_float(alignment):
     layer = make_layer("general", alignment)
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
-    ref_c, ref_w = np_luong(layer, Q, memory.astype("float32"),
+    ref_c, ref_w = references.luong(layer, Q, memory.astype("float32"),
                             np.ones((2, 9), bool), np.ones((2, 5), bool))
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-5)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-4)

@@ -8,33 +8,13 @@ from harness import run_layer_test, run_mask_test
 from keras_attention.layers import TransformerDecoderBlock
 
 
-def layer_norm(x, norm, eps=1e-5):
-    gamma, beta = [np.asarray(w) for w in norm.get_weights()]
-    mu = x.mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) * gamma + beta
-
-
-def residual(x, f, norm, norm_first):
-    if norm_first:
-        return x + f(layer_norm(x, norm))
-    return layer_norm(x + f(x), norm)
-
-
 def decoder_reference(block, x, context, valid, context_valid):
     """The block in NumPy: causal self-attention, cross-attention, FFN."""
     t = x.shape[1]
     causal = np.tril(np.ones((t, t), bool))
     self_mask = valid[:, None, :, None] & valid[:, None, None, :] & causal
     cross_mask = valid[:, None, :, None] & context_valid[:, None, None, :]
-    w1, b1, w2, b2 = [np.asarray(w) for w in block.feed_forward.get_weights()]
-    mha = references.multi_head_attention
-    x = residual(x, lambda y: mha(block.self_attention, y, y, mask=self_mask)[0],
-                 block.self_attention_norm, block.norm_first)
-    x = residual(x, lambda y: mha(block.cross_attention_layer, y, context,
-                                  mask=cross_mask)[0],
-                 block.cross_attention_norm, block.norm_first)
-    return residual(x, lambda y: np.maximum(y @ w1 + b1, 0) @ w2 + b2,
-                    block.feed_forward_norm, block.norm_first)
+    return references.decoder_block(block, x, context, self_mask, cross_mask)
 
 
 def decode_step_by_step(block, x, valid, **kwargs):

@@ -10,37 +10,6 @@ from keras_attention import masks
 from keras_attention.layers import TransformerEncoderBlock
 
 
-def layer_norm(x, norm, eps=1e-5):
-    gamma, beta = [np.asarray(w) for w in norm.get_weights()]
-    mu = x.mean(-1, keepdims=True)
-    var = x.var(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * gamma + beta
-
-
-def feed_forward(x, ffn):
-    w1, b1, w2, b2 = [np.asarray(w) for w in ffn.get_weights()]
-    return np.maximum(x @ w1 + b1, 0) @ w2 + b2
-
-
-def residual(x, f, norm, norm_first):
-    """Post-norm: LN(x + f(x)); pre-norm: x + f(LN(x))."""
-    if norm_first:
-        return x + f(layer_norm(x, norm))
-    return layer_norm(x + f(x), norm)
-
-
-def encoder_reference(block, x, mask):
-    """The block in NumPy with its own weights; `mask` (b, h|1, i, j)."""
-    def attend(y):
-        return references.multi_head_attention(block.self_attention, y, y, mask=mask)[0]
-
-    x = residual(x, attend, block.self_attention_norm, block.norm_first)
-    return residual(
-        x, lambda y: feed_forward(y, block.feed_forward), block.feed_forward_norm,
-        block.norm_first,
-    )
-
-
 def padding_4d(valid):
     return valid[:, None, :, None] & valid[:, None, None, :]
 
@@ -90,7 +59,7 @@ def test_matches_numpy_reference(norm_first):
     block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16,
                                     norm_first=norm_first)
     out = np.asarray(block(x, padding_mask=valid))
-    expected = encoder_reference(block, x.astype("float64"), padding_4d(valid))
+    expected = references.encoder_block(block, x.astype("float64"), padding_4d(valid))
     np.testing.assert_allclose(out[valid], expected[valid], atol=1e-4)
 
 
@@ -105,7 +74,7 @@ def test_prefix_lm_mask_bidirectional_in_prefix_causal_after():
     i, j = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
     assert np.all(w[..., j > np.maximum(i, prefix - 1)] == 0)
     assert np.all(w[..., (j < prefix) | (j <= i)] > 0)
-    expected = encoder_reference(
+    expected = references.encoder_block(
         block, x.astype("float64"), (j <= np.maximum(i, prefix - 1))[None, None]
     )
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-4)
