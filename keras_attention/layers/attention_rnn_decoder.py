@@ -3,6 +3,7 @@ import inspect
 import keras
 from keras import ops
 
+from keras_attention.layers._keras_utils import keras_mask
 from keras_attention.layers._validation import check_bool
 from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.bahdanau_attention import _check_positive_int
@@ -10,13 +11,6 @@ from keras_attention.layers.bahdanau_attention import _check_rate
 from keras_attention.layers.bahdanau_attention import _clone
 from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
-
-try:  # Keras >= 3.6
-    from keras.src.backend import get_keras_mask as _get_keras_mask
-except ImportError:  # pragma: no cover
-
-    def _get_keras_mask(x):
-        return getattr(x, "_keras_mask", None)
 
 STYLES = ("bahdanau", "luong")
 CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
@@ -495,7 +489,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if mask is None:
             # Keras fills `mask` only for one-tensor calls: read the target
             # sequence's own Keras mask.
-            mask = _get_keras_mask(inputs)
+            mask = keras_mask(inputs)
         check_padding_mask("mask", mask, inputs, "inputs")
         check_padding_mask("memory_mask", memory_mask, memory, "memory")
         batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]

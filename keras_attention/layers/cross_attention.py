@@ -2,7 +2,7 @@ import keras
 
 from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
-from keras_attention.layers.self_attention import keras_mask
+from keras_attention.layers._keras_utils import keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
