@@ -72,8 +72,10 @@ def check_positive_number(name, value, allow_none=False):
         )
 
 
-def check_padding_mask(name, mask, inputs, inputs_name="inputs"):
-    """Raises `ValueError` unless `mask` fits `inputs`' `(batch, T)` axes.
+def check_padding_mask(name, mask, inputs, inputs_name="inputs", trailing=1):
+    """Raises `ValueError` unless `mask` has `inputs`' shape without its
+    last `trailing` axes (`(batch, T)` for `(batch, T, features)` inputs,
+    `(batch,)` for one decoding step `(batch, features)`).
 
     `mask` may be None (nothing to check). Dimensions unknown at trace
     time are not compared. Returns nothing.
@@ -81,13 +83,14 @@ def check_padding_mask(name, mask, inputs, inputs_name="inputs"):
     if mask is None:
         return
     mask_shape = tuple(mask.shape)
-    want = tuple(inputs.shape[:2])
-    ok = len(mask_shape) == 2 and all(
+    want = tuple(inputs.shape[:-trailing])
+    ok = len(mask_shape) == len(want) and all(
         m is None or w is None or m == w for m, w in zip(mask_shape, want)
     )
     if not ok:
+        axes = "axis" if trailing == 1 else f"{trailing} axes"
         raise ValueError(
-            f"`{name}` must be a boolean (batch, T) mask matching "
-            f"`{inputs_name}` of shape {tuple(inputs.shape)}: expected "
-            f"{want}. Received: {name}.shape={mask_shape}"
+            f"`{name}` must be a boolean mask of shape {want!r}: the shape "
+            f"of `{inputs_name}` {tuple(inputs.shape)!r} without its last "
+            f"{axes}. Received: {name}.shape={mask_shape!r}"
         )

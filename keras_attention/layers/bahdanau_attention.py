@@ -68,19 +68,13 @@ class _Seq2SeqAttention(keras.layers.Layer):
         self._query_features = query_shape[-1]
 
     def _check_masks(self, query, value, query_mask, value_mask):
-        """`ValueError` naming the mask unless it fits its input's axes."""
-        if query_mask is not None and len(query.shape) == 2:
-            # One decoder step: a `(batch,)` mask.
-            shape, batch = tuple(query_mask.shape), query.shape[0]
-            if len(shape) != 1 or (None not in (shape[0], batch) and shape[0] != batch):
-                raise ValueError(
-                    "`query_mask` of a one-step query must be a boolean "
-                    f"(batch,) mask matching `query` of shape "
-                    f"{tuple(query.shape)}: expected {(batch,)}. "
-                    f"Received: query_mask.shape={shape}"
-                )
-        else:
-            _check_padding_mask("query_mask", query_mask, query, "query")
+        """`ValueError` naming the mask unless it fits its input's axes
+        (a one-step query `(batch, features)` takes a `(batch,)` mask)."""
+        one_step = len(query.shape) == 2
+        _check_padding_mask(
+            "query_mask", query_mask, query,
+            "query (one-step)" if one_step else "query",
+        )
         _check_padding_mask("value_mask", value_mask, value, "value")
 
     def _dropout_weights(self, weights, training):

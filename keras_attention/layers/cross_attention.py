@@ -80,7 +80,9 @@ class CrossAttention(MultiHeadAttention):
         if context is not None:
             check_padding_mask("context_mask", context_mask, context, "context")
         elif cache is not None:  # Keys/values precomputed: (b, 2, Tv, g, d).
-            check_padding_mask("context_mask", context_mask, cache[:, 0], "cache")
+            check_padding_mask(
+                "context_mask", context_mask, cache[:, 0], "cache[:, 0]", trailing=2
+            )
         return super().call(
             query=query,
             value=context,

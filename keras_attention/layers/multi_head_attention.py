@@ -608,22 +608,8 @@ class MultiHeadAttention(keras.layers.Layer):
         for (name, mask), (inputs_name, inputs) in zip(
             masks, (("query", query), ("value", value), ("key", key))
         ):
-            if mask is None or inputs is None:  # No value: a precomputed cache.
-                continue
-            if len(inputs.shape) == 3:
+            if inputs is not None:  # None: value/key from a precomputed cache.
                 check_padding_mask(name, mask, inputs, inputs_name)
-                continue
-            want = tuple(inputs.shape[:-1])
-            got = tuple(mask.shape)
-            if len(got) != len(want) or any(
-                g is not None and w is not None and g != w
-                for g, w in zip(got, want)
-            ):
-                raise ValueError(
-                    f"`{name}` must be a boolean mask of `{inputs_name}`'s "
-                    f"shape without its last axis: expected {want!r}. "
-                    f"Received: {name}.shape={got!r}"
-                )
 
     def call(
         self,

@@ -162,7 +162,7 @@ def test_integer_memory_is_computed_in_float():
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
     ref_c, ref_w = references.bahdanau(layer, Q, memory.astype("float32"),
-                               np.ones((2, 5), bool), np.ones((2, 4), bool))
+                                       np.ones((2, 5), bool), np.ones((2, 4), bool))
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
     assert np.abs(np_(context)).sum() > 0

@@ -98,7 +98,7 @@ def test_local_m_window_and_positions():
     positions = np.array([2, 20], "int32")
     c, wt = layer(Q[:, 0], V, positions=positions, return_attention_scores=True)
     ref_c, ref_w = references.luong(layer, Q[:, :1], V, np.ones((2, 9), bool),
-                            np.ones((2, 1), bool), positions[:, None])
+                                    np.ones((2, 1), bool), positions[:, None])
     np.testing.assert_allclose(np_(wt), ref_w[:, 0], atol=1e-6)
     assert np.all(np_(c)[1] == 0)  # nothing to attend to: zero context
 
@@ -152,7 +152,7 @@ def test_integer_memory_is_computed_in_float(alignment):
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
     ref_c, ref_w = references.luong(layer, Q, memory.astype("float32"),
-                            np.ones((2, 9), bool), np.ones((2, 5), bool))
+                                    np.ones((2, 9), bool), np.ones((2, 5), bool))
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-5)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-4)
 
