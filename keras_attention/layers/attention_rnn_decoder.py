@@ -214,9 +214,12 @@ class AttentionRNNDecoder(keras.layers.Layer):
         _check_positive_int("units", units)
         if isinstance(attention, dict):
             attention = keras.saving.deserialize_keras_object(attention)
+        # The memory-mask keyword of a multi-head attention, looked up once
+        # here rather than at every decoding step (None for Bahdanau/Luong).
+        self._memory_mask_argument = _cross_mask_argument(attention)
         if not (
             isinstance(attention, _Seq2SeqAttention)
-            or _cross_mask_argument(attention) is not None
+            or self._memory_mask_argument is not None
         ):
             raise ValueError(
                 "`attention` must be an encoder-decoder attention layer that "
@@ -386,7 +389,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         """One query `(b, d)` -> context `(b, dc)`, weights float32 `(b, Ts)`."""
         query = query[:, None, :]
         if self._cross:
-            mask_argument = {_cross_mask_argument(self.attention): memory_mask}
+            mask_argument = {self._memory_mask_argument: memory_mask}
             context, scores, _ = self.attention(
                 query, memory, cache=prepared, return_attention_scores=True,
                 training=training, **mask_argument,
