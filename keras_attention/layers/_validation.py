@@ -94,3 +94,16 @@ def check_padding_mask(name, mask, inputs, inputs_name="inputs", trailing=1):
             f"of `{inputs_name}` {tuple(inputs.shape)!r} without its last "
             f"{axes}. Received: {name}.shape={mask_shape!r}"
         )
+
+
+def check_rotary_head_size(rotary_max_wavelength, head_size, source):
+    """Raises `ValueError` when rotary positions are on
+    (`rotary_max_wavelength` not None) and the attention head size is odd:
+    rotary embeddings rotate pairs of features. `source` says, in the
+    user's words, where the head size came from (`"key_dim=5"`)."""
+    if rotary_max_wavelength is not None and head_size % 2:
+        raise ValueError(
+            "`rotary_max_wavelength` needs an even attention head size "
+            f"(rotary embeddings rotate feature pairs), but {source}. "
+            f"Received: rotary_max_wavelength={rotary_max_wavelength!r}"
+        )

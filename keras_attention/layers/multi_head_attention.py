@@ -14,6 +14,7 @@ from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers._validation import check_positive_int as _check_positive_int
 from keras_attention.layers._validation import check_positive_number
 from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_rotary_head_size
 from keras_attention.layers._validation import clone_initializer
 
 _FLASH_SCORES_ERROR = (
@@ -285,13 +286,9 @@ class MultiHeadAttention(keras.layers.Layer):
         check_positive_number(
             "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
         )
-        if rotary_max_wavelength is not None and key_dim % 2:
-            raise ValueError(
-                "Rotary position embeddings rotate pairs of features: "
-                "`key_dim` must be even when `rotary_max_wavelength` is set. "
-                f"Received: key_dim={key_dim!r}, "
-                f"rotary_max_wavelength={rotary_max_wavelength!r}"
-            )
+        check_rotary_head_size(
+            rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
+        )
         self.supports_masking = True
         self.num_heads = num_heads
         self.key_dim = key_dim

@@ -10,6 +10,7 @@ from keras_attention.layers._validation import (
     check_positive_number as _check_positive_number,
 )
 from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import check_rotary_head_size
 from keras_attention.layers._validation import clone_initializer as _clone
 
 
@@ -18,17 +19,6 @@ def _first(*values):
         if v is not None:
             return v
     return None
-
-
-def _check_rotary_head_dim(rotary_max_wavelength, head_dim, source):
-    """Rotary embeddings rotate pairs of features: the head size must be
-    even. `source` says where the head size came from."""
-    if rotary_max_wavelength is not None and head_dim % 2:
-        raise ValueError(
-            "`rotary_max_wavelength` needs an even attention head size (rotary "
-            f"embeddings rotate feature pairs). Received: {source}, "
-            f"rotary_max_wavelength={rotary_max_wavelength!r}"
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -149,7 +139,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
         )
         if key_dim is not None:
-            _check_rotary_head_dim(
+            check_rotary_head_size(
                 rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
             )
         self.num_heads = num_heads
@@ -179,7 +169,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 f"num_heads={self.num_heads!r}"
             )
         head_dim = hidden_dim // self.num_heads
-        _check_rotary_head_dim(
+        check_rotary_head_size(
             self.rotary_max_wavelength,
             head_dim,
             f"head size features // num_heads = {hidden_dim!r} // "
