@@ -23,11 +23,14 @@ def masked_softmax(scores, mask):
 def multi_head_attention(layer, query, value, key=None, mask=None):
     """softmax(Q K^T / sqrt(d)) V with the weights of a built
     MultiHeadAttention-layout layer; mask broadcastable to (b, h, i, j).
+    With `use_gate`, each head's result is multiplied by
+    sigmoid(query W_g + b_g) before the output projection.
 
     Returns (output (b, i, out), weights (b, h, i, j)).
     """
     key = value if key is None else key
-    w = [np.asarray(v) for v in layer.get_weights()]
+    gated = getattr(layer, "use_gate", False)
+    w = [np.asarray(v) for v in layer.weights if "/gate/" not in v.path]
     if len(w) == 8:
         wq, bq, wk, bk, wv, bv, wo, bo = w
     else:
@@ -43,6 +46,11 @@ def multi_head_attention(layer, query, value, key=None, mask=None):
         mask = np.ones(scores.shape, bool)
     weights = masked_softmax(scores, np.broadcast_to(mask, scores.shape))
     out = np.einsum("bhij,bjhe->bihe", weights, v)
+    if gated:  # Gated attention: each head's result * sigmoid(x W_g + b_g).
+        gate = [np.asarray(v) for v in layer.weights if "/gate/" in v.path]
+        wg, bg = gate if len(gate) == 2 else (gate[0], 0)
+        gate_logits = np.einsum("bid,dhe->bihe", query, wg) + bg
+        out = out / (1.0 + np.exp(-gate_logits))
     return np.einsum("bihe,heo->bio", out, wo) + bo, weights
 
 

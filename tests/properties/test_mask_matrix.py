@@ -24,7 +24,8 @@ Every case also checks the padding property: replacing the values at the
 padded positions (of the effective masks) by large noise changes no output
 at a valid position.
 
-References: `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
+References: `MultiHeadAttention` (also with Keras 3.15's `use_gate` and
+`sliding_window`, served by the banded path), `SelfAttention`, `CausalSelfAttention`,
 `CrossAttention`, `LocalSelfAttention`, `AttentionPooling`,
 `BahdanauAttention` and `LuongAttention` (global, local-m, local-p) are
 checked against NumPy formulas on every output row (padded queries
@@ -118,6 +119,19 @@ def _mha_ref(layer, xs, valid, attn, causal):
     return references.multi_head_attention(layer, xs[0], xs[1], mask=mask)[0]
 
 
+def _gated_window_ref(layer, xs, valid, attn, causal):
+    """`_mha_ref` with Keras 3.15's sliding window: |i - j| < w, and with
+    `use_causal_mask` i - w < j <= i (the gate is in the reference)."""
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    window = np.abs(i - j) < layer.sliding_window
+    mask = pad4(valid[0], valid[1]) & window
+    if attn:
+        mask = mask & attn["attention_mask"][:, None]
+    if causal:
+        mask = mask & CAUSAL[T]
+    return references.multi_head_attention(layer, xs[0], xs[1], mask=mask)[0]
+
+
 def _self_ref(layer, xs, valid, attn, causal):
     mask = pad4(valid[0], valid[0])
     if attn:
@@ -185,6 +199,15 @@ SPECS = {
         inputs=((X, "query_mask"), (C, "value_mask")),
         attention={"attention_mask": S}, causal="call", core=True,
         reference=_mha_ref,
+    ),
+    # Keras 3.15's options on self-attention shapes: the banded path.
+    "MultiHeadAttention[use_gate,sliding_window]": dict(
+        make=lambda causal: ka.MultiHeadAttention(
+            2, 4, use_gate=True, sliding_window=2
+        ),
+        inputs=((X, "query_mask"), (X, "value_mask")),
+        attention={"attention_mask": T}, causal="call", core=True,
+        reference=_gated_window_ref,
     ),
     "SelfAttention": dict(
         make=lambda causal: ka.SelfAttention(2, 4, causal=causal),
