@@ -40,6 +40,19 @@ def test_harness_grouped_query_with_key_and_causal():
     )
 
 
+def test_harness_keras_options_gate_and_sliding_window():
+    # Keras 3.15's options through config, .keras, SavedModel, fit and mixed
+    # precision; self-attention shapes without scores take the banded path.
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4, use_gate=True, sliding_window=3),
+        dict(query=Q, value=Q),
+        call_kwargs=dict(use_causal_mask=True),
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=10,
+    )
+
+
 def test_masks_through_harness():
     run_mask_test(MultiHeadAttention, dict(num_heads=2, key_dim=4),
                   ("query", "value"), ("query_mask", "value_mask"))
