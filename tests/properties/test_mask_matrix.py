@@ -457,7 +457,8 @@ def _check_keras_mask_flow(spec, layer, xs, keras_valid, kwargs, causal):
 def test_matrix_size(capsys):
     """Every masked layer is in the matrix; prints its size."""
     assert set(SPECS) == {
-        "MultiHeadAttention", "SelfAttention", "CausalSelfAttention",
+        "MultiHeadAttention", "MultiHeadAttention[use_gate,sliding_window]",
+        "SelfAttention", "CausalSelfAttention",
         "CrossAttention", "LocalSelfAttention", "AttentionPooling",
         "BahdanauAttention", "LuongAttention[global]", "LuongAttention[local-m]",
         "LuongAttention[local-p]", "AttentionRNNDecoder",
