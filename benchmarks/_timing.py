@@ -83,7 +83,9 @@ def peak_rss_mb(cmd_args, env=None, timeout=None):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    done = subprocess.CompletedProcess(
+        proc.args, proc.returncode, stdout, stderr
+    )
     if done.returncode != 0:
         raise subprocess.CalledProcessError(
             done.returncode, cmd_args, done.stdout, done.stderr

@@ -13,7 +13,6 @@ method (peak RSS of the whole process, runtime included).
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -66,8 +65,11 @@ def peak_in_subprocess(method, config):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--markdown", metavar="FILE",
-                        help="also write the table as Markdown to FILE")
+    parser.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the table as Markdown to FILE",
+    )
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--run", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -87,7 +89,9 @@ def main():
         if fits and results:  # same result first
             for a, e in zip(results["ours"], results["broadcast"]):
                 np.testing.assert_allclose(a, e, rtol=1e-3, atol=1e-3)
-        times = {m: [] if not args.memory_only else [float("nan")] for m in methods}
+        times = {
+            m: [] if not args.memory_only else [float("nan")] for m in methods
+        }
         for _ in range(0 if args.memory_only else args.repeats if fits else 1):
             for m in methods:  # interleaved
                 start = time.perf_counter()
@@ -98,9 +102,11 @@ def main():
         peak = {m: peak_in_subprocess(m, config) for m in methods}
         rows.append((config, med, peak))
 
-    header = ("| batch, Tq, Tv, units | broadcast tensor | ours time (s) | "
-              "broadcast time (s) | time ratio | ours peak (MiB) | "
-              "broadcast peak (MiB) | memory ratio |")
+    header = (
+        "| batch, Tq, Tv, units | broadcast tensor | ours time (s) | "
+        "broadcast time (s) | time ratio | ours peak (MiB) | "
+        "broadcast peak (MiB) | memory ratio |"
+    )
     lines = [header, "|" + "---|" * 8]
     for (b, i, j, u), med, peak in rows:
         tensor = f"{b * i * j * u * 4 / 2**30:.2f} GiB"

@@ -29,12 +29,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-
-import keras_attention  # noqa: E402
 from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 from _timing import try_peak_rss_mb  # noqa: E402
+
+import keras_attention  # noqa: E402
 
 HEADS, KEY_DIM = 8, 32
 BACKEND = keras.backend.backend()
@@ -42,7 +42,9 @@ BACKEND = keras.backend.backend()
 
 def make_layers(dtype, seed=0):
     policy = "mixed_bfloat16" if dtype == "bfloat16" else "float32"
-    ours = keras_attention.layers.MultiHeadAttention(HEADS, KEY_DIM, dtype=policy)
+    ours = keras_attention.layers.MultiHeadAttention(
+        HEADS, KEY_DIM, dtype=policy
+    )
     theirs = keras.layers.MultiHeadAttention(HEADS, KEY_DIM, dtype=policy)
     x = np.random.default_rng(seed).normal(size=(1, 8, HEADS * KEY_DIM))
     ours(x, x)
@@ -58,9 +60,9 @@ def make_step(layer, causal, jit, scores):
         y = layer(x, x, use_causal_mask=causal, return_attention_scores=scores)
         if scores:
             y, w = y
-            return keras.ops.sum(keras.ops.cast(y, "float32") ** 2) + keras.ops.sum(
-                keras.ops.cast(w, "float32")
-            )
+            return keras.ops.sum(
+                keras.ops.cast(y, "float32") ** 2
+            ) + keras.ops.sum(keras.ops.cast(w, "float32"))
         return keras.ops.sum(keras.ops.cast(y, "float32") ** 2)
 
     if BACKEND == "jax":
@@ -71,7 +73,11 @@ def make_step(layer, causal, jit, scores):
 
         def loss(tv, x):
             y = layer.stateless_call(
-                tv, other, x, x, use_causal_mask=causal,
+                tv,
+                other,
+                x,
+                x,
+                use_causal_mask=causal,
                 return_attention_scores=scores,
             )[0]
             if scores:
@@ -124,7 +130,9 @@ def check_same(ours, theirs, x, causal, dtype):
         keras.ops.cast(theirs(x, x, use_causal_mask=causal), "float32")
     )
     diff = float(np.max(np.abs(y1 - y2)))
-    atol = 1e-4 if dtype == "float32" else 3e-2 * max(1.0, float(np.abs(y2).max()))
+    atol = (
+        1e-4 if dtype == "float32" else 3e-2 * max(1.0, float(np.abs(y2).max()))
+    )
     if not diff <= atol:
         raise AssertionError(f"outputs differ by {diff} > {atol}")
     return diff
@@ -144,12 +152,18 @@ def bench(config, repeats, warmup, peak):
     flops = 3 * 4 * batch * HEADS * t * t * KEY_DIM
     gflops = flops / times["ours"] / 1e9
     return [
-        t, batch, "yes" if causal else "no", dtype,
+        t,
+        batch,
+        "yes" if causal else "no",
+        dtype,
         "-" if BACKEND == "jax" else ("yes" if jit else "no"),
         "yes" if scores else "no",
-        times["ours"] * 1e3, times["keras"] * 1e3,
+        times["ours"] * 1e3,
+        times["keras"] * 1e3,
         times["ours"] / times["keras"],
-        gflops, gflops / peak, diff,
+        gflops,
+        gflops / peak,
+        diff,
     ]
 
 
@@ -169,24 +183,36 @@ def memory_table(configs, limit_gib, timeout):
         mem = {}
         for impl in ("ours", "keras"):
             cmd = [
-                sys.executable, os.path.abspath(__file__), "--memory-child",
-                impl, str(t), str(batch), str(int(causal)),
-                "--limit-gib", str(limit_gib),
+                sys.executable,
+                os.path.abspath(__file__),
+                "--memory-child",
+                impl,
+                str(t),
+                str(batch),
+                str(int(causal)),
+                "--limit-gib",
+                str(limit_gib),
             ]
             start = time.perf_counter()
             mem[impl] = try_peak_rss_mb(cmd, timeout=timeout)
-            print(f"  memory {impl} T={t} b={batch} causal={causal}: "
-                  f"{mem[impl]} MiB in {time.perf_counter() - start:.0f} s",
-                  flush=True)
+            print(
+                f"  memory {impl} T={t} b={batch} causal={causal}: "
+                f"{mem[impl]} MiB in {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
         ratio = (
             mem["ours"] / mem["keras"] if mem["ours"] and mem["keras"] else None
         )
-        rows.append([
-            t, batch, "yes" if causal else "no",
-            mem["ours"] if mem["ours"] is not None else "failed",
-            mem["keras"] if mem["keras"] is not None else "failed",
-            ratio,
-        ])
+        rows.append(
+            [
+                t,
+                batch,
+                "yes" if causal else "no",
+                mem["ours"] if mem["ours"] is not None else "failed",
+                mem["keras"] if mem["keras"] is not None else "failed",
+                ratio,
+            ]
+        )
     return rows
 
 
@@ -221,20 +247,35 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="128,512,2048,8192")
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--bf16-max", type=int, default=2048,
-                        help="largest T timed in bfloat16")
-    parser.add_argument("--scores-max", type=int, default=2048,
-                        help="largest T timed with return_attention_scores")
-    parser.add_argument("--full", action="store_true",
-                        help="every size x causal x dtype x jit_compile")
+    parser.add_argument(
+        "--bf16-max", type=int, default=2048, help="largest T timed in bfloat16"
+    )
+    parser.add_argument(
+        "--scores-max",
+        type=int,
+        default=2048,
+        help="largest T timed with return_attention_scores",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="every size x causal x dtype x jit_compile",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--memory", default="8192:1:1,32768:1:1",
-                        help="T:batch:causal,... for the peak-RSS table ('' = none)")
+    parser.add_argument(
+        "--memory",
+        default="8192:1:1,32768:1:1",
+        help="T:batch:causal,... for the peak-RSS table ('' = none)",
+    )
     parser.add_argument("--memory-timeout", type=float, default=900)
-    parser.add_argument("--limit-gib", type=float, default=16,
-                        help="address-space limit of a memory child, so that "
-                        "an impossible allocation fails instead of swapping")
+    parser.add_argument(
+        "--limit-gib",
+        type=float,
+        default=16,
+        help="address-space limit of a memory child, so that "
+        "an impossible allocation fails instead of swapping",
+    )
     parser.add_argument("--markdown", help="write the tables to this file")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -251,18 +292,36 @@ def main():
 
     peak = matmul_peak_gflops()
     print(f"{machine_summary()}, backend {BACKEND}")
-    print(f"float32 matmul peak (2048^3, median of 5): {peak:.1f} GFLOP/s",
-          flush=True)
-    headers = ["T", "batch", "causal", "dtype", "jit_compile", "scores",
-               "ours ms", "Keras ms", "ours/Keras", "core GFLOP/s",
-               "of peak", "max |diff|"]
+    print(
+        f"float32 matmul peak (2048^3, median of 5): {peak:.1f} GFLOP/s",
+        flush=True,
+    )
+    headers = [
+        "T",
+        "batch",
+        "causal",
+        "dtype",
+        "jit_compile",
+        "scores",
+        "ours ms",
+        "Keras ms",
+        "ours/Keras",
+        "core GFLOP/s",
+        "of peak",
+        "max |diff|",
+    ]
     rows = []
     for config in plan(args):
         start = time.perf_counter()
         rows.append(bench(config, args.repeats, args.warmup, peak))
-        print("  " + " | ".join(
-            f"{x:.3g}" if isinstance(x, float) else str(x) for x in rows[-1]
-        ) + f"   ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(
+            "  "
+            + " | ".join(
+                f"{x:.3g}" if isinstance(x, float) else str(x) for x in rows[-1]
+            )
+            + f"   ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
     text = [
         f"Machine: {machine_summary()}; backend {BACKEND}; float32 matmul "
         f"peak measured in the run: {peak:.1f} GFLOP/s.",

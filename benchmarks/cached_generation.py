@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 from _timing import try_peak_rss_mb  # noqa: E402
+
 from keras_attention.generation import CausalLMGenerator  # noqa: E402
 from keras_attention.layers import TokenAndPositionEmbedding  # noqa: E402
 from keras_attention.layers import TransformerDecoderBlock  # noqa: E402
@@ -45,7 +45,9 @@ def build(seed=0):
     keras.utils.set_random_seed(seed)
     embedding = TokenAndPositionEmbedding(VOCAB, MAX_POSITIONS, DIM)
     blocks = [
-        TransformerDecoderBlock(HEADS, FFN, cross_attention=False, norm_first=True)
+        TransformerDecoderBlock(
+            HEADS, FFN, cross_attention=False, norm_first=True
+        )
         for _ in range(LAYERS)
     ]
     head = keras.layers.Dense(VOCAB)
@@ -72,7 +74,9 @@ def recompute_generate_fn(model):
 
     @tf.function(jit_compile=True)
     def generate(token_ids, padding_mask):
-        index = keras.ops.min(keras.ops.sum(keras.ops.cast(padding_mask, "int32"), -1))
+        index = keras.ops.min(
+            keras.ops.sum(keras.ops.cast(padding_mask, "int32"), -1)
+        )
         return sampler(next_fn, token_ids, index=index, mask=padding_mask)
 
     return generate
@@ -100,7 +104,9 @@ def child(kind, prompt_length, new_tokens):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-length", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument(
+        "--new-tokens", type=int, nargs="+", default=[32, 64, 128, 256]
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -122,7 +128,9 @@ def main():
             print(f"warning: {n} new tokens: only {same:.1%} of tokens agree")
         times = time_interleaved(
             {
-                "cached": lambda: np.asarray(lm.generate(ids, padding_mask=mask)[0]),
+                "cached": lambda: np.asarray(
+                    lm.generate(ids, padding_mask=mask)[0]
+                ),
                 "recompute": lambda: np.asarray(recompute(ids, mask)),
             },
             repeats=args.repeats,
@@ -130,8 +138,14 @@ def main():
         )
         rss = {
             kind: try_peak_rss_mb(
-                [sys.executable, os.path.abspath(__file__), "--child", kind,
-                 args.prompt_length, n]
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--child",
+                    kind,
+                    args.prompt_length,
+                    n,
+                ]
             )
             for kind in ("cached", "recompute")
         }
@@ -147,8 +161,13 @@ def main():
         rows.append(row)
         print(row, flush=True)
     headers = [
-        "new tokens", "cached ms/token", "recompute ms/token", "speed-up",
-        "cached peak RSS MiB", "recompute peak RSS MiB", "same tokens",
+        "new tokens",
+        "cached ms/token",
+        "recompute ms/token",
+        "speed-up",
+        "cached peak RSS MiB",
+        "recompute peak RSS MiB",
+        "same tokens",
     ]
     title = (
         f"Greedy generation, batch 1, prompt {args.prompt_length} tokens, "

@@ -18,14 +18,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
+
 from keras_attention.layers.transformer_encoder_block import (  # noqa: E402
     TransformerEncoderBlock,
 )
@@ -77,7 +76,8 @@ def main():
     rows = []
     for t in [int(s) for s in args.sizes.split(",")]:
         x = tf.constant(
-            np.random.default_rng(0).normal(size=(args.batch, t, HIDDEN)), "float32"
+            np.random.default_rng(0).normal(size=(args.batch, t, HIDDEN)),
+            "float32",
         )
         diff = float(np.max(np.abs(ours(x).numpy() - theirs(x).numpy())))
         if not diff <= 1e-4:
@@ -91,21 +91,36 @@ def main():
                 repeats=args.repeats,
                 warmup=args.warmup,
             )
-            rows.append([
-                t, args.batch, "yes" if jit else "no",
-                times["ours"] * 1e3, times["keras_hub"] * 1e3,
-                times["ours"] / times["keras_hub"], diff,
-            ])
+            rows.append(
+                [
+                    t,
+                    args.batch,
+                    "yes" if jit else "no",
+                    times["ours"] * 1e3,
+                    times["keras_hub"] * 1e3,
+                    times["ours"] / times["keras_hub"],
+                    diff,
+                ]
+            )
             print("  " + " | ".join(map(str, rows[-1])), flush=True)
-    text = "\n".join([
-        f"Machine: {machine_summary()}.",
-        "",
-        markdown_table(
-            ["T", "batch", "jit_compile", "ours ms", "keras_hub ms",
-             "ours/keras_hub", "max |diff|"],
-            rows,
-        ),
-    ])
+    text = "\n".join(
+        [
+            f"Machine: {machine_summary()}.",
+            "",
+            markdown_table(
+                [
+                    "T",
+                    "batch",
+                    "jit_compile",
+                    "ours ms",
+                    "keras_hub ms",
+                    "ours/keras_hub",
+                    "max |diff|",
+                ],
+                rows,
+            ),
+        ]
+    )
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:

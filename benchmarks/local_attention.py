@@ -36,12 +36,15 @@ def _build(impl, args, length):
     import keras
 
     from keras_attention import masks
-    from keras_attention.layers import LocalSelfAttention, SelfAttention
+    from keras_attention.layers import LocalSelfAttention
+    from keras_attention.layers import SelfAttention
 
     features = args.heads * args.key_dim
     if impl == "local":
         layer = LocalSelfAttention(
-            args.heads, args.key_dim, window_size=args.window,
+            args.heads,
+            args.key_dim,
+            window_size=args.window,
             block_size=args.block_size,
         )
     else:
@@ -80,7 +83,9 @@ def _step_fn(layer, window_mask):
 
 def _child(impl, length, args):
     """Runs one implementation (or nothing, for the baseline) and exits."""
-    layer, x, cot, window_mask = _build("local" if impl == "idle" else impl, args, length)
+    layer, x, cot, window_mask = _build(
+        "local" if impl == "idle" else impl, args, length
+    )
     if impl == "idle":
         return
     step = _step_fn(layer, window_mask)
@@ -92,9 +97,19 @@ def _child(impl, length, args):
 def _measure_memory(impl, length, args):
     from _timing import try_peak_rss_mb
 
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, str(length),
-           "--heads", str(args.heads), "--key-dim", str(args.key_dim),
-           "--window", str(args.window)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        impl,
+        str(length),
+        "--heads",
+        str(args.heads),
+        "--key-dim",
+        str(args.key_dim),
+        "--window",
+        str(args.window),
+    ]
     if args.block_size:
         cmd += ["--block-size", str(args.block_size)]
     return try_peak_rss_mb(cmd, timeout=3600)
@@ -106,8 +121,12 @@ def _ratio(a, b):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+",
-                        default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[1024, 2048, 4096, 8192, 16384],
+    )
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--key-dim", type=int, default=64)
     parser.add_argument("--window", type=int, default=128)
@@ -116,15 +135,18 @@ def main():
     parser.add_argument("--dense-max-length", type=int, default=8192)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--markdown", default=None, help="write the table here")
-    parser.add_argument("--child", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], int(args.child[1]), args)
         return
 
     import keras
-
-    from _timing import machine_summary, markdown_table, time_interleaved
+    from _timing import machine_summary
+    from _timing import markdown_table
+    from _timing import time_interleaved
 
     rows = []
     for length in args.lengths:
@@ -141,8 +163,10 @@ def main():
             y_d, g_d = dense_step(x, cot)
             for a, b in zip([y_l] + list(g_l), [y_d] + list(g_d)):
                 np.testing.assert_allclose(
-                    keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b),
-                    atol=2e-3, rtol=1e-3,
+                    keras.ops.convert_to_numpy(a),
+                    keras.ops.convert_to_numpy(b),
+                    atol=2e-3,
+                    rtol=1e-3,
                 )
             fns["dense"] = lambda: float(dense_step(x, cot)[1][0][0, 0, 0])
         times = time_interleaved(fns, repeats=args.repeats, warmup=1)
@@ -152,7 +176,9 @@ def main():
         else:
             m_idle = _measure_memory("idle", length, args)
             m_local = _measure_memory("local", length, args)
-            m_dense = _measure_memory("dense", length, args) if run_dense else None
+            m_dense = (
+                _measure_memory("dense", length, args) if run_dense else None
+            )
 
         def above(m):
             return None if m is None or m_idle is None else m - m_idle
@@ -163,8 +189,11 @@ def main():
             None if t_dense is None else t_dense * 1e3,
             _ratio(t_dense, t_local),
             t_local * 1e6 / length,
-            m_idle, m_local, m_dense,
-            above(m_local), above(m_dense),
+            m_idle,
+            m_local,
+            m_dense,
+            above(m_local),
+            above(m_dense),
             _ratio(above(m_dense), above(m_local)),
             _ratio(m_dense, m_local),
         ]
@@ -172,10 +201,18 @@ def main():
         print(row, flush=True)
 
     headers = [
-        "T", "local ms", "dense ms", "speed-up (dense/local)", "local us/token",
-        "baseline MiB", "local peak MiB", "dense peak MiB",
-        "local above baseline MiB", "dense above baseline MiB",
-        "memory ratio above baseline (dense/local)", "peak ratio (dense/local)",
+        "T",
+        "local ms",
+        "dense ms",
+        "speed-up (dense/local)",
+        "local us/token",
+        "baseline MiB",
+        "local peak MiB",
+        "dense peak MiB",
+        "local above baseline MiB",
+        "dense above baseline MiB",
+        "memory ratio above baseline (dense/local)",
+        "peak ratio (dense/local)",
     ]
     table = markdown_table(headers, rows)
     import tensorflow  # noqa: F401  (for the version in the summary)

@@ -64,7 +64,9 @@ def parse_args(argv=None):
         "--download", action="store_true", help="let TFDS download the dataset"
     )
     data.add_argument("--vocabulary-size", type=int, default=8000)
-    data.add_argument("--max-length", type=int, default=40, help="tokens kept per text")
+    data.add_argument(
+        "--max-length", type=int, default=40, help="tokens kept per text"
+    )
     model = parser.add_argument_group("model")
     model.add_argument(
         "--encoder",
@@ -74,17 +76,23 @@ def parse_args(argv=None):
     )
     model.add_argument("--embedding-dim", type=int, default=128)
     model.add_argument("--hidden-dim", type=int, default=128)
-    model.add_argument("--num-layers", type=int, default=2, help="transformer blocks")
+    model.add_argument(
+        "--num-layers", type=int, default=2, help="transformer blocks"
+    )
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.1)
     model.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--num-plots", type=int, default=4, help="attention PNGs")
+    parser.add_argument(
+        "--num-plots", type=int, default=4, help="attention PNGs"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
         help="tiny data subset and model, a few steps (smoke test)",
     )
-    add_training_args(parser, epochs=3, batch_size=128, output_dir="runs/classify")
+    add_training_args(
+        parser, epochs=3, batch_size=128, output_dir="runs/classify"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.vocabulary_size = min(args.vocabulary_size, 1000)
@@ -168,7 +176,9 @@ def majority_baseline(train, test):
     import numpy as np
 
     def labels(ds):
-        batches = ds.map(lambda text, label: label).batch(8192).as_numpy_iterator()
+        batches = (
+            ds.map(lambda text, label: label).batch(8192).as_numpy_iterator()
+        )
         return np.concatenate(list(batches)).astype(int)
 
     train_labels, test_labels = labels(train), labels(test)
@@ -182,12 +192,11 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
     Returns a list of `(path, (width, height))`, the image sizes in pixels.
     """
     import numpy as np
+    import tensorflow as tf
 
     from examples.classify_model import pad_ids
     from examples.common.text import id_to_tokens
     from keras_attention.visualization import plot_attention
-
-    import tensorflow as tf
 
     ids = pad_ids(tokenizer(tf.constant(list(texts))), args.max_length)
     probabilities, weights = attention_model(ids, training=False)
@@ -197,7 +206,9 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
         tokens = id_to_tokens(tokenizer, ids[i, :n].numpy())
         predicted = class_names[int(np.argmax(probabilities[i]))]
         row = f"pred: {predicted}" + (f" / true: {labels[i]}" if labels else "")
-        path = os.path.join(args.output_dir, "plots", f"pooling_attention_{i}.png")
+        path = os.path.join(
+            args.output_dir, "plots", f"pooling_attention_{i}.png"
+        )
         os.makedirs(os.path.dirname(path), exist_ok=True)
         figure = plot_attention(
             np.asarray(weights[i : i + 1, :n], "float32"),
@@ -226,9 +237,15 @@ def main(argv=None):
     from examples.classify_text import word_piece_tokenizer
 
     train_raw, val_raw, test_raw, class_names = load_splits(args)
-    tokenizer = word_piece_tokenizer(train_raw.map(lambda t, y: t), args.vocabulary_size)
+    tokenizer = word_piece_tokenizer(
+        train_raw.map(lambda t, y: t), args.vocabulary_size
+    )
     vocabulary_size = tokenizer.vocabulary_size()
-    logger.info("%d classes, WordPiece vocabulary of %d", len(class_names), vocabulary_size)
+    logger.info(
+        "%d classes, WordPiece vocabulary of %d",
+        len(class_names),
+        vocabulary_size,
+    )
     train, val, test = tokenize_splits(
         (train_raw, val_raw, test_raw), tokenizer, args.max_length
     )
@@ -249,13 +266,22 @@ def main(argv=None):
             dropout=args.dropout,
         )
         model.compile(
-            optimizer=keras.optimizers.AdamW(args.learning_rate, weight_decay=1e-4),
+            optimizer=keras.optimizers.AdamW(
+                args.learning_rate, weight_decay=1e-4
+            ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             jit_compile=args.jit_compile,
         )
     model.summary(print_fn=logger.info)
-    history = fit(model, train_batches, val_batches, args, monitor="val_accuracy", mode="max")
+    history = fit(
+        model,
+        train_batches,
+        val_batches,
+        args,
+        monitor="val_accuracy",
+        mode="max",
+    )
     test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
     baseline = majority_baseline(train_raw, test_raw)
     train_time = time.time() - start
@@ -268,15 +294,21 @@ def main(argv=None):
     server = export_classifier(
         export_path, attention_model, tokenizer, class_names, args.max_length
     )
-    print(f"SavedModel: {export_path}  (tf.saved_model.load(path).classify(texts))")
+    print(
+        f"SavedModel: {export_path}  (tf.saved_model.load(path).classify(texts))"
+    )
     served = server.classify(np.array(DEMO_TEXTS, dtype=object))
-    for text, label, p in zip(DEMO_TEXTS, served["label"].numpy(), served["probability"].numpy()):
+    for text, label, p in zip(
+        DEMO_TEXTS, served["label"].numpy(), served["probability"].numpy()
+    ):
         print(f"  {label.decode():<14} {p:.2f}  {text}")
 
     examples = list(test_raw.take(args.num_plots).as_numpy_iterator())
     texts = np.array([t for t, _ in examples], dtype=object)
     labels = [class_names[int(y)] for _, y in examples]
-    plots = plot_pooling(attention_model, tokenizer, texts, labels, class_names, args)
+    plots = plot_pooling(
+        attention_model, tokenizer, texts, labels, class_names, args
+    )
     print("attention plots:", *(path for path, _ in plots), sep="\n  ")
     return {
         "history": history.history,

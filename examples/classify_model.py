@@ -37,14 +37,19 @@ def build_classifier(
         )(ids)
         x = keras.layers.Dropout(dropout)(x)
         x = keras.layers.Bidirectional(
-            keras.layers.GRU(hidden_dim // 2, return_sequences=True), name="bigru"
+            keras.layers.GRU(hidden_dim // 2, return_sequences=True),
+            name="bigru",
         )(x)  # (b, t, d), keeps the padding mask
     elif encoder == "transformer":
         from keras_attention.layers import TokenAndPositionEmbedding
         from keras_attention.layers import TransformerEncoderBlock
 
         x = TokenAndPositionEmbedding(
-            vocabulary_size, max_length, hidden_dim, mask_zero=True, name="embedding"
+            vocabulary_size,
+            max_length,
+            hidden_dim,
+            mask_zero=True,
+            name="embedding",
         )(ids)
         x = keras.layers.Dropout(dropout)(x)
         for i in range(num_layers):
@@ -64,11 +69,17 @@ def build_classifier(
         x, return_attention_scores=True
     )  # (b, d), (b, t)
     pooled = keras.layers.Dropout(dropout)(pooled)
-    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(pooled)
-    probabilities = keras.layers.Softmax(dtype="float32", name="probabilities")(logits)
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(
+        pooled
+    )
+    probabilities = keras.layers.Softmax(dtype="float32", name="probabilities")(
+        logits
+    )
     model = keras.Model(ids, logits, name=f"{encoder}_classifier")
     attention_model = keras.Model(
-        ids, [probabilities, weights], name=f"{encoder}_classifier_with_attention"
+        ids,
+        [probabilities, weights],
+        name=f"{encoder}_classifier_with_attention",
     )
     return model, attention_model
 
@@ -101,7 +112,9 @@ class ClassifierServer(tf.Module):
         self.class_names = tf.constant(list(class_names))
         self.max_length = max_length
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")]
+    )
     def classify(self, text):
         ids = pad_ids(self.tokenizer(text), self.max_length)
         probabilities, weights = self.attention_model(ids, training=False)
@@ -113,9 +126,13 @@ class ClassifierServer(tf.Module):
         }
 
 
-def export_classifier(path, attention_model, tokenizer, class_names, max_length):
+def export_classifier(
+    path, attention_model, tokenizer, class_names, max_length
+):
     """Writes the string-serving SavedModel; returns the server module."""
-    server = ClassifierServer(attention_model, tokenizer, class_names, max_length)
+    server = ClassifierServer(
+        attention_model, tokenizer, class_names, max_length
+    )
     tf.saved_model.save(
         server, path, signatures={"serving_default": server.classify}
     )

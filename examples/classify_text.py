@@ -55,7 +55,9 @@ def word_piece_tokenizer(ds, vocabulary_size, lowercase=True):
 
     texts = (t for batch in ds.batch(4096).as_numpy_iterator() for t in batch)
     return keras_hub.tokenizers.WordPieceTokenizer(
-        vocabulary=frequent_word_piece_vocabulary(texts, vocabulary_size, lowercase),
+        vocabulary=frequent_word_piece_vocabulary(
+            texts, vocabulary_size, lowercase
+        ),
         lowercase=lowercase,
         oov_token=RESERVED_TOKENS[1],
         special_tokens=list(RESERVED_TOKENS),

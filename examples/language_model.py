@@ -54,33 +54,60 @@ def parse_args(argv=None):
         help="'kjv_bible' (shipped) or a TFDS dataset with a 'text' feature, "
         "e.g. tiny_shakespeare (prepared in --data-dir, or --download)",
     )
-    data.add_argument("--text-file", default=None,
-                      help="train on this UTF-8 text file instead (90/5/5 split by lines)")
+    data.add_argument(
+        "--text-file",
+        default=None,
+        help="train on this UTF-8 text file instead (90/5/5 split by lines)",
+    )
     data.add_argument("--data-dir", default=None, help="TFDS data directory")
-    data.add_argument("--download", action="store_true",
-                      help="let TFDS download the dataset")
-    data.add_argument("--sequence-length", type=int, default=128,
-                      help="characters of context in training")
+    data.add_argument(
+        "--download", action="store_true", help="let TFDS download the dataset"
+    )
+    data.add_argument(
+        "--sequence-length",
+        type=int,
+        default=128,
+        help="characters of context in training",
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--hidden-dim", type=int, default=128)
     model.add_argument("--num-layers", type=int, default=3)
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.0)
-    model.add_argument("--window", type=int, default=64,
-                       help="each position attends to the last N characters "
-                       "(LocalSelfAttention); below --sequence-length, so that "
-                       "generating beyond it meets only trained distances; 0: full "
-                       "causal attention, then --max-length <= --sequence-length")
+    model.add_argument(
+        "--window",
+        type=int,
+        default=64,
+        help="each position attends to the last N characters "
+        "(LocalSelfAttention); below --sequence-length, so that "
+        "generating beyond it meets only trained distances; 0: full "
+        "causal attention, then --max-length <= --sequence-length",
+    )
     model.add_argument("--learning-rate", type=float, default=2e-3)
     gen = parser.add_argument_group("generation and export")
-    gen.add_argument("--max-length", type=int, default=256,
-                     help="prompt + completion characters when generating")
-    gen.add_argument("--samplers", default="greedy,beam,top_k,top_p",
-                     help="comma-separated samplers shown and exported")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny data subset and model, a few steps (smoke test)")
-    add_training_args(parser, epochs=4, batch_size=32, steps_per_epoch=250,
-                      output_dir="runs/language_model")
+    gen.add_argument(
+        "--max-length",
+        type=int,
+        default=256,
+        help="prompt + completion characters when generating",
+    )
+    gen.add_argument(
+        "--samplers",
+        default="greedy,beam,top_k,top_p",
+        help="comma-separated samplers shown and exported",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny data subset and model, a few steps (smoke test)",
+    )
+    add_training_args(
+        parser,
+        epochs=4,
+        batch_size=32,
+        steps_per_epoch=250,
+        output_dir="runs/language_model",
+    )
     args = parser.parse_args(argv)
     args.samplers = tuple(s for s in args.samplers.split(",") if s)
     if args.quick:
@@ -98,10 +125,14 @@ def check_generation_length(parser, args):
     """Refuses, at start-up, a generation the positions were not trained for."""
     for name in ("sequence_length", "max_length"):
         if getattr(args, name) < 2:
-            parser.error(f"--{name.replace('_', '-')} must be at least 2. "
-                         f"Received: {getattr(args, name)!r}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be at least 2. "
+                f"Received: {getattr(args, name)!r}"
+            )
     if args.window < 0:
-        parser.error(f"--window must be >= 0 (0: full attention). Received: {args.window!r}")
+        parser.error(
+            f"--window must be >= 0 (0: full attention). Received: {args.window!r}"
+        )
     if args.window == 0 and args.max_length > args.sequence_length:
         parser.error(
             f"--max-length {args.max_length} exceeds --sequence-length "
@@ -133,15 +164,25 @@ def main(argv=None):
     from examples.lm_model import positional_bits_per_character
 
     train_lines, val_lines, test_lines = lm_data.load_text_splits(
-        args.dataset, args.text_file, args.data_dir, args.download, tiny=args.quick
+        args.dataset,
+        args.text_file,
+        args.data_dir,
+        args.download,
+        tiny=args.quick,
     )
     tokenizer = character_tokenizer(train_lines)
     vocabulary_size = tokenizer.vocabulary_size()
     logger.info("character vocabulary: %d code points", vocabulary_size)
-    windows = [lm_data.char_windows(d, tokenizer, args.sequence_length)
-               for d in (train_lines, val_lines, test_lines)]
-    train = lm_data.batches(windows[0], args.batch_size, shuffle=True, seed=args.seed)
-    val, test = (lm_data.batches(w, args.batch_size, shuffle=False) for w in windows[1:])
+    windows = [
+        lm_data.char_windows(d, tokenizer, args.sequence_length)
+        for d in (train_lines, val_lines, test_lines)
+    ]
+    train = lm_data.batches(
+        windows[0], args.batch_size, shuffle=True, seed=args.seed
+    )
+    val, test = (
+        lm_data.batches(w, args.batch_size, shuffle=False) for w in windows[1:]
+    )
 
     max_length = max(args.sequence_length, args.max_length)
     with strategy.scope():
@@ -156,11 +197,16 @@ def main(argv=None):
         )
         total_steps = args.epochs * args.steps_per_epoch
         schedule = keras.optimizers.schedules.CosineDecay(
-            args.learning_rate * 0.1, total_steps, alpha=0.05,
-            warmup_target=args.learning_rate, warmup_steps=max(total_steps // 20, 1),
+            args.learning_rate * 0.1,
+            total_steps,
+            alpha=0.05,
+            warmup_target=args.learning_rate,
+            warmup_steps=max(total_steps // 20, 1),
         )
         model.compile(
-            optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01, clipnorm=1.0),
+            optimizer=keras.optimizers.AdamW(
+                schedule, weight_decay=0.01, clipnorm=1.0
+            ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=args.jit_compile,
         )
@@ -180,16 +226,21 @@ def main(argv=None):
         f"(the training length), {train_time / 60:.1f} min\n"
         f"      {bits.mean():.3f} bits per character on {args.max_length}-character "
         "windows (the generation length)"
-        + (f", {bits[args.sequence_length:].mean():.3f} at positions "
-           f"{args.sequence_length}-{args.max_length - 1}"
-           if args.max_length > args.sequence_length else "")
+        + (
+            f", {bits[args.sequence_length :].mean():.3f} at positions "
+            f"{args.sequence_length}-{args.max_length - 1}"
+            if args.max_length > args.sequence_length
+            else ""
+        )
     )
 
     export_path = os.path.join(args.output_dir, "saved_model")
     server = export_language_model(
         export_path, model, generator, tokenizer, args.max_length, args.samplers
     )
-    print(f"SavedModel: {export_path}  (tf.saved_model.load(path).greedy(prompts))")
+    print(
+        f"SavedModel: {export_path}  (tf.saved_model.load(path).greedy(prompts))"
+    )
     prompts = np.array(PROMPTS, dtype=object)
     completions = {}
     for name in args.samplers:

@@ -29,12 +29,19 @@ def _read_text_file(path):
         lines = [line.rstrip() for line in f if line.strip()]
     n = len(lines)
     a, b = int(n * 0.9), int(n * 0.95)
-    return [tf.data.Dataset.from_tensor_slices(part or [""]) for part in
-            (lines[:a], lines[a:b], lines[b:])]
+    return [
+        tf.data.Dataset.from_tensor_slices(part or [""])
+        for part in (lines[:a], lines[a:b], lines[b:])
+    ]
 
 
-def load_text_splits(dataset="kjv_bible", text_file=None, data_dir=None,
-                     download=False, tiny=False):
+def load_text_splits(
+    dataset="kjv_bible",
+    text_file=None,
+    data_dir=None,
+    download=False,
+    tiny=False,
+):
     """`(train, validation, test)` datasets of scalar strings."""
     if text_file:
         return _read_text_file(text_file)
@@ -59,7 +66,9 @@ def load_text_splits(dataset="kjv_bible", text_file=None, data_dir=None,
         names[:2] = ["train[:95%]", "train[95%:]"]
     if "test" not in splits:
         names[2] = names[1]
-    return [builder.as_dataset(split=s).map(lambda ex: ex["text"]) for s in names]
+    return [
+        builder.as_dataset(split=s).map(lambda ex: ex["text"]) for s in names
+    ]
 
 
 def char_windows(lines, tokenizer, sequence_length):

@@ -48,10 +48,16 @@ def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
     if name == "beam":
         return keras_hub.samplers.BeamSampler(num_beams=num_beams)
     if name == "top_k":
-        return keras_hub.samplers.TopKSampler(k=k, seed=seed, temperature=temperature)
+        return keras_hub.samplers.TopKSampler(
+            k=k, seed=seed, temperature=temperature
+        )
     if name == "top_p":
-        return keras_hub.samplers.TopPSampler(p=p, seed=seed, temperature=temperature)
-    raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={name!r}")
+        return keras_hub.samplers.TopPSampler(
+            p=p, seed=seed, temperature=temperature
+        )
+    raise ValueError(
+        f"`sampler` must be one of {SAMPLERS}. Received: sampler={name!r}"
+    )
 
 
 def build_language_model(
@@ -91,7 +97,9 @@ def build_language_model(
             vocabulary_size, max_length, hidden_dim, name="embedding"
         )
     else:
-        embedding = keras.layers.Embedding(vocabulary_size, hidden_dim, name="embedding")
+        embedding = keras.layers.Embedding(
+            vocabulary_size, hidden_dim, name="embedding"
+        )
         block_kwargs["rotary_max_wavelength"] = rotary_max_wavelength
     blocks = [
         TransformerDecoderBlock(
@@ -106,14 +114,20 @@ def build_language_model(
         for i in range(num_layers)
     ]
     final_norm = keras.layers.LayerNormalization(name="final_norm")
-    to_logits = keras.layers.Dense(vocabulary_size, dtype="float32", name="logits")
+    to_logits = keras.layers.Dense(
+        vocabulary_size, dtype="float32", name="logits"
+    )
     x = embedding(ids)  # (b, t, d)
     for block in blocks:
         x = block(x)
     logits = to_logits(final_norm(x))  # (b, t, v)
     model = keras.Model(ids, logits, name="char_transformer_lm")
     generator = CausalLMGenerator(
-        embedding, blocks, [final_norm, to_logits], pad_token_id=0, jit_compile=False
+        embedding,
+        blocks,
+        [final_norm, to_logits],
+        pad_token_id=0,
+        jit_compile=False,
     )
     return model, generator
 
@@ -158,16 +172,21 @@ class LanguageModelServer(tf.Module):
     the cached generation loop and detokenization run inside the graph.
     """
 
-    def __init__(self, model, generator, tokenizer, max_length, samplers=SAMPLERS,
-                 seed=0):
+    def __init__(
+        self, model, generator, tokenizer, max_length, samplers=SAMPLERS, seed=0
+    ):
         super().__init__()
         self.model = model  # tracks the weights the generator's layers use
         self.generator = generator
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.samplers = {name: make_sampler(name, seed=seed) for name in samplers}
+        self.samplers = {
+            name: make_sampler(name, seed=seed) for name in samplers
+        }
         # The random samplers' seed states are variables too.
-        self.sampler_seeds = [v for s in self.samplers.values() for v in s.variables]
+        self.sampler_seeds = [
+            v for s in self.samplers.values() for v in s.variables
+        ]
         spec = tf.TensorSpec([None], tf.string, name="prompt")
         for name in samplers:
             fn = tf.function(
@@ -180,7 +199,9 @@ class LanguageModelServer(tf.Module):
         # b - prompts, t - character positions
         # A newline first: the model learned that lines start after one.
         ids = self.tokenizer(tf.strings.join(["\n", prompt]))
-        ids = tf.cast(ids[:, -(self.max_length // 2):], tf.int32)  # ragged (b, t)
+        ids = tf.cast(
+            ids[:, -(self.max_length // 2) :], tf.int32
+        )  # ragged (b, t)
         lengths = tf.cast(ids.row_lengths(), tf.int32)
         dense = ids.to_tensor(0, shape=[None, self.max_length])
         out, mask = self.generator.generate(
@@ -196,10 +217,13 @@ class LanguageModelServer(tf.Module):
         return {"completion": self.tokenizer.detokenize(completion)}
 
 
-def export_language_model(path, model, generator, tokenizer, max_length,
-                          samplers=SAMPLERS):
+def export_language_model(
+    path, model, generator, tokenizer, max_length, samplers=SAMPLERS
+):
     """Writes the string-serving SavedModel; returns the server module."""
-    server = LanguageModelServer(model, generator, tokenizer, max_length, samplers)
+    server = LanguageModelServer(
+        model, generator, tokenizer, max_length, samplers
+    )
     signatures = {name: getattr(server, name) for name in samplers}
     signatures["serving_default"] = getattr(server, samplers[0])
     tf.saved_model.save(server, path, signatures=signatures)

@@ -42,22 +42,37 @@ def parse_args(argv=None):
         epilog=__doc__.split("\n\n", 1)[1],
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", choices=["rnn", "transformer"],
-                       default="rnn")
-    model.add_argument("--attention", choices=["bahdanau", "luong"],
-                       default="bahdanau", help="RNN decoder attention")
-    model.add_argument("--score", choices=["dot", "general", "concat"],
-                       default="general", help="Luong score function")
-    model.add_argument("--alignment",
-                       choices=["global", "local-m", "local-p"],
-                       default="global", help="Luong alignment")
-    model.add_argument("--window", type=int, default=None,
-                       help="Luong local alignment half-width D")
+    model.add_argument("--model", choices=["rnn", "transformer"], default="rnn")
+    model.add_argument(
+        "--attention",
+        choices=["bahdanau", "luong"],
+        default="bahdanau",
+        help="RNN decoder attention",
+    )
+    model.add_argument(
+        "--score",
+        choices=["dot", "general", "concat"],
+        default="general",
+        help="Luong score function",
+    )
+    model.add_argument(
+        "--alignment",
+        choices=["global", "local-m", "local-p"],
+        default="global",
+        help="Luong alignment",
+    )
+    model.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="Luong local alignment half-width D",
+    )
     model.add_argument("--embedding-dim", type=int, default=64)
     model.add_argument("--encoder-units", type=int, default=128)
     model.add_argument("--decoder-units", type=int, default=256)
-    model.add_argument("--hidden-dim", type=int, default=128,
-                       help="transformer width")
+    model.add_argument(
+        "--hidden-dim", type=int, default=128, help="transformer width"
+    )
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--intermediate-dim", type=int, default=512)
     model.add_argument("--num-layers", type=int, default=2)
@@ -65,27 +80,43 @@ def parse_args(argv=None):
     model.add_argument("--learning-rate", type=float, default=2e-3)
     decode = parser.add_argument_group("data and decoding")
     decode.add_argument(
-        "--dataset", default="multilingual_dates",
+        "--dataset",
+        default="multilingual_dates",
         help="multilingual_dates (default), freedict_deu_eng (apt-get "
         "install dict-freedict-deu-eng) or a TFDS translation dataset such "
-        "as ted_hrlr_translate/pt_to_en (downloaded by TFDS)")
-    decode.add_argument("--data-dir", default=None,
-                        help="TFDS data directory")
-    decode.add_argument("--vocabulary-size", type=int, default=8000,
-                        help="WordPiece vocabulary size (language pairs)")
-    decode.add_argument("--decode", choices=["greedy", "beam"],
-                        default="greedy")
+        "as ted_hrlr_translate/pt_to_en (downloaded by TFDS)",
+    )
+    decode.add_argument("--data-dir", default=None, help="TFDS data directory")
+    decode.add_argument(
+        "--vocabulary-size",
+        type=int,
+        default=8000,
+        help="WordPiece vocabulary size (language pairs)",
+    )
+    decode.add_argument(
+        "--decode", choices=["greedy", "beam"], default="greedy"
+    )
     decode.add_argument("--beam-size", type=int, default=4)
-    decode.add_argument("--num-examples", type=int, default=5,
-                        help="translations to print")
-    decode.add_argument("--num-plots", type=int, default=3,
-                        help="attention heatmaps to write")
-    decode.add_argument("--max-eval", type=int, default=None,
-                        help="evaluate on the first N test examples")
-    decode.add_argument("--quick", action="store_true",
-                        help="tiny data and model, a few steps (smoke test)")
-    add_training_args(parser, epochs=2, batch_size=64,
-                      output_dir="runs/translate", patience=2)
+    decode.add_argument(
+        "--num-examples", type=int, default=5, help="translations to print"
+    )
+    decode.add_argument(
+        "--num-plots", type=int, default=3, help="attention heatmaps to write"
+    )
+    decode.add_argument(
+        "--max-eval",
+        type=int,
+        default=None,
+        help="evaluate on the first N test examples",
+    )
+    decode.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny data and model, a few steps (smoke test)",
+    )
+    add_training_args(
+        parser, epochs=2, batch_size=64, output_dir="runs/translate", patience=2
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = min(args.epochs, 2)
@@ -104,9 +135,7 @@ def evaluate(hypotheses, references, metric):
         return 100.0 * hits / max(len(references), 1)
     import sacrebleu
 
-    return sacrebleu.corpus_bleu(
-        hypotheses, [references], lowercase=True
-    ).score
+    return sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
 
 
 def translate_all(serve, sentences, batch_size=256):
@@ -114,7 +143,7 @@ def translate_all(serve, sentences, batch_size=256):
 
     out = []
     for i in range(0, len(sentences), batch_size):
-        batch = tf.constant(sentences[i:i + batch_size])
+        batch = tf.constant(sentences[i : i + batch_size])
         out += [s.decode("utf-8") for s in serve(batch).numpy()]
     return out
 
@@ -144,10 +173,16 @@ def plot_examples(string_translator, sentences, directory, limit):
             weights[: len(rows), : len(source_ids)],
             id_to_tokens(string_translator.source_tokenizer, source_ids),
             id_to_tokens(string_translator.target_tokenizer, rows),
-            path=path, title=sentence,
+            path=path,
+            title=sentence,
         )
-        paths.append({"path": path, "source_tokens": len(source_ids),
-                      "target_tokens": len(rows)})
+        paths.append(
+            {
+                "path": path,
+                "source_tokens": len(source_ids),
+                "target_tokens": len(rows),
+            }
+        )
     return paths
 
 
@@ -200,8 +235,7 @@ def main(argv=None):
         )
         model = translator.model
         model.compile(
-            optimizer=keras.optimizers.Adam(args.learning_rate,
-                                            clipnorm=1.0),
+            optimizer=keras.optimizers.Adam(args.learning_rate, clipnorm=1.0),
             loss=keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
             ),
@@ -215,11 +249,14 @@ def main(argv=None):
     train_seconds = time.time() - started
 
     string_translator = StringTranslator(
-        translator, data.source_tokenizer, data.target_tokenizer,
+        translator,
+        data.source_tokenizer,
+        data.target_tokenizer,
         data.max_source_length,
     )
-    pairs = data.test_pairs[: args.max_eval] if args.max_eval else \
-        data.test_pairs
+    pairs = (
+        data.test_pairs[: args.max_eval] if args.max_eval else data.test_pairs
+    )
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
     hypotheses = translate_all(string_translator.translate, sources)
@@ -232,18 +269,26 @@ def main(argv=None):
         mark = "ok" if h == r else "  "
         print(f"  {mark} {s!r:45} -> {h!r}  (reference {r!r})")
     metric_name = "exact match" if data.metric == "exact_match" else "BLEU"
-    print(f"\nTest {metric_name}: {score:.2f}"
-          f"{' %' if data.metric == 'exact_match' else ''} on "
-          f"{len(pairs)} held-out examples ({args.decode} decoding)")
+    print(
+        f"\nTest {metric_name}: {score:.2f}"
+        f"{' %' if data.metric == 'exact_match' else ''} on "
+        f"{len(pairs)} held-out examples ({args.decode} decoding)"
+    )
 
-    plots = plot_examples(string_translator, sources,
-                          os.path.join(args.output_dir, "plots"),
-                          args.num_plots)
+    plots = plot_examples(
+        string_translator,
+        sources,
+        os.path.join(args.output_dir, "plots"),
+        args.num_plots,
+    )
     print("Attention heatmaps:", *[p["path"] for p in plots], sep="\n  ")
-    path = export(string_translator,
-                  os.path.join(args.output_dir, "saved_model"))
-    print(f"SavedModel: {path}\n  tf.saved_model.load({path!r})"
-          f".translate(tf.constant([{sources[0]!r}]))")
+    path = export(
+        string_translator, os.path.join(args.output_dir, "saved_model")
+    )
+    print(
+        f"SavedModel: {path}\n  tf.saved_model.load({path!r})"
+        f".translate(tf.constant([{sources[0]!r}]))"
+    )
 
     results = {
         "dataset": args.dataset,

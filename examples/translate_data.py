@@ -59,8 +59,7 @@ def load_pairs(name, data_dir=None, quick=False):
         splits = ["train", "validation", "test"]
         if quick:
             splits = ["train[:3000]", "validation[:200]", "test[:200]"]
-    return tfds.load(name, split=splits, as_supervised=True,
-                     data_dir=data_dir)
+    return tfds.load(name, split=splits, as_supervised=True, data_dir=data_dir)
 
 
 def build_tokenizers(name, train_pairs, vocabulary_size=8000):

@@ -24,8 +24,9 @@ from examples.common import text
 class StringTranslator(tf.Module):
     """A `tf.Module` whose `translate(strings) -> strings` serves a model."""
 
-    def __init__(self, translator, source_tokenizer, target_tokenizer,
-                 max_source_length):
+    def __init__(
+        self, translator, source_tokenizer, target_tokenizer, max_source_length
+    ):
         super().__init__(name="translator")
         self.translator = translator
         self.model = translator.model  # tracks the variables for saving

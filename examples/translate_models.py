@@ -25,8 +25,15 @@ def _sampler(decode, beam_size):
 class Translator:
     """A trained model plus its decoding. Subclasses set `self.model`."""
 
-    def __init__(self, start_id, end_id, max_target_length, decode="greedy",
-                 beam_size=4, jit_compile=False):
+    def __init__(
+        self,
+        start_id,
+        end_id,
+        max_target_length,
+        decode="greedy",
+        beam_size=4,
+        jit_compile=False,
+    ):
         self.start_id, self.end_id = start_id, end_id
         self.max_target_length = max_target_length
         self.decode = decode
@@ -62,10 +69,21 @@ class TransformerTranslator(Translator):
     issue 17's language model); the generator refuses a longer length at
     its start (`check_length_fits`)."""
 
-    def __init__(self, source_vocabulary_size, target_vocabulary_size,
-                 max_source_length, max_target_length, start_id, end_id,
-                 hidden_dim=128, num_heads=4, intermediate_dim=512,
-                 num_layers=2, dropout=0.1, **kwargs):
+    def __init__(
+        self,
+        source_vocabulary_size,
+        target_vocabulary_size,
+        max_source_length,
+        max_target_length,
+        start_id,
+        end_id,
+        hidden_dim=128,
+        num_heads=4,
+        intermediate_dim=512,
+        num_layers=2,
+        dropout=0.1,
+        **kwargs,
+    ):
         from keras_attention.generation import Seq2SeqGenerator
         from keras_attention.layers import TokenAndPositionEmbedding
         from keras_attention.layers import TransformerDecoderBlock
@@ -76,28 +94,41 @@ class TransformerTranslator(Translator):
         decoder_ids = keras.Input((None,), dtype="int32", name="decoder_ids")
 
         x = TokenAndPositionEmbedding(
-            source_vocabulary_size, max_source_length, hidden_dim,
-            mask_zero=True, name="source_embedding",
+            source_vocabulary_size,
+            max_source_length,
+            hidden_dim,
+            mask_zero=True,
+            name="source_embedding",
         )(encoder_ids)
         for i in range(num_layers):
             x = TransformerEncoderBlock(
-                num_heads, intermediate_dim, dropout=dropout,
+                num_heads,
+                intermediate_dim,
+                dropout=dropout,
                 name=f"encoder_block_{i}",
             )(x)
         self.encoder = keras.Model(encoder_ids, x, name="encoder")
 
         self.embedding = TokenAndPositionEmbedding(
-            target_vocabulary_size, max_target_length, hidden_dim,
-            mask_zero=True, name="target_embedding",
+            target_vocabulary_size,
+            max_target_length,
+            hidden_dim,
+            mask_zero=True,
+            name="target_embedding",
         )
         self.blocks = [
-            TransformerDecoderBlock(num_heads, intermediate_dim,
-                                    dropout=dropout, name=f"decoder_block_{i}")
+            TransformerDecoderBlock(
+                num_heads,
+                intermediate_dim,
+                dropout=dropout,
+                name=f"decoder_block_{i}",
+            )
             for i in range(num_layers)
         ]
         # Logits in float32 under mixed precision.
-        self.head = keras.layers.Dense(target_vocabulary_size,
-                                       dtype="float32", name="logits")
+        self.head = keras.layers.Dense(
+            target_vocabulary_size, dtype="float32", name="logits"
+        )
         context = self.encoder(encoder_ids)
         context_mask = ops.not_equal(encoder_ids, PAD)
         y = self.embedding(decoder_ids)
@@ -106,11 +137,16 @@ class TransformerTranslator(Translator):
         logits = self.head(y)
         self.model = keras.Model(
             {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
-            logits, name="transformer_translator",
+            logits,
+            name="transformer_translator",
         )
         self.generator = Seq2SeqGenerator(
-            self.encoder, self.embedding, self.blocks, self.head,
-            pad_token_id=PAD, jit_compile=self.jit_compile,
+            self.encoder,
+            self.embedding,
+            self.blocks,
+            self.head,
+            pad_token_id=PAD,
+            jit_compile=self.jit_compile,
         )
 
     def generate(self, encoder_ids):
@@ -128,11 +164,15 @@ class TransformerTranslator(Translator):
         y = self.embedding(decoder_ids)
         for block in self.blocks:
             y, _, weights = block(
-                y, context, padding_mask=ops.not_equal(decoder_ids, PAD),
+                y,
+                context,
+                padding_mask=ops.not_equal(decoder_ids, PAD),
                 context_padding_mask=context_mask,
                 return_attention_scores=True,
             )
-        return ops.mean(weights, axis=1)  # b, heads, t, s -> b, t, s (last block)
+        return ops.mean(
+            weights, axis=1
+        )  # b, heads, t, s -> b, t, s (last block)
 
 
 class RNNTranslator(Translator):
@@ -141,11 +181,24 @@ class RNNTranslator(Translator):
     attention; teacher forcing in training, step-by-step decoding with the
     `keras_hub` samplers (greedy or beam) through the decoder's `step`."""
 
-    def __init__(self, source_vocabulary_size, target_vocabulary_size,
-                 max_source_length, max_target_length, start_id, end_id,
-                 embedding_dim=64, encoder_units=128, decoder_units=256,
-                 attention="bahdanau", score="general", alignment="global",
-                 window=None, dropout=0.0, **kwargs):
+    def __init__(
+        self,
+        source_vocabulary_size,
+        target_vocabulary_size,
+        max_source_length,
+        max_target_length,
+        start_id,
+        end_id,
+        embedding_dim=64,
+        encoder_units=128,
+        decoder_units=256,
+        attention="bahdanau",
+        score="general",
+        alignment="global",
+        window=None,
+        dropout=0.0,
+        **kwargs,
+    ):
         from keras_attention.layers import AttentionRNNDecoder
         from keras_attention.layers import EncoderBridge
 
@@ -154,12 +207,16 @@ class RNNTranslator(Translator):
         encoder_ids = keras.Input((None,), dtype="int32", name="encoder_ids")
         decoder_ids = keras.Input((None,), dtype="int32", name="decoder_ids")
 
-        x = keras.layers.Embedding(source_vocabulary_size, embedding_dim,
-                                   mask_zero=True,
-                                   name="source_embedding")(encoder_ids)
+        x = keras.layers.Embedding(
+            source_vocabulary_size,
+            embedding_dim,
+            mask_zero=True,
+            name="source_embedding",
+        )(encoder_ids)
         memory, forward_state, backward_state = keras.layers.Bidirectional(
-            keras.layers.GRU(encoder_units, return_sequences=True,
-                             return_state=True),
+            keras.layers.GRU(
+                encoder_units, return_sequences=True, return_state=True
+            ),
             name="encoder_gru",
         )(x)
         # s_0 = tanh(W [h_fwd_T; h_bwd_1] + b)
@@ -170,28 +227,36 @@ class RNNTranslator(Translator):
             encoder_ids, [memory, initial_state], name="encoder"
         )
         self.embedding = keras.layers.Embedding(
-            target_vocabulary_size, embedding_dim, mask_zero=True,
+            target_vocabulary_size,
+            embedding_dim,
+            mask_zero=True,
             name="target_embedding",
         )
         self.decoder = AttentionRNNDecoder(
             decoder_units,
-            attention=_attention_layer(attention, decoder_units, score,
-                                       alignment, window),
+            attention=_attention_layer(
+                attention, decoder_units, score, alignment, window
+            ),
             attention_style=attention,
             return_attention_scores=True,  # the alignment, for the plots
             dropout=dropout,
             name="decoder",
         )
-        self.head = keras.layers.Dense(target_vocabulary_size,
-                                       dtype="float32", name="logits")
+        self.head = keras.layers.Dense(
+            target_vocabulary_size, dtype="float32", name="logits"
+        )
         memory, state = self.encoder(encoder_ids)
         memory_mask = ops.not_equal(encoder_ids, PAD)
-        outputs, _ = self.decoder(self.embedding(decoder_ids), memory,
-                                  initial_state=state,
-                                  memory_mask=memory_mask)
+        outputs, _ = self.decoder(
+            self.embedding(decoder_ids),
+            memory,
+            initial_state=state,
+            memory_mask=memory_mask,
+        )
         self.model = keras.Model(
             {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
-            self.head(outputs), name="rnn_translator",
+            self.head(outputs),
+            name="rnn_translator",
         )
 
     def _next(self, prompt, cache, index):
@@ -200,9 +265,12 @@ class RNNTranslator(Translator):
         states, memory, prepared, memory_mask = cache
         token = ops.take(prompt, index - 1, axis=1)  # b
         output, states, _ = self.decoder.step(
-            self.embedding(token), list(states), memory,
+            self.embedding(token),
+            list(states),
+            memory,
             memory_mask=ops.cast(memory_mask, "bool"),
-            step_index=index - 1, prepared_memory=prepared,
+            step_index=index - 1,
+            prepared_memory=prepared,
         )
         cache = (tuple(states), memory, prepared, memory_mask)
         return self.head(output), output, cache
@@ -211,8 +279,9 @@ class RNNTranslator(Translator):
         from keras_attention.generation.decoder_only import mask_after_stop
 
         memory, state = self.encoder(encoder_ids)
-        states = self.decoder.get_initial_state(ops.shape(encoder_ids)[0],
-                                                state)
+        states = self.decoder.get_initial_state(
+            ops.shape(encoder_ids)[0], state
+        )
         memory_mask = ops.cast(ops.not_equal(encoder_ids, PAD), "int32")
         prepared = self.decoder.prepare_memory(memory)
         prompt = self._prompt(encoder_ids)
@@ -230,7 +299,9 @@ class RNNTranslator(Translator):
     def cross_attention(self, encoder_ids, decoder_ids):
         memory, state = self.encoder(encoder_ids)
         _, weights = self.decoder(
-            self.embedding(decoder_ids), memory, initial_state=state,
+            self.embedding(decoder_ids),
+            memory,
+            initial_state=state,
             memory_mask=ops.not_equal(encoder_ids, PAD),
         )
         return weights  # b, t, s
@@ -242,16 +313,26 @@ def _attention_layer(kind, units, score, alignment, window):
 
     if kind == "bahdanau":
         return BahdanauAttention(units)
-    return LuongAttention(score_mode=score, alignment=alignment,
-                          window=window,
-                          units=units if score == "concat" else None)
+    return LuongAttention(
+        score_mode=score,
+        alignment=alignment,
+        window=window,
+        units=units if score == "concat" else None,
+    )
 
 
 def build_translator(kind, **kwargs):
     """`kind` is "rnn" or "transformer"; see the two classes for kwargs."""
     if kind == "transformer":
-        for name in ("embedding_dim", "encoder_units", "decoder_units",
-                     "attention", "score", "alignment", "window"):
+        for name in (
+            "embedding_dim",
+            "encoder_units",
+            "decoder_units",
+            "attention",
+            "score",
+            "alignment",
+            "window",
+        ):
             kwargs.pop(name, None)
         return TransformerTranslator(**kwargs)
     for name in ("hidden_dim", "num_heads", "intermediate_dim", "num_layers"):

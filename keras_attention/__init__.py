@@ -6,3 +6,10 @@ from keras_attention import generation
 from keras_attention import layers
 from keras_attention import masks
 from keras_attention import ops
+
+__all__ = [
+    "generation",
+    "layers",
+    "masks",
+    "ops",
+]

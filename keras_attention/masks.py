@@ -44,16 +44,22 @@ def _check_integer(name, value, allow_negative=False):
     integer dtype (their values are not known yet)."""
     known = _concrete(value)
     if known is None:
-        dtype = keras.backend.standardize_dtype(getattr(value, "dtype", "int32"))
+        dtype = keras.backend.standardize_dtype(
+            getattr(value, "dtype", "int32")
+        )
         if "int" not in dtype:
             raise ValueError(
                 f"`{name}` must be an integer tensor. Received: {name} of "
                 f"dtype {dtype!r}"
             )
         return
-    if not _is_integer(known.dtype) or (not allow_negative and np.any(known < 0)):
+    if not _is_integer(known.dtype) or (
+        not allow_negative and np.any(known < 0)
+    ):
         what = "an integer" if allow_negative else "a non-negative integer"
-        shown = value if known.ndim == 0 or isinstance(value, (int, str)) else known
+        shown = (
+            value if known.ndim == 0 or isinstance(value, (int, str)) else known
+        )
         raise ValueError(f"`{name}` must be {what}. Received: {name}={shown!r}")
 
 
@@ -137,7 +143,9 @@ def padding_mask(lengths_or_mask, max_length=None, query_mask=None):
             )
         _check_length("max_length", max_length)
         _check_integer("lengths_or_mask", x)  # lengths: integers >= 0
-        key_valid = _positions(max_length)[None, :] < ops.cast(x, "int32")[:, None]
+        key_valid = (
+            _positions(max_length)[None, :] < ops.cast(x, "int32")[:, None]
+        )
     elif len(x.shape) == 2:
         key_valid = ops.cast(x, "bool")
     else:

@@ -22,7 +22,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "tf_only: runs only on the TensorFlow backend")
+    config.addinivalue_line(
+        "markers", "tf_only: runs only on the TensorFlow backend"
+    )
     config.addinivalue_line("markers", "slow: long-running tests")
 
 

@@ -54,7 +54,9 @@ def _predict(model, input_data):
 
 def _assert_all_close(actual, expected, atol=ATOL, msg=""):
     for a, e in zip(_as_tuple(actual), _as_tuple(expected)):
-        np.testing.assert_allclose(_np(a), _np(e), atol=atol, rtol=1e-5, err_msg=msg)
+        np.testing.assert_allclose(
+            _np(a), _np(e), atol=atol, rtol=1e-5, err_msg=msg
+        )
 
 
 def _variant(input_data, batch_factor=1, trim=0):
@@ -89,10 +91,13 @@ def check_config(layer):
     )
 
 
-def check_symbolic_shapes(layer_cls, init_kwargs, input_data, call_kwargs, eager):
+def check_symbolic_shapes(
+    layer_cls, init_kwargs, input_data, call_kwargs, eager
+):
     layer = layer_cls(**init_kwargs)
     symbolic = {
-        k: keras.KerasTensor(v.shape, dtype=str(v.dtype)) for k, v in input_data.items()
+        k: keras.KerasTensor(v.shape, dtype=str(v.dtype))
+        for k, v in input_data.items()
     }
     outputs = _as_tuple(layer(**symbolic, **call_kwargs))
     assert len(outputs) == len(eager), (len(outputs), len(eager))
@@ -145,8 +150,13 @@ def check_saved_model(model, variants, atol=ATOL):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
         env.pop("PYTHONPATH", None)
         proc = subprocess.run(
-            [sys.executable, script, path, os.path.join(tmp, "in.npz"),
-             os.path.join(tmp, "out.npz")],
+            [
+                sys.executable,
+                script,
+                path,
+                os.path.join(tmp, "in.npz"),
+                os.path.join(tmp, "out.npz"),
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -158,7 +168,10 @@ def check_saved_model(model, variants, atol=ATOL):
             expected = _predict(model, data)
             for oi, e in enumerate(expected):
                 np.testing.assert_allclose(
-                    served[f"v{vi}/{oi}"], e, atol=atol, rtol=1e-5,
+                    served[f"v{vi}/{oi}"],
+                    e,
+                    atol=atol,
+                    rtol=1e-5,
                     err_msg=f"SavedModel output {oi} of variant {vi}",
                 )
 
@@ -178,12 +191,15 @@ def check_fit(layer_cls, init_kwargs, input_data, call_kwargs, jit_compile):
     history = model.fit(ds, epochs=1, verbose=0, shuffle=False)
     assert np.isfinite(history.history["loss"][-1])
     changed = [
-        not np.array_equal(b, _np(w)) for b, w in zip(before, model.trainable_weights)
+        not np.array_equal(b, _np(w))
+        for b, w in zip(before, model.trainable_weights)
     ]
     assert any(changed) or not before, "fit changed no weight"
 
 
-def check_mixed_precision(layer_cls, init_kwargs, input_data, call_kwargs, policy):
+def check_mixed_precision(
+    layer_cls, init_kwargs, input_data, call_kwargs, policy
+):
     layer = layer_cls(**init_kwargs, dtype=policy)
     outputs = _as_tuple(layer(**input_data, **call_kwargs))
     compute = keras.DTypePolicy(policy).compute_dtype
@@ -242,9 +258,14 @@ def run_layer_test(
     if expected_num_trainable_weights is not None:
         assert len(layer.trainable_weights) == expected_num_trainable_weights
     if expected_num_non_trainable_weights is not None:
-        assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
+        assert (
+            len(layer.non_trainable_weights)
+            == expected_num_non_trainable_weights
+        )
     check_config(layer)  # config is stable after build
-    check_symbolic_shapes(layer_cls, init_kwargs, input_data, call_kwargs, eager)
+    check_symbolic_shapes(
+        layer_cls, init_kwargs, input_data, call_kwargs, eager
+    )
 
     model = _make_model(layer_cls(**init_kwargs), input_data, call_kwargs)
     expected = _predict(model, input_data)
@@ -252,7 +273,9 @@ def run_layer_test(
         path = os.path.join(tmp, "model.keras")
         model.save(path)
         reloaded = keras.saving.load_model(path)
-        _assert_all_close(_predict(reloaded, input_data), expected, atol, ".keras")
+        _assert_all_close(
+            _predict(reloaded, input_data), expected, atol, ".keras"
+        )
 
     if run_saved_model and BACKEND == "tensorflow":
         variants = [input_data, _variant(input_data, batch_factor=2)]
@@ -309,15 +332,23 @@ def run_mask_test(
     embedding = keras.layers.Embedding(20, features, mask_zero=True)
     token_input = keras.Input((None,), dtype="int32")
     embedded = embedding(token_input)
-    out = _as_tuple(layer(**{a: embedded for a in tensor_args}, **call_kwargs))[0]
+    out = _as_tuple(layer(**{a: embedded for a in tensor_args}, **call_kwargs))[
+        0
+    ]
     if len(out.shape) == 3:
-        assert getattr(out, "_keras_mask", None) is not None, "mask not propagated"
-    assert getattr(embedded, "_keras_mask", None) is not None, "input mask deleted"
+        assert getattr(out, "_keras_mask", None) is not None, (
+            "mask not propagated"
+        )
+    assert getattr(embedded, "_keras_mask", None) is not None, (
+        "input mask deleted"
+    )
     model = keras.Model(token_input, out)
     with_keras_mask = _np(model(ids))
 
     x = _np(embedding(ids))
-    explicit = dict({a: x for a in tensor_args}, **{m: valid for m in mask_args})
+    explicit = dict(
+        {a: x for a in tensor_args}, **{m: valid for m in mask_args}
+    )
     with_explicit = _np(_as_tuple(layer(**explicit, **call_kwargs))[0])
 
     def valid_part(y):
@@ -330,15 +361,27 @@ def run_mask_test(
 
     noisy = x.copy()
     noisy[~valid] = rng.normal(size=noisy[~valid].shape) * 10
-    perturbed = dict({a: noisy for a in tensor_args}, **{m: valid for m in mask_args})
+    perturbed = dict(
+        {a: noisy for a in tensor_args}, **{m: valid for m in mask_args}
+    )
     with_noise = _np(_as_tuple(layer(**perturbed, **call_kwargs))[0])
-    np.testing.assert_allclose(valid_part(with_noise), valid_part(with_explicit), atol=atol)
+    np.testing.assert_allclose(
+        valid_part(with_noise), valid_part(with_explicit), atol=atol
+    )
 
     if causal:
         cut = steps // 2
         future = x.copy()
         future[:, cut:] = rng.normal(size=future[:, cut:].shape)
-        a = _np(_as_tuple(layer(**{t: x for t in tensor_args}, **call_kwargs))[0])
-        b = _np(_as_tuple(layer(**{t: future for t in tensor_args}, **call_kwargs))[0])
+        a = _np(
+            _as_tuple(layer(**{t: x for t in tensor_args}, **call_kwargs))[0]
+        )
+        b = _np(
+            _as_tuple(layer(**{t: future for t in tensor_args}, **call_kwargs))[
+                0
+            ]
+        )
         np.testing.assert_allclose(a[:, :cut], b[:, :cut], atol=atol)
-        assert not np.allclose(a[:, cut:], b[:, cut:]), "future change had no effect"
+        assert not np.allclose(a[:, cut:], b[:, cut:]), (
+            "future change had no effect"
+        )

@@ -102,14 +102,21 @@ def luong_scores(layer, query, value):
     else:  # v_a^T tanh(W_a [h_t; h_s]) on every pair
         b, i, j = query.shape[0], query.shape[1], value.shape[1]
         pairs = np.concatenate(
-            [np.broadcast_to(query[:, :, None], (b, i, j, d)),
-             np.broadcast_to(value[:, None], (b, i, j, value.shape[-1]))], -1
+            [
+                np.broadcast_to(query[:, :, None], (b, i, j, d)),
+                np.broadcast_to(value[:, None], (b, i, j, value.shape[-1])),
+            ],
+            -1,
         )
-        scores = np.tanh(pairs @ _np(layer.concat_kernel)) @ _np(layer.attention_v)
+        scores = np.tanh(pairs @ _np(layer.concat_kernel)) @ _np(
+            layer.attention_v
+        )
         if scores.ndim == 4:
             scores = scores[..., 0]
     if layer.scale is True:
-        scores = scores / np.sqrt(layer.units if layer.score_mode == "concat" else d)
+        scores = scores / np.sqrt(
+            layer.units if layer.score_mode == "concat" else d
+        )
     elif layer.scale == "learned":
         scores = scores * _np(layer.scale_factor)
     return scores
@@ -125,7 +132,9 @@ def luong(layer, query, value, value_mask, query_mask, positions=None):
     mask = value_mask[:, None, :] & query_mask[:, :, None]
     s = np.arange(j)[None, None, :]
     if layer.alignment == "local-m":
-        p = np.broadcast_to(np.arange(i) if positions is None else positions, (b, i))
+        p = np.broadcast_to(
+            np.arange(i) if positions is None else positions, (b, i)
+        )
         mask = mask & (np.abs(s - p[..., None]) <= layer.window)
     if layer.alignment == "local-p":
         hidden = np.tanh(query @ _np(layer.position_dense.kernel))
@@ -146,7 +155,9 @@ def layer_norm(x, norm):
     """`keras.layers.LayerNormalization` over the last axis, its weights."""
     gamma, beta = [np.asarray(w) for w in norm.get_weights()]
     mu = x.mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + norm.epsilon) * gamma + beta
+    return (x - mu) / np.sqrt(
+        x.var(-1, keepdims=True) + norm.epsilon
+    ) * gamma + beta
 
 
 def feed_forward(x, ffn):
@@ -165,12 +176,17 @@ def residual(x, f, norm, norm_first):
 def encoder_block(block, x, mask):
     """TransformerEncoderBlock (ReLU feed-forward, no dropout) with its
     own weights; `mask` broadcastable to (b, h, i, j)."""
+
     def attend(y):
         return multi_head_attention(block.self_attention, y, y, mask=mask)[0]
 
     x = residual(x, attend, block.self_attention_norm, block.norm_first)
-    return residual(x, lambda y: feed_forward(y, block.feed_forward),
-                    block.feed_forward_norm, block.norm_first)
+    return residual(
+        x,
+        lambda y: feed_forward(y, block.feed_forward),
+        block.feed_forward_norm,
+        block.norm_first,
+    )
 
 
 def decoder_block(block, x, context, self_mask, cross_mask):
@@ -178,13 +194,24 @@ def decoder_block(block, x, context, self_mask, cross_mask):
     cross-attention to `context` under `cross_mask` (both broadcastable
     to (b, h, i, j); the caller adds the causal part), feed-forward."""
     mha = multi_head_attention
-    x = residual(x, lambda y: mha(block.self_attention, y, y, mask=self_mask)[0],
-                 block.self_attention_norm, block.norm_first)
+    x = residual(
+        x,
+        lambda y: mha(block.self_attention, y, y, mask=self_mask)[0],
+        block.self_attention_norm,
+        block.norm_first,
+    )
     if context is not None:
         x = residual(
-            x, lambda y: mha(block.cross_attention_layer, y, context,
-                             mask=cross_mask)[0],
-            block.cross_attention_norm, block.norm_first,
+            x,
+            lambda y: mha(
+                block.cross_attention_layer, y, context, mask=cross_mask
+            )[0],
+            block.cross_attention_norm,
+            block.norm_first,
         )
-    return residual(x, lambda y: feed_forward(y, block.feed_forward),
-                    block.feed_forward_norm, block.norm_first)
+    return residual(
+        x,
+        lambda y: feed_forward(y, block.feed_forward),
+        block.feed_forward_norm,
+        block.norm_first,
+    )

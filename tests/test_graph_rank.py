@@ -63,7 +63,9 @@ def high_rank_tensors(graph, limit=MAX_RANK):
                 fn = library.get(name)
                 sub = getattr(fn, "graph", None)
                 if sub is None:
-                    raise LookupError(f"{op.type} {op.name!r} calls {name!r}: no graph")
+                    raise LookupError(
+                        f"{op.type} {op.name!r} calls {name!r}: no graph"
+                    )
                 seen.add(name)
                 todo.append((name, sub))
     return found
@@ -89,8 +91,11 @@ def trace_with_gradients(layer, call, inputs, gradients=True):
             tape.watch([tensors[k] for k in floats])
             outputs = call(layer, **tensors, **fixed)
             loss = tf.add_n(
-                [tf.reduce_sum(tf.cast(o, "float32"))
-                 for o in tf.nest.flatten(outputs) if o.dtype.is_floating]
+                [
+                    tf.reduce_sum(tf.cast(o, "float32"))
+                    for o in tf.nest.flatten(outputs)
+                    if o.dtype.is_floating
+                ]
             )
         if not gradients:
             return loss
@@ -98,7 +103,10 @@ def trace_with_gradients(layer, call, inputs, gradients=True):
         grads = tape.gradient(loss, sources)
         return loss, [g for g in grads if g is not None]
 
-    specs = {k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for k, v in arrays.items()}
+    specs = {
+        k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype))
+        for k, v in arrays.items()
+    }
     return tf.function(step).get_concrete_function(**specs).graph
 
 
@@ -116,6 +124,7 @@ def _tiny_rank6_graph(where):
         with tf.GradientTape() as tape:
             tape.watch(x)
             if where == "loop":
+
                 def body(i, acc):
                     y = tf.reshape(x, (1, 1, 1, 1, 2, 3))
                     return i + 1, acc + tf.reduce_sum(tf.sin(y))
@@ -127,7 +136,11 @@ def _tiny_rank6_graph(where):
                 loss = tf.reduce_sum(tf.sin(x))
         return loss, tape.gradient(loss, x)
 
-    return tf.function(fn).get_concrete_function(tf.TensorSpec((6,), "float32")).graph
+    return (
+        tf.function(fn)
+        .get_concrete_function(tf.TensorSpec((6,), "float32"))
+        .graph
+    )
 
 
 @pytest.mark.parametrize("where", ["loop", "nested"])
@@ -205,8 +218,12 @@ def _built(layer, *args):
 def _decoder_cached(layer, x, cache, valid, memory=None):
     extra = {} if memory is None else {"cross_attention_cache": memory}
     return layer(
-        x, padding_mask=valid, self_attention_cache=cache,
-        self_attention_cache_update_index=2, training=True, **extra,
+        x,
+        padding_mask=valid,
+        self_attention_cache=cache,
+        self_attention_cache_update_index=2,
+        training=True,
+        **extra,
     )
 
 
@@ -219,15 +236,20 @@ def _luong_cases():
                 kwargs.update(units=5, scale="learned")
             if alignment != "global":
                 kwargs["window"] = 2
-            cases.append((
-                f"luong-{mode}-{alignment}",
-                lambda kwargs=kwargs: L.LuongAttention(**kwargs),
-                lambda layer, q, m, vm: layer(
-                    q, m, value_mask=vm, return_attention_scores=True,
-                    training=True,
-                ),
-                {"q": X[:, :3], "m": MEM8, "vm": MEM_VALID},
-            ))
+            cases.append(
+                (
+                    f"luong-{mode}-{alignment}",
+                    lambda kwargs=kwargs: L.LuongAttention(**kwargs),
+                    lambda layer, q, m, vm: layer(
+                        q,
+                        m,
+                        value_mask=vm,
+                        return_attention_scores=True,
+                        training=True,
+                    ),
+                    {"q": X[:, :3], "m": MEM8, "vm": MEM_VALID},
+                )
+            )
     return cases
 
 
@@ -236,155 +258,337 @@ def _luong_cases():
 # inference, and TensorFlow has no gradient for the cache update
 # (`XlaDynamicUpdateSlice`).
 CASES = [
-    ("mha", lambda: L.MultiHeadAttention(2, 4, dropout=0.1),
-     lambda layer, **kw: _mha_call(layer, return_attention_scores=True, **kw),
-     {"q": X, "v": CTX, "qm": VALID, "vm": CTX_VALID}),
-    ("mha-gqa-dense", lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
-     _scoped("dense", lambda layer, **kw: _mha_call(
-         layer, use_causal_mask=True, return_attention_scores=True, **kw)),
-     {"q": X, "v": X, "qm": VALID, "vm": VALID}),
-    ("mha-gqa-blockwise", lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
-     _scoped("blockwise", lambda layer, **kw: _mha_call(
-         layer, use_causal_mask=True, **kw)),
-     {"q": X, "v": X, "qm": VALID, "vm": VALID}),
-    ("mha-mqa-blockwise-attention-mask",
-     lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=1),
-     _scoped("blockwise", lambda layer, q, v, qm, vm, am: layer(
-         q, v, query_mask=qm, value_mask=vm, attention_mask=am)),
-     {"q": X, "v": CTX, "qm": VALID, "vm": CTX_VALID,
-      "am": RNG.random((2, 6, 5)) > 0.3}),
-    ("mha-cached", lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
-     lambda layer, q, cache: layer(q, q, cache=cache, cache_update_index=2),
-     {"q": X[:, :1], "cache": np.zeros((2, 2, 6, 2, 4), "float32")}),
-    ("self", lambda: L.SelfAttention(2, 4, causal=True, dropout=0.1),
-     lambda layer, x, m, am: layer(
-         x, mask=m, attention_mask=am, return_attention_scores=True, training=True),
-     {"x": X, "m": VALID, "am": np.asarray(masks.prefix_lm_mask(6, 2))}),
-    ("causal-self", lambda: L.CausalSelfAttention(2, 4),
-     lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),
-     {"x": X, "m": VALID}),
-    ("cross", lambda: L.CrossAttention(2, 4, num_key_value_heads=1),
-     lambda layer, q, c, qm, cm: layer(
-         q, c, query_mask=qm, context_mask=cm, return_attention_scores=True),
-     {"q": X, "c": CTX, "qm": VALID, "cm": CTX_VALID}),
-    ("local-gqa-everything",
-     lambda: L.LocalSelfAttention(4, 4, window_size=(2, 1), block_size=4,
-                                  num_key_value_heads=2, dropout=0.1),
-     lambda layer, x, m, am: layer(
-         x, mask=m, attention_mask=am, return_attention_scores=True, training=True),
-     {"x": X10, "m": VALID10, "am": RNG.random((2, 4, 10, 10)) > 0.2}),
-    ("local-causal-default-block",
-     lambda: L.LocalSelfAttention(2, 4, window_size=3, causal=True),
-     lambda layer, x, m, am: layer(x, mask=m, attention_mask=am),
-     {"x": X10, "m": VALID10, "am": RNG.random((10, 10)) > 0.2}),
-    ("local-mqa-scores", lambda: L.LocalSelfAttention(4, 2, window_size=2,
-                                                      num_key_value_heads=1),
-     lambda layer, x: layer(x, return_attention_scores=True),
-     {"x": X10}),
-    ("pooling", lambda: L.AttentionPooling(units=8),
-     lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),
-     {"x": X, "m": VALID}),
-    ("bahdanau-step", lambda: L.BahdanauAttention(6, normalize=True, dropout=0.1),
-     lambda layer, q, m, vm: layer(
-         q, m, value_mask=vm, return_attention_scores=True, training=True),
-     {"q": STATE, "m": CTX, "vm": CTX_VALID}),
-    ("bahdanau-sequence", lambda: L.BahdanauAttention(6),
-     lambda layer, q, m, qm, vm: layer(
-         q, m, query_mask=qm, value_mask=vm, return_attention_scores=True),
-     {"q": X, "m": CTX, "qm": VALID, "vm": CTX_VALID}),
+    (
+        "mha",
+        lambda: L.MultiHeadAttention(2, 4, dropout=0.1),
+        lambda layer, **kw: _mha_call(
+            layer, return_attention_scores=True, **kw
+        ),
+        {"q": X, "v": CTX, "qm": VALID, "vm": CTX_VALID},
+    ),
+    (
+        "mha-gqa-dense",
+        lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
+        _scoped(
+            "dense",
+            lambda layer, **kw: _mha_call(
+                layer, use_causal_mask=True, return_attention_scores=True, **kw
+            ),
+        ),
+        {"q": X, "v": X, "qm": VALID, "vm": VALID},
+    ),
+    (
+        "mha-gqa-blockwise",
+        lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
+        _scoped(
+            "blockwise",
+            lambda layer, **kw: _mha_call(layer, use_causal_mask=True, **kw),
+        ),
+        {"q": X, "v": X, "qm": VALID, "vm": VALID},
+    ),
+    (
+        "mha-mqa-blockwise-attention-mask",
+        lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=1),
+        _scoped(
+            "blockwise",
+            lambda layer, q, v, qm, vm, am: layer(
+                q, v, query_mask=qm, value_mask=vm, attention_mask=am
+            ),
+        ),
+        {
+            "q": X,
+            "v": CTX,
+            "qm": VALID,
+            "vm": CTX_VALID,
+            "am": RNG.random((2, 6, 5)) > 0.3,
+        },
+    ),
+    (
+        "mha-cached",
+        lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
+        lambda layer, q, cache: layer(q, q, cache=cache, cache_update_index=2),
+        {"q": X[:, :1], "cache": np.zeros((2, 2, 6, 2, 4), "float32")},
+    ),
+    (
+        "self",
+        lambda: L.SelfAttention(2, 4, causal=True, dropout=0.1),
+        lambda layer, x, m, am: layer(
+            x,
+            mask=m,
+            attention_mask=am,
+            return_attention_scores=True,
+            training=True,
+        ),
+        {"x": X, "m": VALID, "am": np.asarray(masks.prefix_lm_mask(6, 2))},
+    ),
+    (
+        "causal-self",
+        lambda: L.CausalSelfAttention(2, 4),
+        lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),
+        {"x": X, "m": VALID},
+    ),
+    (
+        "cross",
+        lambda: L.CrossAttention(2, 4, num_key_value_heads=1),
+        lambda layer, q, c, qm, cm: layer(
+            q, c, query_mask=qm, context_mask=cm, return_attention_scores=True
+        ),
+        {"q": X, "c": CTX, "qm": VALID, "cm": CTX_VALID},
+    ),
+    (
+        "local-gqa-everything",
+        lambda: L.LocalSelfAttention(
+            4,
+            4,
+            window_size=(2, 1),
+            block_size=4,
+            num_key_value_heads=2,
+            dropout=0.1,
+        ),
+        lambda layer, x, m, am: layer(
+            x,
+            mask=m,
+            attention_mask=am,
+            return_attention_scores=True,
+            training=True,
+        ),
+        {"x": X10, "m": VALID10, "am": RNG.random((2, 4, 10, 10)) > 0.2},
+    ),
+    (
+        "local-causal-default-block",
+        lambda: L.LocalSelfAttention(2, 4, window_size=3, causal=True),
+        lambda layer, x, m, am: layer(x, mask=m, attention_mask=am),
+        {"x": X10, "m": VALID10, "am": RNG.random((10, 10)) > 0.2},
+    ),
+    (
+        "local-mqa-scores",
+        lambda: L.LocalSelfAttention(
+            4, 2, window_size=2, num_key_value_heads=1
+        ),
+        lambda layer, x: layer(x, return_attention_scores=True),
+        {"x": X10},
+    ),
+    (
+        "pooling",
+        lambda: L.AttentionPooling(units=8),
+        lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),
+        {"x": X, "m": VALID},
+    ),
+    (
+        "bahdanau-step",
+        lambda: L.BahdanauAttention(6, normalize=True, dropout=0.1),
+        lambda layer, q, m, vm: layer(
+            q, m, value_mask=vm, return_attention_scores=True, training=True
+        ),
+        {"q": STATE, "m": CTX, "vm": CTX_VALID},
+    ),
+    (
+        "bahdanau-sequence",
+        lambda: L.BahdanauAttention(6),
+        lambda layer, q, m, qm, vm: layer(
+            q, m, query_mask=qm, value_mask=vm, return_attention_scores=True
+        ),
+        {"q": X, "m": CTX, "qm": VALID, "vm": CTX_VALID},
+    ),
     *_luong_cases(),
-    ("rnn-decoder-bahdanau-gru",
-     lambda: L.AttentionRNNDecoder(8, L.BahdanauAttention(6), dropout=0.1),
-     lambda layer, y, m, ym, mm: layer(y, m, mask=ym, memory_mask=mm, training=True),
-     {"y": X[:, :4, :5], "m": CTX, "ym": VALID[:, :4], "mm": CTX_VALID}),
-    ("rnn-decoder-luong-lstm",
-     lambda: L.AttentionRNNDecoder(
-         8, L.LuongAttention("concat", units=5, alignment="local-p", window=2),
-         cell="lstm", attention_style="luong", return_attention_scores=True,
-         return_state=True),
-     lambda layer, y, m, mm: layer(y, m, memory_mask=mm),
-     {"y": X[:, :4, :5], "m": CTX, "mm": CTX_VALID}),
-    ("encoder-bridge-gru", lambda: L.EncoderBridge(8),
-     lambda layer, f, b: layer(f, b),
-     {"f": STATE[:, :4], "b": STATE[:, 4:]}),
-    ("encoder-bridge-lstm", lambda: L.EncoderBridge(8, cell="lstm"),
-     lambda layer, f, b, fc, bc: layer(f, b, fc, bc),
-     {"f": STATE[:, :4], "b": STATE[:, 4:], "fc": STATE[:, 2:6], "bc": STATE[:, 1:5]}),
-    ("position-embedding", lambda: L.PositionEmbedding(10),
-     lambda layer, x: layer(x, start_index=2), {"x": X}),
-    ("rotary", lambda: L.RotaryEmbedding(),
-     lambda layer, x: layer(x, start_index=3),
-     {"x": X.reshape(2, 6, 2, 4)}),
-    ("sinusoidal", lambda: L.SinusoidalPositionEncoding(),
-     lambda layer, x: layer(x), {"x": X}),
-    ("token-and-position", lambda: L.TokenAndPositionEmbedding(20, 8, 8, mask_zero=True),
-     lambda layer, ids: layer(ids), {"ids": np.array([[3, 5, 0], [1, 0, 0]], "int32")}),
-    ("feed-forward", lambda: L.FeedForward(16, dropout=0.1),
-     lambda layer, x: layer(x, training=True), {"x": X}),
-    ("encoder-block",
-     lambda: L.TransformerEncoderBlock(4, 16, num_key_value_heads=2, dropout=0.1,
-                                       norm_first=True, rotary_max_wavelength=100),
-     lambda layer, x, m, am: layer(
-         x, padding_mask=m, attention_mask=am, return_attention_scores=True,
-         training=True),
-     {"x": X, "m": VALID, "am": RNG.random((2, 6, 6)) > 0.2}),
-    ("encoder-block-window",
-     lambda: L.TransformerEncoderBlock(4, 16, num_key_value_heads=2, window_size=2,
-                                       dropout=0.1),
-     lambda layer, x, m: layer(x, padding_mask=m, return_attention_scores=True,
-                               training=True),
-     {"x": X10, "m": VALID10}),
-    ("decoder-block",
-     lambda: L.TransformerDecoderBlock(4, 16, num_key_value_heads=2, dropout=0.1),
-     lambda layer, x, c, m, cm: layer(
-         x, c, padding_mask=m, context_padding_mask=cm,
-         return_attention_scores=True, training=True),
-     {"x": X, "c": CTX, "m": VALID, "cm": CTX_VALID}),
-    ("decoder-block-window",
-     lambda: L.TransformerDecoderBlock(4, 16, num_key_value_heads=2, window_size=2,
-                                       rotary_max_wavelength=100),
-     lambda layer, x, c, m: layer(x, c, padding_mask=m, training=True),
-     {"x": X10, "c": CTX, "m": VALID10}),
-    ("decoder-block-cached",
-     lambda: L.TransformerDecoderBlock(4, 16, num_key_value_heads=2,
-                                       cross_attention=False),
-     lambda layer, x, cache, valid: _decoder_cached(layer, x, cache, valid),
-     {"x": X[:, :1], "cache": np.zeros((2, 2, 6, 2, 2), "float32"),
-      "valid": VALID[:, :1]}),
-    ("decoder-block-window-cached",
-     lambda: _built(
-         L.TransformerDecoderBlock(4, 16, num_key_value_heads=2, window_size=2),
-         X[:, :2], CTX),
-     lambda layer, x, cache, valid, ctx: _decoder_cached(
-         layer, x, cache, valid, layer.compute_cross_attention_cache(ctx)),
-     {"x": X[:, :1], "cache": np.zeros((2, 2, 6, 2, 2), "float32"),
-      "valid": VALID[:, :1], "ctx": CTX}),
+    (
+        "rnn-decoder-bahdanau-gru",
+        lambda: L.AttentionRNNDecoder(8, L.BahdanauAttention(6), dropout=0.1),
+        lambda layer, y, m, ym, mm: layer(
+            y, m, mask=ym, memory_mask=mm, training=True
+        ),
+        {"y": X[:, :4, :5], "m": CTX, "ym": VALID[:, :4], "mm": CTX_VALID},
+    ),
+    (
+        "rnn-decoder-luong-lstm",
+        lambda: L.AttentionRNNDecoder(
+            8,
+            L.LuongAttention("concat", units=5, alignment="local-p", window=2),
+            cell="lstm",
+            attention_style="luong",
+            return_attention_scores=True,
+            return_state=True,
+        ),
+        lambda layer, y, m, mm: layer(y, m, memory_mask=mm),
+        {"y": X[:, :4, :5], "m": CTX, "mm": CTX_VALID},
+    ),
+    (
+        "encoder-bridge-gru",
+        lambda: L.EncoderBridge(8),
+        lambda layer, f, b: layer(f, b),
+        {"f": STATE[:, :4], "b": STATE[:, 4:]},
+    ),
+    (
+        "encoder-bridge-lstm",
+        lambda: L.EncoderBridge(8, cell="lstm"),
+        lambda layer, f, b, fc, bc: layer(f, b, fc, bc),
+        {
+            "f": STATE[:, :4],
+            "b": STATE[:, 4:],
+            "fc": STATE[:, 2:6],
+            "bc": STATE[:, 1:5],
+        },
+    ),
+    (
+        "position-embedding",
+        lambda: L.PositionEmbedding(10),
+        lambda layer, x: layer(x, start_index=2),
+        {"x": X},
+    ),
+    (
+        "rotary",
+        lambda: L.RotaryEmbedding(),
+        lambda layer, x: layer(x, start_index=3),
+        {"x": X.reshape(2, 6, 2, 4)},
+    ),
+    (
+        "sinusoidal",
+        lambda: L.SinusoidalPositionEncoding(),
+        lambda layer, x: layer(x),
+        {"x": X},
+    ),
+    (
+        "token-and-position",
+        lambda: L.TokenAndPositionEmbedding(20, 8, 8, mask_zero=True),
+        lambda layer, ids: layer(ids),
+        {"ids": np.array([[3, 5, 0], [1, 0, 0]], "int32")},
+    ),
+    (
+        "feed-forward",
+        lambda: L.FeedForward(16, dropout=0.1),
+        lambda layer, x: layer(x, training=True),
+        {"x": X},
+    ),
+    (
+        "encoder-block",
+        lambda: L.TransformerEncoderBlock(
+            4,
+            16,
+            num_key_value_heads=2,
+            dropout=0.1,
+            norm_first=True,
+            rotary_max_wavelength=100,
+        ),
+        lambda layer, x, m, am: layer(
+            x,
+            padding_mask=m,
+            attention_mask=am,
+            return_attention_scores=True,
+            training=True,
+        ),
+        {"x": X, "m": VALID, "am": RNG.random((2, 6, 6)) > 0.2},
+    ),
+    (
+        "encoder-block-window",
+        lambda: L.TransformerEncoderBlock(
+            4, 16, num_key_value_heads=2, window_size=2, dropout=0.1
+        ),
+        lambda layer, x, m: layer(
+            x, padding_mask=m, return_attention_scores=True, training=True
+        ),
+        {"x": X10, "m": VALID10},
+    ),
+    (
+        "decoder-block",
+        lambda: L.TransformerDecoderBlock(
+            4, 16, num_key_value_heads=2, dropout=0.1
+        ),
+        lambda layer, x, c, m, cm: layer(
+            x,
+            c,
+            padding_mask=m,
+            context_padding_mask=cm,
+            return_attention_scores=True,
+            training=True,
+        ),
+        {"x": X, "c": CTX, "m": VALID, "cm": CTX_VALID},
+    ),
+    (
+        "decoder-block-window",
+        lambda: L.TransformerDecoderBlock(
+            4,
+            16,
+            num_key_value_heads=2,
+            window_size=2,
+            rotary_max_wavelength=100,
+        ),
+        lambda layer, x, c, m: layer(x, c, padding_mask=m, training=True),
+        {"x": X10, "c": CTX, "m": VALID10},
+    ),
+    (
+        "decoder-block-cached",
+        lambda: L.TransformerDecoderBlock(
+            4, 16, num_key_value_heads=2, cross_attention=False
+        ),
+        lambda layer, x, cache, valid: _decoder_cached(layer, x, cache, valid),
+        {
+            "x": X[:, :1],
+            "cache": np.zeros((2, 2, 6, 2, 2), "float32"),
+            "valid": VALID[:, :1],
+        },
+    ),
+    (
+        "decoder-block-window-cached",
+        lambda: _built(
+            L.TransformerDecoderBlock(
+                4, 16, num_key_value_heads=2, window_size=2
+            ),
+            X[:, :2],
+            CTX,
+        ),
+        lambda layer, x, cache, valid, ctx: _decoder_cached(
+            layer, x, cache, valid, layer.compute_cross_attention_cache(ctx)
+        ),
+        {
+            "x": X[:, :1],
+            "cache": np.zeros((2, 2, 6, 2, 2), "float32"),
+            "valid": VALID[:, :1],
+            "ctx": CTX,
+        },
+    ),
 ]
 
 # Options of Keras 3.15's MultiHeadAttention, when the layer has them.
 OPTIONAL_MHA = [
     # Without the scores: for two attention axes Keras' API returns them as
     # (B, N, T1, T2, S1, S2), rank 6 by definition (a reshape, no kernel).
-    ("mha-attention-axes", "attention_axes",
-     lambda: L.MultiHeadAttention(2, 4, attention_axes=(1, 2)),
-     lambda layer, x: layer(x, x, training=True),
-     {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")}),
-    ("mha-attention-axis-scores", "attention_axes",
-     lambda: L.MultiHeadAttention(2, 4, attention_axes=2, dropout=0.1),
-     lambda layer, x: layer(x, x, return_attention_scores=True, training=True),
-     {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")}),
-    ("mha-attention-axes-blockwise", "attention_axes",
-     lambda: L.MultiHeadAttention(2, 4, attention_axes=(1, 2)),
-     _scoped("blockwise", lambda layer, x: layer(x, x)),
-     {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")}),
-    ("mha-gate", "use_gate",
-     lambda: L.MultiHeadAttention(2, 4, use_gate=True),
-     lambda layer, **kw: _mha_call(layer, **kw),
-     {"q": X, "v": CTX, "qm": VALID, "vm": CTX_VALID}),
-    ("mha-sliding-window", "sliding_window",
-     lambda: L.MultiHeadAttention(2, 4, sliding_window=2),
-     lambda layer, q, m: layer(q, q, query_mask=m, value_mask=m),
-     {"q": X10, "m": VALID10}),
+    (
+        "mha-attention-axes",
+        "attention_axes",
+        lambda: L.MultiHeadAttention(2, 4, attention_axes=(1, 2)),
+        lambda layer, x: layer(x, x, training=True),
+        {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")},
+    ),
+    (
+        "mha-attention-axis-scores",
+        "attention_axes",
+        lambda: L.MultiHeadAttention(2, 4, attention_axes=2, dropout=0.1),
+        lambda layer, x: layer(
+            x, x, return_attention_scores=True, training=True
+        ),
+        {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")},
+    ),
+    (
+        "mha-attention-axes-blockwise",
+        "attention_axes",
+        lambda: L.MultiHeadAttention(2, 4, attention_axes=(1, 2)),
+        _scoped("blockwise", lambda layer, x: layer(x, x)),
+        {"x": RNG.normal(size=(2, 3, 4, 8)).astype("float32")},
+    ),
+    (
+        "mha-gate",
+        "use_gate",
+        lambda: L.MultiHeadAttention(2, 4, use_gate=True),
+        lambda layer, **kw: _mha_call(layer, **kw),
+        {"q": X, "v": CTX, "qm": VALID, "vm": CTX_VALID},
+    ),
+    (
+        "mha-sliding-window",
+        "sliding_window",
+        lambda: L.MultiHeadAttention(2, 4, sliding_window=2),
+        lambda layer, q, m: layer(q, q, query_mask=m, value_mask=m),
+        {"q": X10, "m": VALID10},
+    ),
 ]
 
 
@@ -400,7 +604,8 @@ def test_layer_graph_has_no_tensor_above_rank_5(name, make, call, inputs):
 
 
 @pytest.mark.parametrize(
-    "arg,make,call,inputs", [c[1:] for c in OPTIONAL_MHA],
+    "arg,make,call,inputs",
+    [c[1:] for c in OPTIONAL_MHA],
     ids=[c[0] for c in OPTIONAL_MHA],
 )
 def test_multi_head_attention_options_graph_rank(arg, make, call, inputs):
@@ -418,7 +623,8 @@ def test_every_public_layer_is_covered():
     for _, make, _, _ in CASES:
         covered.add(type(make()).__name__)
     public = {
-        name for name, obj in vars(L).items()
+        name
+        for name, obj in vars(L).items()
         if isinstance(obj, type) and issubclass(obj, keras.layers.Layer)
     }
     assert public <= covered, sorted(public - covered)

@@ -4,3 +4,10 @@ from examples.common.training import HelpFormatter
 from examples.common.training import add_training_args
 from examples.common.training import fit
 from examples.common.training import setup_runtime
+
+__all__ = [
+    "HelpFormatter",
+    "add_training_args",
+    "fit",
+    "setup_runtime",
+]

@@ -127,7 +127,9 @@ def make_batches(
     if cache:
         ds = ds.cache()
     if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(
+            shuffle_buffer, seed=seed, reshuffle_each_iteration=True
+        )
     if length_fn is not None and bucket_boundaries:
         ds = ds.bucket_by_sequence_length(
             length_fn,

@@ -64,8 +64,11 @@ def add_training_args(
         type=int,
         default=steps_per_epoch,
         help="steps per epoch"
-        + (" (default: one pass over the training split)"
-           if steps_per_epoch is None else f" (default: {steps_per_epoch})"),
+        + (
+            " (default: one pass over the training split)"
+            if steps_per_epoch is None
+            else f" (default: {steps_per_epoch})"
+        ),
     )
     group.add_argument(
         "--output-dir",
@@ -99,10 +102,18 @@ def add_training_args(
         "mirrored without GPUs)",
     )
     group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--patience", type=int, default=patience,
-                       help="early-stopping patience in epochs")
-    group.add_argument("--backup-every", type=int, default=backup_every,
-                       help="back up weights and optimizer every N steps")
+    group.add_argument(
+        "--patience",
+        type=int,
+        default=patience,
+        help="early-stopping patience in epochs",
+    )
+    group.add_argument(
+        "--backup-every",
+        type=int,
+        default=backup_every,
+        help="back up weights and optimizer every N steps",
+    )
     return parser
 
 
@@ -295,7 +306,7 @@ def fit(
             tf.data.experimental.assert_cardinality(count_batches(val_ds))
         )
     if not has_val and monitor.startswith("val_"):
-        monitor = monitor[len("val_"):]
+        monitor = monitor[len("val_") :]
     all_callbacks = [
         _backup_callback(
             keras,

@@ -23,7 +23,9 @@ import subprocess
 import numpy as np
 import tensorflow_datasets as tfds
 
-DATA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kjv_bible.tsv.gz")
+DATA_FILE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "kjv_bible.tsv.gz"
+)
 
 _CHAPTER = re.compile(r"^(\S.*?) (\d+)$")
 _VERSE = re.compile(r"^\s+(\d+) (.*)$")
@@ -66,9 +68,13 @@ def split_of(chapter_index):
     return "train"
 
 
-def regenerate(path=DATA_FILE, command=("bible", "-l100000", "Gen1:1-Rev22:21")):
+def regenerate(
+    path=DATA_FILE, command=("bible", "-l100000", "Gen1:1-Rev22:21")
+):
     """Rebuilds the shipped file from the Debian `bible` command."""
-    listing = subprocess.run(command, check=True, capture_output=True, text=True)
+    listing = subprocess.run(
+        command, check=True, capture_output=True, text=True
+    )
     rows = list(parse_bible_listing(io.StringIO(listing.stdout)))
     with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
@@ -84,7 +90,8 @@ class KjvBible(tfds.core.GeneratorBasedBuilder):
     BUILDER_CONFIGS = [
         tfds.core.BuilderConfig(name="full", description="All examples."),
         tfds.core.BuilderConfig(
-            name="tiny", description="Every 20th example, for tests and smoke runs."
+            name="tiny",
+            description="Every 20th example, for tests and smoke runs.",
         ),
     ]
 
@@ -105,7 +112,10 @@ class KjvBible(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing is downloaded: the text ships with the repo.
-        return {s: self._generate_examples(s) for s in ("train", "validation", "test")}
+        return {
+            s: self._generate_examples(s)
+            for s in ("train", "validation", "test")
+        }
 
     def _generate_examples(self, split):
         chapter_index, last = -1, None
@@ -114,12 +124,23 @@ class KjvBible(tfds.core.GeneratorBasedBuilder):
             if (book, chapter) != last:
                 chapter_index, last = chapter_index + 1, (book, chapter)
             if split_of(chapter_index) == split and i % stride == 0:
-                yield i, {"book": book, "chapter": chapter, "verse": verse, "text": text}
+                yield (
+                    i,
+                    {
+                        "book": book,
+                        "chapter": chapter,
+                        "verse": verse,
+                        "text": text,
+                    },
+                )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regenerate", action="store_true",
-                        help="rebuild the shipped file from Debian's `bible` command")
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="rebuild the shipped file from Debian's `bible` command",
+    )
     if parser.parse_args().regenerate:
         print(f"wrote {regenerate()} verses to {DATA_FILE}")

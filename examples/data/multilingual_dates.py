@@ -25,13 +25,26 @@ import zlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-LOCALES = ("en_US", "en_GB", "fr_FR", "de_DE", "es_ES", "it_IT", "pt_PT",
-           "nl_NL")
+LOCALES = (
+    "en_US",
+    "en_GB",
+    "fr_FR",
+    "de_DE",
+    "es_ES",
+    "it_IT",
+    "pt_PT",
+    "nl_NL",
+)
 NAMED_FORMATS = ("full", "long", "medium", "short")
 # Hand-written CLDR patterns besides the locale's own formats.
 WORD_PATTERNS = ("d MMMM y", "EEEE d MMMM y", "d MMM y", "MMMM d, y")
-DAY_FIRST_NUMERIC = ("dd.MM.yy", "d.M.yyyy", "dd/MM/yyyy", "d/M/yy",
-                     "dd-MM-yyyy")
+DAY_FIRST_NUMERIC = (
+    "dd.MM.yy",
+    "d.M.yyyy",
+    "dd/MM/yyyy",
+    "d/M/yy",
+    "dd-MM-yyyy",
+)
 YEAR_FIRST_NUMERIC = ("yyyy/MM/dd", "y.MM.dd")
 MONTH_FIRST_LOCALES = ("en_US",)
 
@@ -54,7 +67,8 @@ def formats_for(locale):
     """The patterns used for a locale (named formats or CLDR patterns)."""
     numeric = () if locale in MONTH_FIRST_LOCALES else DAY_FIRST_NUMERIC
     named = tuple(
-        f for f in NAMED_FORMATS
+        f
+        for f in NAMED_FORMATS
         if not (f == "short" and locale in MONTH_FIRST_LOCALES)
     )
     return named + WORD_PATTERNS + numeric + YEAR_FIRST_NUMERIC

@@ -33,10 +33,31 @@ WORDNET_DIR = "/usr/share/wordnet"
 # Lexicographer files 04-28 (`lexnames(5WN)`); 03 (`noun.Tops`, the unique
 # beginners) holds too few synsets to be a class.
 NOUN_CLASSES = (
-    "act", "animal", "artifact", "attribute", "body", "cognition",
-    "communication", "event", "feeling", "food", "group", "location",
-    "motive", "object", "person", "phenomenon", "plant", "possession",
-    "process", "quantity", "relation", "shape", "state", "substance", "time",
+    "act",
+    "animal",
+    "artifact",
+    "attribute",
+    "body",
+    "cognition",
+    "communication",
+    "event",
+    "feeling",
+    "food",
+    "group",
+    "location",
+    "motive",
+    "object",
+    "person",
+    "phenomenon",
+    "plant",
+    "possession",
+    "process",
+    "quantity",
+    "relation",
+    "shape",
+    "state",
+    "substance",
+    "time",
 )
 _FIRST_LEX_FILE = 4
 
@@ -91,7 +112,8 @@ class WordnetGlosses(tfds.core.GeneratorBasedBuilder):
     BUILDER_CONFIGS = [
         tfds.core.BuilderConfig(name="full", description="All examples."),
         tfds.core.BuilderConfig(
-            name="tiny", description="Every 20th example, for tests and smoke runs."
+            name="tiny",
+            description="Every 20th example, for tests and smoke runs.",
         ),
     ]
 
@@ -110,7 +132,10 @@ class WordnetGlosses(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing is downloaded: the data ships with the repo.
-        return {s: self._generate_examples(s) for s in ("train", "validation", "test")}
+        return {
+            s: self._generate_examples(s)
+            for s in ("train", "validation", "test")
+        }
 
     def _generate_examples(self, split):
         stride = 20 if self.builder_config.name == "tiny" else 1
@@ -121,9 +146,14 @@ class WordnetGlosses(tfds.core.GeneratorBasedBuilder):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regenerate", action="store_true",
-                        help="rebuild the shipped file from an installed WordNet")
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="rebuild the shipped file from an installed WordNet",
+    )
     parser.add_argument("--wordnet-dir", default=WORDNET_DIR)
     args = parser.parse_args()
     if args.regenerate:
-        print(f"wrote {regenerate(wordnet_dir=args.wordnet_dir)} glosses to {DATA_FILE}")
+        print(
+            f"wrote {regenerate(wordnet_dir=args.wordnet_dir)} glosses to {DATA_FILE}"
+        )

@@ -13,3 +13,11 @@ from keras_attention.generation.cache import self_attention_cache_shape
 from keras_attention.generation.cache import stack_caches
 from keras_attention.generation.decoder_only import CausalLMGenerator
 from keras_attention.generation.encoder_decoder import Seq2SeqGenerator
+
+__all__ = [
+    "init_cache",
+    "self_attention_cache_shape",
+    "stack_caches",
+    "CausalLMGenerator",
+    "Seq2SeqGenerator",
+]

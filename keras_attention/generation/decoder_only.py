@@ -22,7 +22,9 @@ def _as_list(x):
 def _get_sampler(sampler):
     import keras_hub
 
-    return keras_hub.samplers.get(sampler) if isinstance(sampler, str) else sampler
+    return (
+        keras_hub.samplers.get(sampler) if isinstance(sampler, str) else sampler
+    )
 
 
 def _sampler_key(sampler):
@@ -73,7 +75,9 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
     is_stop = ops.cast(ops.logical_and(is_stop, generated), "int32")
     after = ops.cumsum(is_stop, axis=-1) - is_stop  # t - positions after a stop
     valid = ops.equal(after, 0)
-    token_ids = ops.where(valid, token_ids, ops.cast(pad_token_id, token_ids.dtype))
+    token_ids = ops.where(
+        valid, token_ids, ops.cast(pad_token_id, token_ids.dtype)
+    )
     return token_ids, valid
 
 
@@ -120,13 +124,20 @@ class CausalLMGenerator:
           (key/value caching).
     """
 
-    def __init__(self, embedding, blocks, head, pad_token_id=0, jit_compile=True):
+    def __init__(
+        self, embedding, blocks, head, pad_token_id=0, jit_compile=True
+    ):
         self.embedding = embedding
         self.blocks = list(blocks)
         if not self.blocks:
-            raise ValueError(f"`blocks` must not be empty. Received: blocks={blocks!r}")
+            raise ValueError(
+                f"`blocks` must not be empty. Received: blocks={blocks!r}"
+            )
         for block in self.blocks:
-            if getattr(block, "cross_attention", None) is not self._cross_attention:
+            if (
+                getattr(block, "cross_attention", None)
+                is not self._cross_attention
+            ):
                 raise ValueError(
                     f"`{type(self).__name__}` needs `TransformerDecoderBlock`s "
                     f"with cross_attention={self._cross_attention}. "
@@ -135,9 +146,9 @@ class CausalLMGenerator:
         self.head = _as_list(head)
         self.pad_token_id = pad_token_id
         self.jit_compile = check_bool("jit_compile", jit_compile)
-        self._embedding_takes_start = "start_index" in inspect.signature(
-            embedding.call
-        ).parameters
+        self._embedding_takes_start = (
+            "start_index" in inspect.signature(embedding.call).parameters
+        )
         self._compiled = {}
 
     _cross_attention = False
@@ -157,7 +168,9 @@ class CausalLMGenerator:
     def _block_kwargs(self, cache, index):
         return {}
 
-    def call_with_cache(self, token_ids, cache, cache_update_index, padding_mask=None):
+    def call_with_cache(
+        self, token_ids, cache, cache_update_index, padding_mask=None
+    ):
         """Runs `token_ids` (positions `cache_update_index ..`) through the
         model, reading and writing the stacked cache.
 
@@ -193,7 +206,9 @@ class CausalLMGenerator:
         Returns `(hidden, cache)`, the cache filled at every position.
         """
         cache = self._empty_cache(token_ids)
-        _, hidden, cache = self.call_with_cache(token_ids, cache, 0, padding_mask)
+        _, hidden, cache = self.call_with_cache(
+            token_ids, cache, 0, padding_mask
+        )
         return hidden, cache
 
     def next(self, prompt, cache, index):
@@ -212,7 +227,9 @@ class CausalLMGenerator:
         if max_length is None or max_length <= token_ids.shape[1]:
             # Outputs keep the prompts' length.
             check_length_fits(
-                self.embedding, token_ids.shape[1], "token_ids.shape[1]",
+                self.embedding,
+                token_ids.shape[1],
+                "token_ids.shape[1]",
                 "decoder embedding",
             )
         else:
@@ -226,12 +243,16 @@ class CausalLMGenerator:
         if max_length is not None and max_length > length:
             extra = max_length - length
             token_ids = ops.pad(
-                token_ids, ((0, 0), (0, extra)), constant_values=self.pad_token_id
+                token_ids,
+                ((0, 0), (0, extra)),
+                constant_values=self.pad_token_id,
             )
             padding_mask = ops.pad(padding_mask, ((0, 0), (0, extra)))
         return token_ids, padding_mask
 
-    def _generate_step(self, sampler, stop_token_ids, token_ids, padding_mask, **inputs):
+    def _generate_step(
+        self, sampler, stop_token_ids, token_ids, padding_mask, **inputs
+    ):
         hidden, cache = self.build_cache(token_ids, padding_mask, **inputs)
         lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
         index = ops.min(lengths)
@@ -246,7 +267,9 @@ class CausalLMGenerator:
         )
         if isinstance(result, tuple):  # BeamSampler(return_all_beams=True)
             return result
-        return mask_after_stop(result, padding_mask, stop_token_ids, self.pad_token_id)
+        return mask_after_stop(
+            result, padding_mask, stop_token_ids, self.pad_token_id
+        )
 
     def _compile(self, sampler, stop_token_ids, num_inputs):
         """One compiled generation loop per sampler and stop tokens (and,
@@ -257,7 +280,10 @@ class CausalLMGenerator:
 
             def step(token_ids, padding_mask, *inputs):
                 return self._generate_step(
-                    sampler, stop_token_ids, token_ids, padding_mask,
+                    sampler,
+                    stop_token_ids,
+                    token_ids,
+                    padding_mask,
                     **dict(zip(self._input_names, inputs)),
                 )
 
@@ -295,6 +321,8 @@ class CausalLMGenerator:
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`.
         """
-        token_ids, padding_mask = self._prepare(token_ids, padding_mask, max_length)
+        token_ids, padding_mask = self._prepare(
+            token_ids, padding_mask, max_length
+        )
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
         return self._compile(sampler, stop, 0)(token_ids, padding_mask)

@@ -56,7 +56,9 @@ class Seq2SeqGenerator(CausalLMGenerator):
     _cross_attention = True
     _input_names = ("encoder_token_ids",)
 
-    def __init__(self, encoder, embedding, blocks, head, pad_token_id=0, jit_compile=True):
+    def __init__(
+        self, encoder, embedding, blocks, head, pad_token_id=0, jit_compile=True
+    ):
         super().__init__(embedding, blocks, head, pad_token_id, jit_compile)
         self.encoder = encoder
 
@@ -80,7 +82,9 @@ class Seq2SeqGenerator(CausalLMGenerator):
     def build_cache(self, token_ids, padding_mask=None, encoder_token_ids=None):
         _, cross_cache, context_mask = self.encode(encoder_token_ids)
         cache = (self._empty_cache(token_ids), cross_cache, context_mask)
-        _, hidden, cache = self.call_with_cache(token_ids, cache, 0, padding_mask)
+        _, hidden, cache = self.call_with_cache(
+            token_ids, cache, 0, padding_mask
+        )
         return hidden, cache
 
     def generate(
@@ -110,8 +114,10 @@ class Seq2SeqGenerator(CausalLMGenerator):
         )
         encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
         check_length_fits(
-            self.encoder, encoder_token_ids.shape[1],
-            "encoder_token_ids.shape[1]", "encoder",
+            self.encoder,
+            encoder_token_ids.shape[1],
+            "encoder_token_ids.shape[1]",
+            "encoder",
         )
         stop = tuple(stop_token_ids) if stop_token_ids is not None else None
         step = self._compile(sampler, stop, 1)

@@ -123,7 +123,9 @@ class AttentionPooling(keras.layers.Layer):
     def compute_mask(self, inputs, mask=None):
         return None
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, **kwargs
+    ):
         pooled = keras.KerasTensor(
             (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
         )

@@ -32,7 +32,8 @@ def _cross_mask_argument(attention):
         return None
     params = inspect.signature(attention.call).parameters
     names = [
-        n for n, p in params.items()
+        n
+        for n, p in params.items()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if len(names) < 2 or names[0] != "query":
@@ -380,9 +381,13 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 for n in self._cell_state_sizes()
             ]
         else:
-            states = [ops.cast(s, self.compute_dtype) for s in _as_list(initial_state)]
+            states = [
+                ops.cast(s, self.compute_dtype) for s in _as_list(initial_state)
+            ]
         if len(states) == len(self._cell_state_sizes()) and self._feeds:
-            states.append(ops.zeros((batch_size, self.units), self.compute_dtype))
+            states.append(
+                ops.zeros((batch_size, self.units), self.compute_dtype)
+            )
         return states
 
     def _attend(self, query, prepared, memory, memory_mask, position, training):
@@ -391,8 +396,12 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if self._cross:
             mask_argument = {self._memory_mask_argument: memory_mask}
             context, scores, _ = self.attention(
-                query, memory, cache=prepared, return_attention_scores=True,
-                training=training, **mask_argument,
+                query,
+                memory,
+                cache=prepared,
+                return_attention_scores=True,
+                training=training,
+                **mask_argument,
             )
             weights = ops.mean(ops.cast(scores, "float32"), axis=1)  # b 1 j
         else:
@@ -400,8 +409,12 @@ class AttentionRNNDecoder(keras.layers.Layer):
             # attention's own compute dtype (it may differ from ours).
             dtype = self.attention.compute_dtype
             context, weights = self.attention.attend(
-                ops.cast(query, dtype), prepared, ops.cast(memory, dtype),
-                value_mask=memory_mask, training=training, positions=position,
+                ops.cast(query, dtype),
+                prepared,
+                ops.cast(memory, dtype),
+                value_mask=memory_mask,
+                training=training,
+                positions=position,
             )
         return ops.cast(context[:, 0], self.compute_dtype), weights[:, 0]
 
@@ -409,21 +422,31 @@ class AttentionRNNDecoder(keras.layers.Layer):
         output, new_states = self.rnn_cell(x, states, training=training)
         return output, _as_list(new_states)
 
-    def _step(self, x, states, prepared, memory, memory_mask, position, training):
+    def _step(
+        self, x, states, prepared, memory, memory_mask, position, training
+    ):
         n = len(self._cell_state_sizes())
         cell_states = states[:n]
         if self.attention_style == "bahdanau":
             # c_t = a(s_{t-1}, h);  s_t = f(s_{t-1}, [x_t; c_t])
             context, weights = self._attend(
-                cell_states[0], prepared, memory, memory_mask, position, training
+                cell_states[0],
+                prepared,
+                memory,
+                memory_mask,
+                position,
+                training,
             )
             output, new_states = self._cell(
                 ops.concatenate([x, ops.cast(context, x.dtype)], -1),
-                cell_states, training,
+                cell_states,
+                training,
             )
         else:
             # h_t = f(h_{t-1}, [x_t; h~_{t-1}]);  h~_t = tanh(W_c [c_t; h_t])
-            cell_input = ops.concatenate([x, states[n]], -1) if self._feeds else x
+            cell_input = (
+                ops.concatenate([x, states[n]], -1) if self._feeds else x
+            )
             h, new_states = self._cell(cell_input, cell_states, training)
             context, weights = self._attend(
                 h, prepared, memory, memory_mask, position, training
@@ -465,16 +488,19 @@ class AttentionRNNDecoder(keras.layers.Layer):
         """
         check_padding_mask("memory_mask", memory_mask, memory, "memory")
         if not self.built:
-            self.build(
-                (None, 1, inputs.shape[-1]), tuple(memory.shape)
-            )
+            self.build((None, 1, inputs.shape[-1]), tuple(memory.shape))
         if prepared_memory is None:
             prepared_memory = self.prepare_memory(memory)
         states = [ops.cast(s, self.compute_dtype) for s in _as_list(states)]
         inputs = ops.cast(inputs, self.compute_dtype)
         output, new_states, weights = self._step(
-            inputs, states, prepared_memory, memory, memory_mask,
-            step_index, training,
+            inputs,
+            states,
+            prepared_memory,
+            memory,
+            memory_mask,
+            step_index,
+            training,
         )
         return output, new_states, ops.cast(weights, self.compute_dtype)
 
@@ -498,7 +524,11 @@ class AttentionRNNDecoder(keras.layers.Layer):
         batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]
         states = self.get_initial_state(batch, initial_state)
         prepared = self.prepare_memory(memory)
-        x = self._dropout_layer(inputs, training=training) if self.dropout else inputs
+        x = (
+            self._dropout_layer(inputs, training=training)
+            if self.dropout
+            else inputs
+        )
         x = ops.cast(x, self.compute_dtype)
         if mask is None:
             step_mask = ops.ones((batch, steps), "bool")
@@ -555,7 +585,8 @@ class AttentionRNNDecoder(keras.layers.Layer):
             if not self.built:
                 self.build(inputs.shape, memory.shape)
             outputs += tuple(
-                keras.KerasTensor((batch, n), dtype=dtype) for n in self.state_sizes()
+                keras.KerasTensor((batch, n), dtype=dtype)
+                for n in self.state_sizes()
             )
         return outputs[0] if len(outputs) == 1 else outputs
 
@@ -567,7 +598,9 @@ class AttentionRNNDecoder(keras.layers.Layer):
         config.update(
             {
                 "units": self.units,
-                "attention": keras.saving.serialize_keras_object(self.attention),
+                "attention": keras.saving.serialize_keras_object(
+                    self.attention
+                ),
                 "cell": cell,
                 "attention_style": self.attention_style,
                 "input_feeding": self.input_feeding,

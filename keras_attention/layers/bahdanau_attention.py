@@ -3,13 +3,17 @@ import math
 import keras
 from keras import ops
 
+from keras_attention.layers._validation import check_bool as _check_bool
+from keras_attention.layers._validation import (
+    check_padding_mask as _check_padding_mask,
+)
+from keras_attention.layers._validation import (
+    check_positive_int as _check_positive_int,
+)
+from keras_attention.layers._validation import check_rate as _check_rate
+from keras_attention.layers._validation import clone_initializer as _clone
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import masked_softmax
-from keras_attention.layers._validation import check_bool as _check_bool
-from keras_attention.layers._validation import check_padding_mask as _check_padding_mask
-from keras_attention.layers._validation import check_rate as _check_rate
-from keras_attention.layers._validation import check_positive_int as _check_positive_int
-from keras_attention.layers._validation import clone_initializer as _clone
 
 # Floor of `||v||^2` in the weight-normalized score vector (as
 # `tf.math.l2_normalize`): a zero `v` gives zero scores (uniform attention)
@@ -54,13 +58,19 @@ class _Seq2SeqAttention(keras.layers.Layer):
                 "features) with a known feature size. Received: "
                 f"query_shape={tuple(query_shape)}"
             )
-        for name, shape in (("value_shape", value_shape), ("key_shape", key_shape)):
+        for name, shape in (
+            ("value_shape", value_shape),
+            ("key_shape", key_shape),
+        ):
             if len(shape) != 3 or shape[-1] is None:
                 raise ValueError(
                     f"`{name[:-6]}` must have shape (batch, Tv, features) with a "
                     f"known feature size. Received: {name}={tuple(shape)}"
                 )
-        if None not in (value_shape[1], key_shape[1]) and value_shape[1] != key_shape[1]:
+        if (
+            None not in (value_shape[1], key_shape[1])
+            and value_shape[1] != key_shape[1]
+        ):
             raise ValueError(
                 "`key` and `value` must have the same number of steps. Received: "
                 f"key_shape={tuple(key_shape)}, value_shape={tuple(value_shape)}"
@@ -72,7 +82,9 @@ class _Seq2SeqAttention(keras.layers.Layer):
         (a one-step query `(batch, features)` takes a `(batch,)` mask)."""
         one_step = len(query.shape) == 2
         _check_padding_mask(
-            "query_mask", query_mask, query,
+            "query_mask",
+            query_mask,
+            query,
             "query (one-step)" if one_step else "query",
         )
         _check_padding_mask("value_mask", value_mask, value, "value")
@@ -100,8 +112,15 @@ class _Seq2SeqAttention(keras.layers.Layer):
         raise NotImplementedError
 
     def attend(
-        self, query, memory, value, value_mask=None, query_mask=None,
-        training=None, return_weights=True, **kwargs
+        self,
+        query,
+        memory,
+        value,
+        value_mask=None,
+        query_mask=None,
+        training=None,
+        return_weights=True,
+        **kwargs,
     ):
         """Context `(b, Tq, dv)` and float32 weights `(b, Tq, Tv)` for a
         rank-3 `query`, with `memory = prepare_memory(value, key)`; the
@@ -109,8 +128,15 @@ class _Seq2SeqAttention(keras.layers.Layer):
         raise NotImplementedError
 
     def _call(
-        self, query, value, key, query_mask, value_mask,
-        return_attention_scores, training, **kwargs
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        return_attention_scores,
+        training,
+        **kwargs,
     ):
         self._check_masks(query, value, query_mask, value_mask)
         if key is not None:
@@ -129,9 +155,14 @@ class _Seq2SeqAttention(keras.layers.Layer):
             query_mask = None if query_mask is None else query_mask[:, None]
         memory = self.prepare_memory(value, key)
         context, weights = self.attend(
-            query, memory, value, value_mask=value_mask,
-            query_mask=query_mask, training=training,
-            return_weights=return_attention_scores, **kwargs
+            query,
+            memory,
+            value,
+            value_mask=value_mask,
+            query_mask=query_mask,
+            training=training,
+            return_weights=return_attention_scores,
+            **kwargs,
         )
         if not return_attention_scores:
             return context[:, 0] if single else context
@@ -144,10 +175,14 @@ class _Seq2SeqAttention(keras.layers.Layer):
         self, query, value, key=None, return_attention_scores=False, **kwargs
     ):
         lead = tuple(query.shape[:-1])
-        context = keras.KerasTensor(lead + (value.shape[-1],), dtype=self.compute_dtype)
+        context = keras.KerasTensor(
+            lead + (value.shape[-1],), dtype=self.compute_dtype
+        )
         if not return_attention_scores:
             return context
-        weights = keras.KerasTensor(lead + (value.shape[1],), dtype=self.compute_dtype)
+        weights = keras.KerasTensor(
+            lead + (value.shape[1],), dtype=self.compute_dtype
+        )
         return context, weights
 
     def get_config(self):
@@ -296,7 +331,9 @@ class BahdanauAttention(_Seq2SeqAttention):
             self.attention_g = self.add_weight(
                 name="attention_g",
                 shape=(),
-                initializer=keras.initializers.Constant(math.sqrt(1.0 / self.units)),
+                initializer=keras.initializers.Constant(
+                    math.sqrt(1.0 / self.units)
+                ),
             )
         self.built = True
 
@@ -316,8 +353,14 @@ class BahdanauAttention(_Seq2SeqAttention):
         return self.key_dense(value if key is None else key)
 
     def attend(
-        self, query, memory, value, value_mask=None, query_mask=None,
-        training=None, **kwargs
+        self,
+        query,
+        memory,
+        value,
+        value_mask=None,
+        query_mask=None,
+        training=None,
+        **kwargs,
     ):
         processed_query = _project(self.query_dense, query)  # b i u
         if self.use_bias:
@@ -325,7 +368,9 @@ class BahdanauAttention(_Seq2SeqAttention):
             processed_query = processed_query + bias
         v = self.score_vector(processed_query.dtype)
         scores = additive_scores(processed_query, memory, v)
-        return self._global_attend(scores, value, value_mask, query_mask, training)
+        return self._global_attend(
+            scores, value, value_mask, query_mask, training
+        )
 
     def call(
         self,
@@ -338,8 +383,13 @@ class BahdanauAttention(_Seq2SeqAttention):
         training=None,
     ):
         return self._call(
-            query, value, key, query_mask, value_mask,
-            return_attention_scores, training,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            return_attention_scores,
+            training,
         )
 
     def get_config(self):

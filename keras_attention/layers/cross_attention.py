@@ -1,8 +1,8 @@
 import keras
 
+from keras_attention.layers._keras_utils import keras_mask
 from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
-from keras_attention.layers._keras_utils import keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -81,7 +81,11 @@ class CrossAttention(MultiHeadAttention):
             check_padding_mask("context_mask", context_mask, context, "context")
         elif cache is not None:  # Keys/values precomputed: (b, 2, Tv, g, d).
             check_padding_mask(
-                "context_mask", context_mask, cache[:, 0], "cache[:, 0]", trailing=2
+                "context_mask",
+                context_mask,
+                cache[:, 0],
+                "cache[:, 0]",
+                trailing=2,
             )
         return super().call(
             query=query,
@@ -95,9 +99,16 @@ class CrossAttention(MultiHeadAttention):
         )
 
     def compute_output_spec(
-        self, query, context, return_attention_scores=False, cache=None, **kwargs
+        self,
+        query,
+        context,
+        return_attention_scores=False,
+        cache=None,
+        **kwargs,
     ):
         return super().compute_output_spec(
-            query, context, return_attention_scores=return_attention_scores, cache=cache
+            query,
+            context,
+            return_attention_scores=return_attention_scores,
+            cache=cache,
         )
-

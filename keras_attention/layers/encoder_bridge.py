@@ -84,13 +84,22 @@ class EncoderBridge(keras.layers.Layer):
         dense.build((None, width))
         return dense
 
-    def build(self, forward_h_shape, backward_h_shape, forward_c_shape=None,
-              backward_c_shape=None):
-        shapes = {"forward_h_shape": forward_h_shape,
-                  "backward_h_shape": backward_h_shape}
+    def build(
+        self,
+        forward_h_shape,
+        backward_h_shape,
+        forward_c_shape=None,
+        backward_c_shape=None,
+    ):
+        shapes = {
+            "forward_h_shape": forward_h_shape,
+            "backward_h_shape": backward_h_shape,
+        }
         if self.cell == "lstm":
-            shapes.update(forward_c_shape=forward_c_shape,
-                          backward_c_shape=backward_c_shape)
+            shapes.update(
+                forward_c_shape=forward_c_shape,
+                backward_c_shape=backward_c_shape,
+            )
         for name, shape in shapes.items():
             if shape is None or len(shape) != 2 or shape[-1] is None:
                 raise ValueError(
@@ -112,9 +121,12 @@ class EncoderBridge(keras.layers.Layer):
         c0 = self.carry_dense(ops.concatenate([forward_c, backward_c], -1))
         return [s0, c0]
 
-    def compute_output_spec(self, forward_h, backward_h, forward_c=None,
-                            backward_c=None):
-        spec = keras.KerasTensor((forward_h.shape[0], self.units), self.compute_dtype)
+    def compute_output_spec(
+        self, forward_h, backward_h, forward_c=None, backward_c=None
+    ):
+        spec = keras.KerasTensor(
+            (forward_h.shape[0], self.units), self.compute_dtype
+        )
         if self.cell == "gru":
             return spec
         return [spec, keras.KerasTensor(spec.shape, self.compute_dtype)]

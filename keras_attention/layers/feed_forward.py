@@ -85,7 +85,9 @@ class FeedForward(keras.layers.Layer):
             self.intermediate_dim, "intermediate_dense", self.activation
         )
         self.intermediate_dense.build(inputs_shape)
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy
+        )
         self.output_dense = self._dense(inputs_shape[-1], "output_dense")
         self.output_dense.build(hidden_shape)
         self.built = True

@@ -126,10 +126,14 @@ class LocalSelfAttention(SelfAttention):
         block_size=None,
         **kwargs,
     ):
-        super().__init__(num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs)
+        super().__init__(
+            num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs
+        )
         _check_window_size(window_size)
         _refuse_unsupported(kwargs)
-        self._left, self._right = masks_lib.window_bounds(window_size, self.causal)
+        self._left, self._right = masks_lib.window_bounds(
+            window_size, self.causal
+        )
         check_positive_int("block_size", block_size, allow_none=True)
         if isinstance(window_size, list):
             window_size = tuple(window_size)
@@ -207,11 +211,15 @@ class LocalSelfAttention(SelfAttention):
     ):
         if cache is not None:
             return super().compute_output_spec(
-                inputs, return_attention_scores=return_attention_scores, cache=cache
+                inputs,
+                return_attention_scores=return_attention_scores,
+                cache=cache,
             )
         batch, steps = inputs.shape[0], inputs.shape[1]
         out_dim = self._output_shape or inputs.shape[-1]
-        output = keras.KerasTensor((batch, steps, out_dim), dtype=self.compute_dtype)
+        output = keras.KerasTensor(
+            (batch, steps, out_dim), dtype=self.compute_dtype
+        )
         if not return_attention_scores:
             return output
         band = self._left + self._right + 1
@@ -222,5 +230,7 @@ class LocalSelfAttention(SelfAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"window_size": self.window_size, "block_size": self.block_size})
+        config.update(
+            {"window_size": self.window_size, "block_size": self.block_size}
+        )
         return config

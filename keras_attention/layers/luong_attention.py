@@ -156,7 +156,11 @@ class LuongAttention(_Seq2SeqAttention):
                     "`window` is only used by local alignments. "
                     f"Received: window={window!r}, alignment='global'"
                 )
-        elif not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        elif (
+            not isinstance(window, int)
+            or isinstance(window, bool)
+            or window < 0
+        ):
             raise ValueError(
                 f"`alignment={alignment!r}` needs `window`, a non-negative int "
                 f"D (the window is [p_t - D, p_t + D]). Received: window={window!r}"
@@ -204,14 +208,18 @@ class LuongAttention(_Seq2SeqAttention):
             self.key_dense = self._dense(dq, "key", key_shape)
         if self.score_mode == "concat":
             # W_a [h_t; h_s] = W_a[:dq] h_t + W_a[dq:] h_s
-            self.concat_kernel = self._weight("concat_kernel", (dq + dk, self.units))
+            self.concat_kernel = self._weight(
+                "concat_kernel", (dq + dk, self.units)
+            )
             self.attention_v = self._weight("attention_v", (self.units,))
         if self.scale == "learned":
             self.scale_factor = self._weight(
                 "scale_factor", (), keras.initializers.Ones()
             )
         if self.alignment == "local-p":
-            self.position_dense = self._dense(dq, "position", query_shape)  # W_p
+            self.position_dense = self._dense(
+                dq, "position", query_shape
+            )  # W_p
             self.position_v = self._weight("position_v", (dq,))  # v_p
         self._query_dim = dq
         self.built = True
@@ -226,7 +234,9 @@ class LuongAttention(_Seq2SeqAttention):
         if self.score_mode == "concat":
             # float32, as the query half (see `_concat_query`).
             kernel = ops.cast(self.concat_kernel, "float32")
-            return ops.matmul(ops.cast(key, "float32"), kernel[self._query_dim :])
+            return ops.matmul(
+                ops.cast(key, "float32"), kernel[self._query_dim :]
+            )
         return key
 
     def _scale(self, scores):
@@ -253,7 +263,9 @@ class LuongAttention(_Seq2SeqAttention):
             return additive_scores(processed, keys, v)
         # float32: the product of float16 states overflows (b i j).
         return ops.einsum(
-            "bid,bjd->bij", ops.cast(query, "float32"), ops.cast(keys, "float32")
+            "bid,bjd->bij",
+            ops.cast(query, "float32"),
+            ops.cast(keys, "float32"),
         )
 
     def _window_scores(self, query, keys):
@@ -263,7 +275,9 @@ class LuongAttention(_Seq2SeqAttention):
             v = ops.cast(self.attention_v, hidden.dtype)
             return ops.einsum("bisu,u->bis", hidden, v)
         return ops.einsum(
-            "bid,bisd->bis", ops.cast(query, "float32"), ops.cast(keys, "float32")
+            "bid,bisd->bis",
+            ops.cast(query, "float32"),
+            ops.cast(keys, "float32"),
         )
 
     # Alignment positions.
@@ -292,12 +306,22 @@ class LuongAttention(_Seq2SeqAttention):
         return zeros + p
 
     def attend(
-        self, query, memory, value, value_mask=None, query_mask=None,
-        training=None, positions=None, return_weights=True, **kwargs
+        self,
+        query,
+        memory,
+        value,
+        value_mask=None,
+        query_mask=None,
+        training=None,
+        positions=None,
+        return_weights=True,
+        **kwargs,
     ):
         if self.alignment == "global":
             scores = self._scale(self._global_scores(query, memory))
-            return self._global_attend(scores, value, value_mask, query_mask, training)
+            return self._global_attend(
+                scores, value, value_mask, query_mask, training
+            )
 
         if self.alignment == "local-m":
             p = self._monotonic_positions(query, positions)
@@ -319,16 +343,24 @@ class LuongAttention(_Seq2SeqAttention):
             source_ok = gather_windows(ops.cast(value_mask, "int32"), clipped)
             valid = ops.logical_and(valid, source_ok > 0)
         if query_mask is not None:
-            valid = ops.logical_and(valid, ops.cast(query_mask, "bool")[..., None])
+            valid = ops.logical_and(
+                valid, ops.cast(query_mask, "bool")[..., None]
+            )
 
-        scores = self._scale(self._window_scores(query, gather_windows(memory, clipped)))
+        scores = self._scale(
+            self._window_scores(query, gather_windows(memory, clipped))
+        )
         weights = masked_softmax(scores, valid)  # b i s, float32
         if self.alignment == "local-p":
             sigma = self.window / 2.0
             if sigma > 0:
-                weights = weights * ops.exp(-ops.square(distance) / (2.0 * sigma**2))
+                weights = weights * ops.exp(
+                    -ops.square(distance) / (2.0 * sigma**2)
+                )
         kept = ops.cast(self._dropout_weights(weights, training), value.dtype)
-        context = ops.einsum("bis,bisd->bid", kept, gather_windows(value, clipped))
+        context = ops.einsum(
+            "bis,bisd->bid", kept, gather_windows(value, clipped)
+        )
         if not return_weights:
             return context, None
         return context, scatter_windows(weights, start, tv)  # b i j
@@ -345,8 +377,14 @@ class LuongAttention(_Seq2SeqAttention):
         training=None,
     ):
         return self._call(
-            query, value, key, query_mask, value_mask,
-            return_attention_scores, training, positions=positions,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            return_attention_scores,
+            training,
+            positions=positions,
         )
 
     def get_config(self):

@@ -1,21 +1,22 @@
-import math
 
 import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
-from keras_attention.ops import _backend
-from keras_attention.ops.attention import as_4d_mask
-from keras_attention.ops.attention import dot_product_attention
-from keras_attention.ops.local import local_attention
-from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers._validation import check_bool as _check_bool
 from keras_attention.layers._validation import check_padding_mask
-from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import (
+    check_positive_int as _check_positive_int,
+)
 from keras_attention.layers._validation import check_positive_number
 from keras_attention.layers._validation import check_rate as _check_rate
 from keras_attention.layers._validation import check_rotary_head_size
 from keras_attention.layers._validation import clone_initializer
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.ops import _backend
+from keras_attention.ops.attention import as_4d_mask
+from keras_attention.ops.attention import dot_product_attention
+from keras_attention.ops.local import local_attention
 
 _FLASH_SCORES_ERROR = (
     "Returning attention scores is not supported when flash attention is "
@@ -36,9 +37,14 @@ def _check_output_shape(output_shape):
     if output_shape is None:
         return None
     shape = (output_shape,) if isinstance(output_shape, int) else output_shape
-    if not isinstance(shape, (tuple, list)) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
-    ) or not shape:
+    if (
+        not isinstance(shape, (tuple, list))
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0
+            for d in shape
+        )
+        or not shape
+    ):
         raise ValueError(
             "Invalid `output_shape`: it must be a positive int or a non-empty "
             f"tuple of positive ints. Received: output_shape={output_shape!r}"
@@ -49,9 +55,13 @@ def _check_output_shape(output_shape):
 def _check_attention_axes(attention_axes):
     if attention_axes is None:
         return None
-    axes = (attention_axes,) if isinstance(attention_axes, int) else attention_axes
-    if not isinstance(axes, (tuple, list)) or not axes or not all(
-        isinstance(a, int) and not isinstance(a, bool) for a in axes
+    axes = (
+        (attention_axes,) if isinstance(attention_axes, int) else attention_axes
+    )
+    if (
+        not isinstance(axes, (tuple, list))
+        or not axes
+        or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes)
     ):
         raise ValueError(
             "`attention_axes` must be None, an int, or a non-empty list or "
@@ -444,9 +454,13 @@ class MultiHeadAttention(keras.layers.Layer):
         self._check_shapes(query_shape, value_shape, key_shape)
         if len(query_shape) > 3:
             self._layout(len(query_shape))  # Validates attention_axes.
-        q3, v3, k3 = map(self._flat_shape, (query_shape, value_shape, key_shape))
+        q3, v3, k3 = map(
+            self._flat_shape, (query_shape, value_shape, key_shape)
+        )
         self._query_feature_dim = query_shape[-1]
-        self._query_dense = self._projection("query", self.num_heads, self.key_dim)
+        self._query_dense = self._projection(
+            "query", self.num_heads, self.key_dim
+        )
         self._query_dense.build(q3)
         self._key_dense = self._projection("key", self._kv_heads, self.key_dim)
         self._key_dense.build(k3)
@@ -510,7 +524,9 @@ class MultiHeadAttention(keras.layers.Layer):
     def _check_attention_mask(self, attention_mask, query, key):
         shape = tuple(attention_mask.shape)
         tq, tk = query.shape[1], key.shape[1]
-        expected = f"(Tq, Tk), (batch, Tq, Tk) or (batch, {self.num_heads}, Tq, Tk)"
+        expected = (
+            f"(Tq, Tk), (batch, Tq, Tk) or (batch, {self.num_heads}, Tq, Tk)"
+        )
         ok = len(shape) in (2, 3, 4)
         if ok:
             for got, want in zip(shape[-2:], (tq, tk)):
@@ -567,10 +583,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _dropout_fn(self, training):
         if self.dropout > 0 and training is not None and training is not False:
-            return lambda weights: self._dropout_layer(weights, training=training)
+            return lambda weights: self._dropout_layer(
+                weights, training=training
+            )
         return None
 
-    def _attend(self, query, key, value, mask, return_scores, training, **masks):
+    def _attend(
+        self, query, key, value, mask, return_scores, training, **masks
+    ):
         """Core on projected `(b, T, heads, dim)` tensors.
 
         `masks`: optional structural masks (`is_causal`, `causal_offset`,
@@ -624,23 +644,37 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         key = value if key is None else key
-        if value is not None and (cache is None or cache_update_index is not None):
+        if value is not None and (
+            cache is None or cache_update_index is not None
+        ):
             # Also at call time: a layer built on `(None, d)` inputs.
             _check_key_value_shapes(value.shape, key.shape)
         self._check_padding_masks(
             query,
             value,
             key,
-            (("query_mask", query_mask), ("value_mask", value_mask),
-             ("key_mask", key_mask)),
+            (
+                ("query_mask", query_mask),
+                ("value_mask", value_mask),
+                ("key_mask", key_mask),
+            ),
         )
         if return_attention_scores and self._flash_attention:
             raise ValueError(_FLASH_SCORES_ERROR)
         if len(query.shape) == 3:
             return self._call_3d(
-                query, value, key, query_mask,
-                value_mask, key_mask, attention_mask, return_attention_scores,
-                training, use_causal_mask, cache, cache_update_index,
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                return_attention_scores,
+                training,
+                use_causal_mask,
+                cache,
+                cache_update_index,
             )
         if cache is not None:
             raise ValueError(
@@ -648,8 +682,16 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"features). Received: query.shape={tuple(query.shape)!r}"
             )
         return self._call_high_rank(
-            query, value, key, query_mask, value_mask, key_mask,
-            attention_mask, return_attention_scores, training, use_causal_mask,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            return_attention_scores,
+            training,
+            use_causal_mask,
         )
 
     def _call_3d(
@@ -771,7 +813,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"attention_mask.shape={tuple(mask.shape)!r}, "
                 f"query.shape={tuple(query.shape)!r}, attention_axes={axes!r}"
             )
-        mask = ops.broadcast_to(ops.cast(mask, "bool"), full_lead[:n_lead] + qa + ka)
+        mask = ops.broadcast_to(
+            ops.cast(mask, "bool"), full_lead[:n_lead] + qa + ka
+        )
         tq, tk = _prod(qa), _prod(ka)
         if n_lead == 0:
             return ops.reshape(mask, (tq, tk))
@@ -801,8 +845,10 @@ class MultiHeadAttention(keras.layers.Layer):
         attention axes into one sequence axis, attend (rank 3), undo."""
         layout = self._layout(len(query.shape))
         axes, others, perm = layout
-        flat = lambda m: None if m is None else self._flatten(
-            ops.cast(m, "bool"), layout, keep_last=False
+        flat = lambda m: (
+            None
+            if m is None
+            else self._flatten(ops.cast(m, "bool"), layout, keep_last=False)
         )
         if attention_mask is not None:
             attention_mask = self._flatten_attention_mask(
@@ -856,7 +902,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _scores_shape(self, query_shape, key_shape):
         if len(query_shape) == 3:
-            return (query_shape[0], self.num_heads, query_shape[1], key_shape[1])
+            return (
+                query_shape[0],
+                self.num_heads,
+                query_shape[1],
+                key_shape[1],
+            )
         axes, others, _ = self._layout(len(query_shape))
         return (
             (query_shape[0],)
@@ -881,7 +932,9 @@ class MultiHeadAttention(keras.layers.Layer):
         query_shape = tuple(query.shape)
         key_shape = tuple(key.shape)
         if cache is None:
-            shape = self.compute_output_shape(query_shape, value.shape, key_shape)
+            shape = self.compute_output_shape(
+                query_shape, value.shape, key_shape
+            )
         else:
             shape = query_shape[:-1] + (self._output_shapes or query_shape[-1:])
             key_shape = (key_shape[0], cache.shape[2]) + key_shape[2:]

@@ -52,7 +52,10 @@ class PositionEmbedding(keras.layers.Layer):
                 "`inputs` must have shape (batch, steps, features) with a known "
                 f"feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
             )
-        if inputs_shape[1] is not None and inputs_shape[1] > self.sequence_length:
+        if (
+            inputs_shape[1] is not None
+            and inputs_shape[1] > self.sequence_length
+        ):
             raise ValueError(
                 "`inputs` has more steps than `sequence_length`. Received: "
                 f"inputs_shape={tuple(inputs_shape)!r}, "
@@ -72,7 +75,9 @@ class PositionEmbedding(keras.layers.Layer):
         length = ops.shape(inputs)[1]
         table = ops.convert_to_tensor(self.position_embeddings)
         # p - positions, d - features
-        positions = ops.slice(table, (start_index, 0), (length, ops.shape(table)[1]))
+        positions = ops.slice(
+            table, (start_index, 0), (length, ops.shape(table)[1])
+        )
         out = ops.broadcast_to(positions[None], ops.shape(inputs))
         return ops.cast(out, self.compute_dtype)
 

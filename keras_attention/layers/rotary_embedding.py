@@ -70,14 +70,18 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def _cos_sin(self, length, dim, rank, start_index):
         # m - absolute positions, k - frequency index
-        m = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
+        m = ops.cast(ops.arange(length), "float32") + ops.cast(
+            start_index, "float32"
+        )
         k = ops.cast(ops.arange(dim // 2), "float32")
         theta = ops.power(
             ops.cast(self.max_wavelength, "float32"), -2.0 * k / float(dim)
         )
         angles = ops.einsum("m,k->mk", m, theta)  # (T, d/2)
         shape = (1, length) + (1,) * (rank - 3) + (dim // 2,)
-        return ops.reshape(ops.cos(angles), shape), ops.reshape(ops.sin(angles), shape)
+        return ops.reshape(ops.cos(angles), shape), ops.reshape(
+            ops.sin(angles), shape
+        )
 
     def call(self, inputs, start_index=0):
         dim = inputs.shape[-1]

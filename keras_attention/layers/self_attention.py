@@ -138,4 +138,6 @@ class CausalSelfAttention(SelfAttention):
     """
 
     def __init__(self, num_heads, key_dim, causal=True, **kwargs):
-        super().__init__(num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs)
+        super().__init__(
+            num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs
+        )

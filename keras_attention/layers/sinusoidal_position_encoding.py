@@ -61,10 +61,14 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         d = inputs.shape[-1]
         length = ops.shape(inputs)[1]
         # pos - positions, i - features
-        pos = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
+        pos = ops.cast(ops.arange(length), "float32") + ops.cast(
+            start_index, "float32"
+        )
         i = ops.arange(d)
         even = ops.cast(2 * (i // 2), "float32")
-        rate = ops.power(ops.cast(self.max_wavelength, "float32"), -even / float(d))
+        rate = ops.power(
+            ops.cast(self.max_wavelength, "float32"), -even / float(d)
+        )
         angle = pos[:, None] * rate[None, :]
         pe = ops.where(i % 2 == 0, ops.sin(angle), ops.cos(angle))
         pe = ops.broadcast_to(pe[None], ops.shape(inputs))

@@ -1,9 +1,11 @@
 import keras
 from keras import ops
 
-from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers._validation import check_bool as _check_bool
-from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import (
+    check_positive_int as _check_positive_int,
+)
+from keras_attention.layers.position_embedding import PositionEmbedding
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -64,7 +66,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.sequence_length = sequence_length
         self.embedding_dim = embedding_dim
         self.mask_zero = _check_bool("mask_zero", mask_zero)
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+        )
         self.supports_masking = self.mask_zero
 
     def _clone_initializer(self):
@@ -91,7 +95,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="position_embedding",
         )
-        self.position_embedding.build(tuple(inputs_shape) + (self.embedding_dim,))
+        self.position_embedding.build(
+            tuple(inputs_shape) + (self.embedding_dim,)
+        )
         self.built = True
 
     def call(self, inputs, start_index=0):

@@ -2,7 +2,9 @@ import keras
 
 from keras_attention.layers._validation import check_bool as _check_bool
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attention.layers.transformer_encoder_block import (
+    TransformerEncoderBlock,
+)
 from keras_attention.layers.transformer_encoder_block import _clone
 from keras_attention.layers.transformer_encoder_block import _first
 
@@ -82,7 +84,9 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
           Learners" (decoder-only).
     """
 
-    def __init__(self, num_heads, intermediate_dim, cross_attention=True, **kwargs):
+    def __init__(
+        self, num_heads, intermediate_dim, cross_attention=True, **kwargs
+    ):
         if "causal" in kwargs:
             raise ValueError(
                 "`TransformerDecoderBlock` is always causal. "
@@ -119,11 +123,15 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
                 "`context` must have shape (batch, steps, features) with a "
                 f"known feature size. Received: context_shape={tuple(context_shape)!r}"
             )
-        self.cross_attention_layer = self._make_cross_attention(inputs_shape[-1])
+        self.cross_attention_layer = self._make_cross_attention(
+            inputs_shape[-1]
+        )
         self.cross_attention_layer.build(inputs_shape, context_shape)
         self.cross_attention_norm = self._make_norm("cross_attention_norm")
         self.cross_attention_norm.build(inputs_shape)
-        self.cross_attention_dropout = self._make_dropout("cross_attention_dropout")
+        self.cross_attention_dropout = self._make_dropout(
+            "cross_attention_dropout"
+        )
         self.built = True
 
     def compute_cross_attention_cache(self, context):
@@ -194,8 +202,11 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
             )
 
         x, self_extra = self._residual(
-            inputs, self_attend, self.self_attention_norm,
-            self.self_attention_dropout, training,
+            inputs,
+            self_attend,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            training,
         )
         cross_extra = ()
         if self.cross_attention:
@@ -217,8 +228,11 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
                 return out if len(out) > 1 else out[0]
 
             x, cross_extra = self._residual(
-                x, cross_attend, self.cross_attention_norm,
-                self.cross_attention_dropout, training,
+                x,
+                cross_attend,
+                self.cross_attention_norm,
+                self.cross_attention_dropout,
+                training,
             )
         x, _ = self._residual(
             x,
@@ -247,7 +261,9 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         b, t = inputs.shape[0], inputs.shape[1]
         outputs = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
         if return_attention_scores:
-            outputs += (self._self_attention_scores_spec(inputs, self_attention_cache),)
+            outputs += (
+                self._self_attention_scores_spec(inputs, self_attention_cache),
+            )
             if self.cross_attention:
                 s = (
                     context.shape[1]

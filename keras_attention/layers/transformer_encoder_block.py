@@ -1,17 +1,19 @@
 import keras
 
 from keras_attention import masks as masks_lib
-from keras_attention.layers.feed_forward import FeedForward
-from keras_attention.layers.local_self_attention import LocalSelfAttention
-from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.layers._validation import check_bool as _check_bool
-from keras_attention.layers._validation import check_positive_int as _check_positive_int
+from keras_attention.layers._validation import (
+    check_positive_int as _check_positive_int,
+)
 from keras_attention.layers._validation import (
     check_positive_number as _check_positive_number,
 )
 from keras_attention.layers._validation import check_rate as _check_rate
 from keras_attention.layers._validation import check_rotary_head_size
 from keras_attention.layers._validation import clone_initializer as _clone
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.local_self_attention import LocalSelfAttention
+from keras_attention.layers.self_attention import SelfAttention
 
 
 def _first(*values):
@@ -124,7 +126,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         _check_positive_int("num_heads", num_heads)
         _check_positive_int("intermediate_dim", intermediate_dim)
         _check_positive_int("key_dim", key_dim, allow_none=True)
-        _check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        _check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
@@ -200,7 +204,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 causal=self.causal,
                 **self._self_attention_kwargs(hidden_dim),
             )
-        return SelfAttention(causal=self.causal, **self._self_attention_kwargs(hidden_dim))
+        return SelfAttention(
+            causal=self.causal, **self._self_attention_kwargs(hidden_dim)
+        )
 
     def _make_norm(self, name):
         return keras.layers.LayerNormalization(
@@ -208,7 +214,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         )
 
     def _make_dropout(self, name):
-        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
+        return keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name=name
+        )
 
     def _make_feed_forward(self):
         return FeedForward(
@@ -232,7 +240,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._make_norm("self_attention_norm")
         self.self_attention_norm.build(inputs_shape)
-        self.self_attention_dropout = self._make_dropout("self_attention_dropout")
+        self.self_attention_dropout = self._make_dropout(
+            "self_attention_dropout"
+        )
         self.feed_forward = self._make_feed_forward()
         self.feed_forward.build(inputs_shape)
         self.feed_forward_norm = self._make_norm("feed_forward_norm")
@@ -275,7 +285,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
             )
 
         x, extra = self._residual(
-            inputs, attend, self.self_attention_norm, self.self_attention_dropout,
+            inputs,
+            attend,
+            self.self_attention_norm,
+            self.self_attention_dropout,
             training,
         )
         x, _ = self._residual(
@@ -289,7 +302,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
             return (x,) + extra
         return x
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+    def compute_output_spec(
+        self, inputs, return_attention_scores=False, **kwargs
+    ):
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output

@@ -8,3 +8,14 @@ from keras_attention.ops.attention import masked_softmax
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
 from keras_attention.ops.local import local_attention
+
+__all__ = [
+    "additive_scores",
+    "dot_product_attention",
+    "implementation_scope",
+    "mask_fill_value",
+    "masked_softmax",
+    "banded_to_dense",
+    "dense_to_banded",
+    "local_attention",
+]

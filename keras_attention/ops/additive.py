@@ -128,7 +128,11 @@ def additive_scores(query, key, v, max_chunk_elements=None):
                 dq = ops.slice_update(dq, (index, 0, 0, 0), dq_c[None])
                 return dq, dk + dk_c, dv + dv_c
 
-            init = (ops.zeros_like(q_chunks), ops.zeros_like(key), ops.zeros_like(v))
+            init = (
+                ops.zeros_like(q_chunks),
+                ops.zeros_like(key),
+                ops.zeros_like(v),
+            )
             dq, dk, dv = ops.fori_loop(0, n, body, init)
             return _from_chunks(dq, i), dk, dv
 

@@ -195,12 +195,22 @@ def dot_product_attention(
 
 def _softmax_no_empty_rows(scores, mask):
     """`masked_softmax` when no row is fully masked (one pass fewer)."""
-    scores = ops.where(mask, ops.cast(scores, "float32"), mask_fill_value("float32"))
+    scores = ops.where(
+        mask, ops.cast(scores, "float32"), mask_fill_value("float32")
+    )
     return ops.softmax(scores, axis=-1)
 
 
-def _dense(query, key, value, mask, scale, dropout_fn, return_weights,
-           softmax=masked_softmax):
+def _dense(
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    dropout_fn,
+    return_weights,
+    softmax=masked_softmax,
+):
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
@@ -300,7 +310,9 @@ def _structural_to_dense(
     parts = [as_4d_mask(mask)]
     if is_causal:
         parts.append(
-            _positions_mask(ops.shape(query)[1], ops.shape(key)[1], causal_offset)
+            _positions_mask(
+                ops.shape(query)[1], ops.shape(key)[1], causal_offset
+            )
         )
     if key_padding is not None:
         parts.append(ops.cast(key_padding, "bool")[:, None, None, :])
@@ -331,8 +343,16 @@ def _blockwise(query, key, value, **masks):
     )
 
 
-def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
-           query_padding):
+def _fused(
+    query,
+    key,
+    value,
+    mask,
+    is_causal,
+    causal_offset,
+    key_padding,
+    query_padding,
+):
     """`keras.ops.dot_product_attention` (flash / cuDNN where available).
 
     Rows that may attend to nothing would give NaN or uniform weights in
@@ -345,9 +365,19 @@ def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
     if keras.backend.backend() == "tensorflow" and score_dtype(dtype) != dtype:
         # TensorFlow's kernel forms float16 scores in float16 (overflow);
         # it has no fused kernel to lose: compute in float32.
-        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
-        out = _fused(query, key, value, mask, is_causal, causal_offset,
-                     key_padding, query_padding)
+        query, key, value = (
+            ops.cast(x, "float32") for x in (query, key, value)
+        )
+        out = _fused(
+            query,
+            key,
+            value,
+            mask,
+            is_causal,
+            causal_offset,
+            key_padding,
+            query_padding,
+        )
         return ops.cast(out, dtype)
     h, g = query.shape[2], key.shape[2]
     if g == 1 and h > 1:  # Some backends only broadcast 1 < g < h groups.
@@ -357,8 +387,16 @@ def _fused(query, key, value, mask, is_causal, causal_offset, key_padding,
         pad = lambda x, n: ops.pad(x, [[0, 0]] * 3 + [[0, n - x.shape[-1]]])
         size = max(d, e)
         query, key, value = pad(query, size), pad(key, size), pad(value, size)
-        out = _fused(query, key, value, mask, is_causal, causal_offset,
-                     key_padding, query_padding)
+        out = _fused(
+            query,
+            key,
+            value,
+            mask,
+            is_causal,
+            causal_offset,
+            key_padding,
+            query_padding,
+        )
         return out[..., :e]
     simple_causal = (
         is_causal

@@ -35,13 +35,17 @@ def _tiles(start, stop, size):
 
 def _key_chunks(stop, size):
     """Key tiles `[j0, j1)` on the global grid of `size`, cut at `stop`."""
-    return [(c, a, min(a + size, stop)) for c, a in enumerate(range(0, stop, size))]
+    return [
+        (c, a, min(a + size, stop)) for c, a in enumerate(range(0, stop, size))
+    ]
 
 
 class _Plan:
     """Static tiling of one call: which (query tile, key tile) pairs run."""
 
-    def __init__(self, tq, tk, is_causal, causal_offset, query_block, key_block):
+    def __init__(
+        self, tq, tk, is_causal, causal_offset, query_block, key_block
+    ):
         self.tq, self.tk = tq, tk
         self.query_block, self.key_block = query_block, key_block
         if isinstance(causal_offset, np.integer):
@@ -57,7 +61,11 @@ class _Plan:
                 stop = max(0, min(tk, i1 + causal_offset))
             chunks = []
             for c, j0, j1 in _key_chunks(stop, key_block):
-                crosses = (j1 - 1) > (i0 + causal_offset) if self.static_causal else False
+                crosses = (
+                    (j1 - 1) > (i0 + causal_offset)
+                    if self.static_causal
+                    else False
+                )
                 chunks.append((c, j0, j1, crosses or self.dynamic_causal))
             self.rows.append((i0, i1, chunks))
 
@@ -68,7 +76,9 @@ def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
     offset = plan.offset if offset is None else offset
     parts = []
     if needs_causal:
-        qpos = ops.arange(i0, i1, dtype="int32")[:, None] + ops.cast(offset, "int32")
+        qpos = ops.arange(i0, i1, dtype="int32")[:, None] + ops.cast(
+            offset, "int32"
+        )
         kpos = ops.arange(j0, j1, dtype="int32")[None, :]
         parts.append((kpos <= qpos)[None, None, None])
     if key_padding is not None:
@@ -135,7 +145,9 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
             # A row whose max is the fill value saw only masked keys.
             valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
             if valid_rows is not None:
-                valid = ops.logical_and(valid, valid_rows[:, None, None, i0:i1, None])
+                valid = ops.logical_and(
+                    valid, valid_rows[:, None, None, i0:i1, None]
+                )
             out = ops.where(valid, out, 0.0)
         outs.append(out)
         lses.append(lse)
@@ -152,7 +164,9 @@ def _backward(plan, qh, kh, vh, aux, out, lse, valid, d_out):
     d_out = ops.where(valid, d_out, ops.zeros_like(d_out))
     # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
     big_d = ops.sum(
-        ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1, keepdims=True
+        ops.cast(d_out, "float32") * ops.cast(out, "float32"),
+        axis=-1,
+        keepdims=True,
     )
     dqs = []
     dks, dvs = {}, {}
@@ -190,7 +204,9 @@ def _gather_keys(plan, store, like):
         total = None
         for length, grad in store.get(c, []):
             if length < size:
-                grad = ops.pad(grad, [[0, 0], [0, 0], [0, size - length], [0, 0]])
+                grad = ops.pad(
+                    grad, [[0, 0], [0, 0], [0, size - length], [0, 0]]
+                )
             total = grad if total is None else total + grad
         if total is None:
             total = ops.zeros_like(like[:, :, j0:j1])
@@ -254,7 +270,9 @@ def blockwise_attention(
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
         out, lse, valid = _forward(plan, qh, kh, vh, tile_aux, query_padding)
-        result = ops.reshape(ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e))
+        result = ops.reshape(
+            ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
+        )
         return result, (qh, kh, vh, tile_aux, out, lse, valid)
 
     def backward(residuals, d_result):
@@ -263,9 +281,15 @@ def blockwise_attention(
             ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
             (0, 2, 3, 1, 4),
         )
-        dq, dk, dv = _backward(plan, qh, kh, vh, tile_aux, out, lse, valid, d_out)
+        dq, dk, dv = _backward(
+            plan, qh, kh, vh, tile_aux, out, lse, valid, d_out
+        )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
-        return dq, ops.transpose(dk, (0, 2, 1, 3)), ops.transpose(dv, (0, 2, 1, 3))
+        return (
+            dq,
+            ops.transpose(dk, (0, 2, 1, 3)),
+            ops.transpose(dv, (0, 2, 1, 3)),
+        )
 
     aux = (key_padding, query_padding, mask, offset)
     return _backend.custom_vjp(forward, backward)(query, key, value, aux)

@@ -108,7 +108,11 @@ def banded_to_dense(weights, window_size, causal=False):
             f"`weights` must have {band} columns for window_size={window_size!r}, "
             f"causal={causal!r}. Received: weights.shape={tuple(weights.shape)!r}"
         )
-    t = weights.shape[-2] if weights.shape[-2] is not None else ops.shape(weights)[-2]
+    t = (
+        weights.shape[-2]
+        if weights.shape[-2] is not None
+        else ops.shape(weights)[-2]
+    )
     # y[i, i + k] = w[i, k]; key j = i - left + k sits at column j + left.
     y = _skew(weights, keep=left + t)
     return y[..., left:]
@@ -130,7 +134,9 @@ def _blocked_attention_mask(attention_mask, t, block, width, num_blocks, left):
     mask = as_4d_mask(attention_mask)
     m = -(-width // block)
     mask = _pad_axis(mask, 2, 0, num_blocks * block - t, False)
-    mask = _pad_axis(mask, 3, left, (num_blocks + m - 1) * block - left - t, False)
+    mask = _pad_axis(
+        mask, 3, left, (num_blocks + m - 1) * block - left - t, False
+    )
     shape = ops.shape(mask)
     mask = ops.reshape(mask, (shape[0], shape[1], num_blocks, block, shape[3]))
     # Query block n reads key columns nB .. nB + W - 1 (padded coordinates).
@@ -146,8 +152,20 @@ def _fold_blocks(x, batch, num_blocks):
     return ops.reshape(x, (batch * num_blocks,) + rest)
 
 
-def _block_mask(t, b, n, block, width, left, right, query_mask, key_mask,
-                attention_mask, num_groups, r):
+def _block_mask(
+    t,
+    b,
+    n,
+    block,
+    width,
+    left,
+    right,
+    query_mask,
+    key_mask,
+    attention_mask,
+    num_groups,
+    r,
+):
     """Mask `(b * n, g|1, r|1, B, W)`: band, existing and unpadded keys and
     queries, and the band of `attention_mask`."""
     # Query nB + i and key nB - left + j: offset j - i - left in [-left, right].
@@ -166,7 +184,9 @@ def _block_mask(t, b, n, block, width, left, right, query_mask, key_mask,
     if query_mask is not None:
         query_valid = ops.cast(query_mask, "bool")
         query_valid = _pad_axis(query_valid, 1, 0, n * block - t, False)
-        query_valid = _fold_blocks(ops.reshape(query_valid, (-1, n, block)), b, n)
+        query_valid = _fold_blocks(
+            ops.reshape(query_valid, (-1, n, block)), b, n
+        )
         mask = ops.logical_and(mask, query_valid[:, :, None])
     mask = mask[:, None, None]  # (b n, 1, 1, B, W)
     if attention_mask is None:
@@ -236,7 +256,9 @@ def local_attention(
     ((1, 10, 2, 4), (1, 2, 10, 5))
     """
     left, right = window_bounds(window_size, causal)
-    block = default_block_size(left, right) if block_size is None else block_size
+    block = (
+        default_block_size(left, right) if block_size is None else block_size
+    )
     if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
         raise ValueError(
             f"`block_size` must be a positive integer. Received: block_size={block!r}"
@@ -259,15 +281,33 @@ def local_attention(
     query = ops.multiply(ops.cast(query, "float32"), scale)
     q = _pad_axis(query, 1, 0, n * block - t)
     q = ops.reshape(q, (b * n, block, num_heads, d))  # (z, B, h, d)
-    q = ops.reshape(ops.transpose(q, (0, 2, 1, 3)), (b * n, num_groups, r * block, d))
+    q = ops.reshape(
+        ops.transpose(q, (0, 2, 1, 3)), (b * n, num_groups, r * block, d)
+    )
     # Key/value windows (b, n, W, g, d|e) -> (z, g, W, d|e).
     k = _key_windows(_pad_axis(key, 1, left, k_after), block, width, n)
     v = _key_windows(_pad_axis(value, 1, left, k_after), block, width, n)
-    k = ops.transpose(ops.reshape(k, (b * n, width, num_groups, d)), (0, 2, 1, 3))
-    v = ops.transpose(ops.reshape(v, (b * n, width, num_groups, e)), (0, 2, 1, 3))
+    k = ops.transpose(
+        ops.reshape(k, (b * n, width, num_groups, d)), (0, 2, 1, 3)
+    )
+    v = ops.transpose(
+        ops.reshape(v, (b * n, width, num_groups, e)), (0, 2, 1, 3)
+    )
 
-    mask = _block_mask(t, b, n, block, width, left, right, query_mask, key_mask,
-                       attention_mask, num_groups, r)  # (z, g|1, r|1, B, W)
+    mask = _block_mask(
+        t,
+        b,
+        n,
+        block,
+        width,
+        left,
+        right,
+        query_mask,
+        key_mask,
+        attention_mask,
+        num_groups,
+        r,
+    )  # (z, g|1, r|1, B, W)
     scores = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, "float32"))
     scores = ops.reshape(scores, (b * n, num_groups, r, block, width))
     weights = masked_softmax(scores, mask)  # float32, masked entries 0
@@ -276,7 +316,9 @@ def local_attention(
     )
     kept = dropout_fn(weights) if dropout_fn is not None else weights
     out = ops.einsum("zgqk,zgke->zgqe", kept, v)  # (z, g, r B, e)
-    out = ops.transpose(ops.reshape(out, (b * n, num_heads, block, e)), (0, 2, 1, 3))
+    out = ops.transpose(
+        ops.reshape(out, (b * n, num_heads, block, e)), (0, 2, 1, 3)
+    )
     out = ops.reshape(out, (b, n * block, num_heads, e))[:, :t]
     out = ops.cast(out, out_dtype)
     if not return_weights:

@@ -24,7 +24,9 @@ def window_indices(start, width, length):
         `positions` `(b, i, w)` int32 (unclipped), `clipped` `(b, i, w)`
         int32 in `[0, T)`, `in_range` `(b, i, w)` bool.
     """
-    positions = ops.cast(start, "int32")[..., None] + ops.arange(width, dtype="int32")
+    positions = ops.cast(start, "int32")[..., None] + ops.arange(
+        width, dtype="int32"
+    )
     length = ops.cast(length, "int32")
     in_range = ops.logical_and(positions >= 0, positions < length)
     clipped = ops.clip(positions, 0, ops.maximum(length - 1, 0))
@@ -55,7 +57,9 @@ def scatter_windows(weights, start, length):
     (one pass per slot, `w` is static).
     """
     width = weights.shape[-1]
-    offset = ops.arange(length, dtype="int32") - ops.cast(start, "int32")[..., None]
+    offset = (
+        ops.arange(length, dtype="int32") - ops.cast(start, "int32")[..., None]
+    )
     dense = ops.zeros_like(ops.cast(offset, weights.dtype))  # b i t
     for s in range(width):
         dense = dense + ops.where(offset == s, weights[..., s : s + 1], 0.0)

@@ -34,42 +34,42 @@ def plot_attention(
 ):
     """Plots attention weights as a heatmap, tokens on the axes.
 
-    Source tokens label the columns (top axis, read left to right), target
-    (generated) tokens the rows; cell `(t, s)` is how much target token `t`
-    attended to source token `s`.
+        Source tokens label the columns (top axis, read left to right), target
+        (generated) tokens the rows; cell `(t, s)` is how much target token `t`
+        attended to source token `s`.
 
-    Args:
-        weights: array-like `(target, source)` or `(heads, target, source)`
-            (heads are averaged). Extra rows/columns beyond the given tokens
-            (padding) are cut off.
-        source_tokens: list of strings, the source (key) tokens.
-        target_tokens: list of strings, the target (query) tokens.
-        path: optional file name; the figure is written there as PNG (and
-            closed) when given.
-        title: optional title.
-        cmap: matplotlib colormap name.
-        figsize: `(width, height)` in inches; by default sized to the tokens.
-        dpi: resolution of the written file.
-        show_values: write each weight in its cell.
+        Args:
+            weights: array-like `(target, source)` or `(heads, target, source)`
+                (heads are averaged). Extra rows/columns beyond the given tokens
+                (padding) are cut off.
+            source_tokens: list of strings, the source (key) tokens.
+            target_tokens: list of strings, the target (query) tokens.
+            path: optional file name; the figure is written there as PNG (and
+                closed) when given.
+            title: optional title.
+            cmap: matplotlib colormap name.
+            figsize: `(width, height)` in inches; by default sized to the tokens.
+            dpi: resolution of the written file.
+            show_values: write each weight in its cell.
 
-    Returns:
-        the `matplotlib.figure.Figure` (also when written to `path`).
+        Returns:
+            the `matplotlib.figure.Figure` (also when written to `path`).
 
-    Raises:
-        ValueError: when `weights` has fewer rows/columns than tokens.
-        ImportError: when matplotlib is not installed
-            (`pip install matplotlib`).
+        Raises:
+            ValueError: when `weights` has fewer rows/columns than tokens.
+            ImportError: when matplotlib is not installed
+                (`pip install matplotlib`).
 
-    Example:
+        Example:
 
-    >>> import numpy as np
+        >>> import numpy as np
 
-from keras_attention.layers._validation import check_bool
-    >>> from keras_attention.visualization import plot_attention
-    >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
-    >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
-    >>> fig.axes[0].get_xticklabels()[1].get_text()
-    'chat'
+    from keras_attention.layers._validation import check_bool
+        >>> from keras_attention.visualization import plot_attention
+        >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
+        >>> fig.axes[0].get_xticklabels()[1].get_text()
+        'chat'
     """
     try:
         import matplotlib
@@ -108,8 +108,15 @@ from keras_attention.layers._validation import check_bool
     if show_values:
         for t in range(rows):
             for s in range(cols):
-                ax.text(s, t, f"{weights[t, s]:.2f}", ha="center",
-                        va="center", fontsize=6, color="w")
+                ax.text(
+                    s,
+                    t,
+                    f"{weights[t, s]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="w",
+                )
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if title:
         fig.suptitle(title, fontsize=9)

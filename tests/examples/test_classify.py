@@ -113,7 +113,8 @@ def test_classifier_attention_model_matches_numpy_pooling():
     probabilities, weights = (np.asarray(t) for t in attention_model(ids))
     logits = np.asarray(model(ids))
     np.testing.assert_allclose(
-        probabilities, np.exp(logits) / np.exp(logits).sum(-1, keepdims=True),
+        probabilities,
+        np.exp(logits) / np.exp(logits).sum(-1, keepdims=True),
         atol=1e-5,
     )
     # Pooling weights: a distribution over the real tokens, 0 on padding.
@@ -121,7 +122,9 @@ def test_classifier_attention_model_matches_numpy_pooling():
     assert np.all(weights[ids == 0] == 0)
     # Padding does not change the result.
     p_short, _ = attention_model(ids[:1, :3])
-    np.testing.assert_allclose(np.asarray(p_short), probabilities[:1], atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(p_short), probabilities[:1], atol=1e-5
+    )
 
 
 def test_unknown_encoder_is_rejected():
@@ -144,7 +147,9 @@ def test_unprepared_tfds_dataset_is_an_error_without_download(tmp_path):
 def test_help():
     out = subprocess.run(
         [sys.executable, "-m", "examples.classify", "--help"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert out.returncode == 0, out.stderr
@@ -157,7 +162,13 @@ def quick_run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("classify")
     results = classify.main(
-        ["--quick", "--output-dir", str(tmp / "run"), "--data-dir", str(tmp / "tfds")]
+        [
+            "--quick",
+            "--output-dir",
+            str(tmp / "run"),
+            "--data-dir",
+            str(tmp / "tfds"),
+        ]
     )
     return results
 
@@ -167,9 +178,13 @@ def test_quick_run_learns(quick_run):
     assert len(losses) == 2 and losses[-1] < losses[0]
     assert 0.0 <= quick_run["test_accuracy"] <= 1.0
     assert 0.0 < quick_run["baseline_accuracy"] < 1.0
-    assert os.path.exists(os.path.join(
-        os.path.dirname(quick_run["export_path"]), "checkpoints", "best.weights.h5"
-    ))
+    assert os.path.exists(
+        os.path.join(
+            os.path.dirname(quick_run["export_path"]),
+            "checkpoints",
+            "best.weights.h5",
+        )
+    )
 
 
 def test_quick_run_plots_valid_pngs(quick_run):
@@ -180,17 +195,29 @@ def test_quick_run_plots_valid_pngs(quick_run):
 
 
 def test_exported_model_answers_like_the_python_model(quick_run):
-    texts = ["a large wild cat with a striped coat", "a person who writes poems",
-             "an unseen word: xylophonist"]
+    texts = [
+        "a large wild cat with a striped coat",
+        "a person who writes poems",
+        "an unseen word: xylophonist",
+    ]
     expected = quick_run["server"].classify(np.array(texts, dtype=object))
     out = subprocess.run(
-        [sys.executable, "-c", SERVE, quick_run["export_path"], json.dumps(texts)],
-        capture_output=True, text=True, timeout=300, cwd="/",
+        [
+            sys.executable,
+            "-c",
+            SERVE,
+            quick_run["export_path"],
+            json.dumps(texts),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
         env={**os.environ, "PYTHONPATH": ""},
     )
     lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
     assert lines, out.stderr[-3000:]
-    served = json.loads(lines[0][len("ANSWERS"):])
+    served = json.loads(lines[0][len("ANSWERS") :])
     assert served["label"] == [s.decode() for s in expected["label"].numpy()]
     np.testing.assert_allclose(
         served["probability"], expected["probability"].numpy(), atol=1e-5
@@ -203,7 +230,9 @@ def test_majority_baseline():
     from examples.classify import majority_baseline
 
     train = tf.data.Dataset.from_tensor_slices((["a", "b", "c"], [1, 1, 2]))
-    test = tf.data.Dataset.from_tensor_slices((["d", "e", "f", "g"], [1, 0, 1, 1]))
+    test = tf.data.Dataset.from_tensor_slices(
+        (["d", "e", "f", "g"], [1, 0, 1, 1])
+    )
     assert majority_baseline(train, test) == pytest.approx(0.75)
 
 
@@ -216,8 +245,11 @@ def test_help_names_the_default_encoder(capsys):
         classify.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     encoder_help = help_text.split("--encoder {gru,transformer}", 2)[2]
-    assert encoder_help.split("--embedding-dim")[0].strip().endswith(
-        "(default: transformer)")
+    assert (
+        encoder_help.split("--embedding-dim")[0]
+        .strip()
+        .endswith("(default: transformer)")
+    )
     # The docstring (shown as the epilog) offers the non-default as the option.
     assert "--encoder gru" in help_text
     assert "--encoder transformer" not in help_text
@@ -229,13 +261,19 @@ def test_help_defaults_are_not_contradicted():
     # "(default: 250)" in language_model; defaults shown once.
     import argparse
 
-    from examples.common import HelpFormatter, add_training_args
+    from examples.common import HelpFormatter
+    from examples.common import add_training_args
 
-    for steps, shown in ((None, "one pass over the training split"), (250, "250")):
+    for steps, shown in (
+        (None, "one pass over the training split"),
+        (250, "250"),
+    ):
         parser = argparse.ArgumentParser(formatter_class=HelpFormatter)
         add_training_args(parser, steps_per_epoch=steps, output_dir="runs/x")
         help_text = " ".join(parser.format_help().split())
         assert f"steps per epoch (default: {shown})" in help_text
         assert "split) (default:" not in help_text
         assert "(default: None)" not in help_text
-        assert "XLA-compile the train step (default: on with a GPU)" in help_text
+        assert (
+            "XLA-compile the train step (default: on with a GPU)" in help_text
+        )

@@ -19,8 +19,15 @@ def _args(tmp_path, *extra):
 
     parser = add_training_args(argparse.ArgumentParser(), epochs=3)
     return parser.parse_args(
-        ["--output-dir", str(tmp_path), "--backup-every", "2", "--patience",
-         "10", *extra]
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--backup-every",
+            "2",
+            "--patience",
+            "10",
+            *extra,
+        ]
     )
 
 
@@ -98,8 +105,9 @@ def test_killed_run_resumes_mid_epoch_with_identical_result(tmp_path):
     resumed = _model()  # a fresh process would start from new weights
     train, val = _data()
     recorder = _Recorder()
-    history = fit(resumed, train, val, args, callbacks=[recorder.callback],
-                  verbose=0)
+    history = fit(
+        resumed, train, val, args, callbacks=[recorder.callback], verbose=0
+    )
     # Continues after the backed-up step, stops at epochs * steps.
     assert recorder.seen[0] == 9 and recorder.seen[-1] == 15
     assert history.epoch == [1, 2]
@@ -148,8 +156,11 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True,
-        timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert "REPLICAS 2 MirroredStrategy True" in out.stdout, out.stderr[-3000:]
 
@@ -157,8 +168,9 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
 def test_add_training_args_defaults_and_choices():
     from examples.common import add_training_args
 
-    parser = add_training_args(argparse.ArgumentParser(), epochs=7,
-                               batch_size=16)
+    parser = add_training_args(
+        argparse.ArgumentParser(), epochs=7, batch_size=16
+    )
     args = parser.parse_args([])
     assert (args.epochs, args.batch_size, args.strategy) == (7, 16, "default")
     assert args.mixed_precision == "auto" and args.jit_compile is None

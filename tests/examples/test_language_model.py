@@ -43,7 +43,12 @@ def test_parse_bible_listing():
         "  2 And the earth was without form.\n\n1 Samuel 3\n\n  10 And the LORD came.\n"
     )
     assert list(parse_bible_listing(listing)) == [
-        ("Genesis", 1, 1, "In the beginning God created the heaven and the earth."),
+        (
+            "Genesis",
+            1,
+            1,
+            "In the beginning God created the heaven and the earth.",
+        ),
         ("Genesis", 1, 2, "And the earth was without form."),
         ("1 Samuel", 3, 10, "And the LORD came."),
     ]
@@ -57,7 +62,11 @@ def test_shipped_bible_is_complete_and_split_by_chapter():
 
     verses = list(read_verses())
     assert len(verses) == 31102
-    assert verses[0][:3] == ("Genesis", 1, 1) and verses[-1][:3] == ("Revelation", 22, 21)
+    assert verses[0][:3] == ("Genesis", 1, 1) and verses[-1][:3] == (
+        "Revelation",
+        22,
+        21,
+    )
     chapters = list(dict.fromkeys((b, c) for b, c, _, _ in verses))
     assert len(chapters) == 1189
     splits = [split_of(i) for i in range(len(chapters))]
@@ -95,8 +104,14 @@ def _tiny_lm(window=None, vocabulary_size=40):
     from examples.lm_model import build_language_model
 
     keras.utils.set_random_seed(1)
-    return build_language_model(vocabulary_size, 24, hidden_dim=16, num_layers=2,
-                                num_heads=2, window=window)
+    return build_language_model(
+        vocabulary_size,
+        24,
+        hidden_dim=16,
+        num_layers=2,
+        num_heads=2,
+        window=window,
+    )
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -105,7 +120,9 @@ def test_cached_greedy_generation_matches_full_forward_passes(window):
     prompts = np.zeros((2, 12), "int32")
     prompts[0, :3] = [10, 11, 12]
     prompts[1, :5] = [13, 14, 15, 16, 17]
-    out, mask = (np.asarray(t) for t in generator.generate(prompts, sampler="greedy"))
+    out, mask = (
+        np.asarray(t) for t in generator.generate(prompts, sampler="greedy")
+    )
     assert out.shape == (2, 12) and mask.all()
     np.testing.assert_array_equal(out[0, :3], prompts[0, :3])
     np.testing.assert_array_equal(out[1, :5], prompts[1, :5])
@@ -121,13 +138,18 @@ def test_sliding_window_limits_what_a_position_sees():
     from keras_attention.layers import LocalSelfAttention
 
     model, generator = _tiny_lm(window=2)
-    assert all(isinstance(b.self_attention, LocalSelfAttention) for b in generator.blocks)
+    assert all(
+        isinstance(b.self_attention, LocalSelfAttention)
+        for b in generator.blocks
+    )
     ids = np.arange(1, 13, dtype="int32")[None]
     changed = ids.copy()
     changed[0, 0] = 30  # far outside the window of the last position...
     last = np.asarray(model(ids))[0, -1]
     # ...through 2 layers of window 2 the last position sees 4 steps back.
-    np.testing.assert_allclose(np.asarray(model(changed))[0, -1], last, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(model(changed))[0, -1], last, atol=1e-5
+    )
     changed[0, -2] = 30  # inside the window: the prediction changes
     assert np.abs(np.asarray(model(changed))[0, -1] - last).max() > 1e-4
 
@@ -142,7 +164,9 @@ def test_positional_bits_per_character_matches_the_keras_loss():
     model, _ = _tiny_lm()
     rng = np.random.default_rng(0)
     ids = rng.integers(1, 40, size=(5, 13)).astype("int32")
-    batches = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).batch(2)
+    batches = tf.data.Dataset.from_tensor_slices(
+        (ids[:, :-1], ids[:, 1:])
+    ).batch(2)
     bits = positional_bits_per_character(model, batches)
     assert bits.shape == (12,)
     # Reference: NumPy log-softmax of the logits, per position.
@@ -152,7 +176,9 @@ def test_positional_bits_per_character_matches_the_keras_loss():
     np.testing.assert_allclose(bits, nats.mean(0) / math.log(2.0), rtol=1e-5)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     np.testing.assert_allclose(
-        bits.mean(), bits_per_character(float(loss(ids[:, 1:], logits))), rtol=1e-5
+        bits.mean(),
+        bits_per_character(float(loss(ids[:, 1:], logits))),
+        rtol=1e-5,
     )
 
 
@@ -184,17 +210,28 @@ def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
     (train, val, test), tokenizer = bible
     keras.utils.set_random_seed(0)
     model, _ = build_language_model(
-        tokenizer.vocabulary_size(), GENERATION_LENGTH, hidden_dim=64,
-        num_layers=2, num_heads=2, dropout=0.0, **model_kwargs,
+        tokenizer.vocabulary_size(),
+        GENERATION_LENGTH,
+        hidden_dim=64,
+        num_layers=2,
+        num_heads=2,
+        dropout=0.0,
+        **model_kwargs,
     )
     model.compile(
         keras.optimizers.Adam(3e-3),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     windows = lm_data.char_windows(train, tokenizer, TRAIN_LENGTH)
-    model.fit(lm_data.batches(windows, 32, shuffle=True).repeat(),
-              steps_per_epoch=500, epochs=1, verbose=0)
-    held_out = lm_data.char_windows(val.concatenate(test), tokenizer, GENERATION_LENGTH)
+    model.fit(
+        lm_data.batches(windows, 32, shuffle=True).repeat(),
+        steps_per_epoch=500,
+        epochs=1,
+        verbose=0,
+    )
+    held_out = lm_data.char_windows(
+        val.concatenate(test), tokenizer, GENERATION_LENGTH
+    )
     bits = positional_bits_per_character(
         model, lm_data.batches(held_out, 64, shuffle=False)
     )
@@ -223,14 +260,23 @@ def test_generation_beyond_trained_distances_is_refused_at_start_up(capsys):
     from examples.language_model import parse_args
 
     with pytest.raises(SystemExit):
-        parse_args(["--window", "0", "--sequence-length", "128", "--max-length", "256"])
-    assert "--max-length 256 exceeds --sequence-length 128" in capsys.readouterr().err
+        parse_args(
+            ["--window", "0", "--sequence-length", "128", "--max-length", "256"]
+        )
+    assert (
+        "--max-length 256 exceeds --sequence-length 128"
+        in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit):
         parse_args(["--window", "128", "--sequence-length", "128"])
     assert "--window 128 must be smaller" in capsys.readouterr().err
     args = parse_args(["--window", "0", "--max-length", "128"])
     assert (args.window, args.max_length) == (0, 128)
-    assert parse_args([]).window < parse_args([]).sequence_length < parse_args([]).max_length
+    assert (
+        parse_args([]).window
+        < parse_args([]).sequence_length
+        < parse_args([]).max_length
+    )
 
 
 def test_unknown_positions_are_rejected():
@@ -251,7 +297,9 @@ def test_random_samplers_complete_prompts():
     model, generator = _tiny_lm(vocabulary_size=tokenizer.vocabulary_size())
     samplers = ("top_k", "top_p")
     server = LanguageModelServer(model, generator, tokenizer, 16, samplers)
-    prompts = np.array(["ab", "", "a much longer prompt than max_length"], dtype=object)
+    prompts = np.array(
+        ["ab", "", "a much longer prompt than max_length"], dtype=object
+    )
     for name in samplers:
         out = getattr(server, name)(prompts)["completion"].numpy()
         assert out.shape == (3,), name
@@ -270,7 +318,9 @@ def test_unknown_sampler_is_rejected():
 def test_help():
     out = subprocess.run(
         [sys.executable, "-m", "examples.language_model", "--help"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert out.returncode == 0, out.stderr
@@ -282,10 +332,17 @@ def quick_run(tmp_path_factory):
     from examples import language_model
 
     tmp = tmp_path_factory.mktemp("language_model")
-    return language_model.main([
-        "--quick", "--samplers", "greedy,beam", "--output-dir", str(tmp / "run"),
-        "--data-dir", str(tmp / "tfds"),
-    ])
+    return language_model.main(
+        [
+            "--quick",
+            "--samplers",
+            "greedy,beam",
+            "--output-dir",
+            str(tmp / "run"),
+            "--data-dir",
+            str(tmp / "tfds"),
+        ]
+    )
 
 
 def test_quick_run_learns(quick_run):
@@ -296,24 +353,39 @@ def test_quick_run_learns(quick_run):
     # Also reported on windows of the generation length (48 characters).
     bits = quick_run["positional_bits_per_character"]
     assert bits.shape == (48,)
-    assert quick_run["generation_length_bits_per_character"] == pytest.approx(bits.mean())
+    assert quick_run["generation_length_bits_per_character"] == pytest.approx(
+        bits.mean()
+    )
 
 
 def test_exported_model_answers_like_the_python_model(quick_run):
     prompts = list(quick_run["prompts"]) + ["Then"]
     samplers = ["greedy", "beam"]
     expected = {
-        name: [c.decode("utf-8") for c in getattr(quick_run["server"], name)(
-            np.array(prompts, dtype=object))["completion"].numpy()]
+        name: [
+            c.decode("utf-8")
+            for c in getattr(quick_run["server"], name)(
+                np.array(prompts, dtype=object)
+            )["completion"].numpy()
+        ]
         for name in samplers
     }
     out = subprocess.run(
-        [sys.executable, "-c", SERVE, quick_run["export_path"], json.dumps(prompts),
-         json.dumps(samplers)],
-        capture_output=True, text=True, timeout=300, cwd="/",
+        [
+            sys.executable,
+            "-c",
+            SERVE,
+            quick_run["export_path"],
+            json.dumps(prompts),
+            json.dumps(samplers),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
         env={**os.environ, "PYTHONPATH": ""},
     )
     lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
     assert lines, out.stderr[-3000:]
-    assert json.loads(lines[0][len("ANSWERS"):]) == expected
+    assert json.loads(lines[0][len("ANSWERS") :]) == expected
     assert expected["greedy"][:3] == quick_run["completions"]["greedy"]

@@ -44,21 +44,33 @@ def _serve_in_fresh_process(path, sentences):
         "print('ANSWERS' + json.dumps([s.decode('utf-8') for s in out]))\n"
     )
     env = {**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                         text=True, timeout=300, env=env, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd="/",
+    )
     lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
     assert lines, out.stderr[-3000:]
-    return json.loads(lines[0][len("ANSWERS"):])
+    return json.loads(lines[0][len("ANSWERS") :])
 
 
 def _run(tmp_path, *flags):
     from examples import translate
 
     out = tmp_path / "run"
-    results = translate.main([
-        "--quick", "--output-dir", str(out), "--data-dir",
-        str(tmp_path / "tfds"), *flags,
-    ])
+    results = translate.main(
+        [
+            "--quick",
+            "--output-dir",
+            str(out),
+            "--data-dir",
+            str(tmp_path / "tfds"),
+            *flags,
+        ]
+    )
     with open(out / "results.json") as f:
         assert json.load(f)["score"] == results["score"]
     return results
@@ -90,13 +102,24 @@ def test_transformer_quick(tmp_path):
 def test_help():
     out = subprocess.run(
         [sys.executable, "-m", "examples.translate", "--help"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--model", "--attention", "--score", "--alignment",
-                 "--decode", "--dataset", "--mixed-precision", "--strategy",
-                 "--jit-compile", "--steps-per-epoch"):
+    for flag in (
+        "--model",
+        "--attention",
+        "--score",
+        "--alignment",
+        "--decode",
+        "--dataset",
+        "--mixed-precision",
+        "--strategy",
+        "--jit-compile",
+        "--steps-per-epoch",
+    ):
         assert flag in out.stdout
 
 
@@ -108,10 +131,21 @@ def _tiny(kind, **kwargs):
     from examples.translate_models import build_translator
 
     return build_translator(
-        kind, source_vocabulary_size=40, target_vocabulary_size=30,
-        max_source_length=9, max_target_length=8, start_id=2, end_id=3,
-        embedding_dim=8, encoder_units=8, decoder_units=16, hidden_dim=16,
-        num_heads=2, intermediate_dim=16, num_layers=1, dropout=0.0,
+        kind,
+        source_vocabulary_size=40,
+        target_vocabulary_size=30,
+        max_source_length=9,
+        max_target_length=8,
+        start_id=2,
+        end_id=3,
+        embedding_dim=8,
+        encoder_units=8,
+        decoder_units=16,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=16,
+        num_layers=1,
+        dropout=0.0,
         **kwargs,
     )
 
@@ -135,9 +169,9 @@ def test_decoding_agrees_with_the_training_model(kind, options):
     translator = _tiny(kind, **options)
     ids = np.asarray(translator.generate(source))
     assert ids.shape == (2, 8) and (ids[:, 0] == 2).all()
-    logits = np.asarray(translator.model(
-        {"encoder_ids": source, "decoder_ids": ids[:, :-1]}
-    ))
+    logits = np.asarray(
+        translator.model({"encoder_ids": source, "decoder_ids": ids[:, :-1]})
+    )
     for b in range(2):
         for t in range(1, 8):
             if ids[b, t] == 0:  # after [END]
@@ -146,8 +180,7 @@ def test_decoding_agrees_with_the_training_model(kind, options):
             if ids[b, t] == 3:
                 break
     translator.decode, translator.beam_size = "beam", 1
-    np.testing.assert_array_equal(np.asarray(translator.generate(source)),
-                                  ids)
+    np.testing.assert_array_equal(np.asarray(translator.generate(source)), ids)
     weights = np.asarray(translator.cross_attention(source, ids))
     assert weights.shape == (2, 8, 6)
     np.testing.assert_allclose(weights[0, 0].sum(), 1.0, atol=1e-5)
@@ -162,7 +195,7 @@ def test_beam_search_returns_well_formed_translations():
     assert ids[0, 0] == 2
     tail = list(ids[0, 1:])
     if 3 in tail:  # nothing but padding after [END]
-        assert all(t == 0 for t in tail[tail.index(3) + 1:])
+        assert all(t == 0 for t in tail[tail.index(3) + 1 :])
 
 
 def test_dates_savedmodel_needs_tensorflow_text_and_the_docs_say_so():
@@ -176,10 +209,16 @@ def test_dates_savedmodel_needs_tensorflow_text_and_the_docs_say_so():
     from examples import translate_export
 
     pairs = tf.data.Dataset.from_tensor_slices(
-        (["29 Novembre 2026"], ["2026-11-29"]))
-    source_tokenizer, _ = translate_data.build_tokenizers(translate_data.DATES, pairs)
-    graph = tf.function(source_tokenizer).get_concrete_function(
-        tf.TensorSpec([None], tf.string)).graph
+        (["29 Novembre 2026"], ["2026-11-29"])
+    )
+    source_tokenizer, _ = translate_data.build_tokenizers(
+        translate_data.DATES, pairs
+    )
+    graph = (
+        tf.function(source_tokenizer)
+        .get_concrete_function(tf.TensorSpec([None], tf.string))
+        .graph
+    )
     assert "CaseFoldUTF8" in {op.type for op in graph.get_operations()}
     for doc in (translate.__doc__, translate_export.__doc__):
         assert "import tensorflow_text" in doc

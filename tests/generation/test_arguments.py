@@ -6,21 +6,21 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attention.generation import CausalLMGenerator, Seq2SeqGenerator
+from keras_attention.generation import CausalLMGenerator
+from keras_attention.generation import Seq2SeqGenerator
 from keras_attention.generation.decoder_only import position_capacity
-from keras_attention.layers import (
-    RotaryEmbedding,
-    TokenAndPositionEmbedding,
-    TransformerDecoderBlock,
-    TransformerEncoderBlock,
-)
+from keras_attention.layers import RotaryEmbedding
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.layers import TransformerEncoderBlock
 
 VOCAB, POSITIONS = 11, 8
 
 
 def causal_lm(embedding=None):
-    embedding = embedding or TokenAndPositionEmbedding(VOCAB, POSITIONS, 8,
-                                                       mask_zero=True)
+    embedding = embedding or TokenAndPositionEmbedding(
+        VOCAB, POSITIONS, 8, mask_zero=True
+    )
     block = TransformerDecoderBlock(2, 8, cross_attention=False)
     head = keras.layers.Dense(VOCAB)
     head(block(embedding(np.ones((1, 3), "int32"))))  # build
@@ -29,14 +29,23 @@ def causal_lm(embedding=None):
 
 def seq2seq(source_positions=POSITIONS):
     src = keras.Input((None,), dtype="int32")
-    source_embedding = TokenAndPositionEmbedding(VOCAB, source_positions, 8,
-                                                 mask_zero=True)
-    encoder = keras.Model(src, TransformerEncoderBlock(2, 8)(source_embedding(src)))
+    source_embedding = TokenAndPositionEmbedding(
+        VOCAB, source_positions, 8, mask_zero=True
+    )
+    encoder = keras.Model(
+        src, TransformerEncoderBlock(2, 8)(source_embedding(src))
+    )
     embedding = TokenAndPositionEmbedding(VOCAB, POSITIONS, 8, mask_zero=True)
     block = TransformerDecoderBlock(2, 8)
     head = keras.layers.Dense(VOCAB)
-    head(block(embedding(np.ones((1, 3), "int32")), np.ones((1, 2, 8), "float32")))
-    return Seq2SeqGenerator(encoder, embedding, [block], head, jit_compile=False)
+    head(
+        block(
+            embedding(np.ones((1, 3), "int32")), np.ones((1, 2, 8), "float32")
+        )
+    )
+    return Seq2SeqGenerator(
+        encoder, embedding, [block], head, jit_compile=False
+    )
 
 
 def test_position_capacity_is_found_in_layers_and_models():
@@ -64,8 +73,10 @@ def test_seq2seq_checks_target_and_source_lengths():
     source, target = np.array([[4, 5, 6, 0]]), np.array([[1, 0, 0]])
     with pytest.raises(ValueError, match=r"max_length=9, sequence_length=8"):
         translator.generate(source, target, max_length=9)
-    with pytest.raises(ValueError,
-                       match=re.escape("encoder_token_ids.shape[1]=7, sequence_length=6")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("encoder_token_ids.shape[1]=7, sequence_length=6"),
+    ):
         translator.generate(np.ones((1, 7), "int32"), target, max_length=5)
 
 
@@ -80,5 +91,6 @@ def test_jit_compile_refuses_non_bools():
     embedding = TokenAndPositionEmbedding(VOCAB, POSITIONS, 8)
     block = TransformerDecoderBlock(2, 8, cross_attention=False)
     with pytest.raises(ValueError, match="jit_compile='False'"):
-        CausalLMGenerator(embedding, [block], keras.layers.Dense(VOCAB),
-                          jit_compile="False")
+        CausalLMGenerator(
+            embedding, [block], keras.layers.Dense(VOCAB), jit_compile="False"
+        )

@@ -4,10 +4,12 @@ the keras_hub samplers, SavedModel export (TensorFlow backend)."""
 import keras
 import numpy as np
 import pytest
-
 from harness import check_saved_model
-from keras_attention.generation import CausalLMGenerator, init_cache
-from keras_attention.layers import TokenAndPositionEmbedding, TransformerDecoderBlock
+
+from keras_attention.generation import CausalLMGenerator
+from keras_attention.generation import init_cache
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerDecoderBlock
 
 pytestmark = pytest.mark.tf_only
 
@@ -17,9 +19,14 @@ VOCAB, LENGTH, END = 13, 12, 12  # tokens 1..11 count up, 12 ends
 def build_lm(num_layers=2, rotary=False, jit_compile=False):
     embedding = TokenAndPositionEmbedding(VOCAB, LENGTH, 16, mask_zero=True)
     blocks = [
-        TransformerDecoderBlock(num_heads=2, intermediate_dim=32, cross_attention=False,
-                                norm_first=True, num_key_value_heads=1,
-                                rotary_max_wavelength=100 if rotary else None)
+        TransformerDecoderBlock(
+            num_heads=2,
+            intermediate_dim=32,
+            cross_attention=False,
+            norm_first=True,
+            num_key_value_heads=1,
+            rotary_max_wavelength=100 if rotary else None,
+        )
         for _ in range(num_layers)
     ]
     head = keras.layers.Dense(VOCAB)
@@ -28,7 +35,9 @@ def build_lm(num_layers=2, rotary=False, jit_compile=False):
     for block in blocks:
         x = block(x)
     model = keras.Model(ids, head(x))
-    return model, CausalLMGenerator(embedding, blocks, head, jit_compile=jit_compile)
+    return model, CausalLMGenerator(
+        embedding, blocks, head, jit_compile=jit_compile
+    )
 
 
 def counting_data(n=256, seed=0):
@@ -51,23 +60,32 @@ def trained_lm():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[],
     )
-    history = model.fit(x, y, sample_weight=(y != 0).astype("float32"),
-                        batch_size=32, epochs=25, verbose=0)
+    history = model.fit(
+        x,
+        y,
+        sample_weight=(y != 0).astype("float32"),
+        batch_size=32,
+        epochs=25,
+        verbose=0,
+    )
     assert history.history["loss"][-1] < history.history["loss"][0] / 5
     return model, lm
 
 
 def test_cached_logits_equal_full_pass_with_padded_prompts():
     model, lm = build_lm(rotary=True)
-    ids = np.array([[3, 4, 5, 6, 7, 0], [8, 9, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32")
+    ids = np.array(
+        [[3, 4, 5, 6, 7, 0], [8, 9, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32"
+    )
     full = np.asarray(model(ids))
     cache = init_cache(lm.blocks, 3, 6)
     steps = []
     for t in range(6):
         logits, _, cache = lm.call_with_cache(ids[:, t : t + 1], cache, t)
         steps.append(np.asarray(logits))
-    np.testing.assert_allclose(np.concatenate(steps, 1)[ids != 0], full[ids != 0],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate(steps, 1)[ids != 0], full[ids != 0], atol=1e-5
+    )
     # The prompt pass then `next` (what the samplers call) agree as well.
     _, cache = lm.build_cache(ids, ids != 0)
     logits, _, _ = lm.next(ids, cache, 2)
@@ -92,8 +110,9 @@ def test_greedy_equals_recomputing_the_prefix():
     model, lm = build_lm()
     prompt = np.array([[3, 4, 5, 0], [8, 0, 0, 0]], "int32")
     tokens, mask = lm.generate(prompt, max_length=6, sampler="greedy")
-    np.testing.assert_array_equal(np.asarray(tokens),
-                                  full_recompute_greedy(model, prompt, 6))
+    np.testing.assert_array_equal(
+        np.asarray(tokens), full_recompute_greedy(model, prompt, 6)
+    )
     assert np.all(np.asarray(mask))
 
 
@@ -109,15 +128,21 @@ def test_samplers_stop_at_end_token(trained_lm, sampler):
     )
     _, lm = trained_lm
     prompt = np.array([[7, 8, 0, 0], [3, 0, 0, 0], [9, 10, 11, 0]], "int32")
-    tokens, mask = lm.generate(prompt, max_length=LENGTH, sampler=samplers[sampler],
-                               stop_token_ids=(END,))
+    tokens, mask = lm.generate(
+        prompt,
+        max_length=LENGTH,
+        sampler=samplers[sampler],
+        stop_token_ids=(END,),
+    )
     tokens, mask = np.asarray(tokens), np.asarray(mask)
     assert tokens.shape == mask.shape == (3, LENGTH)
-    np.testing.assert_array_equal(tokens[:, :4][prompt != 0], prompt[prompt != 0])
+    np.testing.assert_array_equal(
+        tokens[:, :4][prompt != 0], prompt[prompt != 0]
+    )
     for row, start in zip(tokens, (7, 3, 9)):
         expected = list(range(start, 12)) + [END]
         np.testing.assert_array_equal(row[: len(expected)], expected)
-        assert np.all(row[len(expected):] == 0)  # padding after the end token
+        assert np.all(row[len(expected) :] == 0)  # padding after the end token
     np.testing.assert_array_equal(mask, tokens != 0)
 
 
@@ -126,9 +151,13 @@ def test_generation_loop_compiles_once(trained_lm):
     before = len(lm._compiled)
     for start in (2, 5):
         prompt = np.array([[start, start + 1, 0, 0]] * 2, "int32")
-        tokens, _ = lm.generate(prompt, max_length=LENGTH, stop_token_ids=(END,))
+        tokens, _ = lm.generate(
+            prompt, max_length=LENGTH, stop_token_ids=(END,)
+        )
         expected = list(range(start, 12)) + [END]
-        np.testing.assert_array_equal(np.asarray(tokens)[0, : len(expected)], expected)
+        np.testing.assert_array_equal(
+            np.asarray(tokens)[0, : len(expected)], expected
+        )
     assert len(lm._compiled) == before + 1  # "greedy" by name: one loop
     step = lm._compiled[("greedy", (END,), 0)][1]
     assert step.experimental_get_tracing_count() == 1
@@ -137,14 +166,18 @@ def test_generation_loop_compiles_once(trained_lm):
 def test_saved_model_of_the_lm(trained_lm):
     model, _ = trained_lm
     ids = np.array([[2, 3, 4, 0, 0, 0], [6, 7, 8, 9, 10, 0]], "int32")
-    listed = keras.Model([model.input], model.output)  # the harness serves lists
+    listed = keras.Model(
+        [model.input], model.output
+    )  # the harness serves lists
     check_saved_model(listed, [dict(ids=ids), dict(ids=ids[:, :4])])
 
 
 def test_errors():
     _, lm = build_lm(num_layers=1)
     with pytest.raises(ValueError, match="cross_attention=False"):
-        CausalLMGenerator(lm.embedding, [TransformerDecoderBlock(2, 8)], lm.head)
+        CausalLMGenerator(
+            lm.embedding, [TransformerDecoderBlock(2, 8)], lm.head
+        )
     with pytest.raises(ValueError, match="blocks=\\[\\]"):
         CausalLMGenerator(lm.embedding, [], lm.head)
     other = TransformerDecoderBlock(2, 8, key_dim=3, cross_attention=False)

@@ -4,14 +4,12 @@ generation with the keras_hub samplers, SavedModel export (TensorFlow)."""
 import keras
 import numpy as np
 import pytest
-
 from harness import check_saved_model
+
 from keras_attention.generation import Seq2SeqGenerator
-from keras_attention.layers import (
-    TokenAndPositionEmbedding,
-    TransformerDecoderBlock,
-    TransformerEncoderBlock,
-)
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.layers import TransformerEncoderBlock
 
 pytestmark = pytest.mark.tf_only
 
@@ -30,7 +28,10 @@ def build_translator(jit_compile=False):
     logits = head(block(embedding(target), context))
     model = keras.Model([source, target], logits)
     generator = Seq2SeqGenerator(
-        keras.Model(source, context), embedding, [block], head,
+        keras.Model(source, context),
+        embedding,
+        [block],
+        head,
         jit_compile=jit_compile,
     )
     return model, generator
@@ -58,8 +59,14 @@ def trained_translator():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[],
     )
-    model.fit([src, tgt_in], tgt_out, sample_weight=(tgt_out != 0).astype("float32"),
-              batch_size=32, epochs=30, verbose=0)
+    model.fit(
+        [src, tgt_in],
+        tgt_out,
+        sample_weight=(tgt_out != 0).astype("float32"),
+        batch_size=32,
+        epochs=30,
+        verbose=0,
+    )
     return model, generator
 
 
@@ -68,13 +75,19 @@ def test_cached_logits_equal_full_pass_with_padding():
     src = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 3]], "int32")
     tgt = np.array([[START, 5, 4, 3, 0], [START, 3, 2, 0, 0]], "int32")
     full = np.asarray(model([src, tgt]))
-    _, cache = generator.build_cache(np.zeros_like(tgt), None, encoder_token_ids=src)
+    _, cache = generator.build_cache(
+        np.zeros_like(tgt), None, encoder_token_ids=src
+    )
     steps = []
     for t in range(tgt.shape[1]):
-        logits, _, cache = generator.call_with_cache(tgt[:, t : t + 1], cache, t)
+        logits, _, cache = generator.call_with_cache(
+            tgt[:, t : t + 1], cache, t
+        )
         steps.append(np.asarray(logits))
     valid = tgt != 0
-    np.testing.assert_allclose(np.concatenate(steps, 1)[valid], full[valid], atol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate(steps, 1)[valid], full[valid], atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("sampler", ["greedy", "beam", "top_k", "top_p"])
@@ -88,17 +101,24 @@ def test_samplers_translate_and_stop(trained_translator, sampler):
         top_p=keras_hub.samplers.TopPSampler(p=0.5, seed=0),
     )
     _, generator = trained_translator
-    src = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 0], [6, 2, 0, 0, 0, 0]], "int32")
+    src = np.array(
+        [[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 0], [6, 2, 0, 0, 0, 0]], "int32"
+    )
     prompt = np.array([[START]] * 3, "int32")
-    tokens, mask = generator.generate(src, prompt, max_length=TGT_LEN,
-                                      sampler=samplers[sampler], stop_token_ids=(END,))
+    tokens, mask = generator.generate(
+        src,
+        prompt,
+        max_length=TGT_LEN,
+        sampler=samplers[sampler],
+        stop_token_ids=(END,),
+    )
     tokens, mask = np.asarray(tokens), np.asarray(mask)
     assert tokens.shape == mask.shape == (3, TGT_LEN)
     for row, source in zip(tokens, src):
         words = [w for w in source if w != 0]
         expected = [START, *words[::-1], END]
         np.testing.assert_array_equal(row[: len(expected)], expected)
-        assert np.all(row[len(expected):] == 0)
+        assert np.all(row[len(expected) :] == 0)
     np.testing.assert_array_equal(mask, tokens != 0)
 
 
@@ -106,12 +126,19 @@ def test_saved_model_of_the_translator(trained_translator):
     model, _ = trained_translator
     src = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 0]], "int32")
     tgt = np.array([[START, 5, 4, 3, 0], [START, 2, 1, 0, 0]], "int32")
-    check_saved_model(model, [dict(source=src, target=tgt),
-                              dict(source=src[:, :5], target=tgt[:, :3])])
+    check_saved_model(
+        model,
+        [
+            dict(source=src, target=tgt),
+            dict(source=src[:, :5], target=tgt[:, :3]),
+        ],
+    )
 
 
 def test_errors():
     _, generator = build_translator()
     other = TransformerDecoderBlock(2, 8, cross_attention=False)
     with pytest.raises(ValueError, match="cross_attention=True"):
-        Seq2SeqGenerator(generator.encoder, generator.embedding, [other], generator.head)
+        Seq2SeqGenerator(
+            generator.encoder, generator.embedding, [other], generator.head
+        )

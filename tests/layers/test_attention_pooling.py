@@ -1,10 +1,11 @@
 import numpy as np
 import pytest
+from harness import run_layer_test
+from harness import run_mask_test
 from keras import ops
-
-from harness import run_layer_test, run_mask_test
-from keras_attention.layers import AttentionPooling
 from references import masked_softmax
+
+from keras_attention.layers import AttentionPooling
 
 X = np.random.default_rng(3).normal(size=(3, 5, 6)).astype("float32")
 
@@ -38,7 +39,9 @@ def test_numpy_reference_and_padding():
     scores = (np.tanh(X @ wh + bh) @ v)[..., 0]
     ref_w = masked_softmax(scores, mask)
     np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
-    np.testing.assert_allclose(np_(pooled), np.einsum("bt,btd->bd", ref_w, X), atol=1e-5)
+    np.testing.assert_allclose(
+        np_(pooled), np.einsum("bt,btd->bd", ref_w, X), atol=1e-5
+    )
     assert np.all(np_(w)[0, 3:] == 0)
     assert np.all(np_(pooled)[2] == 0) and np.all(np_(w)[2] == 0)
 
@@ -66,7 +69,9 @@ def test_integer_inputs_are_pooled_in_float(units):
         scores = (np.tanh(xf @ wh + bh) @ v)[..., 0]
     ref_w = masked_softmax(scores, np.ones(scores.shape, bool))
     np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
-    np.testing.assert_allclose(np_(pooled), np.einsum("bt,btd->bd", ref_w, xf), atol=1e-4)
+    np.testing.assert_allclose(
+        np_(pooled), np.einsum("bt,btd->bd", ref_w, xf), atol=1e-4
+    )
 
 
 def test_wrongly_sized_mask_names_the_argument():

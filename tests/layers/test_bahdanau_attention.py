@@ -1,12 +1,13 @@
 import keras
 import numpy as np
 import pytest
-from keras import ops
-
 import references
-from harness import run_layer_test, run_mask_test
-from keras_attention.layers import BahdanauAttention
+from harness import run_layer_test
+from harness import run_mask_test
+from keras import ops
 from references import masked_softmax
+
+from keras_attention.layers import BahdanauAttention
 
 RNG = np.random.default_rng(3)
 Q = RNG.normal(size=(2, 4, 8)).astype("float32")
@@ -17,9 +18,6 @@ QUERY_MASK = np.array([[1, 1, 1, 0], [1] * 4], bool)
 
 def np_(x):
     return ops.convert_to_numpy(x)
-
-
-
 
 
 def test_harness_sequence_normalized():
@@ -44,31 +42,48 @@ def test_harness_single_step():
 
 
 def test_masks():
-    run_mask_test(BahdanauAttention, dict(units=4), ("query", "value"),
-                  ("query_mask", "value_mask"))
+    run_mask_test(
+        BahdanauAttention,
+        dict(units=4),
+        ("query", "value"),
+        ("query_mask", "value_mask"),
+    )
 
 
-@pytest.mark.parametrize("normalize,use_bias", [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize(
+    "normalize,use_bias", [(False, True), (True, True), (False, False)]
+)
 def test_reference(normalize, use_bias):
     layer = BahdanauAttention(
         5, normalize=normalize, use_bias=use_bias, bias_initializer="normal"
     )
-    context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
-                             return_attention_scores=True)
+    context, weights = layer(
+        Q,
+        V,
+        query_mask=QUERY_MASK,
+        value_mask=VALUE_MASK,
+        return_attention_scores=True,
+    )
     ref_c, ref_w = references.bahdanau(layer, Q, V, VALUE_MASK, QUERY_MASK)
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
     # Weights sum to 1 over unmasked keys; padded queries get zeros.
     sums = np_(weights).sum(-1)
     np.testing.assert_allclose(sums, QUERY_MASK.astype("float32"), atol=1e-6)
-    assert np.all(np_(weights)[~np.broadcast_to(VALUE_MASK[:, None], (2, 4, 7))] == 0)
+    assert np.all(
+        np_(weights)[~np.broadcast_to(VALUE_MASK[:, None], (2, 4, 7))] == 0
+    )
 
 
 def test_single_step_equals_sequence_row():
     layer = BahdanauAttention(5)
-    seq_c, seq_w = layer(Q, V, value_mask=VALUE_MASK, return_attention_scores=True)
+    seq_c, seq_w = layer(
+        Q, V, value_mask=VALUE_MASK, return_attention_scores=True
+    )
     for t in range(Q.shape[1]):
-        c, w = layer(Q[:, t], V, value_mask=VALUE_MASK, return_attention_scores=True)
+        c, w = layer(
+            Q[:, t], V, value_mask=VALUE_MASK, return_attention_scores=True
+        )
         np.testing.assert_allclose(np_(c), np_(seq_c)[:, t], atol=1e-6)
         np.testing.assert_allclose(np_(w), np_(seq_w)[:, t], atol=1e-6)
 
@@ -77,14 +92,22 @@ def test_separate_key():
     layer = BahdanauAttention(5)
     key = RNG.normal(size=(2, 7, 3)).astype("float32")
     context = layer(Q, V, key=key)
-    wq, wk, v = (np_(w) for w in (layer.query_dense.kernel, layer.key_dense.kernel,
-                                   layer.attention_v))
+    wq, wk, v = (
+        np_(w)
+        for w in (
+            layer.query_dense.kernel,
+            layer.key_dense.kernel,
+            layer.attention_v,
+        )
+    )
     scores = np.tanh((Q @ wq)[:, :, None] + (key @ wk)[:, None]) @ v
     ref = masked_softmax(scores, np.ones(scores.shape, bool)) @ V
     np.testing.assert_allclose(np_(context), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize(
+    "policy", ["float32", "mixed_float16", "mixed_bfloat16"]
+)
 def test_fully_padded_source_is_zero_not_nan(policy):
     layer = BahdanauAttention(5, dtype=policy)
     q, v = ops.convert_to_tensor(Q), ops.convert_to_tensor(V)
@@ -104,7 +127,9 @@ def test_fully_padded_source_is_zero_not_nan(policy):
             total, c, w = loss(q, v)
             return total, (c, w)
 
-        (_, (c, w)), grads = jax.value_and_grad(split, argnums=(0, 1), has_aux=True)(q, v)
+        (_, (c, w)), grads = jax.value_and_grad(
+            split, argnums=(0, 1), has_aux=True
+        )(q, v)
     else:
         import tensorflow as tf
 
@@ -161,8 +186,13 @@ def test_integer_memory_is_computed_in_float():
     layer = BahdanauAttention(4, bias_initializer="normal")
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
-    ref_c, ref_w = references.bahdanau(layer, Q, memory.astype("float32"),
-                                       np.ones((2, 5), bool), np.ones((2, 4), bool))
+    ref_c, ref_w = references.bahdanau(
+        layer,
+        Q,
+        memory.astype("float32"),
+        np.ones((2, 5), bool),
+        np.ones((2, 4), bool),
+    )
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
     assert np.abs(np_(context)).sum() > 0
@@ -170,12 +200,15 @@ def test_integer_memory_is_computed_in_float():
 
 def test_normalize_with_zero_v_is_uniform_and_finite():
     # Defect 8: g * v / ||v|| was 0/0 = NaN for v = 0.
-    layer = BahdanauAttention(4, normalize=True, kernel_initializer="zeros",
-                              bias_initializer="ones")
-    context, weights = layer(Q, V, value_mask=VALUE_MASK,
-                             return_attention_scores=True)
-    ref_w = np.broadcast_to(VALUE_MASK[:, None] / VALUE_MASK.sum(-1)[:, None, None],
-                            (2, 4, 7))
+    layer = BahdanauAttention(
+        4, normalize=True, kernel_initializer="zeros", bias_initializer="ones"
+    )
+    context, weights = layer(
+        Q, V, value_mask=VALUE_MASK, return_attention_scores=True
+    )
+    ref_w = np.broadcast_to(
+        VALUE_MASK[:, None] / VALUE_MASK.sum(-1)[:, None, None], (2, 4, 7)
+    )
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_w @ V, atol=1e-5)
     grads = variable_grads(layer, Q, V, value_mask=VALUE_MASK)
@@ -188,29 +221,37 @@ def test_normalize_with_zero_v_is_uniform_and_finite():
     np.testing.assert_allclose(np_(layer.score_vector()), expected, atol=1e-7)
 
 
-@pytest.mark.parametrize("policy,factor", [("mixed_float16", 1e3),
-                                           ("mixed_bfloat16", 1e4)])
+@pytest.mark.parametrize(
+    "policy,factor", [("mixed_float16", 1e3), ("mixed_bfloat16", 1e4)]
+)
 def test_mixed_precision_large_inputs(policy, factor):
     # The additive score is bounded by ||v||_1: it cannot overflow. In
     # float16 it stays close to float32; in bfloat16 (8-bit mantissa) the
     # rounding of large projections that nearly cancel in `tanh` is too
     # coarse for closeness, so there only finiteness and normalization.
     layer = BahdanauAttention(5, dtype=policy)
-    c, w = layer(Q * factor, V * factor, value_mask=VALUE_MASK,
-                 return_attention_scores=True)
+    c, w = layer(
+        Q * factor,
+        V * factor,
+        value_mask=VALUE_MASK,
+        return_attention_scores=True,
+    )
     c, w = np_(ops.cast(c, "float32")), np_(ops.cast(w, "float32"))
     assert np.all(np.isfinite(c)) and np.all(np.isfinite(w))
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=0.02)
     assert np.all(w[~np.broadcast_to(VALUE_MASK[:, None], w.shape)] == 0)
     if policy == "mixed_float16":
         # float32 reference on the same (rounded) inputs, same weights.
-        q, v = (np_(ops.cast(ops.cast(x * factor, "float16"), "float32"))
-                for x in (Q, V))
+        q, v = (
+            np_(ops.cast(ops.cast(x * factor, "float16"), "float32"))
+            for x in (Q, V)
+        )
         reference = BahdanauAttention(5)
         reference(q, v)
         reference.set_weights(layer.get_weights())
-        ref_c, ref_w = reference(q, v, value_mask=VALUE_MASK,
-                                 return_attention_scores=True)
+        ref_c, ref_w = reference(
+            q, v, value_mask=VALUE_MASK, return_attention_scores=True
+        )
         np.testing.assert_allclose(w, np_(ref_w), atol=0.05)
         np.testing.assert_allclose(c / factor, np_(ref_c) / factor, atol=0.05)
 
@@ -240,7 +281,13 @@ def test_string_flags_are_refused():
 def test_key_value_lengths_checked_at_call_after_symbolic_build():
     # Built on `keras.Input((None, d))`, the build could not compare them.
     layer = BahdanauAttention(4)
-    q, v, k = keras.Input((None, 8)), keras.Input((None, 6)), keras.Input((None, 3))
+    q, v, k = (
+        keras.Input((None, 8)),
+        keras.Input((None, 6)),
+        keras.Input((None, 3)),
+    )
     layer(q, v, key=k)
-    with pytest.raises(ValueError, match=r"key_shape=\(2, 5, 3\), value_shape=\(2, 7, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"key_shape=\(2, 5, 3\), value_shape=\(2, 7, 6\)"
+    ):
         layer(Q, V, key=np.ones((2, 5, 3), "float32"))

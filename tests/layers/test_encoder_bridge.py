@@ -1,9 +1,9 @@
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
 from keras import ops
 
-from harness import run_layer_test
 from keras_attention.layers import EncoderBridge
 
 RNG = np.random.default_rng(6)
@@ -42,11 +42,13 @@ def test_reference_and_bidirectional_states():
     bridge = EncoderBridge(5, cell="lstm", bias_initializer="normal")
     h0, c0 = bridge(HF, HB, CF, CB)
     w, b = (np_(x) for x in bridge.state_dense.weights)
-    np.testing.assert_allclose(np_(h0), np.tanh(np.concatenate([HF, HB], -1) @ w + b),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np_(h0), np.tanh(np.concatenate([HF, HB], -1) @ w + b), atol=1e-6
+    )
     w, b = (np_(x) for x in bridge.carry_dense.weights)
-    np.testing.assert_allclose(np_(c0), np.tanh(np.concatenate([CF, CB], -1) @ w + b),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np_(c0), np.tanh(np.concatenate([CF, CB], -1) @ w + b), atol=1e-6
+    )
     # The states Bidirectional returns: forward's last step, backward's first.
     x = RNG.normal(size=(2, 5, 3)).astype("float32")
     encoder = keras.layers.Bidirectional(

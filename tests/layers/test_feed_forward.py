@@ -2,8 +2,8 @@ import re
 
 import numpy as np
 import pytest
-
 from harness import run_layer_test
+
 from keras_attention.layers import FeedForward
 
 

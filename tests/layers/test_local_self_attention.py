@@ -3,12 +3,14 @@ import re
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
+from harness import run_mask_test
 from keras import ops
-
-from harness import run_layer_test, run_mask_test
-from keras_attention import masks
-from keras_attention.layers import LocalSelfAttention, SelfAttention
 from references import multi_head_attention as np_mha
+
+from keras_attention import masks
+from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import SelfAttention
 
 RNG = np.random.default_rng(0)
 BACKEND = keras.backend.backend()
@@ -62,8 +64,15 @@ def test_harness():
 def test_harness_causal_grouped_query():
     run_layer_test(
         LocalSelfAttention,
-        dict(num_heads=4, key_dim=4, window_size=3, causal=True,
-             num_key_value_heads=2, dropout=0.1, output_shape=6),
+        dict(
+            num_heads=4,
+            key_dim=4,
+            window_size=3,
+            causal=True,
+            num_key_value_heads=2,
+            dropout=0.1,
+            output_shape=6,
+        ),
         dict(inputs=RNG.normal(size=(2, 9, 8)).astype("float32")),
         expected_output_shape=(2, 9, 6),
         expected_num_trainable_weights=8,
@@ -71,11 +80,19 @@ def test_harness_causal_grouped_query():
 
 
 def test_masks_through_harness():
-    run_mask_test(LocalSelfAttention, dict(num_heads=2, key_dim=4, window_size=2),
-                  ("inputs",), ("mask",))
-    run_mask_test(LocalSelfAttention,
-                  dict(num_heads=2, key_dim=4, window_size=2, causal=True),
-                  ("inputs",), ("mask",), causal=True)
+    run_mask_test(
+        LocalSelfAttention,
+        dict(num_heads=2, key_dim=4, window_size=2),
+        ("inputs",),
+        ("mask",),
+    )
+    run_mask_test(
+        LocalSelfAttention,
+        dict(num_heads=2, key_dim=4, window_size=2, causal=True),
+        ("inputs",),
+        ("mask",),
+        causal=True,
+    )
 
 
 # (T, window_size, causal, block_size, padded steps of the last example):
@@ -97,14 +114,23 @@ def test_equals_dense_self_attention_with_sliding_window_mask(
     valid = np.ones((2, t), bool)
     valid[1, t - padded :] = False
     local, dense = _pair(
-        dict(num_heads=2, key_dim=4, window_size=window, causal=causal,
-             block_size=block, num_key_value_heads=1),
+        dict(
+            num_heads=2,
+            key_dim=4,
+            window_size=window,
+            causal=causal,
+            block_size=block,
+            num_key_value_heads=1,
+        ),
         x,
     )
     out, scores = _call(local, x, mask=valid, return_attention_scores=True)
     window_mask = masks.sliding_window_mask(t, window, causal)
     ref_out, ref_scores = _call(
-        dense, x, mask=valid, attention_mask=window_mask,
+        dense,
+        x,
+        mask=valid,
+        attention_mask=window_mask,
         return_attention_scores=True,
     )
     np.testing.assert_allclose(np_(out), np_(ref_out), atol=1e-5)
@@ -118,20 +144,25 @@ def test_equals_dense_self_attention_with_sliding_window_mask(
 
 def test_matches_numpy_reference():
     x = RNG.normal(size=(2, 10, 8)).astype("float32")
-    layer = LocalSelfAttention(2, 4, window_size=(2, 3), block_size=4,
-                               bias_initializer="random_normal")
+    layer = LocalSelfAttention(
+        2, 4, window_size=(2, 3), block_size=4, bias_initializer="random_normal"
+    )
     layer(x[:, :1])
     out, scores = _call(layer, x, return_attention_scores=True)
     window = np.asarray(masks.sliding_window_mask(10, (2, 3)))[:, None]
     ref_out, ref_weights = np_mha(layer, x, x, mask=window)
     np.testing.assert_allclose(np_(out), ref_out, atol=1e-5)
-    np.testing.assert_allclose(np_(layer.scores_to_dense(scores)), ref_weights, atol=1e-6)
+    np.testing.assert_allclose(
+        np_(layer.scores_to_dense(scores)), ref_weights, atol=1e-6
+    )
 
 
 def test_explicit_attention_mask_combines_with_window():
     t = 9
     x = RNG.normal(size=(2, t, 8)).astype("float32")
-    local, dense = _pair(dict(num_heads=2, key_dim=4, window_size=2, block_size=4), x)
+    local, dense = _pair(
+        dict(num_heads=2, key_dim=4, window_size=2, block_size=4), x
+    )
     extra = RNG.random((2, t, t)) > 0.4
     window = masks.sliding_window_mask(t, 2)
     np.testing.assert_allclose(
@@ -155,8 +186,9 @@ def test_rotary_positions_match_dense():
 
 
 def test_cache_decoding_matches_full_pass():
-    layer = LocalSelfAttention(2, 4, window_size=2, causal=True,
-                               num_key_value_heads=1)
+    layer = LocalSelfAttention(
+        2, 4, window_size=2, causal=True, num_key_value_heads=1
+    )
     x = RNG.normal(size=(2, 7, 8)).astype("float32")
     full = np_(layer(x))
     cache = np.zeros((2, 2, 7, 1, 4), "float32")
@@ -185,7 +217,9 @@ def test_weight_gradients_equal_dense():
     x = RNG.normal(size=(2, t, 8)).astype("float32")
     valid = np.ones((2, t), bool)
     valid[1, 4:] = False
-    local, dense = _pair(dict(num_heads=2, key_dim=4, window_size=(3, 2), block_size=4), x)
+    local, dense = _pair(
+        dict(num_heads=2, key_dim=4, window_size=(3, 2), block_size=4), x
+    )
     window = masks.sliding_window_mask(t, (3, 2))
     cot = RNG.normal(size=(2, t, 8)).astype("float32")
 
@@ -199,7 +233,9 @@ def test_weight_gradients_equal_dense():
 
 
 def test_config_keeps_window_and_block():
-    layer = LocalSelfAttention(2, 4, window_size=(5, 1), block_size=8, causal=True)
+    layer = LocalSelfAttention(
+        2, 4, window_size=(5, 1), block_size=8, causal=True
+    )
     config = layer.get_config()
     assert config["window_size"] == (5, 1) and config["block_size"] == 8
     revived = LocalSelfAttention.from_config(config)
@@ -228,7 +264,9 @@ def test_bad_shapes():
         layer(np.ones((2, 8), "float32"))
     layer = LocalSelfAttention(2, 4, window_size=2)
     with pytest.raises(ValueError, match="attention_mask"):
-        layer(np.ones((2, 5, 8), "float32"), attention_mask=np.ones((5, 4), bool))
+        layer(
+            np.ones((2, 5, 8), "float32"), attention_mask=np.ones((5, 4), bool)
+        )
 
 
 @pytest.mark.parametrize("value", ["2", (2, "1"), True])
@@ -263,7 +301,9 @@ def test_keras_mask_is_kept_when_attention_mask_is_given(causal):
     out = layer(masked, attention_mask=extra)
     window = np_(masks.sliding_window_mask(t, 2, causal))[:, None]
     xz = x * valid[..., None]
-    full = valid[:, None, :, None] & valid[:, None, None] & window & extra[:, None]
+    full = (
+        valid[:, None, :, None] & valid[:, None, None] & window & extra[:, None]
+    )
     ref, _ = np_mha(layer, xz, xz, mask=full)
     np.testing.assert_allclose(np_(out)[valid], ref[valid], atol=1e-5)
     from keras.src.backend import get_keras_mask
@@ -286,8 +326,13 @@ def test_gated_attention_matches_dense():
     )
     plain = SelfAttention(num_heads=2, key_dim=4)
     plain(x)
-    plain.set_weights([w for w, v in zip(local.get_weights(), local.weights)
-                       if "gate" not in v.path])
+    plain.set_weights(
+        [
+            w
+            for w, v in zip(local.get_weights(), local.weights)
+            if "gate" not in v.path
+        ]
+    )
     window = masks.sliding_window_mask(11, 2)
     want = np_(_call(dense, x, attention_mask=window))
     np.testing.assert_allclose(np_(_call(local, x)), want, atol=1e-5)

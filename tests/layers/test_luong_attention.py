@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
+import references
+from harness import run_layer_test
+from harness import run_mask_test
 from keras import ops
 
-import references
-from harness import run_layer_test, run_mask_test
 from keras_attention.layers import LuongAttention
 
 RNG = np.random.default_rng(4)
@@ -15,9 +16,6 @@ QUERY_MASK = np.array([[1, 1, 1, 1, 0], [1] * 5], bool)
 
 def np_(x):
     return ops.convert_to_numpy(x)
-
-
-
 
 
 def test_harness_general_global():
@@ -34,8 +32,14 @@ def test_harness_general_global():
 def test_harness_concat_local_p():
     run_layer_test(
         LuongAttention,
-        dict(score_mode="concat", units=4, scale="learned", alignment="local-p",
-             window=2, dropout=0.1),
+        dict(
+            score_mode="concat",
+            units=4,
+            scale="learned",
+            alignment="local-p",
+            window=2,
+            dropout=0.1,
+        ),
         dict(query=Q, value=V),
         call_kwargs=dict(return_attention_scores=True),
         expected_output_shape=((2, 5, 6), (2, 5, 9)),
@@ -58,21 +62,37 @@ def test_harness_dot_local_m_single_step():
 @pytest.mark.parametrize("alignment", ["global", "local-p"])
 def test_masks(alignment):
     window = None if alignment == "global" else 2
-    run_mask_test(LuongAttention, dict(alignment=alignment, window=window),
-                  ("query", "value"), ("query_mask", "value_mask"))
+    run_mask_test(
+        LuongAttention,
+        dict(alignment=alignment, window=window),
+        ("query", "value"),
+        ("query_mask", "value_mask"),
+    )
 
 
-@pytest.mark.parametrize("score_mode,scale", [
-    ("dot", False), ("dot", True), ("general", "learned"), ("concat", True),
-])
+@pytest.mark.parametrize(
+    "score_mode,scale",
+    [
+        ("dot", False),
+        ("dot", True),
+        ("general", "learned"),
+        ("concat", True),
+    ],
+)
 @pytest.mark.parametrize("alignment", ["global", "local-m", "local-p"])
 def test_reference(score_mode, scale, alignment):
     units = 4 if score_mode == "concat" else None
     window = None if alignment == "global" else 2
-    layer = LuongAttention(score_mode, units=units, scale=scale,
-                           alignment=alignment, window=window)
-    context, weights = layer(Q, V, query_mask=QUERY_MASK, value_mask=VALUE_MASK,
-                             return_attention_scores=True)
+    layer = LuongAttention(
+        score_mode, units=units, scale=scale, alignment=alignment, window=window
+    )
+    context, weights = layer(
+        Q,
+        V,
+        query_mask=QUERY_MASK,
+        value_mask=VALUE_MASK,
+        return_attention_scores=True,
+    )
     ref_c, ref_w = references.luong(layer, Q, V, VALUE_MASK, QUERY_MASK)
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-6)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-5)
@@ -80,7 +100,9 @@ def test_reference(score_mode, scale, alignment):
     if alignment == "local-p":
         assert np.all(sums <= 1 + 1e-6)
     else:
-        np.testing.assert_allclose(sums, QUERY_MASK.astype("float32"), atol=1e-6)
+        np.testing.assert_allclose(
+            sums, QUERY_MASK.astype("float32"), atol=1e-6
+        )
 
 
 def test_local_m_window_and_positions():
@@ -97,8 +119,14 @@ def test_local_m_window_and_positions():
     # Per-example positions, and a window past the end of the source.
     positions = np.array([2, 20], "int32")
     c, wt = layer(Q[:, 0], V, positions=positions, return_attention_scores=True)
-    ref_c, ref_w = references.luong(layer, Q[:, :1], V, np.ones((2, 9), bool),
-                                    np.ones((2, 1), bool), positions[:, None])
+    ref_c, ref_w = references.luong(
+        layer,
+        Q[:, :1],
+        V,
+        np.ones((2, 9), bool),
+        np.ones((2, 1), bool),
+        positions[:, None],
+    )
     np.testing.assert_allclose(np_(wt), ref_w[:, 0], atol=1e-6)
     assert np.all(np_(c)[1] == 0)  # nothing to attend to: zero context
 
@@ -107,7 +135,9 @@ def test_local_p_gaussian_and_fully_padded_source():
     layer = LuongAttention("general", alignment="local-p", window=3)
     mask = VALUE_MASK.copy()
     mask[0] = False
-    context, weights = layer(Q, V, value_mask=mask, return_attention_scores=True)
+    context, weights = layer(
+        Q, V, value_mask=mask, return_attention_scores=True
+    )
     c, w = np_(context), np_(weights)
     assert np.all(np.isfinite(c)) and np.all(c[0] == 0) and np.all(w[0] == 0)
     ref_c, ref_w = references.luong(layer, Q, V, mask, np.ones((2, 5), bool))
@@ -140,8 +170,9 @@ def test_errors():
 def make_layer(score_mode, alignment, **kwargs):
     units = 4 if score_mode == "concat" else None
     window = None if alignment == "global" else 2
-    return LuongAttention(score_mode, units=units, alignment=alignment,
-                          window=window, **kwargs)
+    return LuongAttention(
+        score_mode, units=units, alignment=alignment, window=window, **kwargs
+    )
 
 
 @pytest.mark.parametrize("alignment", ["global", "local-m", "local-p"])
@@ -151,8 +182,13 @@ def test_integer_memory_is_computed_in_float(alignment):
     layer = make_layer("general", alignment)
     context, weights = layer(Q, memory, return_attention_scores=True)
     assert context.dtype == "float32"
-    ref_c, ref_w = references.luong(layer, Q, memory.astype("float32"),
-                                    np.ones((2, 9), bool), np.ones((2, 5), bool))
+    ref_c, ref_w = references.luong(
+        layer,
+        Q,
+        memory.astype("float32"),
+        np.ones((2, 9), bool),
+        np.ones((2, 5), bool),
+    )
     np.testing.assert_allclose(np_(weights), ref_w, atol=1e-5)
     np.testing.assert_allclose(np_(context), ref_c, atol=1e-4)
 
@@ -179,7 +215,10 @@ def test_empty_memory_of_unknown_length_in_a_graph(alignment):
     layer(Q, V)  # build
     fn = tf.function(
         lambda q, v: layer(q, v, return_attention_scores=True),
-        input_signature=[tf.TensorSpec((None, None, 6)), tf.TensorSpec((None, None, 6))],
+        input_signature=[
+            tf.TensorSpec((None, None, 6)),
+            tf.TensorSpec((None, None, 6)),
+        ],
     )
     c, w = fn(Q, np.zeros((2, 0, 6), "float32"))
     assert np.all(np_(c) == 0) and np_(w).shape == (2, 5, 0)
@@ -189,19 +228,30 @@ def test_empty_memory_of_unknown_length_in_a_graph(alignment):
     np.testing.assert_allclose(np_(w), np_(ref_w), atol=1e-6)
 
 
-@pytest.mark.parametrize("policy,factor", [("mixed_float16", 1e3),
-                                           ("mixed_bfloat16", 1e4)])
-@pytest.mark.parametrize("score_mode,scale", [
-    ("dot", False), ("dot", True), ("general", "learned"), ("concat", False),
-])
+@pytest.mark.parametrize(
+    "policy,factor", [("mixed_float16", 1e3), ("mixed_bfloat16", 1e4)]
+)
+@pytest.mark.parametrize(
+    "score_mode,scale",
+    [
+        ("dot", False),
+        ("dot", True),
+        ("general", "learned"),
+        ("concat", False),
+    ],
+)
 @pytest.mark.parametrize("alignment", ["global", "local-m"])
-def test_mixed_precision_large_inputs(policy, factor, score_mode, scale, alignment):
+def test_mixed_precision_large_inputs(
+    policy, factor, score_mode, scale, alignment
+):
     # Defect 8: `dot` scores of float16 states overflowed (NaN at x100).
     layer = make_layer(score_mode, alignment, scale=scale, dtype=policy)
     c, w = layer(Q * factor, V * factor, return_attention_scores=True)
     # float32 reference on the same (rounded) inputs, with the same weights.
     compute = "float16" if policy == "mixed_float16" else "bfloat16"
-    q, v = (np_(ops.cast(ops.cast(x * factor, compute), "float32")) for x in (Q, V))
+    q, v = (
+        np_(ops.cast(ops.cast(x * factor, compute), "float32")) for x in (Q, V)
+    )
     reference = make_layer(score_mode, alignment, scale=scale)
     reference(q, v)
     reference.set_weights(layer.get_weights())
@@ -216,9 +266,13 @@ def test_wrongly_sized_masks_name_the_argument():
     # Defect 8: these ended in an opaque SelectV2 broadcasting error.
     for alignment in ("global", "local-m"):
         layer = make_layer("dot", alignment)
-        with pytest.raises(ValueError, match=r"value_mask.*\(2, 9, 6\).*\(2, 8\)"):
+        with pytest.raises(
+            ValueError, match=r"value_mask.*\(2, 9, 6\).*\(2, 8\)"
+        ):
             layer(Q, V, value_mask=np.ones((2, 8), bool))
-        with pytest.raises(ValueError, match=r"query_mask.*\(2, 5, 6\).*\(3, 5\)"):
+        with pytest.raises(
+            ValueError, match=r"query_mask.*\(2, 5, 6\).*\(3, 5\)"
+        ):
             layer(Q, V, query_mask=np.ones((3, 5), bool))
 
 

@@ -33,7 +33,9 @@ def normal(*shape):
 
 def pair(**kwargs):
     """Keras's layer and ours, same arguments (ours not built yet)."""
-    return keras.layers.MultiHeadAttention(**kwargs), MultiHeadAttention(**kwargs)
+    return keras.layers.MultiHeadAttention(**kwargs), MultiHeadAttention(
+        **kwargs
+    )
 
 
 def copy_weights(theirs, ours, *args, **kwargs):
@@ -70,10 +72,26 @@ def no_flash():
     "kwargs, n_weights, n_seeds",
     [
         (dict(num_heads=2, key_dim=2), 8, 0),
-        (dict(num_heads=2, key_dim=2, value_dim=4, use_bias=False, dropout=0.5), 4, 1),
+        (
+            dict(
+                num_heads=2, key_dim=2, value_dim=4, use_bias=False, dropout=0.5
+            ),
+            4,
+            1,
+        ),
         (dict(num_heads=2, key_dim=2, use_gate=True), 10, 0),
-        (dict(num_heads=2, key_dim=2, value_dim=4, use_bias=False, dropout=0.5,
-              use_gate=True), 5, 1),
+        (
+            dict(
+                num_heads=2,
+                key_dim=2,
+                value_dim=4,
+                use_bias=False,
+                dropout=0.5,
+                use_gate=True,
+            ),
+            5,
+            1,
+        ),
     ],
 )
 def test_basics(kwargs, n_weights, n_seeds):
@@ -103,17 +121,22 @@ def test_correctness_float16_identity_weights(flash):
     heads = dim = 8
     query = np.identity(dim)[None].astype("float32")
     key = np.identity(dim)[None].astype("float32")
-    value = (np.arange(dim * dim).reshape(1, dim, dim) / 100.0).astype("float32")
+    value = (np.arange(dim * dim).reshape(1, dim, dim) / 100.0).astype(
+        "float32"
+    )
     kernel = np.repeat(np.identity(dim)[:, None, :], heads, axis=1)
     weights = [kernel, np.zeros((heads, dim))] * 3 + [kernel, np.zeros(dim)]
     theirs = keras.layers.MultiHeadAttention(heads, dim, dtype="float16")
     theirs.build(query.shape, value.shape, key.shape)
     theirs.set_weights(weights)
-    ours = MultiHeadAttention(heads, dim, dtype="float16", flash_attention=flash)
+    ours = MultiHeadAttention(
+        heads, dim, dtype="float16", flash_attention=flash
+    )
     ours.build(query.shape, value.shape, key.shape)
     ours.set_weights(weights)
-    expected, expected_scores = theirs(query, value, key=key,
-                                       return_attention_scores=True)
+    expected, expected_scores = theirs(
+        query, value, key=key, return_attention_scores=True
+    )
     # Independent NumPy reference: softmax(q k^T / sqrt(8)) v, every head alike.
     logits = query[0] @ key[0].T / np.sqrt(dim)
     w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
@@ -132,14 +155,20 @@ def test_correctness_float16_identity_weights(flash):
 
 def test_flash_attention_errors_like_keras():
     with pytest.raises(ValueError, match="Dropout is not supported when flash"):
-        MultiHeadAttention(num_heads=2, key_dim=2, flash_attention=True, dropout=0.1)
+        MultiHeadAttention(
+            num_heads=2, key_dim=2, flash_attention=True, dropout=0.1
+        )
     layer = MultiHeadAttention(num_heads=2, key_dim=2, flash_attention=True)
     assert layer._flash_attention
     q, v = normal(2, 4, 8), normal(2, 4, 8)
     with pytest.raises(ValueError, match="Returning attention scores is not"):
         layer(q, v, return_attention_scores=True)
     with pytest.raises(ValueError, match="Returning attention scores is not"):
-        layer(keras.Input((4, 8)), keras.Input((4, 8)), return_attention_scores=True)
+        layer(
+            keras.Input((4, 8)),
+            keras.Input((4, 8)),
+            return_attention_scores=True,
+        )
 
 
 def test_global_flash_switch_is_read_when_flash_attention_is_none(no_flash):
@@ -148,8 +177,9 @@ def test_global_flash_switch_is_read_when_flash_attention_is_none(no_flash):
     q = normal(2, 5, 8)
     theirs = keras.layers.MultiHeadAttention(2, 4)
     copy_weights(theirs, layer, q, q)
-    assert_same(theirs(q, q, use_causal_mask=True),
-                layer(q, q, use_causal_mask=True))
+    assert_same(
+        theirs(q, q, use_causal_mask=True), layer(q, q, use_causal_mask=True)
+    )
 
 
 # test_high_dim_attention / test_attention_axes_negative_indexing -------------
@@ -168,8 +198,9 @@ HIGH_DIM = [
 @pytest.mark.parametrize("q_dims, v_dims, axes", HIGH_DIM)
 def test_high_dim_attention(q_dims, v_dims, axes, use_gate):
     q, v = normal(3, *q_dims, 8), normal(3, *v_dims, 8)
-    theirs, ours = pair(num_heads=2, key_dim=2, attention_axes=axes,
-                        use_gate=use_gate)
+    theirs, ours = pair(
+        num_heads=2, key_dim=2, attention_axes=axes, use_gate=use_gate
+    )
     expected = theirs(q, v)
     copy_weights(theirs, ours, q, v)
     assert len(ours.trainable_weights) == (10 if use_gate else 8)
@@ -178,10 +209,14 @@ def test_high_dim_attention(q_dims, v_dims, axes, use_gate):
     assert_same(expected, out)
     # Scores in Keras's layout (only a final reshape may exceed rank 5).
     expected, expected_scores = theirs(q, v, return_attention_scores=True)
-    assert_same((expected, expected_scores),
-                ours(q, v, return_attention_scores=True))
-    symbolic = ours(keras.Input(q.shape[1:]), keras.Input(v.shape[1:]),
-                    return_attention_scores=True)
+    assert_same(
+        (expected, expected_scores), ours(q, v, return_attention_scores=True)
+    )
+    symbolic = ours(
+        keras.Input(q.shape[1:]),
+        keras.Input(v.shape[1:]),
+        return_attention_scores=True,
+    )
     assert tuple(symbolic[1].shape)[1:] == tuple(expected_scores.shape)[1:]
 
 
@@ -195,29 +230,36 @@ def test_high_dim_attention_masks_as_keras(mask_lead):
     theirs, ours = pair(num_heads=2, key_dim=2, attention_axes=(2,))
     expected = theirs(q, v, attention_mask=mask, return_attention_scores=True)
     copy_weights(theirs, ours, q, v)
-    assert_same(expected, ours(q, v, attention_mask=mask,
-                               return_attention_scores=True))
+    assert_same(
+        expected, ours(q, v, attention_mask=mask, return_attention_scores=True)
+    )
 
 
 def test_attention_axes_negative_indexing():
     x = normal(2, 3, 8, 4)
     for use_gate in (False, True):
-        pos = MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=2,
-                                 use_gate=use_gate)
-        neg = MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=-2,
-                                 use_gate=use_gate)
+        pos = MultiHeadAttention(
+            num_heads=2, key_dim=4, attention_axes=2, use_gate=use_gate
+        )
+        neg = MultiHeadAttention(
+            num_heads=2, key_dim=4, attention_axes=-2, use_gate=use_gate
+        )
         pos(x, x)
         neg(x, x)
         neg.set_weights(pos.get_weights())
-        assert_same(pos(x, x, return_attention_scores=True),
-                    neg(x, x, return_attention_scores=True))
+        assert_same(
+            pos(x, x, return_attention_scores=True),
+            neg(x, x, return_attention_scores=True),
+        )
 
 
 def test_attention_axes_validation():
     with pytest.raises(ValueError, match="attention_axes"):
         MultiHeadAttention(2, 2, attention_axes=1.5)
     with pytest.raises(ValueError, match="attention_axes"):
-        MultiHeadAttention(2, 2, attention_axes=3)(normal(2, 3, 4, 8), normal(2, 3, 4, 8))
+        MultiHeadAttention(2, 2, attention_axes=3)(
+            normal(2, 3, 4, 8), normal(2, 3, 4, 8)
+        )
 
 
 # test_compute_output_shape / test_shape_mismatch_error ------------------------
@@ -236,17 +278,23 @@ def test_attention_axes_validation():
     ],
 )
 def test_compute_output_shape(query_dims, value_dims, key_dims, output_shape):
-    kwargs = dict(num_heads=2, key_dim=2, value_dim=2, output_shape=output_shape)
+    kwargs = dict(
+        num_heads=2, key_dim=2, value_dim=2, output_shape=output_shape
+    )
     theirs, ours = pair(**kwargs)
     q, v = np.ones((7,) + query_dims), np.ones((7,) + value_dims)
     k = np.ones((7,) + key_dims) if key_dims else None
     out = ours(query=q, value=v, key=k)
     k_shape = k.shape if key_dims else None
-    assert ours.compute_output_shape(q.shape, v.shape, k_shape) == tuple(out.shape)
+    assert ours.compute_output_shape(q.shape, v.shape, k_shape) == tuple(
+        out.shape
+    )
     assert ours.compute_output_shape(
         list(q.shape), list(v.shape), list(k_shape) if key_dims else None
     ) == tuple(out.shape)
-    assert tuple(out.shape) == theirs.compute_output_shape(q.shape, v.shape, k_shape)
+    assert tuple(out.shape) == theirs.compute_output_shape(
+        q.shape, v.shape, k_shape
+    )
     expected = theirs(query=q, value=v, key=k)
     copy_weights(theirs, ours, q, v, key=k)
     assert_same(expected, ours(query=q, value=v, key=k))
@@ -276,7 +324,10 @@ def test_invalid_scalar_args_rejected(bad):
         MultiHeadAttention(num_heads=4, key_dim=bad)
     with pytest.raises(ValueError, match="value_dim"):
         MultiHeadAttention(num_heads=4, key_dim=4, value_dim=bad)
-    assert MultiHeadAttention(num_heads=4, key_dim=4, value_dim=None).value_dim == 4
+    assert (
+        MultiHeadAttention(num_heads=4, key_dim=4, value_dim=None).value_dim
+        == 4
+    )
 
 
 # test_initializer / test_mha_constraints --------------------------------------
@@ -284,25 +335,39 @@ def test_invalid_scalar_args_rejected(bad):
 
 def test_initializer_gives_each_sublayer_its_own_values():
     layer = MultiHeadAttention(
-        num_heads=12, key_dim=64, use_gate=True,
+        num_heads=12,
+        key_dim=64,
+        use_gate=True,
         kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
     )
     layer.build((2, 4, 8), (2, 4, 8))
     q = np_(layer._query_dense.kernel)
     for other in (layer._key_dense, layer._value_dense, layer._gate_dense):
         assert not np.allclose(q, np_(other.kernel))
-    assert not np.allclose(q[..., :8].ravel()[:64],
-                           np_(layer._output_dense.kernel).ravel()[:64])
+    assert not np.allclose(
+        q[..., :8].ravel()[:64], np_(layer._output_dense.kernel).ravel()[:64]
+    )
 
 
 @pytest.mark.parametrize("which", ["kernel", "bias"])
 def test_constraints_reach_every_sublayer(which):
-    layer = MultiHeadAttention(num_heads=2, key_dim=2, use_gate=True,
-                               **{f"{which}_constraint": "non_neg"})
+    layer = MultiHeadAttention(
+        num_heads=2,
+        key_dim=2,
+        use_gate=True,
+        **{f"{which}_constraint": "non_neg"},
+    )
     layer.build((1, 2, 2), (1, 2, 2), (1, 2, 2))
-    for sub in (layer._query_dense, layer._key_dense, layer._value_dense,
-                layer._gate_dense, layer._output_dense):
-        assert isinstance(getattr(sub, which).constraint, keras.constraints.NonNeg)
+    for sub in (
+        layer._query_dense,
+        layer._key_dense,
+        layer._value_dense,
+        layer._gate_dense,
+        layer._output_dense,
+    ):
+        assert isinstance(
+            getattr(sub, which).constraint, keras.constraints.NonNeg
+        )
 
 
 # Masks: propagation, Keras masks, shapes, causal -----------------------------
@@ -342,7 +407,11 @@ def test_keras_masks_equal_explicit_mask_and_keras(use_causal_mask):
     np.testing.assert_allclose(np_(out), np_(manual), atol=1e-6)
     # Rows with nothing to attend to: zero result (then the output bias).
     bias = np_(ours._output_dense.bias)
-    np.testing.assert_allclose(np_(out)[~rows], np.broadcast_to(bias, (int((~rows).sum()), 8)), atol=1e-6)
+    np.testing.assert_allclose(
+        np_(out)[~rows],
+        np.broadcast_to(bias, (int((~rows).sum()), 8)),
+        atol=1e-6,
+    )
 
 
 def test_masking_with_different_shapes():
@@ -350,10 +419,15 @@ def test_masking_with_different_shapes():
     base = np.tril(np.ones((5, 5), "float32"))
     theirs, ours = pair(num_heads=2, key_dim=4)
     copy_weights(theirs, ours, x, x)
-    for mask in (base, np.tile(base[None], (2, 1, 1)),
-                 np.tile(base[None, None], (2, 2, 1, 1))):
-        assert_same(theirs(query=x, value=x, attention_mask=mask),
-                    ours(query=x, value=x, attention_mask=mask))
+    for mask in (
+        base,
+        np.tile(base[None], (2, 1, 1)),
+        np.tile(base[None, None], (2, 2, 1, 1)),
+    ):
+        assert_same(
+            theirs(query=x, value=x, attention_mask=mask),
+            ours(query=x, value=x, attention_mask=mask),
+        )
 
 
 def test_key_mask_and_value_mask_are_read():
@@ -362,8 +436,10 @@ def test_key_mask_and_value_mask_are_read():
     theirs, ours = pair(num_heads=2, key_dim=4)
     expected = theirs(q, v, key=k, key_mask=key_mask, value_mask=key_mask[::-1])
     copy_weights(theirs, ours, q, v, key=k)
-    assert_same(expected, ours(q, v, key=k, key_mask=key_mask,
-                               value_mask=key_mask[::-1]))
+    assert_same(
+        expected,
+        ours(q, v, key=k, key_mask=key_mask, value_mask=key_mask[::-1]),
+    )
 
 
 def test_no_warning_with_keras_mask():
@@ -399,22 +475,36 @@ def test_causal_combined_with_other_mask():
     assert_same(out, theirs(x, x, attention_mask=extra, use_causal_mask=True))
 
 
-@pytest.mark.parametrize("dropout, scores", [(0.0, True), (0.1, False), (0.1, True)])
+@pytest.mark.parametrize(
+    "dropout, scores", [(0.0, True), (0.1, False), (0.1, True)]
+)
 def test_causal_mask_when_fused_path_disabled(dropout, scores):
     t = 6
     future = np.triu(np.ones((t, t)), k=1).astype(bool)
     x = normal(1, t, 8)
     layer = MultiHeadAttention(num_heads=2, key_dim=4, dropout=dropout)
     if scores:
-        _, w = layer(x, x, use_causal_mask=True, return_attention_scores=True,
-                     training=False)
+        _, w = layer(
+            x,
+            x,
+            use_causal_mask=True,
+            return_attention_scores=True,
+            training=False,
+        )
         assert np_(w)[..., future].sum() < 1e-6
-        _, w = layer(x, x, use_causal_mask=True, return_attention_scores=True,
-                     training=True)
+        _, w = layer(
+            x,
+            x,
+            use_causal_mask=True,
+            return_attention_scores=True,
+            training=True,
+        )
         assert np_(w)[..., future].sum() < 1e-6
     else:
-        assert_same(layer(x, x, use_causal_mask=True, training=False),
-                    layer(x, x, attention_mask=~future[None], training=False))
+        assert_same(
+            layer(x, x, use_causal_mask=True, training=False),
+            layer(x, x, attention_mask=~future[None], training=False),
+        )
 
 
 def test_causal_mask_with_attention_axes():
@@ -425,8 +515,10 @@ def test_causal_mask_with_attention_axes():
     copy_weights(theirs, ours, x, x)
     out, scores = ours(x, x, use_causal_mask=True, return_attention_scores=True)
     assert np_(scores)[..., future].sum() < 1e-6
-    assert_same((out, scores),
-                theirs(x, x, use_causal_mask=True, return_attention_scores=True))
+    assert_same(
+        (out, scores),
+        theirs(x, x, use_causal_mask=True, return_attention_scores=True),
+    )
 
 
 # sliding_window ---------------------------------------------------------------
@@ -438,10 +530,14 @@ def test_sliding_window_pattern():
     _, w = layer(x, x, use_causal_mask=True, return_attention_scores=True)
     i, j = np.indices((6, 6))
     inside = (j <= i) & (i - j < 3)
-    assert np.all(np_(w)[0, 0][inside] > 0) and np.all(np_(w)[0, 0][~inside] == 0)
+    assert np.all(np_(w)[0, 0][inside] > 0) and np.all(
+        np_(w)[0, 0][~inside] == 0
+    )
     _, w = layer(x, x, return_attention_scores=True)
     inside = np.abs(i - j) < 3
-    assert np.all(np_(w)[0, 0][inside] > 0) and np.all(np_(w)[0, 0][~inside] == 0)
+    assert np.all(np_(w)[0, 0][inside] > 0) and np.all(
+        np_(w)[0, 0][~inside] == 0
+    )
 
 
 @pytest.mark.parametrize("window", [1, 2, 4])
@@ -452,7 +548,9 @@ def test_sliding_window_matches_keras(window, causal, flash):
     mask = np.ones((2, 7), bool)
     mask[0, -2:] = False
     theirs = keras.layers.MultiHeadAttention(2, 4, sliding_window=window)
-    ours = MultiHeadAttention(2, 4, sliding_window=window, flash_attention=flash)
+    ours = MultiHeadAttention(
+        2, 4, sliding_window=window, flash_attention=flash
+    )
     copy_weights(theirs, ours, x, x)
     expected = theirs(x, x, value_mask=mask, use_causal_mask=causal)
     out = ours(x, x, value_mask=mask, use_causal_mask=causal)  # banded path
@@ -463,8 +561,10 @@ def test_sliding_window_matches_keras(window, causal, flash):
     np.testing.assert_allclose(np_(out)[rows], np_(expected)[rows], atol=1e-5)
     assert np.all(np_(out)[~rows] == 0)
     cross = normal(2, 9, 8)
-    assert_same(theirs(x, cross, use_causal_mask=causal),
-                ours(x, cross, use_causal_mask=causal))  # window as a mask
+    assert_same(
+        theirs(x, cross, use_causal_mask=causal),
+        ours(x, cross, use_causal_mask=causal),
+    )  # window as a mask
 
 
 def test_sliding_window_validation_and_serialization():
@@ -505,18 +605,21 @@ def test_lora(tmp_path):
     path = os.path.join(tmp_path, "lora_model.keras")
     model.save(path)
     reloaded = keras.saving.load_model(path)
-    np.testing.assert_allclose(model.predict(x, verbose=0),
-                               reloaded.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), reloaded.predict(x, verbose=0), atol=1e-6
+    )
     path = os.path.join(tmp_path, "lora_model.weights.h5")
     model.save_weights(path)
     plain = model_of(MultiHeadAttention(**kwargs))
     plain.load_weights(path)
-    np.testing.assert_allclose(model.predict(x, verbose=0),
-                               plain.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6
+    )
     plain.save_weights(path)
     model.load_weights(path)
-    np.testing.assert_allclose(model.predict(x, verbose=0),
-                               plain.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6
+    )
 
 
 def test_dtype_policy_map_quantizes_sublayers():
@@ -524,8 +627,9 @@ def test_dtype_policy_map_quantizes_sublayers():
     policy_map = keras.dtype_policies.DTypePolicyMap()
     for name in ("query", "key", "value"):
         policy_map[f"mha/{name}"] = policy
-    layer = MultiHeadAttention(num_heads=3, key_dim=8, use_bias=False,
-                               dtype=policy_map, name="mha")
+    layer = MultiHeadAttention(
+        num_heads=3, key_dim=8, use_bias=False, dtype=policy_map, name="mha"
+    )
     layer.build((1, 2, 2), (1, 2, 2), (1, 2, 2))
     for dense in (layer._query_dense, layer._key_dense, layer._value_dense):
         assert keras.backend.standardize_dtype(dense._kernel.dtype) == "int8"
@@ -536,15 +640,20 @@ def test_quantize_int8(use_gate):
     query = np.array([[[1.0, 0.0], [0.0, 1.0]]])
     key = np.array([[[0.0, 1.0], [1.0, 0.0]]])
     value = np.array([[[1.0, 2.0], [3.0, 4.0]]])
-    layer = MultiHeadAttention(num_heads=3, key_dim=8, use_bias=False,
-                               use_gate=use_gate)
+    layer = MultiHeadAttention(
+        num_heads=3, key_dim=8, use_bias=False, use_gate=use_gate
+    )
     layer.build(query.shape, value.shape, key.shape)
     before = np_(layer(query, key, value))
     for sub in layer._flatten_layers():
         if isinstance(sub, keras.layers.EinsumDense):
             sub.quantize("int8")
-    subs = [layer._query_dense, layer._key_dense, layer._value_dense,
-            layer._output_dense] + ([layer._gate_dense] if use_gate else [])
+    subs = [
+        layer._query_dense,
+        layer._key_dense,
+        layer._value_dense,
+        layer._output_dense,
+    ] + ([layer._gate_dense] if use_gate else [])
     for sub in subs:
         assert keras.backend.standardize_dtype(sub._kernel.dtype) == "int8"
     after = np_(layer(query, key, value))
@@ -557,8 +666,11 @@ def test_quantize_int8(use_gate):
 @pytest.mark.parametrize("shape", [(1, 2, 3), (2, 3, 5)])
 def test_symbolic_return_attention_scores(shape):
     layer = MultiHeadAttention(num_heads=4, key_dim=2)
-    symbolic = layer(keras.Input(batch_shape=shape), keras.Input(batch_shape=shape),
-                     return_attention_scores=True)
+    symbolic = layer(
+        keras.Input(batch_shape=shape),
+        keras.Input(batch_shape=shape),
+        return_attention_scores=True,
+    )
     assert len(symbolic) == 2
     eager = layer(normal(*shape), normal(*shape), return_attention_scores=True)
     assert len(eager) == 2
@@ -585,16 +697,30 @@ def test_positional_arguments_mean_what_they_mean_in_keras():
     args = (8, 64, None, 0.1, False, (3, 2), (1,), 4)
     theirs = keras.layers.MultiHeadAttention(*args)
     ours = MultiHeadAttention(*args)
-    for name in ("dropout", "use_bias", "output_shape", "attention_axes",
-                 "sliding_window"):
+    for name in (
+        "dropout",
+        "use_bias",
+        "output_shape",
+        "attention_axes",
+        "sliding_window",
+    ):
         assert ours.get_config()[name] == theirs.get_config()[name], name
 
 
 def test_keras_config_loads_with_from_config():
     theirs = keras.layers.MultiHeadAttention(
-        4, 2, value_dim=3, dropout=0.1, use_bias=False, output_shape=(5, 2),
-        attention_axes=(1,), sliding_window=3, use_gate=True, seed=3,
-        kernel_initializer="he_normal", name="mha",
+        4,
+        2,
+        value_dim=3,
+        dropout=0.1,
+        use_bias=False,
+        output_shape=(5, 2),
+        attention_axes=(1,),
+        sliding_window=3,
+        use_gate=True,
+        seed=3,
+        kernel_initializer="he_normal",
+        name="mha",
     )
     config = keras.saving.serialize_keras_object(theirs)["config"]
     ours = MultiHeadAttention.from_config(config)
@@ -616,15 +742,18 @@ def _swap_keras_mha(layer):
     return layer.__class__.from_config(layer.get_config())
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(use_gate=True, sliding_window=2,
-                                                 output_shape=(3, 2))])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(use_gate=True, sliding_window=2, output_shape=(3, 2))],
+)
 def test_keras_model_with_keras_mha_swaps_to_our_class(tmp_path, kwargs):
     # Keras 3.15 resolves its built-in classes before `custom_objects`
     # (their `registered_name` is None), so a saved model's Keras layer is
     # swapped by cloning: our class reads Keras's config and weights.
     inputs = keras.Input((6, 8))
     outputs = keras.layers.MultiHeadAttention(2, 4, **kwargs)(
-        inputs, inputs, use_causal_mask=True)
+        inputs, inputs, use_causal_mask=True
+    )
     model = keras.Model(inputs, outputs)
     path = os.path.join(tmp_path, "keras_mha.keras")
     model.save(path)
@@ -649,5 +778,7 @@ def test_activity_regularizer_losses_match_keras():
     ours(x, x)
     theirs(x, x)
     np.testing.assert_allclose(
-        sum(np_(l) for l in ours.losses), sum(np_(l) for l in theirs.losses),
-        rtol=1e-5)
+        sum(np_(l) for l in ours.losses),
+        sum(np_(l) for l in theirs.losses),
+        rtol=1e-5,
+    )

@@ -1,12 +1,12 @@
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
+from harness import run_mask_test
 from keras import ops
-
-from harness import run_layer_test, run_mask_test
-from keras_attention import masks
-from keras_attention.layers import MultiHeadAttention
 from references import multi_head_attention as np_mha
+
+from keras_attention.layers import MultiHeadAttention
 
 RNG = np.random.default_rng(0)
 Q = RNG.normal(size=(2, 5, 8)).astype("float32")
@@ -31,8 +31,14 @@ def test_harness():
 def test_harness_grouped_query_with_key_and_causal():
     run_layer_test(
         MultiHeadAttention,
-        dict(num_heads=4, key_dim=4, value_dim=3, num_key_value_heads=2,
-             output_shape=5, dropout=0.1),
+        dict(
+            num_heads=4,
+            key_dim=4,
+            value_dim=3,
+            num_key_value_heads=2,
+            output_shape=5,
+            dropout=0.1,
+        ),
         dict(query=Q, value=Q, key=Q),
         call_kwargs=dict(use_causal_mask=True),
         expected_output_shape=(2, 5, 5),
@@ -54,11 +60,20 @@ def test_harness_keras_options_gate_and_sliding_window():
 
 
 def test_masks_through_harness():
-    run_mask_test(MultiHeadAttention, dict(num_heads=2, key_dim=4),
-                  ("query", "value"), ("query_mask", "value_mask"))
-    run_mask_test(MultiHeadAttention, dict(num_heads=2, key_dim=4),
-                  ("query", "value"), ("query_mask", "value_mask"),
-                  call_kwargs=dict(use_causal_mask=True), causal=True)
+    run_mask_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4),
+        ("query", "value"),
+        ("query_mask", "value_mask"),
+    )
+    run_mask_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4),
+        ("query", "value"),
+        ("query_mask", "value_mask"),
+        call_kwargs=dict(use_causal_mask=True),
+        causal=True,
+    )
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2, 1])
@@ -74,7 +89,9 @@ def test_matches_numpy_reference(kv_heads):
 
 
 def test_drop_in_for_keras_multi_head_attention():
-    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3)
+    theirs = keras.layers.MultiHeadAttention(
+        num_heads=2, key_dim=4, value_dim=3
+    )
     ours = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3)
     mask = np.ones((2, 5, 7), bool)
     mask[:, :, -2:] = False
@@ -100,8 +117,13 @@ def test_fully_masked_rows_give_zero_result_not_nan():
     mask = np.ones((2, 5, 7), bool)
     mask[0, 2] = False
     for training in (False, True):
-        out, w = layer(Q, V, attention_mask=mask, return_attention_scores=True,
-                       training=training)
+        out, w = layer(
+            Q,
+            V,
+            attention_mask=mask,
+            return_attention_scores=True,
+            training=training,
+        )
         assert np.all(np.isfinite(np_(out)))
         assert np.all(np_(out)[0, 2] == 0) and np.all(np_(w)[0, :, 2] == 0)
         out = layer(Q, V, attention_mask=mask, training=training)
@@ -123,8 +145,11 @@ def test_explicit_mask_shapes_are_equivalent():
     base = RNG.random((5, 7)) > 0.3
     results = [
         np_(layer(Q, V, attention_mask=m))
-        for m in (base, np.broadcast_to(base, (2, 5, 7)),
-                  np.broadcast_to(base, (2, 2, 5, 7)))
+        for m in (
+            base,
+            np.broadcast_to(base, (2, 5, 7)),
+            np.broadcast_to(base, (2, 2, 5, 7)),
+        )
     ]
     for r in results[1:]:
         np.testing.assert_allclose(r, results[0], atol=1e-6)
@@ -132,10 +157,14 @@ def test_explicit_mask_shapes_are_equivalent():
     explicit = np.broadcast_to(keras_mask[:, None, :], (2, 5, 7))
     np.testing.assert_allclose(
         np_(layer(Q, V, value_mask=keras_mask)),
-        np_(layer(Q, V, attention_mask=explicit)), atol=1e-6)
+        np_(layer(Q, V, attention_mask=explicit)),
+        atol=1e-6,
+    )
 
 
-@pytest.mark.parametrize("shape", [(5, 6), (2, 5), (3, 5, 7), (2, 3, 5, 7), (7,)])
+@pytest.mark.parametrize(
+    "shape", [(5, 6), (2, 5), (3, 5, 7), (2, 3, 5, 7), (7,)]
+)
 def test_bad_mask_shape_raises(shape):
     layer = MultiHeadAttention(2, 4)
     with pytest.raises(ValueError, match="attention_mask"):
@@ -144,8 +173,9 @@ def test_bad_mask_shape_raises(shape):
 
 def test_symbolic_scores_shape_when_tq_differs_from_tv():
     layer = MultiHeadAttention(2, 4)
-    out, scores = layer(keras.Input((5, 8)), keras.Input((7, 6)),
-                        return_attention_scores=True)
+    out, scores = layer(
+        keras.Input((5, 8)), keras.Input((7, 6)), return_attention_scores=True
+    )
     assert tuple(scores.shape) == (None, 2, 5, 7)
     assert tuple(out.shape) == (None, 5, 8)
 
@@ -165,7 +195,9 @@ def test_keras_mask_survives_reuse_by_several_layers():
     out_a, out_b = model(tokens)
     for layer, out in ((first, out_a), (second, out_b)):
         expected = layer(emb, emb, query_mask=valid, value_mask=valid)
-        np.testing.assert_allclose(np_(out)[valid], np_(expected)[valid], atol=1e-5)
+        np.testing.assert_allclose(
+            np_(out)[valid], np_(expected)[valid], atol=1e-5
+        )
         unmasked = layer(emb, emb)
         assert not np.allclose(np_(unmasked)[0, :2], np_(out)[0, :2], atol=1e-4)
 
@@ -178,14 +210,16 @@ def test_cache_matches_full_causal_pass():
     steps = []
     for t in range(6):
         xt = x[:, t : t + 1]
-        out, cache = layer(xt, xt, cache=cache, cache_update_index=t,
-                           use_causal_mask=True)
+        out, cache = layer(
+            xt, xt, cache=cache, cache_update_index=t, use_causal_mask=True
+        )
         steps.append(np_(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
     # Precomputed memory (cross-attention) equals recomputing it.
     memory = layer.compute_cache(V[:, :, :8] if V.shape[-1] == 8 else x)
     np.testing.assert_allclose(
-        np_(layer(Q, x, cache=memory)[0]), np_(layer(Q, x)), atol=1e-5)
+        np_(layer(Q, x, cache=memory)[0]), np_(layer(Q, x)), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(
@@ -195,20 +229,38 @@ def test_cache_matches_full_causal_pass():
         (dict(num_heads=2.0, key_dim=4), "num_heads"),
         (dict(num_heads=2, key_dim=-1), "key_dim"),
         (dict(num_heads=2, key_dim=4, value_dim=0), "value_dim"),
-        (dict(num_heads=4, key_dim=4, num_key_value_heads=3), "num_key_value_heads"),
-        (dict(num_heads=4, key_dim=4, num_key_value_heads=0), "num_key_value_heads"),
+        (
+            dict(num_heads=4, key_dim=4, num_key_value_heads=3),
+            "num_key_value_heads",
+        ),
+        (
+            dict(num_heads=4, key_dim=4, num_key_value_heads=0),
+            "num_key_value_heads",
+        ),
         (dict(num_heads=2, key_dim=4, dropout=-0.1), "dropout"),
         (dict(num_heads=2, key_dim=4, dropout=1.0), "dropout"),
         (dict(num_heads=2, key_dim=4, output_shape=(3, 0)), "output_shape"),
         (dict(num_heads=2, key_dim=4, output_shape=8.0), "output_shape"),
         (dict(num_heads=2, key_dim=4, use_bias="False"), "use_bias"),
         (dict(num_heads=2, key_dim=4, use_gate="False"), "use_gate"),
-        (dict(num_heads=2, key_dim=4, flash_attention="True"), "flash_attention"),
+        (
+            dict(num_heads=2, key_dim=4, flash_attention="True"),
+            "flash_attention",
+        ),
         (dict(num_heads=2, key_dim=4, sliding_window=0), "sliding_window"),
         (dict(num_heads=2, key_dim=4, attention_axes="1"), "attention_axes"),
-        (dict(num_heads=2, key_dim=4, rotary_max_wavelength=0), "rotary_max_wavelength"),
-        (dict(num_heads=2, key_dim=4, rotary_max_wavelength=-1.0), "rotary_max_wavelength"),
-        (dict(num_heads=2, key_dim=4, rotary_max_wavelength="1e4"), "rotary_max_wavelength"),
+        (
+            dict(num_heads=2, key_dim=4, rotary_max_wavelength=0),
+            "rotary_max_wavelength",
+        ),
+        (
+            dict(num_heads=2, key_dim=4, rotary_max_wavelength=-1.0),
+            "rotary_max_wavelength",
+        ),
+        (
+            dict(num_heads=2, key_dim=4, rotary_max_wavelength="1e4"),
+            "rotary_max_wavelength",
+        ),
         (dict(num_heads=2, key_dim=5, rotary_max_wavelength=10000), "key_dim"),
     ],
 )
@@ -240,15 +292,37 @@ def test_fourth_positional_argument_is_dropout_as_in_keras():
     layer = MultiHeadAttention(8, 64, None, 0.1)
     assert layer.dropout == 0.1 and layer.num_key_value_heads is None
     with pytest.raises(TypeError):
-        MultiHeadAttention(8, 64, None, 0.1, True, None, None, None, None,
-                           "glorot_uniform", "zeros", None, None, None, None,
-                           None, False, None, 2)
+        MultiHeadAttention(
+            8,
+            64,
+            None,
+            0.1,
+            True,
+            None,
+            None,
+            None,
+            None,
+            "glorot_uniform",
+            "zeros",
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            None,
+            2,
+        )
 
 
 @pytest.mark.parametrize(
     "name, shape",
-    [("query_mask", (2, 4)), ("value_mask", (2, 5)), ("key_mask", (1, 7)),
-     ("value_mask", (2, 7, 1))],
+    [
+        ("query_mask", (2, 4)),
+        ("value_mask", (2, 5)),
+        ("key_mask", (1, 7)),
+        ("value_mask", (2, 7, 1)),
+    ],
 )
 def test_wrongly_sized_padding_masks_raise_value_error(name, shape):
     layer = MultiHeadAttention(2, 4)
@@ -258,7 +332,11 @@ def test_wrongly_sized_padding_masks_raise_value_error(name, shape):
 
 def test_key_value_length_checked_at_call_time_after_symbolic_build():
     layer = MultiHeadAttention(2, 4)
-    layer(keras.Input((None, 8)), keras.Input((None, 6)), key=keras.Input((None, 6)))
+    layer(
+        keras.Input((None, 8)),
+        keras.Input((None, 6)),
+        key=keras.Input((None, 6)),
+    )
     with pytest.raises(ValueError, match="must be equal.*key_shape"):
         layer(Q, V, key=np.ones((2, 6, 6), "float32"))
 
@@ -272,9 +350,11 @@ def test_compute_output_shape_matches_outputs():
 
 @pytest.mark.parametrize(
     "kwargs, shape",
-    [(dict(sliding_window=2), (None, 8)),
-     (dict(attention_axes=2, use_gate=True), (None, 4, 8)),
-     (dict(attention_axes=(1, 2), output_shape=(3, 2)), (None, 4, 8))],
+    [
+        (dict(sliding_window=2), (None, 8)),
+        (dict(attention_axes=2, use_gate=True), (None, 4, 8)),
+        (dict(attention_axes=(1, 2), output_shape=(3, 2)), (None, 4, 8)),
+    ],
 )
 def test_new_options_in_a_functional_model_with_unknown_lengths(kwargs, shape):
     layer = MultiHeadAttention(2, 4, **kwargs)
@@ -283,4 +363,6 @@ def test_new_options_in_a_functional_model_with_unknown_lengths(kwargs, shape):
     data = RNG.normal(size=(2, 5) + shape[1:]).astype("float32")
     np.testing.assert_allclose(
         model.predict(data, verbose=0),
-        np_(layer(data, data, use_causal_mask=True)), atol=1e-5)
+        np_(layer(data, data, use_causal_mask=True)),
+        atol=1e-5,
+    )

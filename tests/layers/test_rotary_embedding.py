@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
-
 from harness import run_layer_test
-from keras_attention.layers import MultiHeadAttention, RotaryEmbedding
+
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import RotaryEmbedding
 
 
 def rope_reference(x, positions, max_wavelength=10000):
@@ -71,8 +72,10 @@ def test_harness_mha_rotary():
     run_layer_test(
         MultiHeadAttention,
         dict(num_heads=2, key_dim=4, rotary_max_wavelength=100),
-        dict(query=rng.normal(size=(2, 5, 8)).astype("float32"),
-             value=rng.normal(size=(2, 5, 8)).astype("float32")),
+        dict(
+            query=rng.normal(size=(2, 5, 8)).astype("float32"),
+            value=rng.normal(size=(2, 5, 8)).astype("float32"),
+        ),
         call_kwargs=dict(return_attention_scores=True),
         expected_output_shape=((2, 5, 8), (2, 2, 5, 5)),
         expected_num_trainable_weights=8,
@@ -82,7 +85,9 @@ def test_harness_mha_rotary():
 def test_mha_rotary_reference():
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 5, 8)).astype("float32")
-    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_max_wavelength=100)
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, rotary_max_wavelength=100
+    )
     out, scores = layer(x, x, return_attention_scores=True)
     wq, bq, wk, bk = [np.asarray(w) for w in layer.get_weights()[:4]]
     pos = np.arange(5, dtype="float64")
@@ -106,8 +111,11 @@ def test_mha_rotary_cache_matches_full_pass():
     steps = []
     for t in range(6):
         y, cache = layer(
-            x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True,
-            cache=cache, cache_update_index=t,
+            x[:, t : t + 1],
+            x[:, t : t + 1],
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=t,
         )
         steps.append(np.asarray(y))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)

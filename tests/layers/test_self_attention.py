@@ -1,12 +1,15 @@
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
+from harness import run_mask_test
 from keras import ops
-
-from harness import run_layer_test, run_mask_test
-from keras_attention import masks
-from keras_attention.layers import CausalSelfAttention, MultiHeadAttention, SelfAttention
 from references import multi_head_attention as np_mha
+
+from keras_attention import masks
+from keras_attention.layers import CausalSelfAttention
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import SelfAttention
 
 X = np.random.default_rng(1).normal(size=(2, 6, 8)).astype("float32")
 
@@ -37,9 +40,16 @@ def test_harness_causal_self_attention():
 
 
 def test_masks():
-    run_mask_test(SelfAttention, dict(num_heads=2, key_dim=4), ("inputs",), ("mask",))
-    run_mask_test(CausalSelfAttention, dict(num_heads=2, key_dim=4), ("inputs",),
-                  ("mask",), causal=True)
+    run_mask_test(
+        SelfAttention, dict(num_heads=2, key_dim=4), ("inputs",), ("mask",)
+    )
+    run_mask_test(
+        CausalSelfAttention,
+        dict(num_heads=2, key_dim=4),
+        ("inputs",),
+        ("mask",),
+        causal=True,
+    )
 
 
 def test_weights_are_interchangeable_with_multi_head_attention():
@@ -58,14 +68,16 @@ def test_numpy_reference_with_prefix_lm_mask():
     ref, ref_w = np_mha(layer, X, X, mask=np_(prefix)[:, None])
     np.testing.assert_allclose(np_(out), ref, atol=1e-5)
     np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
-    assert np_(w)[1, :, 0, 3] .min() > 0  # bidirectional in the prefix
+    assert np_(w)[1, :, 0, 3].min() > 0  # bidirectional in the prefix
     assert np.all(np_(w)[1, :, 4, 5] == 0)  # causal after it
 
 
 def test_causal_config_round_trip():
     layer = CausalSelfAttention(2, 4)
     assert layer.causal and layer.get_config()["causal"]
-    assert not SelfAttention.from_config(SelfAttention(2, 4).get_config()).causal
+    assert not SelfAttention.from_config(
+        SelfAttention(2, 4).get_config()
+    ).causal
 
 
 def test_bad_input_rank():
@@ -97,7 +109,9 @@ def test_keras_mask_is_kept_when_attention_mask_is_given(cls):
     ref, _ = np_mha(layer, x, x, mask=mask)
     np.testing.assert_allclose(np_(out)[VALID], ref[VALID], atol=1e-5)
     # The output still carries the input's Keras mask.
-    np.testing.assert_array_equal(np_(keras.src.backend.get_keras_mask(out)), VALID)
+    np.testing.assert_array_equal(
+        np_(keras.src.backend.get_keras_mask(out)), VALID
+    )
 
 
 def test_keras_mask_is_kept_in_a_functional_model_with_attention_mask():
@@ -112,13 +126,19 @@ def test_keras_mask_is_kept_in_a_functional_model_with_attention_mask():
     valid = ids != 0
     window = np_(masks.sliding_window_mask(6, 1))[:, None]
     e = np_(embedding(ids))
-    ref, _ = np_mha(layer, e, e, mask=valid[:, None, :, None] & valid[:, None, None]
-                    & window)
+    ref, _ = np_mha(
+        layer,
+        e,
+        e,
+        mask=valid[:, None, :, None] & valid[:, None, None] & window,
+    )
     np.testing.assert_allclose(np_(model(ids))[valid], ref[valid], atol=1e-5)
 
 
 def test_padding_mask_shape_is_checked():
-    with pytest.raises(ValueError, match=r"`mask`.*\(2, 6\).*mask.shape=\(2, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"`mask`.*\(2, 6\).*mask.shape=\(2, 5\)"
+    ):
         SelfAttention(2, 4)(X, mask=np.ones((2, 5), bool))
     with pytest.raises(ValueError, match=r"`mask`.*mask.shape=\(2, 6, 1\)"):
         CausalSelfAttention(2, 4)(X, mask=np.ones((2, 6, 1), bool))

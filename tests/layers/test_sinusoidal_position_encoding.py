@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-
 from harness import run_layer_test
+
 from keras_attention.layers import SinusoidalPositionEncoding
 
 
@@ -27,7 +27,9 @@ def test_harness_sinusoidal():
 
 
 def test_known_values():
-    pe = np.asarray(SinusoidalPositionEncoding()(np.zeros((1, 3, 4), "float32")))
+    pe = np.asarray(
+        SinusoidalPositionEncoding()(np.zeros((1, 3, 4), "float32"))
+    )
     # Position 0: sin(0) = 0 on even features, cos(0) = 1 on odd ones.
     np.testing.assert_allclose(pe[0, 0], [0, 1, 0, 1], atol=1e-7)
     # Position 1, features 0/1: sin(1), cos(1); features 2/3: 1 / 10000^(2/4).
@@ -38,7 +40,9 @@ def test_known_values():
 
 def test_matches_reference_with_start_index_and_odd_dim():
     x = np.zeros((2, 4, 7), "float32")
-    pe = np.asarray(SinusoidalPositionEncoding(max_wavelength=500)(x, start_index=30))
+    pe = np.asarray(
+        SinusoidalPositionEncoding(max_wavelength=500)(x, start_index=30)
+    )
     np.testing.assert_allclose(
         pe[1], sinusoid_reference(np.arange(30, 34), 7, 500), atol=1e-5
     )

@@ -3,8 +3,8 @@ import re
 import keras
 import numpy as np
 import pytest
-
 from harness import run_layer_test
+
 from keras_attention.layers import TokenAndPositionEmbedding
 
 
@@ -12,7 +12,12 @@ def test_harness_token_and_position_embedding():
     ids = np.random.default_rng(0).integers(0, 20, size=(2, 5)).astype("int32")
     run_layer_test(
         TokenAndPositionEmbedding,
-        dict(vocabulary_size=20, sequence_length=8, embedding_dim=6, mask_zero=True),
+        dict(
+            vocabulary_size=20,
+            sequence_length=8,
+            embedding_dim=6,
+            mask_zero=True,
+        ),
         dict(inputs=ids),
         expected_output_shape=(2, 5, 6),
         expected_num_trainable_weights=2,
@@ -25,7 +30,9 @@ def test_sum_of_tables_and_mask():
     out = np.asarray(layer(ids, start_index=2))
     tokens = np.asarray(layer.token_embedding.embeddings)
     positions = np.asarray(layer.position_embedding.position_embeddings)
-    np.testing.assert_allclose(out, tokens[ids] + positions[2:5][None], atol=1e-6)
+    np.testing.assert_allclose(
+        out, tokens[ids] + positions[2:5][None], atol=1e-6
+    )
     np.testing.assert_array_equal(np.asarray(layer.compute_mask(ids)), ids != 0)
     assert TokenAndPositionEmbedding(20, 10, 4).compute_mask(ids) is None
 
@@ -39,9 +46,18 @@ def test_mask_reaches_the_next_layer():
 @pytest.mark.parametrize(
     "kwargs, name",
     [
-        (dict(vocabulary_size=0, sequence_length=4, embedding_dim=2), "vocabulary_size=0"),
-        (dict(vocabulary_size=5, sequence_length=-1, embedding_dim=2), "sequence_length=-1"),
-        (dict(vocabulary_size=5, sequence_length=4, embedding_dim=1.5), "embedding_dim=1.5"),
+        (
+            dict(vocabulary_size=0, sequence_length=4, embedding_dim=2),
+            "vocabulary_size=0",
+        ),
+        (
+            dict(vocabulary_size=5, sequence_length=-1, embedding_dim=2),
+            "sequence_length=-1",
+        ),
+        (
+            dict(vocabulary_size=5, sequence_length=4, embedding_dim=1.5),
+            "embedding_dim=1.5",
+        ),
     ],
 )
 def test_constructor_errors(kwargs, name):

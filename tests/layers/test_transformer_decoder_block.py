@@ -2,9 +2,10 @@ import re
 
 import numpy as np
 import pytest
-
 import references
-from harness import run_layer_test, run_mask_test
+from harness import run_layer_test
+from harness import run_mask_test
+
 from keras_attention.layers import TransformerDecoderBlock
 
 
@@ -43,8 +44,10 @@ def test_harness_encoder_decoder_with_scores():
     run_layer_test(
         TransformerDecoderBlock,
         dict(num_heads=2, intermediate_dim=16, dropout=0.1),
-        dict(inputs=rng.normal(size=(2, 5, 8)).astype("float32"),
-             context=rng.normal(size=(2, 6, 4)).astype("float32")),
+        dict(
+            inputs=rng.normal(size=(2, 5, 8)).astype("float32"),
+            context=rng.normal(size=(2, 6, 4)).astype("float32"),
+        ),
         call_kwargs=dict(return_attention_scores=True),
         expected_output_shape=((2, 5, 8), (2, 2, 5, 5), (2, 2, 5, 6)),
         expected_num_trainable_weights=26,
@@ -55,8 +58,14 @@ def test_harness_decoder_only_pre_norm_rotary():
     x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
     run_layer_test(
         TransformerDecoderBlock,
-        dict(num_heads=4, intermediate_dim=16, num_key_value_heads=1,
-             cross_attention=False, norm_first=True, rotary_max_wavelength=100),
+        dict(
+            num_heads=4,
+            intermediate_dim=16,
+            num_key_value_heads=1,
+            cross_attention=False,
+            norm_first=True,
+            rotary_max_wavelength=100,
+        ),
         dict(inputs=x),
         call_kwargs=dict(return_attention_scores=True),
         expected_output_shape=((2, 5, 8), (2, 4, 5, 5)),
@@ -65,14 +74,22 @@ def test_harness_decoder_only_pre_norm_rotary():
 
 
 def test_masks_decoder_only_causal():
-    run_mask_test(TransformerDecoderBlock,
-                  dict(num_heads=2, intermediate_dim=16, cross_attention=False),
-                  ("inputs",), ("padding_mask",), causal=True)
+    run_mask_test(
+        TransformerDecoderBlock,
+        dict(num_heads=2, intermediate_dim=16, cross_attention=False),
+        ("inputs",),
+        ("padding_mask",),
+        causal=True,
+    )
 
 
 def test_masks_encoder_decoder():
-    run_mask_test(TransformerDecoderBlock, dict(num_heads=2, intermediate_dim=16),
-                  ("inputs", "context"), ("padding_mask", "context_padding_mask"))
+    run_mask_test(
+        TransformerDecoderBlock,
+        dict(num_heads=2, intermediate_dim=16),
+        ("inputs", "context"),
+        ("padding_mask", "context_padding_mask"),
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -84,13 +101,26 @@ def test_matches_numpy_reference(norm_first):
     valid[0, 3:] = False
     context_valid = np.ones((2, 4), bool)
     context_valid[1, 2:] = False
-    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16,
-                                    norm_first=norm_first)
-    out = block(x, context, padding_mask=valid, context_padding_mask=context_valid,
-                return_attention_scores=True)
-    expected = decoder_reference(block, x.astype("float64"),
-                                 context.astype("float64"), valid, context_valid)
-    np.testing.assert_allclose(np.asarray(out[0])[valid], expected[valid], atol=1e-4)
+    block = TransformerDecoderBlock(
+        num_heads=2, intermediate_dim=16, norm_first=norm_first
+    )
+    out = block(
+        x,
+        context,
+        padding_mask=valid,
+        context_padding_mask=context_valid,
+        return_attention_scores=True,
+    )
+    expected = decoder_reference(
+        block,
+        x.astype("float64"),
+        context.astype("float64"),
+        valid,
+        context_valid,
+    )
+    np.testing.assert_allclose(
+        np.asarray(out[0])[valid], expected[valid], atol=1e-4
+    )
     cross = np.asarray(out[2])
     assert np.all(cross[1][..., 2:] == 0)  # padded context gets no weight
 
@@ -101,9 +131,13 @@ def test_cache_matches_full_pass_decoder_only_with_padding():
     valid = np.ones((3, 6), bool)
     valid[0, :2] = False  # left padding
     valid[1, 4:] = False  # right padding
-    block = TransformerDecoderBlock(num_heads=4, intermediate_dim=16,
-                                    num_key_value_heads=2, cross_attention=False,
-                                    rotary_max_wavelength=100)
+    block = TransformerDecoderBlock(
+        num_heads=4,
+        intermediate_dim=16,
+        num_key_value_heads=2,
+        cross_attention=False,
+        rotary_max_wavelength=100,
+    )
     full = np.asarray(block(x, padding_mask=valid))
     cached = decode_step_by_step(block, x, valid)
     np.testing.assert_allclose(cached[valid], full[valid], atol=1e-5)
@@ -117,12 +151,22 @@ def test_cache_matches_full_pass_encoder_decoder_with_padding():
     valid[1, :1] = False
     context_valid = np.ones((2, 7), bool)
     context_valid[0, 5:] = False
-    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16, norm_first=True)
-    full = np.asarray(block(x, context, padding_mask=valid,
-                            context_padding_mask=context_valid))
+    block = TransformerDecoderBlock(
+        num_heads=2, intermediate_dim=16, norm_first=True
+    )
+    full = np.asarray(
+        block(
+            x, context, padding_mask=valid, context_padding_mask=context_valid
+        )
+    )
     cross_cache = block.compute_cross_attention_cache(context)
-    cached = decode_step_by_step(block, x, valid, cross_attention_cache=cross_cache,
-                                 context_padding_mask=context_valid)
+    cached = decode_step_by_step(
+        block,
+        x,
+        valid,
+        cross_attention_cache=cross_cache,
+        context_padding_mask=context_valid,
+    )
     np.testing.assert_allclose(cached[valid], full[valid], atol=1e-5)
 
 
@@ -134,13 +178,23 @@ def test_cached_step_returns_scores_and_cache():
     block(np.concatenate([x, x], axis=1), context)
     cache = np.zeros((2, 2, 4, 2, 4), "float32")
     out, w_self, w_cross, new_cache = block(
-        x, cross_attention_cache=block.compute_cross_attention_cache(context),
-        self_attention_cache=cache, self_attention_cache_update_index=2,
-        return_attention_scores=True)
-    assert tuple(w_self.shape) == (2, 2, 1, 4) and tuple(w_cross.shape) == (2, 2, 1, 3)
+        x,
+        cross_attention_cache=block.compute_cross_attention_cache(context),
+        self_attention_cache=cache,
+        self_attention_cache_update_index=2,
+        return_attention_scores=True,
+    )
+    assert tuple(w_self.shape) == (2, 2, 1, 4) and tuple(w_cross.shape) == (
+        2,
+        2,
+        1,
+        3,
+    )
     assert np.all(np.asarray(w_self)[..., 3] == 0)  # causal: no later slot
     new_cache = np.asarray(new_cache)
-    assert np.any(new_cache[:, :, 2] != 0) and np.all(new_cache[:, :, [0, 1, 3]] == 0)
+    assert np.any(new_cache[:, :, 2] != 0) and np.all(
+        new_cache[:, :, [0, 1, 3]] == 0
+    )
 
 
 def test_no_leak_from_future_decoder_tokens():
@@ -167,22 +221,29 @@ def test_errors():
     with pytest.raises(ValueError, match="context=None"):
         built(x)
     with pytest.raises(ValueError, match="cross_attention=False"):
-        TransformerDecoderBlock(num_heads=2, intermediate_dim=4,
-                                cross_attention=False)(x, x)
-    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=4,
-                                    cross_attention=False)
-    with pytest.raises(ValueError, match="self_attention_cache_update_index=None"):
+        TransformerDecoderBlock(
+            num_heads=2, intermediate_dim=4, cross_attention=False
+        )(x, x)
+    block = TransformerDecoderBlock(
+        num_heads=2, intermediate_dim=4, cross_attention=False
+    )
+    with pytest.raises(
+        ValueError, match="self_attention_cache_update_index=None"
+    ):
         block(x, self_attention_cache=np.zeros((1, 2, 3, 2, 4), "float32"))
     with pytest.raises(ValueError, match="context_shape"):
         TransformerDecoderBlock(num_heads=2, intermediate_dim=4)(
-            x, np.zeros((1, 3), "float32"))
+            x, np.zeros((1, 3), "float32")
+        )
 
 
 def test_functional_encoder_decoder_without_scores():
     import keras
 
     inputs, context = keras.Input((None, 8)), keras.Input((None, 6))
-    out = TransformerDecoderBlock(num_heads=2, intermediate_dim=8)(inputs, context)
+    out = TransformerDecoderBlock(num_heads=2, intermediate_dim=8)(
+        inputs, context
+    )
     assert tuple(out.shape) == (None, None, 8)
     model = keras.Model([inputs, context], out)
     y = model([np.ones((2, 3, 8), "float32"), np.ones((2, 4, 6), "float32")])
@@ -193,17 +254,29 @@ def test_functional_encoder_decoder_without_scores():
 @pytest.mark.parametrize("value", ["False", 1])
 def test_bool_flags_refuse_non_bools(name, value):
     with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
-        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, **{name: value})
+        TransformerDecoderBlock(
+            num_heads=2, intermediate_dim=4, **{name: value}
+        )
 
 
 @pytest.mark.parametrize("value", [0, -1])
 def test_rotary_max_wavelength_checked_at_construction(value):
-    with pytest.raises(ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")):
-        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, cross_attention=False,
-                                rotary_max_wavelength=value)
+    with pytest.raises(
+        ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")
+    ):
+        TransformerDecoderBlock(
+            num_heads=2,
+            intermediate_dim=4,
+            cross_attention=False,
+            rotary_max_wavelength=value,
+        )
     with pytest.raises(ValueError, match="key_dim=3"):
-        TransformerDecoderBlock(num_heads=2, intermediate_dim=4, key_dim=3,
-                                rotary_max_wavelength=100)
+        TransformerDecoderBlock(
+            num_heads=2,
+            intermediate_dim=4,
+            key_dim=3,
+            rotary_max_wavelength=100,
+        )
 
 
 def test_keras_masks_kept_with_context_and_mask_keywords():
@@ -221,18 +294,28 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
     x, context = embedding(ids), embedding(context_ids)
     plain_x = keras.ops.convert_to_tensor(np.asarray(x))
     plain_context = keras.ops.convert_to_tensor(np.asarray(context))
-    expected = block(plain_x, plain_context, padding_mask=ids != 0,
-                     context_padding_mask=context_ids != 0,
-                     attention_mask=attention_mask)
+    expected = block(
+        plain_x,
+        plain_context,
+        padding_mask=ids != 0,
+        context_padding_mask=context_ids != 0,
+        attention_mask=attention_mask,
+    )
     unpadded = block(plain_x, plain_context, attention_mask=attention_mask)
-    assert np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max() > 1e-3
+    assert (
+        np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max()
+        > 1e-3
+    )
 
     ids_in = keras.Input((5,), dtype="int32")
     context_in = keras.Input((6,), dtype="int32")
     functional = keras.Model(
         [ids_in, context_in],
-        block(embedding(ids_in), context=embedding(context_in),
-              attention_mask=attention_mask),
+        block(
+            embedding(ids_in),
+            context=embedding(context_in),
+            attention_mask=attention_mask,
+        ),
     )
     outputs = [
         block(x, context=context, attention_mask=attention_mask),
@@ -240,8 +323,9 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
         functional([ids, context_ids]),
     ]
     for got in outputs:
-        np.testing.assert_allclose(np.asarray(got) * valid,
-                                   np.asarray(expected) * valid, atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(got) * valid, np.asarray(expected) * valid, atol=1e-5
+        )
 
 
 def test_cross_attention_cache_needs_a_built_block_with_cross_attention():

@@ -3,9 +3,10 @@ import re
 import keras
 import numpy as np
 import pytest
-
 import references
-from harness import run_layer_test, run_mask_test
+from harness import run_layer_test
+from harness import run_mask_test
+
 from keras_attention import masks
 from keras_attention.layers import TransformerEncoderBlock
 
@@ -30,9 +31,15 @@ def test_harness_pre_norm_causal_rotary_gqa():
     x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
     run_layer_test(
         TransformerEncoderBlock,
-        dict(num_heads=4, intermediate_dim=16, num_key_value_heads=2,
-             norm_first=True, causal=True, rotary_max_wavelength=100,
-             activation="gelu"),
+        dict(
+            num_heads=4,
+            intermediate_dim=16,
+            num_key_value_heads=2,
+            norm_first=True,
+            causal=True,
+            rotary_max_wavelength=100,
+            activation="gelu",
+        ),
         dict(inputs=x),
         expected_output_shape=(2, 5, 8),
         expected_num_trainable_weights=16,
@@ -40,14 +47,22 @@ def test_harness_pre_norm_causal_rotary_gqa():
 
 
 def test_masks():
-    run_mask_test(TransformerEncoderBlock, dict(num_heads=2, intermediate_dim=16),
-                  ("inputs",), ("padding_mask",))
+    run_mask_test(
+        TransformerEncoderBlock,
+        dict(num_heads=2, intermediate_dim=16),
+        ("inputs",),
+        ("padding_mask",),
+    )
 
 
 def test_masks_causal():
-    run_mask_test(TransformerEncoderBlock,
-                  dict(num_heads=2, intermediate_dim=16, causal=True, norm_first=True),
-                  ("inputs",), ("padding_mask",), causal=True)
+    run_mask_test(
+        TransformerEncoderBlock,
+        dict(num_heads=2, intermediate_dim=16, causal=True, norm_first=True),
+        ("inputs",),
+        ("padding_mask",),
+        causal=True,
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -56,10 +71,13 @@ def test_matches_numpy_reference(norm_first):
     x = rng.normal(size=(2, 6, 8)).astype("float32")
     valid = np.ones((2, 6), bool)
     valid[1, 4:] = False
-    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16,
-                                    norm_first=norm_first)
+    block = TransformerEncoderBlock(
+        num_heads=2, intermediate_dim=16, norm_first=norm_first
+    )
     out = np.asarray(block(x, padding_mask=valid))
-    expected = references.encoder_block(block, x.astype("float64"), padding_4d(valid))
+    expected = references.encoder_block(
+        block, x.astype("float64"), padding_4d(valid)
+    )
     np.testing.assert_allclose(out[valid], expected[valid], atol=1e-4)
 
 
@@ -86,19 +104,24 @@ def test_prefix_lm_mask_bidirectional_in_prefix_causal_after():
     future = x.copy()
     future[:, 5:] += 1.0
     future_out = np.asarray(block(future, attention_mask=mask))
-    np.testing.assert_allclose(future_out[:, :5], np.asarray(out)[:, :5], atol=1e-6)
+    np.testing.assert_allclose(
+        future_out[:, :5], np.asarray(out)[:, :5], atol=1e-6
+    )
 
 
 def test_causal_leaks_nothing_from_the_future():
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 6, 8)).astype("float32")
-    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16, causal=True,
-                                    rotary_max_wavelength=100)
+    block = TransformerEncoderBlock(
+        num_heads=2, intermediate_dim=16, causal=True, rotary_max_wavelength=100
+    )
     base = np.asarray(block(x))
     for t in range(1, 6):
         changed = x.copy()
         changed[:, t:] = rng.normal(size=changed[:, t:].shape)
-        np.testing.assert_array_equal(np.asarray(block(changed))[:, :t], base[:, :t])
+        np.testing.assert_array_equal(
+            np.asarray(block(changed))[:, :t], base[:, :t]
+        )
 
 
 @pytest.mark.tf_only
@@ -120,11 +143,15 @@ def test_scores_are_tensors_inside_tf_function():
         (dict(num_heads=0, intermediate_dim=4), "num_heads=0"),
         (dict(num_heads=2, intermediate_dim=-4), "intermediate_dim=-4"),
         (dict(num_heads=2, intermediate_dim=4, key_dim=0), "key_dim=0"),
-        (dict(num_heads=4, intermediate_dim=4, num_key_value_heads=3),
-         "num_key_value_heads=3"),
+        (
+            dict(num_heads=4, intermediate_dim=4, num_key_value_heads=3),
+            "num_key_value_heads=3",
+        ),
         (dict(num_heads=2, intermediate_dim=4, dropout=1.5), "dropout=1.5"),
-        (dict(num_heads=2, intermediate_dim=4, layer_norm_epsilon=0),
-         "layer_norm_epsilon=0"),
+        (
+            dict(num_heads=2, intermediate_dim=4, layer_norm_epsilon=0),
+            "layer_norm_epsilon=0",
+        ),
     ],
 )
 def test_constructor_errors(kwargs, message):
@@ -135,13 +162,16 @@ def test_constructor_errors(kwargs, message):
 def test_build_errors():
     with pytest.raises(ValueError, match="features=7"):
         TransformerEncoderBlock(num_heads=2, intermediate_dim=4)(
-            np.zeros((1, 3, 7), "float32"))
+            np.zeros((1, 3, 7), "float32")
+        )
     with pytest.raises(ValueError, match="inputs_shape"):
         TransformerEncoderBlock(num_heads=2, intermediate_dim=4)(
-            np.zeros((3, 8), "float32"))
+            np.zeros((3, 8), "float32")
+        )
     # An explicit key_dim lifts the divisibility requirement.
     out = TransformerEncoderBlock(num_heads=2, intermediate_dim=4, key_dim=3)(
-        np.zeros((1, 3, 7), "float32"))
+        np.zeros((1, 3, 7), "float32")
+    )
     assert tuple(out.shape) == (1, 3, 7)
 
 
@@ -158,23 +188,35 @@ def test_keras_mask_flows_through_a_stack():
 def test_bool_flags_refuse_non_bools(name, value):
     # "False" from a command line or YAML file used to be taken as True.
     with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
-        TransformerEncoderBlock(num_heads=2, intermediate_dim=4, **{name: value})
+        TransformerEncoderBlock(
+            num_heads=2, intermediate_dim=4, **{name: value}
+        )
 
 
 @pytest.mark.parametrize("value", [0, -1, "10000"])
 def test_rotary_max_wavelength_checked_at_construction(value):
     # Used to pass until build, then name `max_wavelength` (not the argument).
-    with pytest.raises(ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")):
-        TransformerEncoderBlock(num_heads=2, intermediate_dim=4,
-                                rotary_max_wavelength=value)
+    with pytest.raises(
+        ValueError, match=re.escape(f"rotary_max_wavelength={value!r}")
+    ):
+        TransformerEncoderBlock(
+            num_heads=2, intermediate_dim=4, rotary_max_wavelength=value
+        )
 
 
 def test_rotary_needs_an_even_head_size():
-    with pytest.raises(ValueError, match=r"key_dim=5.*rotary_max_wavelength=100"):
-        TransformerEncoderBlock(num_heads=2, intermediate_dim=4, key_dim=5,
-                                rotary_max_wavelength=100)
-    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=4,
-                                    rotary_max_wavelength=100)
+    with pytest.raises(
+        ValueError, match=r"key_dim=5.*rotary_max_wavelength=100"
+    ):
+        TransformerEncoderBlock(
+            num_heads=2,
+            intermediate_dim=4,
+            key_dim=5,
+            rotary_max_wavelength=100,
+        )
+    block = TransformerEncoderBlock(
+        num_heads=2, intermediate_dim=4, rotary_max_wavelength=100
+    )
     with pytest.raises(ValueError, match=r"= 5.*rotary_max_wavelength=100"):
         block(np.zeros((1, 3, 10), "float32"))  # head size 10 // 2 = 5
 
@@ -192,23 +234,35 @@ def test_keras_mask_kept_when_attention_mask_is_passed(norm_first):
     valid = (ids != 0)[..., None]
     attention_mask = np.ones((5, 5), bool)
     attention_mask[:, 1] = False
-    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=8,
-                                    norm_first=norm_first)
+    block = TransformerEncoderBlock(
+        num_heads=2, intermediate_dim=8, norm_first=norm_first
+    )
     x = embedding(ids)
     plain = keras.ops.convert_to_tensor(np.asarray(x))  # no Keras mask
-    expected = block(plain, padding_mask=ids != 0, attention_mask=attention_mask)
+    expected = block(
+        plain, padding_mask=ids != 0, attention_mask=attention_mask
+    )
     unpadded = block(plain, attention_mask=attention_mask)
-    assert np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max() > 1e-3
+    assert (
+        np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max()
+        > 1e-3
+    )
 
     eager = block(x, attention_mask=attention_mask)
     inp = keras.Input((5,), dtype="int32")
-    model = keras.Model(inp, block(embedding(inp), attention_mask=attention_mask))
+    model = keras.Model(
+        inp, block(embedding(inp), attention_mask=attention_mask)
+    )
     outputs = [eager, model(ids)]
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        outputs.append(tf.function(
-            lambda t: block(embedding(t), attention_mask=attention_mask))(ids))
+        outputs.append(
+            tf.function(
+                lambda t: block(embedding(t), attention_mask=attention_mask)
+            )(ids)
+        )
     for got in outputs:
-        np.testing.assert_allclose(np.asarray(got) * valid,
-                                   np.asarray(expected) * valid, atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(got) * valid, np.asarray(expected) * valid, atol=1e-5
+        )

@@ -7,8 +7,8 @@ gradient."""
 import textwrap
 
 import pytest
-
 from peak_growth import peak_growth_mib
+
 B, TQ, TV, UNITS = 4, 128, 1024, 1024
 
 _SCRIPT = textwrap.dedent(

@@ -5,7 +5,6 @@ length is T * T * 4 bytes = 4 GiB per head and example."""
 import textwrap
 
 import pytest
-
 from peak_growth import peak_growth_mib
 
 _SCRIPT = textwrap.dedent(

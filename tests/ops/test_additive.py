@@ -4,7 +4,9 @@ import pytest
 from keras import ops
 
 from keras_attention.ops.additive import additive_scores
-from keras_attention.ops.windows import gather_windows, scatter_windows, window_indices
+from keras_attention.ops.windows import gather_windows
+from keras_attention.ops.windows import scatter_windows
+from keras_attention.ops.windows import window_indices
 
 RNG = np.random.default_rng(7)
 Q = RNG.normal(size=(2, 7, 5)).astype("float32")
@@ -32,7 +34,9 @@ def value_and_grads(fn, q, k, v, g):
             s = fn(q, k, v)
             return (s * g).sum(), s
 
-        (_, s), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+        (_, s), grads = jax.value_and_grad(
+            loss, argnums=(0, 1, 2), has_aux=True
+        )(q, k, v)
         return [s, *grads]
     import tensorflow as tf
 
@@ -59,12 +63,18 @@ def test_chunked_scores_and_gradients_match_reference(max_chunk_elements):
 def test_dynamic_shapes_in_tf_function(jit_compile):
     import tensorflow as tf
 
-    spec = [tf.TensorSpec((None, None, 5)), tf.TensorSpec((None, None, 5)),
-            tf.TensorSpec((5,)), tf.TensorSpec((None, None, None))]
+    spec = [
+        tf.TensorSpec((None, None, 5)),
+        tf.TensorSpec((None, None, 5)),
+        tf.TensorSpec((5,)),
+        tf.TensorSpec((None, None, None)),
+    ]
 
     @tf.function(input_signature=spec, jit_compile=jit_compile)
     def run(q, k, v, g):
-        return value_and_grads(lambda q, k, v: additive_scores(q, k, v, 60), q, k, v, g)
+        return value_and_grads(
+            lambda q, k, v: additive_scores(q, k, v, 60), q, k, v, g
+        )
 
     for cut in (7, 4):
         got = run(Q[:, :cut], K, V, G[:, :cut])
@@ -81,7 +91,9 @@ def test_window_gather_and_scatter():
     gathered = np_(gather_windows(x, clipped))
     for b in range(2):
         for i in range(3):
-            np.testing.assert_allclose(gathered[b, i], x[b, np.clip(positions[b, i], 0, 5)])
+            np.testing.assert_allclose(
+                gathered[b, i], x[b, np.clip(positions[b, i], 0, 5)]
+            )
     w = RNG.uniform(size=(2, 3, 3)).astype("float32") * in_range
     dense = np_(scatter_windows(w, start, 6))
     expected = np.zeros((2, 3, 6), "float32")

@@ -3,9 +3,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from keras import ops
-
-from keras_attention.ops import dot_product_attention, mask_fill_value, masked_softmax
 from references import masked_softmax as np_masked_softmax
+
+from keras_attention.ops import dot_product_attention
+from keras_attention.ops import mask_fill_value
+from keras_attention.ops import masked_softmax
 
 
 def np_(x):

@@ -5,15 +5,15 @@ grouped-query attention, structural and dense masks, fully masked rows."""
 import keras
 import numpy as np
 import pytest
-from keras import ops
-
 from harness import run_layer_test
+from keras import ops
+from references import masked_softmax as np_masked_softmax
+
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.blockwise import _Plan
 from keras_attention.ops.blockwise import blockwise_attention
-from references import masked_softmax as np_masked_softmax
 
 PATHS = ["dense", "blockwise", "fused"]
 RNG = np.random.default_rng(0)
@@ -49,7 +49,9 @@ def structural_masks(b, tq, tk, offset, causal):
     query_padding[1, -3:] = False
     dense = key_padding[:, None, None, :] & query_padding[:, None, :, None]
     if causal:
-        dense = dense & (np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset)
+        dense = dense & (
+            np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
+        )
     kwargs = dict(
         is_causal=causal,
         causal_offset=offset,
@@ -69,7 +71,9 @@ def grads(fn, args):
             y = fn(*a).astype("float32")
             return jnp.sum(jnp.sin(y) * y)
 
-        return np_(fn(*args)), [np_(x) for x in jax.grad(loss, (0, 1, 2))(*args)]
+        return np_(fn(*args)), [
+            np_(x) for x in jax.grad(loss, (0, 1, 2))(*args)
+        ]
     import tensorflow as tf
 
     args = [tf.constant(a) for a in args]
@@ -111,13 +115,17 @@ def test_dense_mask_and_grouped_query(path, heads):
     mask = RNG.random((2, h, 13, 17)) > 0.5
     mask[0, 0, 3] = False  # a fully masked row
     out, grad = grads(
-        lambda a, b, c: dot_product_attention(a, b, c, mask=mask, implementation=path),
+        lambda a, b, c: dot_product_attention(
+            a, b, c, mask=mask, implementation=path
+        ),
         (q, k, v),
     )
     np.testing.assert_allclose(out, np_attention(q, k, v, mask), atol=1e-5)
     np.testing.assert_array_equal(out[0, 3, 0], 0.0)
     _, ref = grads(
-        lambda a, b, c: dot_product_attention(a, b, c, mask=mask, implementation="dense"),
+        lambda a, b, c: dot_product_attention(
+            a, b, c, mask=mask, implementation="dense"
+        ),
         (q, k, v),
     )
     for got, want in zip(grad, ref):
@@ -173,7 +181,9 @@ def test_blockwise_tiles_and_online_softmax(blocks, offset_kind):
     np.testing.assert_allclose(out, np_attention(q, k, v, dense), atol=1e-5)
     kwargs["causal_offset"] = 4
     _, ref = grads(
-        lambda a, b, c: dot_product_attention(a, b, c, implementation="dense", **kwargs),
+        lambda a, b, c: dot_product_attention(
+            a, b, c, implementation="dense", **kwargs
+        ),
         (q, k, v),
     )
     for got, want in zip(g, ref):
@@ -199,7 +209,9 @@ def test_automatic_choice_and_errors():
     with pytest.raises(ValueError, match="implementation='sparse'"):
         dot_product_attention(q, k, v, implementation="sparse")
     with pytest.raises(ValueError, match="return_weights=True"):
-        dot_product_attention(q, k, v, return_weights=True, implementation="blockwise")
+        dot_product_attention(
+            q, k, v, return_weights=True, implementation="blockwise"
+        )
     with pytest.raises(ValueError, match="implementation='flash'"):
         with implementation_scope("flash"):
             pass
@@ -219,12 +231,16 @@ def test_blockwise_under_jit_compile():
     def step(a, b, c):
         with tf.GradientTape() as tape:
             tape.watch([a, b, c])
-            y = dot_product_attention(a, b, c, implementation="blockwise", **kwargs)
+            y = dot_product_attention(
+                a, b, c, implementation="blockwise", **kwargs
+            )
             loss = tf.reduce_sum(y * y)
         return y, tape.gradient(loss, [a, b, c])
 
     y, g = step(q, k, v)
-    np.testing.assert_allclose(y.numpy(), np_attention(q, k, v, dense), atol=1e-5)
+    np.testing.assert_allclose(
+        y.numpy(), np_attention(q, k, v, dense), atol=1e-5
+    )
     assert all(np.all(np.isfinite(x.numpy())) for x in g)
 
 
@@ -237,9 +253,13 @@ def test_layer_paths_agree_with_keras_masks_and_causal():
     for path in PATHS:
         with implementation_scope(path):
             results[path] = np_(
-                layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=True)
+                layer(
+                    x, x, query_mask=mask, value_mask=mask, use_causal_mask=True
+                )
             )
-    np.testing.assert_allclose(results["blockwise"], results["dense"], atol=1e-5)
+    np.testing.assert_allclose(
+        results["blockwise"], results["dense"], atol=1e-5
+    )
     np.testing.assert_allclose(results["fused"], results["dense"], atol=1e-5)
 
 

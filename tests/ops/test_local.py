@@ -5,13 +5,13 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from references import masked_softmax as np_masked_softmax
 
 from keras_attention.masks import sliding_window_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
 from keras_attention.ops.local import local_attention
-from references import masked_softmax as np_masked_softmax
 
 BACKEND = keras.backend.backend()
 
@@ -84,8 +84,15 @@ def test_matches_reference_and_dense(t, window, causal, block, groups):
 
     def run(q, k, v, valid, mask):
         out, banded = local_attention(
-            q, k, v, window, causal, query_mask=valid, key_mask=valid,
-            block_size=block, return_weights=True,
+            q,
+            k,
+            v,
+            window,
+            causal,
+            query_mask=valid,
+            key_mask=valid,
+            block_size=block,
+            return_weights=True,
         )
         dense_out = dot_product_attention(q, k, v, mask=mask)
         return out, banded, banded_to_dense(banded, window, causal), dense_out
@@ -104,7 +111,13 @@ def test_fully_padded_rows_are_zero():
 
     def run(q, k, v, valid):
         out, banded = local_attention(
-            q, k, v, 3, query_mask=valid, key_mask=valid, block_size=4,
+            q,
+            k,
+            v,
+            3,
+            query_mask=valid,
+            key_mask=valid,
+            block_size=4,
             return_weights=True,
         )
         # Keys all padded but queries valid: zero rows as well.
@@ -125,7 +138,10 @@ def test_low_precision_padded_rows_finite(dtype):
         lambda q, k, v, valid: local_attention(
             q, k, v, (2, 1), query_mask=valid, key_mask=valid
         ),
-        q, k, v, valid,
+        q,
+        k,
+        v,
+        valid,
     )
     assert keras.backend.standardize_dtype(out.dtype) == dtype
     out = _np(ops.cast(out, "float32"))
@@ -143,7 +159,9 @@ def test_attention_mask_combines_with_window():
 
         def run(q, k, v, extra, full):
             return (
-                local_attention(q, k, v, (2, 3), attention_mask=extra, block_size=4),
+                local_attention(
+                    q, k, v, (2, 3), attention_mask=extra, block_size=4
+                ),
                 dot_product_attention(q, k, v, mask=full),
             )
 
@@ -156,7 +174,9 @@ def test_block_size_does_not_change_results():
 
     def run(q, k, v, valid):
         return [
-            local_attention(q, k, v, 5, query_mask=valid, key_mask=valid, block_size=b)
+            local_attention(
+                q, k, v, 5, query_mask=valid, key_mask=valid, block_size=b
+            )
             for b in (1, 2, 7, 16, 64)
         ]
 
@@ -176,7 +196,9 @@ def test_banded_dense_round_trip():
             j = i - left + kk
             expected = dense[..., i, j] if 0 <= j < t else 0.0
             np.testing.assert_array_equal(banded[..., i, kk], expected)
-    np.testing.assert_array_equal(_np(banded_to_dense(banded, (left, right))), inside)
+    np.testing.assert_array_equal(
+        _np(banded_to_dense(banded, (left, right))), inside
+    )
 
 
 def test_bad_arguments():
@@ -211,16 +233,27 @@ def _grads(fn, args):
     return [g.numpy() for g in tape.gradient(loss, args)]
 
 
-@pytest.mark.parametrize("window,causal,groups", [(3, False, 2), ((4, 1), True, 1)])
+@pytest.mark.parametrize(
+    "window,causal,groups", [(3, False, 2), ((4, 1), True, 1)]
+)
 def test_gradients_match_dense(window, causal, groups):
     t = 19
-    q, k, v, valid = _inputs(t, groups=groups, padded=19)  # one fully padded row
+    q, k, v, valid = _inputs(
+        t, groups=groups, padded=19
+    )  # one fully padded row
     mask = np.asarray(sliding_window_mask(t, window, causal))[:, None]
     mask = mask & valid[:, None, :, None] & valid[:, None, None, :]
 
     def local(q, k, v):
         return local_attention(
-            q, k, v, window, causal, query_mask=valid, key_mask=valid, block_size=4
+            q,
+            k,
+            v,
+            window,
+            causal,
+            query_mask=valid,
+            key_mask=valid,
+            block_size=4,
         )
 
     def dense(q, k, v):
@@ -247,9 +280,11 @@ def test_no_quadratic_tensor_and_dynamic_length():
         return loss, tape.gradient(loss, [q, k, v])
 
     static = tf.TensorSpec((1, t, 1, 4), tf.float32)
-    graph = tf.function(loss_and_grads).get_concrete_function(
-        static, static, static
-    ).graph
+    graph = (
+        tf.function(loss_and_grads)
+        .get_concrete_function(static, static, static)
+        .graph
+    )
     largest = 0
     for op in graph.get_operations():
         for out in op.outputs:

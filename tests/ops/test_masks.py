@@ -45,7 +45,9 @@ def test_prefix_lm_mask():
     assert m[0, 1] and not m[0, 2]
     per_example = np_(masks.prefix_lm_mask(4, np.array([0, 3])))
     assert per_example.shape == (2, 4, 4)
-    np.testing.assert_array_equal(per_example[0], np.tril(np.ones((4, 4), bool)))
+    np.testing.assert_array_equal(
+        per_example[0], np.tril(np.ones((4, 4), bool))
+    )
     assert per_example[1, 0, 2] and not per_example[1, 0, 3]
 
 
@@ -56,7 +58,9 @@ def test_sliding_window_mask():
     m = np_(masks.sliding_window_mask(6, (2, 0)))[0]
     i, j = np.arange(6)[:, None], np.arange(6)[None]
     np.testing.assert_array_equal(m, (j <= i) & (j >= i - 2))
-    np.testing.assert_array_equal(np_(masks.sliding_window_mask(6, 2, causal=True))[0], m)
+    np.testing.assert_array_equal(
+        np_(masks.sliding_window_mask(6, 2, causal=True))[0], m
+    )
     assert np_(masks.sliding_window_mask(2, 1, key_length=5)).shape == (1, 2, 5)
 
 
@@ -71,7 +75,9 @@ def test_combine_masks():
     a = masks.causal_mask(3)
     b = masks.padding_mask(np.array([2]), max_length=3)
     m = np_(masks.combine_masks(a, None, b))
-    np.testing.assert_array_equal(m[0], np.tril(np.ones((3, 3), bool)) & [1, 1, 0])
+    np.testing.assert_array_equal(
+        m[0], np.tril(np.ones((3, 3), bool)) & [1, 1, 0]
+    )
 
 
 def test_negative_lengths_rejected():
@@ -87,25 +93,54 @@ def test_negative_lengths_rejected():
     "build,match",
     [
         (lambda: masks.sliding_window_mask(-1, 1), "query_length=-1"),
-        (lambda: masks.sliding_window_mask(3, 1, key_length=-1), "key_length=-1"),
+        (
+            lambda: masks.sliding_window_mask(3, 1, key_length=-1),
+            "key_length=-1",
+        ),
         (lambda: masks.sliding_window_mask(3, 1, offset=1.5), "offset=1.5"),
-        (lambda: masks.sliding_window_mask(3, 1, causal="False"), "causal='False'"),
+        (
+            lambda: masks.sliding_window_mask(3, 1, causal="False"),
+            "causal='False'",
+        ),
         (lambda: masks.sliding_window_mask(3, "2"), "window_size='2'"),
-        (lambda: masks.sliding_window_mask(3, (1, 2.5)), r"window_size=\(1, 2.5\)"),
+        (
+            lambda: masks.sliding_window_mask(3, (1, 2.5)),
+            r"window_size=\(1, 2.5\)",
+        ),
         (lambda: masks.sliding_window_mask(3, True), "window_size=True"),
         (lambda: masks.causal_mask("3"), "query_length='3'"),
         (lambda: masks.causal_mask(3.0), "query_length=3.0"),
         (lambda: masks.causal_mask(3, key_length=-2), "key_length=-2"),
         (lambda: masks.causal_mask(np.int64(-1)), "query_length"),
-        (lambda: masks.padding_mask(np.array([2, 3]), max_length=-1), "max_length=-1"),
-        (lambda: masks.padding_mask(np.array([2, 3]), max_length="4"), "max_length='4'"),
-        (lambda: masks.padding_mask(np.array([-1, 3]), 4), r"lengths_or_mask=.*-1"),
-        (lambda: masks.padding_mask(ops.convert_to_tensor([3, -2]), 4),
-         r"lengths_or_mask=.*-2"),
-        (lambda: masks.padding_mask(np.array([2.0, 3.0]), 4), "lengths_or_mask"),
-        (lambda: masks.padding_mask(np.array([True, False]), 4), "lengths_or_mask"),
+        (
+            lambda: masks.padding_mask(np.array([2, 3]), max_length=-1),
+            "max_length=-1",
+        ),
+        (
+            lambda: masks.padding_mask(np.array([2, 3]), max_length="4"),
+            "max_length='4'",
+        ),
+        (
+            lambda: masks.padding_mask(np.array([-1, 3]), 4),
+            r"lengths_or_mask=.*-1",
+        ),
+        (
+            lambda: masks.padding_mask(ops.convert_to_tensor([3, -2]), 4),
+            r"lengths_or_mask=.*-2",
+        ),
+        (
+            lambda: masks.padding_mask(np.array([2.0, 3.0]), 4),
+            "lengths_or_mask",
+        ),
+        (
+            lambda: masks.padding_mask(np.array([True, False]), 4),
+            "lengths_or_mask",
+        ),
         (lambda: masks.prefix_lm_mask(4, -1), "prefix_length=-1"),
-        (lambda: masks.prefix_lm_mask(4, np.array([1, -2])), r"prefix_length=.*-2"),
+        (
+            lambda: masks.prefix_lm_mask(4, np.array([1, -2])),
+            r"prefix_length=.*-2",
+        ),
         (lambda: masks.prefix_lm_mask(-4, 1), "length=-4"),
         (lambda: masks.window_bounds(2, causal="True"), "causal='True'"),
     ],
@@ -117,11 +152,15 @@ def test_bad_concrete_arguments_raise(build, match):
 
 def test_valid_numpy_and_tensor_arguments_accepted():
     m = np_(masks.causal_mask(np.int64(3), key_length=np.int32(4)))
-    np.testing.assert_array_equal(m[0], np.arange(4)[None] <= np.arange(3)[:, None])
+    np.testing.assert_array_equal(
+        m[0], np.arange(4)[None] <= np.arange(3)[:, None]
+    )
     lengths = ops.convert_to_tensor(np.array([0, 3], "int32"))
     m = np_(masks.padding_mask(lengths, 3))[:, 0]
     np.testing.assert_array_equal(m, [[0, 0, 0], [1, 1, 1]])
-    m = np_(masks.sliding_window_mask(3, 1, causal=np.bool_(True), offset=-1))[0]
+    m = np_(masks.sliding_window_mask(3, 1, causal=np.bool_(True), offset=-1))[
+        0
+    ]
     i, j = np.arange(3)[:, None] - 1, np.arange(3)[None]
     np.testing.assert_array_equal(m, (j <= i) & (j >= i - 1))
 
@@ -151,8 +190,11 @@ def test_symbolic_tensors_are_not_checked():
         )
 
     pad, prefix, causal, window = (
-        np_(x) for x in _compiled(
-            build, np.array([1, 4], "int32"), np.array([2, 0], "int32"),
+        np_(x)
+        for x in _compiled(
+            build,
+            np.array([1, 4], "int32"),
+            np.array([2, 0], "int32"),
             np.array(2, "int32"),
         )
     )

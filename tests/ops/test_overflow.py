@@ -11,12 +11,12 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from references import masked_softmax as np_masked_softmax
 
 import keras_attention
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.local import local_attention
-from references import masked_softmax as np_masked_softmax
 
 PATHS = ["dense", "blockwise", "fused"]
 
@@ -51,13 +51,19 @@ def _padding(b=2, t=9):
     return valid
 
 
-@pytest.mark.parametrize("dtype,magnitude", [("float16", 1e3), ("bfloat16", 1e4)])
+@pytest.mark.parametrize(
+    "dtype,magnitude", [("float16", 1e3), ("bfloat16", 1e4)]
+)
 @pytest.mark.parametrize("path", PATHS)
-def test_dot_product_attention_large_low_precision_inputs(dtype, magnitude, path):
+def test_dot_product_attention_large_low_precision_inputs(
+    dtype, magnitude, path
+):
     (q, k, v), (q64, k64, v64) = _large_inputs(dtype, magnitude)
     valid = _padding()
     causal = np.tril(np.ones((9, 9), bool))
-    mask = causal[None, None] & valid[:, None, None, :] & valid[:, None, :, None]
+    mask = (
+        causal[None, None] & valid[:, None, None, :] & valid[:, None, :, None]
+    )
     with implementation_scope(path):
         out = dot_product_attention(
             q, k, v, is_causal=True, key_padding=valid, query_padding=valid
@@ -87,7 +93,9 @@ def test_dense_weights_of_large_float16_inputs():
     assert np.all(np.isfinite(_np(out)))
 
 
-@pytest.mark.parametrize("dtype,magnitude", [("float16", 1e3), ("bfloat16", 1e4)])
+@pytest.mark.parametrize(
+    "dtype,magnitude", [("float16", 1e3), ("bfloat16", 1e4)]
+)
 def test_local_attention_large_low_precision_inputs(dtype, magnitude):
     (q, k, v), (q64, k64, v64) = _large_inputs(dtype, magnitude)
     valid = _padding()
@@ -121,13 +129,17 @@ def _mha_pair(policy, **kwargs):
     "policy,magnitude", [("mixed_float16", 1e3), ("mixed_bfloat16", 1e4)]
 )
 @pytest.mark.parametrize("path", ["dense", "blockwise"])
-def test_multi_head_attention_mixed_precision_large_inputs(policy, magnitude, path):
+def test_multi_head_attention_mixed_precision_large_inputs(
+    policy, magnitude, path
+):
     reference, low, x = _mha_pair(policy)
     x = x * magnitude
     valid = np.ones((2, 7), bool)
     valid[0, -2:] = False
     with implementation_scope(path):
-        out = low(x, x, query_mask=valid, value_mask=valid, use_causal_mask=True)
+        out = low(
+            x, x, query_mask=valid, value_mask=valid, use_causal_mask=True
+        )
         expected = reference(
             x, x, query_mask=valid, value_mask=valid, use_causal_mask=True
         )

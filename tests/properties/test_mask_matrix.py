@@ -46,10 +46,10 @@ import itertools
 import keras
 import numpy as np
 import pytest
+import references
 from keras import ops
 from keras.src.backend import get_keras_mask
 
-import references
 from keras_attention import layers as ka
 from keras_attention import masks as masks_lib
 
@@ -163,7 +163,11 @@ def _rnn_decoder_ref(decoder, xs, valid, attn, causal):
     outputs = []
     for t in range(T):
         c, _ = references.bahdanau(
-            decoder.attention, s[:, None], memory, valid[1], np.ones((B, 1), bool)
+            decoder.attention,
+            s[:, None],
+            memory,
+            valid[1],
+            np.ones((B, 1), bool),
         )
         new_s, _ = decoder.rnn_cell(
             np.concatenate([y[:, t], c[:, 0]], -1).astype("float32"), [s]
@@ -197,7 +201,9 @@ SPECS = {
     "MultiHeadAttention": dict(
         make=lambda causal: ka.MultiHeadAttention(2, 4),
         inputs=((X, "query_mask"), (C, "value_mask")),
-        attention={"attention_mask": S}, causal="call", core=True,
+        attention={"attention_mask": S},
+        causal="call",
+        core=True,
         reference=_mha_ref,
     ),
     # Keras 3.15's options on self-attention shapes: the banded path.
@@ -206,50 +212,77 @@ SPECS = {
             2, 4, use_gate=True, sliding_window=2
         ),
         inputs=((X, "query_mask"), (X, "value_mask")),
-        attention={"attention_mask": T}, causal="call", core=True,
+        attention={"attention_mask": T},
+        causal="call",
+        core=True,
         reference=_gated_window_ref,
     ),
     "SelfAttention": dict(
         make=lambda causal: ka.SelfAttention(2, 4, causal=causal),
-        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="init",
-        core=True, reference=_self_ref,
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="init",
+        core=True,
+        reference=_self_ref,
     ),
     "CausalSelfAttention": dict(
         make=lambda causal: ka.CausalSelfAttention(2, 4),
-        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="fixed",
-        core=True, reference=_self_ref,
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="fixed",
+        core=True,
+        reference=_self_ref,
     ),
     "CrossAttention": dict(
         make=lambda causal: ka.CrossAttention(2, 4),
         inputs=((X, "query_mask"), (C, "context_mask")),
-        attention={"attention_mask": S}, causal=None, core=True,
+        attention={"attention_mask": S},
+        causal=None,
+        core=True,
         reference=_mha_ref,
     ),
     "LocalSelfAttention": dict(
         make=lambda causal: ka.LocalSelfAttention(
             2, 4, window_size=(2, 1), causal=causal, block_size=2
         ),
-        inputs=((X, "mask"),), attention={"attention_mask": T}, causal="init",
-        core=True, reference=_self_ref,
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="init",
+        core=True,
+        reference=_self_ref,
     ),
     "AttentionPooling": dict(
         make=lambda causal: ka.AttentionPooling(units=4),
-        inputs=((X, "mask"),), attention={}, causal=None, core=True,
+        inputs=((X, "mask"),),
+        attention={},
+        causal=None,
+        core=True,
         reference=_pool_ref,
     ),
     "BahdanauAttention": dict(
         make=lambda causal: ka.BahdanauAttention(4),
-        inputs=((X, "query_mask"), (C, "value_mask")), attention={},
-        causal=None, core=True, reference=_bahdanau_ref,
+        inputs=((X, "query_mask"), (C, "value_mask")),
+        attention={},
+        causal=None,
+        core=True,
+        reference=_bahdanau_ref,
     ),
     **{
         f"LuongAttention[{alignment}]": dict(
-            make=(lambda alignment: lambda causal: ka.LuongAttention(
-                "general", alignment=alignment,
-                window=None if alignment == "global" else 2,
-            ))(alignment),
-            inputs=((X, "query_mask"), (C, "value_mask")), attention={},
-            causal=None, core=True, reference=_luong_ref,
+            make=(
+                lambda alignment: (
+                    lambda causal: ka.LuongAttention(
+                        "general",
+                        alignment=alignment,
+                        window=None if alignment == "global" else 2,
+                    )
+                )
+            )(alignment),
+            inputs=((X, "query_mask"), (C, "value_mask")),
+            attention={},
+            causal=None,
+            core=True,
+            reference=_luong_ref,
         )
         for alignment in ("global", "local-m", "local-p")
     },
@@ -257,21 +290,29 @@ SPECS = {
         make=lambda causal: ka.AttentionRNNDecoder(
             8, ka.BahdanauAttention(4), cell="gru", attention_style="bahdanau"
         ),
-        inputs=((X, "mask"), (C, "memory_mask")), attention={}, causal=None,
-        core=False, reference=_rnn_decoder_ref,
+        inputs=((X, "mask"), (C, "memory_mask")),
+        attention={},
+        causal=None,
+        core=False,
+        reference=_rnn_decoder_ref,
     ),
     "TransformerEncoderBlock": dict(
         make=lambda causal: ka.TransformerEncoderBlock(
             2, 16, causal=causal, norm_first=bool(causal)
         ),
-        inputs=((X, "padding_mask"),), attention={"attention_mask": T},
-        causal="init", core=False, reference=_encoder_block_ref,
+        inputs=((X, "padding_mask"),),
+        attention={"attention_mask": T},
+        causal="init",
+        core=False,
+        reference=_encoder_block_ref,
     ),
     "TransformerDecoderBlock": dict(
         make=lambda causal: ka.TransformerDecoderBlock(2, 16),
         inputs=((X, "padding_mask"), (C, "context_padding_mask")),
         attention={"attention_mask": T, "cross_attention_mask": S},
-        causal="fixed", core=False, reference=_decoder_block_ref,
+        causal="fixed",
+        core=False,
+        reference=_decoder_block_ref,
     ),
 }
 
@@ -287,7 +328,9 @@ def _combinations(spec):
         causal = (False, True)
     else:
         causal = (spec["causal"] == "fixed",)
-    return list(itertools.product(keras_masks, (False, True), attention, causal))
+    return list(
+        itertools.product(keras_masks, (False, True), attention, causal)
+    )
 
 
 MATRIX = {name: _combinations(spec) for name, spec in SPECS.items()}
@@ -315,8 +358,13 @@ def _params():
                 reason = XFAIL.get((name,) + combo + (mode,))
                 if reason:
                     marks.append(pytest.mark.xfail(strict=True, reason=reason))
-                yield pytest.param(name, combo, mode, marks=marks,
-                                   id=_case_id(name, combo, mode))
+                yield pytest.param(
+                    name,
+                    combo,
+                    mode,
+                    marks=marks,
+                    id=_case_id(name, combo, mode),
+                )
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +415,7 @@ def _run(mode, spec, layer, xs, keras_valid, kwargs, causal):
     output, prepared for `mode` (traced / model built once per case)."""
     names = sorted(kwargs)
     if mode == "eager":
+
         def run(xs, keras_valid, kwargs):
             return np_(_call(spec, layer, xs, keras_valid, kwargs, causal))
 
@@ -390,7 +439,9 @@ def _run(mode, spec, layer, xs, keras_valid, kwargs, causal):
     ]
     k_in = {k: keras.Input(kwargs[k].shape[1:], dtype="bool") for k in names}
     out = _call(spec, layer, x_in, m_in, k_in, causal)
-    flat_inputs = x_in + [m for m in m_in if m is not None] + [k_in[k] for k in names]
+    flat_inputs = (
+        x_in + [m for m in m_in if m is not None] + [k_in[k] for k in names]
+    )
     model = keras.Model(flat_inputs, out)
 
     def run(xs, keras_valid, kwargs):
@@ -411,12 +462,17 @@ def test_mask_matrix(built_layers, name, combo, mode):
     ]
     kwargs = {}
     if explicit:
-        kwargs.update({arg: EXPLICIT_PADDING[x.shape[1]] for x, arg in spec["inputs"]})
+        kwargs.update(
+            {arg: EXPLICIT_PADDING[x.shape[1]] for x, arg in spec["inputs"]}
+        )
     if attention:
-        kwargs.update({k: ATTENTION_MASKS[tk] for k, tk in spec["attention"].items()})
+        kwargs.update(
+            {k: ATTENTION_MASKS[tk] for k, tk in spec["attention"].items()}
+        )
     # What the layer should apply: the explicit mask, else the Keras mask.
     valid = [
-        EXPLICIT_PADDING[x.shape[1]] if explicit
+        EXPLICIT_PADDING[x.shape[1]]
+        if explicit
         else (kv if kv is not None else np.ones(x.shape[:2], bool))
         for x, kv in zip(xs, keras_valid)
     ]
@@ -457,12 +513,20 @@ def _check_keras_mask_flow(spec, layer, xs, keras_valid, kwargs, causal):
 def test_matrix_size(capsys):
     """Every masked layer is in the matrix; prints its size."""
     assert set(SPECS) == {
-        "MultiHeadAttention", "MultiHeadAttention[use_gate,sliding_window]",
-        "SelfAttention", "CausalSelfAttention",
-        "CrossAttention", "LocalSelfAttention", "AttentionPooling",
-        "BahdanauAttention", "LuongAttention[global]", "LuongAttention[local-m]",
-        "LuongAttention[local-p]", "AttentionRNNDecoder",
-        "TransformerEncoderBlock", "TransformerDecoderBlock",
+        "MultiHeadAttention",
+        "MultiHeadAttention[use_gate,sliding_window]",
+        "SelfAttention",
+        "CausalSelfAttention",
+        "CrossAttention",
+        "LocalSelfAttention",
+        "AttentionPooling",
+        "BahdanauAttention",
+        "LuongAttention[global]",
+        "LuongAttention[local-m]",
+        "LuongAttention[local-p]",
+        "AttentionRNNDecoder",
+        "TransformerEncoderBlock",
+        "TransformerDecoderBlock",
     }
     modes = len(MODES) if BACKEND == "tensorflow" else 2
     with capsys.disabled():

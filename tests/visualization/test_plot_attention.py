@@ -19,8 +19,15 @@ def _png_size(path):
 def test_writes_png_of_the_requested_size(tmp_path):
     weights = np.random.default_rng(0).random((4, 6))
     path = tmp_path / "attention.png"
-    fig = plot_attention(weights, list("abcdef"), ["w", "x", "y", "z"],
-                         path=str(path), title="t", figsize=(5, 4), dpi=50)
+    fig = plot_attention(
+        weights,
+        list("abcdef"),
+        ["w", "x", "y", "z"],
+        path=str(path),
+        title="t",
+        figsize=(5, 4),
+        dpi=50,
+    )
     assert _png_size(path) == (250, 200)
     image = fig.axes[0].images[0].get_array()
     np.testing.assert_allclose(image, weights, rtol=1e-6)
@@ -64,6 +71,7 @@ def test_works_without_matplotlib_until_plotting():
         "except ImportError as e:\n"
         "    print('IMPORT ERROR', 'pip install matplotlib' in str(e))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
     assert "IMPORT ERROR True" in out.stdout, out.stderr[-2000:]
