@@ -1,0 +1,45 @@
+"""Keras helpers shared by the layers, blocks and generation.
+
+Imported as a module (`from keras_attention.utils import keras_utils`),
+never through a layer. Argument checks live in `validation`.
+"""
+
+try:  # Keras >= 3.6
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+
+def keras_mask(x):
+    """The Keras mask attached to `x` (eager, traced or symbolic), or None.
+
+    Keras fills a layer's `mask` argument only when the call has exactly
+    one tensor argument; with more (`attention_mask=`, `cache=`) it fills
+    `<argument>_mask` names instead, so layers read the mask themselves.
+    """
+    return None if x is None else _get_keras_mask(x)
+
+
+def clone_initializer(initializer):
+    """A fresh copy, so sublayers do not share one (stateless) initializer
+    object (Keras would draw the same values for each of them)."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def first_not_none(*values):
+    """The first of `values` that is not None (None if all are)."""
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+def project(fn, x):
+    """`fn` (a layer or a matmul) on the last axis; a one-step `(b, 1, d)`
+    input runs as `(b, d)`, the plain matmul that XLA differentiates
+    inside a decoder's loop."""
+    if len(x.shape) == 3 and x.shape[1] == 1:
+        return fn(x[:, 0])[:, None]
+    return fn(x)
