@@ -1,10 +1,9 @@
 import keras
 from keras import ops
 
-from keras_attention.layers._validation import check_bool
-from keras_attention.layers._validation import check_padding_mask
-from keras_attention.layers._validation import check_positive_int
 from keras_attention.ops.attention import masked_softmax
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -65,29 +64,26 @@ class AttentionPooling(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("units", units, allow_none=True)
+        validation.check_positive_int("units", units, allow_none=True)
         self.units = units
-        self.use_bias = check_bool("use_bias", use_bias)
+        self.use_bias = validation.check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
-    def _clone(self, initializer):
-        return initializer.__class__.from_config(initializer.get_config())
-
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have shape (batch, steps, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
-            )
+        validation.check_sequence_shape("inputs", inputs_shape)
         if self.units is not None:
             self._hidden = keras.layers.Dense(
                 self.units,
                 activation="tanh",
                 use_bias=self.use_bias,
-                kernel_initializer=self._clone(self.kernel_initializer),
-                bias_initializer=self._clone(self.bias_initializer),
+                kernel_initializer=keras_utils.clone_initializer(
+                    self.kernel_initializer
+                ),
+                bias_initializer=keras_utils.clone_initializer(
+                    self.bias_initializer
+                ),
                 dtype=self.dtype_policy,
                 name="hidden",
             )
@@ -98,7 +94,9 @@ class AttentionPooling(keras.layers.Layer):
         self._score = keras.layers.Dense(
             1,
             use_bias=False,
-            kernel_initializer=self._clone(self.kernel_initializer),
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
             dtype=self.dtype_policy,
             name="score",
         )
@@ -107,7 +105,7 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, return_attention_scores=False):
         # b - batch, t - steps, d - features
-        check_padding_mask("mask", mask, inputs)
+        validation.check_padding_mask("mask", mask, inputs)
         # Integer inputs are pooled in the compute dtype (cast to an int
         # dtype, the weights would round to zero).
         inputs = ops.cast(inputs, self.compute_dtype)

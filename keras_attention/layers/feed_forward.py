@@ -1,9 +1,7 @@
 import keras
 
-from keras_attention.layers._validation import check_bool
-from keras_attention.layers._validation import check_positive_int
-from keras_attention.layers._validation import check_rate
-from keras_attention.layers._validation import clone_initializer
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -52,18 +50,18 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("intermediate_dim", intermediate_dim)
-        check_rate("dropout", dropout)
+        validation.check_positive_int("intermediate_dim", intermediate_dim)
+        validation.check_rate("dropout", dropout)
         self.intermediate_dim = intermediate_dim
         self.activation = keras.activations.get(activation)
         self.dropout = dropout
-        self.use_bias = check_bool("use_bias", use_bias)
+        self.use_bias = validation.check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
     def _dense(self, units, name, activation=None):
-        clone = clone_initializer
+        clone = keras_utils.clone_initializer
         return keras.layers.Dense(
             units,
             activation=activation,
@@ -75,11 +73,12 @@ class FeedForward(keras.layers.Layer):
         )
 
     def build(self, inputs_shape):
-        if len(inputs_shape) < 2 or inputs_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have a known feature size. "
-                f"Received: inputs_shape={tuple(inputs_shape)!r}"
-            )
+        validation.check_sequence_shape(
+            "inputs",
+            inputs_shape,
+            ranks=range(2, 6),
+            layout="(batch, ..., features)",
+        )
         hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
         self.intermediate_dense = self._dense(
             self.intermediate_dim, "intermediate_dense", self.activation

@@ -1,7 +1,8 @@
 import keras
 from keras import ops
 
-from keras_attention.layers._validation import check_positive_int
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -41,17 +42,13 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("sequence_length", sequence_length)
+        validation.check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have shape (batch, steps, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
-            )
+        validation.check_sequence_shape("inputs", inputs_shape)
         if (
             inputs_shape[1] is not None
             and inputs_shape[1] > self.sequence_length
@@ -64,9 +61,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.position_embeddings = self.add_weight(
             name="embeddings",
             shape=(self.sequence_length, inputs_shape[-1]),
-            initializer=self.initializer.__class__.from_config(
-                self.initializer.get_config()
-            ),
+            initializer=keras_utils.clone_initializer(self.initializer),
             trainable=True,
         )
         self.built = True

@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from keras_attention.layers._validation import check_positive_number
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -51,16 +51,17 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        check_positive_number("max_wavelength", max_wavelength)
+        validation.check_positive_number("max_wavelength", max_wavelength)
         self.max_wavelength = max_wavelength
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        if len(inputs_shape) < 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have shape (batch, steps, ..., features) with a "
-                f"known feature size. Received: inputs_shape={tuple(inputs_shape)!r}"
-            )
+        validation.check_sequence_shape(
+            "inputs",
+            inputs_shape,
+            ranks=(3, 4, 5),
+            layout="(batch, steps, ..., features)",
+        )
         if inputs_shape[-1] % 2:
             raise ValueError(
                 "The rotated feature size must be even. "

@@ -1,11 +1,9 @@
 import keras
 from keras import ops
 
-from keras_attention.layers._validation import check_bool as _check_bool
-from keras_attention.layers._validation import (
-    check_positive_int as _check_positive_int,
-)
 from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -59,21 +57,17 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("vocabulary_size", vocabulary_size)
-        _check_positive_int("sequence_length", sequence_length)
-        _check_positive_int("embedding_dim", embedding_dim)
+        validation.check_positive_int("vocabulary_size", vocabulary_size)
+        validation.check_positive_int("sequence_length", sequence_length)
+        validation.check_positive_int("embedding_dim", embedding_dim)
         self.vocabulary_size = vocabulary_size
         self.sequence_length = sequence_length
         self.embedding_dim = embedding_dim
-        self.mask_zero = _check_bool("mask_zero", mask_zero)
+        self.mask_zero = validation.check_bool("mask_zero", mask_zero)
         self.embeddings_initializer = keras.initializers.get(
             embeddings_initializer
         )
         self.supports_masking = self.mask_zero
-
-    def _clone_initializer(self):
-        init = self.embeddings_initializer
-        return init.__class__.from_config(init.get_config())
 
     def build(self, inputs_shape):
         if len(inputs_shape) != 2:
@@ -84,14 +78,18 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.token_embedding = keras.layers.Embedding(
             self.vocabulary_size,
             self.embedding_dim,
-            embeddings_initializer=self._clone_initializer(),
+            embeddings_initializer=keras_utils.clone_initializer(
+                self.embeddings_initializer
+            ),
             dtype=self.dtype_policy,
             name="token_embedding",
         )
         self.token_embedding.build(inputs_shape)
         self.position_embedding = PositionEmbedding(
             self.sequence_length,
-            initializer=self._clone_initializer(),
+            initializer=keras_utils.clone_initializer(
+                self.embeddings_initializer
+            ),
             dtype=self.dtype_policy,
             name="position_embedding",
         )

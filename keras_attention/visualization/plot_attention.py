@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_attention.layers._validation import check_bool
+from keras_attention.utils import validation
 
 
 def _as_matrix(weights):
@@ -34,42 +34,41 @@ def plot_attention(
 ):
     """Plots attention weights as a heatmap, tokens on the axes.
 
-        Source tokens label the columns (top axis, read left to right), target
-        (generated) tokens the rows; cell `(t, s)` is how much target token `t`
-        attended to source token `s`.
+    Source tokens label the columns (top axis, read left to right), target
+    (generated) tokens the rows; cell `(t, s)` is how much target token `t`
+    attended to source token `s`.
 
-        Args:
-            weights: array-like `(target, source)` or `(heads, target, source)`
-                (heads are averaged). Extra rows/columns beyond the given tokens
-                (padding) are cut off.
-            source_tokens: list of strings, the source (key) tokens.
-            target_tokens: list of strings, the target (query) tokens.
-            path: optional file name; the figure is written there as PNG (and
-                closed) when given.
-            title: optional title.
-            cmap: matplotlib colormap name.
-            figsize: `(width, height)` in inches; by default sized to the tokens.
-            dpi: resolution of the written file.
-            show_values: write each weight in its cell.
+    Args:
+        weights: array-like `(target, source)` or `(heads, target, source)`
+            (heads are averaged). Extra rows/columns beyond the given tokens
+            (padding) are cut off.
+        source_tokens: list of strings, the source (key) tokens.
+        target_tokens: list of strings, the target (query) tokens.
+        path: optional file name; the figure is written there as PNG (and
+            closed) when given.
+        title: optional title.
+        cmap: matplotlib colormap name.
+        figsize: `(width, height)` in inches; by default sized to the
+            tokens.
+        dpi: resolution of the written file.
+        show_values: write each weight in its cell.
 
-        Returns:
-            the `matplotlib.figure.Figure` (also when written to `path`).
+    Returns:
+        the `matplotlib.figure.Figure` (also when written to `path`).
 
-        Raises:
-            ValueError: when `weights` has fewer rows/columns than tokens.
-            ImportError: when matplotlib is not installed
-                (`pip install matplotlib`).
+    Raises:
+        ValueError: when `weights` has fewer rows/columns than tokens.
+        ImportError: when matplotlib is not installed
+            (`pip install matplotlib`).
 
-        Example:
+    Example:
 
-        >>> import numpy as np
-
-    from keras_attention.layers._validation import check_bool
-        >>> from keras_attention.visualization import plot_attention
-        >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
-        >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
-        >>> fig.axes[0].get_xticklabels()[1].get_text()
-        'chat'
+    >>> import numpy as np
+    >>> from keras_attention.visualization import plot_attention
+    >>> weights = np.array([[0.9, 0.1], [0.2, 0.8]])
+    >>> fig = plot_attention(weights, ["le", "chat"], ["the", "cat"])
+    >>> fig.axes[0].get_xticklabels()[1].get_text()
+    'chat'
     """
     try:
         import matplotlib
@@ -80,7 +79,7 @@ def plot_attention(
             "the `examples` extra)."
         ) from e
     del matplotlib
-    show_values = check_bool("show_values", show_values)
+    show_values = validation.check_bool("show_values", show_values)
     weights = _as_matrix(weights)
     source_tokens = [str(t) for t in source_tokens]
     target_tokens = [str(t) for t in target_tokens]
