@@ -113,7 +113,8 @@ def main():
         if "broadcast" in med:
             lines.append(
                 f"| {b}, {i}, {j}, {u} | {tensor} | {med['ours']:.3f} | "
-                f"{med['broadcast']:.3f} | {med['ours'] / med['broadcast']:.2f} | "
+                f"{med['broadcast']:.3f} | "
+                f"{med['ours'] / med['broadcast']:.2f} | "
                 f"{peak['ours']:.0f} | {peak['broadcast']:.0f} | "
                 f"{peak['ours'] / max(peak['broadcast'], 1):.2f} |"
             )

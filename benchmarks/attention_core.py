@@ -111,13 +111,18 @@ def matmul_peak_gflops(n=2048, repeats=5):
 
         a = jax.numpy.asarray(a)
         f = jax.jit(lambda a: a @ a)
-        run = lambda: jax.block_until_ready(f(a))
+
+        def run():
+            return jax.block_until_ready(f(a))
     else:
         import tensorflow as tf
 
         a = tf.constant(a)
         f = tf.function(lambda: tf.reduce_sum(tf.matmul(a, a)))
-        run = lambda: f().numpy()
+
+        def run():
+            return f().numpy()
+
     t = time_interleaved({"matmul": run}, repeats=repeats, warmup=2)["matmul"]
     return 2 * n**3 / t / 1e9
 

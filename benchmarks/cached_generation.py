@@ -171,7 +171,8 @@ def main():
     ]
     title = (
         f"Greedy generation, batch 1, prompt {args.prompt_length} tokens, "
-        f"{LAYERS} pre-norm decoder blocks (d={DIM}, {HEADS} heads, ffn {FFN}), "
+        f"{LAYERS} pre-norm decoder blocks "
+        f"(d={DIM}, {HEADS} heads, ffn {FFN}), "
         f"vocabulary {VOCAB}; XLA; median of {args.repeats}.\n"
         f"{machine_summary()}\n\n"
     )
