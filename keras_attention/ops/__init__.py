@@ -3,11 +3,11 @@
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
-from keras_attention.ops.attention import mask_fill_value
-from keras_attention.ops.attention import masked_softmax
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
 from keras_attention.ops.local import local_attention
+from keras_attention.ops.masking import mask_fill_value
+from keras_attention.ops.masking import masked_softmax
 
 __all__ = [
     "additive_scores",

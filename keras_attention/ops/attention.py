@@ -20,66 +20,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import masks
 from keras_attention.ops import _backend
-
-
-def mask_fill_value(dtype):
-    """A large negative *finite* score for masked positions of `dtype`.
-
-    Half of the dtype's lowest value: adding a bias to it cannot overflow to
-    `-inf` (as a fixed `-1e9` does in float16).
-    """
-    dtype = str(getattr(dtype, "name", dtype))
-    if dtype == "bfloat16":
-        return -1.6e38
-    return float(np.finfo(np.dtype(dtype)).min) / 2.0
-
-
-def score_dtype(dtype):
-    """The dtype attention scores are formed in: float32 for float16 and
-    bfloat16 inputs (no overflow), the input dtype otherwise."""
-    dtype = keras.backend.standardize_dtype(dtype)
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
-
-
-def masked_softmax(scores, mask=None, axis=-1):
-    """Softmax over `axis` in float32 with masked entries set to exactly 0.
-
-    Rows where `mask` is all False get all-zero weights.
-
-    Args:
-        scores: float tensor of any dtype.
-        mask: optional boolean tensor broadcastable to `scores`.
-        axis: the axis to normalize over.
-
-    Returns:
-        float32 tensor shaped like `scores`.
-    """
-    scores = ops.cast(scores, "float32")
-    if mask is None:
-        return ops.softmax(scores, axis=axis)
-    mask = ops.cast(mask, "bool")
-    scores = ops.where(mask, scores, mask_fill_value("float32"))
-    weights = ops.softmax(scores, axis=axis)
-    return ops.where(mask, weights, ops.zeros_like(weights))
-
-
-def as_4d_mask(mask):
-    """Brings a `(Tq, Tk)`, `(b, Tq, Tk)` or `(b, h, Tq, Tk)` mask to rank 4."""
-    if mask is None:
-        return None
-    mask = ops.cast(mask, "bool")
-    rank = len(mask.shape)
-    if rank == 2:
-        return mask[None, None]
-    if rank == 3:
-        return mask[:, None]
-    if rank == 4:
-        return mask
-    raise ValueError(
-        "An attention mask must have rank 2, 3 or 4. "
-        f"Received: mask.shape={tuple(mask.shape)!r}"
-    )
+from keras_attention.ops.blockwise import blockwise_attention
+from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.masking import mask_fill_value
+from keras_attention.ops.masking import masked_softmax
+from keras_attention.ops.masking import score_dtype
 
 
 def dot_product_attention(
@@ -147,8 +94,8 @@ def dot_product_attention(
     >>> import numpy as np
     >>> import keras_attention
     >>> rng = np.random.default_rng(0)
-    >>> q = rng.normal(size=(2, 5, 4, 8)).astype("float32")    # 4 query heads
-    >>> kv = rng.normal(size=(2, 7, 2, 8)).astype("float32")   # 2 key/value heads
+    >>> q = rng.normal(size=(2, 5, 4, 8)).astype("float32")  # 4 query heads
+    >>> kv = rng.normal(size=(2, 7, 2, 8)).astype("float32")  # 2 k/v heads
     >>> out, weights = keras_attention.ops.dot_product_attention(
     ...     q, kv, kv, is_causal=True, return_weights=True)
     >>> tuple(out.shape), tuple(weights.shape)
@@ -269,6 +216,13 @@ def implementation_scope(name):
         _FORCED.pop()
 
 
+def memory_efficient_implementation():
+    """The implementation `dot_product_attention` uses to save memory on
+    this machine: "fused" (flash / cuDNN kernels) when the JAX or torch
+    backend has a GPU, else "blockwise"."""
+    return "fused" if _backend.has_gpu() else "blockwise"
+
+
 def _choose_implementation(name, query, key, dropout_fn, return_weights):
     if name is not None and name not in IMPLEMENTATIONS:
         raise ValueError(
@@ -307,29 +261,21 @@ def _structural_to_dense(
     mask, query, key, is_causal, causal_offset, key_padding, query_padding
 ):
     """One `(b|1, h|1, i, j)` boolean mask (or None) from every source."""
-    parts = [as_4d_mask(mask)]
+    causal = None
     if is_causal:
-        parts.append(
-            _positions_mask(
-                ops.shape(query)[1], ops.shape(key)[1], causal_offset
-            )
+        causal = _positions_mask(
+            ops.shape(query)[1], ops.shape(key)[1], causal_offset
         )
-    if key_padding is not None:
-        parts.append(ops.cast(key_padding, "bool")[:, None, None, :])
-    if query_padding is not None:
-        parts.append(ops.cast(query_padding, "bool")[:, None, :, None])
-    parts = [p for p in parts if p is not None]
-    if not parts:
-        return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = ops.logical_and(out, p)
-    return out
+    if key_padding is not None:  # (b, j) -> (b, 1, 1, j)
+        key_padding = ops.cast(key_padding, "bool")[:, None, None, :]
+    if query_padding is not None:  # (b, i) -> (b, 1, i, 1)
+        query_padding = ops.cast(query_padding, "bool")[:, None, :, None]
+    return masks.combine_masks(
+        as_4d_mask(mask), causal, key_padding, query_padding
+    )
 
 
-def _blockwise(query, key, value, **masks):
-    from keras_attention.ops.blockwise import blockwise_attention
-
+def _blockwise(query, key, value, **structural):
     # Tiles grow past T = 4096 so that the (unrolled) graph stays at most
     # 32 x 16 tiles: tracing time, not memory (still O(T * tile)).
     tq, tk = query.shape[1], key.shape[1]
@@ -339,7 +285,7 @@ def _blockwise(query, key, value, **masks):
         value,
         query_block=max(_QUERY_BLOCK, -(-tq // 32)),
         key_block=max(_KEY_BLOCK, -(-tk // 16)),
-        **masks,
+        **structural,
     )
 
 
@@ -384,9 +330,8 @@ def _fused(
         key, value = ops.repeat(key, h, axis=2), ops.repeat(value, h, axis=2)
     d, e = query.shape[-1], value.shape[-1]
     if d != e:  # Kernels want one head size: zero padding changes nothing.
-        pad = lambda x, n: ops.pad(x, [[0, 0]] * 3 + [[0, n - x.shape[-1]]])
         size = max(d, e)
-        query, key, value = pad(query, size), pad(key, size), pad(value, size)
+        query, key, value = (_pad_head(x, size) for x in (query, key, value))
         out = _fused(
             query,
             key,
@@ -430,3 +375,8 @@ def _fused(
     out = ops.dot_product_attention(query, key, value, mask=dense, scale=1.0)
     valid = ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i, h|1, 1)
     return ops.where(valid, out, ops.zeros_like(out))
+
+
+def _pad_head(x, size):
+    """Zero-pads the head axis of `(b, T, heads, dim)` to `size`."""
+    return ops.pad(x, [[0, 0]] * 3 + [[0, size - x.shape[-1]]])

@@ -1,7 +1,7 @@
 """Memory-efficient blockwise attention (FlashAttention's algorithm).
 
 `softmax(q k^T) v` computed over query tiles and, within each query tile,
-over key tiles with a running row max `m`, sum `l` and accumulator (online
+over key tiles with a running row max `m`, row sum and accumulator (online
 softmax, Milakov & Gimelshein 2018; Rabe & Staats 2021; Dao et al. 2022).
 The backward pass recomputes each tile's probabilities from the saved
 log-sum-exp instead of storing them, so memory is O(T * tile), never
@@ -23,8 +23,9 @@ gradients.
 import numpy as np
 from keras import ops
 
+from keras_attention import masks
 from keras_attention.ops import _backend
-from keras_attention.ops.attention import mask_fill_value
+from keras_attention.ops.masking import mask_fill_value
 
 _FILL = mask_fill_value("float32")
 
@@ -74,23 +75,18 @@ def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
     """Boolean mask broadcastable to `(b, g, r, Bq, k)`, or None."""
     key_padding, dense_mask, offset = aux
     offset = plan.offset if offset is None else offset
-    parts = []
+    causal = None
     if needs_causal:
         qpos = ops.arange(i0, i1, dtype="int32")[:, None] + ops.cast(
             offset, "int32"
         )
         kpos = ops.arange(j0, j1, dtype="int32")[None, :]
-        parts.append((kpos <= qpos)[None, None, None])
+        causal = (kpos <= qpos)[None, None, None]
     if key_padding is not None:
-        parts.append(key_padding[:, None, None, None, j0:j1])
+        key_padding = key_padding[:, None, None, None, j0:j1]
     if dense_mask is not None:
-        parts.append(dense_mask[:, :, :, i0:i1, j0:j1])
-    if not parts:
-        return None
-    mask = parts[0]
-    for part in parts[1:]:
-        mask = ops.logical_and(mask, part)
-    return mask
+        dense_mask = dense_mask[:, :, :, i0:i1, j0:j1]
+    return masks.combine_masks(causal, key_padding, dense_mask)
 
 
 def _scores(q_t, k_c, mask, r, rows):
@@ -117,31 +113,32 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
-        m = l = acc = None
+        m = row_sum = acc = None
         for _, j0, j1, needs_causal in chunks:
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
             s = _scores(q_t, kh[:, :, j0:j1], mask, r, n)
             m_c = ops.max(s, axis=-1, keepdims=True)
             m_new = m_c if m is None else ops.maximum(m, m_c)
             p = ops.exp(s - m_new)
-            l_c = ops.sum(p, axis=-1, keepdims=True)
+            sum_c = ops.sum(p, axis=-1, keepdims=True)
             pv = ops.einsum(
                 "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1]
             )
             pv = ops.cast(pv, "float32")
             if m is None:
-                l, acc = l_c, pv
+                row_sum, acc = sum_c, pv
             else:
                 alpha = ops.exp(m - m_new)
-                l, acc = l * alpha + l_c, acc * alpha + pv
+                row_sum = row_sum * alpha + sum_c
+                acc = acc * alpha + pv
             m = m_new
         if m is None:  # Causal tile that sees no key at all.
             lse = ops.zeros_like(qh[:, :, :, i0:i1, :1], "float32")
             out = lse + ops.zeros((e,), "float32")
             valid = ops.cast(lse, "bool")
         else:
-            out = ops.reshape(acc / l, (-1, g, r, n, e))
-            lse = ops.reshape(m + ops.log(l), (-1, g, r, n, 1))
+            out = ops.reshape(acc / row_sum, (-1, g, r, n, e))
+            lse = ops.reshape(m + ops.log(row_sum), (-1, g, r, n, 1))
             # A row whose max is the fill value saw only masked keys.
             valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
             if valid_rows is not None:
@@ -152,9 +149,13 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
         outs.append(out)
         lses.append(lse)
         valids.append(valid)
-    cat = lambda xs: xs[0] if len(xs) == 1 else ops.concatenate(xs, axis=3)
-    out = ops.cast(cat(outs), qh.dtype)
-    return out, cat(lses), cat(valids)
+    out = ops.cast(_concat_rows(outs), qh.dtype)
+    return out, _concat_rows(lses), _concat_rows(valids)
+
+
+def _concat_rows(tiles):
+    """Query tiles `(b, g, r, Bq, .)` joined along the query axis."""
+    return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
 def _backward(plan, qh, kh, vh, aux, out, lse, valid, d_out):

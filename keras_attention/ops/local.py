@@ -26,8 +26,9 @@ import numpy as np
 from keras import ops
 
 from keras_attention.masks import window_bounds
-from keras_attention.ops.attention import as_4d_mask
-from keras_attention.ops.attention import masked_softmax
+from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.masking import masked_softmax
+from keras_attention.utils import validation
 
 
 def default_block_size(left, right):
@@ -105,8 +106,9 @@ def banded_to_dense(weights, window_size, causal=False):
     band = left + right + 1
     if weights.shape[-1] is not None and weights.shape[-1] != band:
         raise ValueError(
-            f"`weights` must have {band} columns for window_size={window_size!r}, "
-            f"causal={causal!r}. Received: weights.shape={tuple(weights.shape)!r}"
+            f"`weights` must have {band} columns for "
+            f"window_size={window_size!r}, causal={causal!r}. "
+            f"Received: weights.shape={tuple(weights.shape)!r}"
         )
     t = (
         weights.shape[-2]
@@ -249,7 +251,8 @@ def local_attention(
 
     >>> import numpy as np
     >>> import keras_attention
-    >>> x = np.random.default_rng(0).normal(size=(1, 10, 2, 4)).astype("float32")
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(1, 10, 2, 4)).astype("float32")
     >>> out, banded = keras_attention.ops.local_attention(
     ...     x, x, x, window_size=2, return_weights=True)
     >>> tuple(out.shape), tuple(banded.shape)
@@ -259,10 +262,7 @@ def local_attention(
     block = (
         default_block_size(left, right) if block_size is None else block_size
     )
-    if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
-        raise ValueError(
-            f"`block_size` must be a positive integer. Received: block_size={block!r}"
-        )
+    validation.check_positive_int("block_size", block)
     width = block + left + right  # W: keys seen by one query block
     m = -(-width // block)  # key blocks per window
     num_heads, num_groups = query.shape[2], key.shape[2]
