@@ -133,3 +133,18 @@ _LAYOUTS = {
     (3,): "(batch, steps, features)",
     (2, 3): "(batch, steps, features) or (batch, features)",
 }
+
+
+def check_integer_values(name, value, allow_negative=False):
+    """Raises `ValueError` naming `name` unless `value` (a Python or NumPy
+    integer, or an array of them) holds integers, all `>= 0` unless
+    `allow_negative`. Bools and floats are refused (`3.0` is not an index).
+
+    Known values only: symbolic tensors have no values to check.
+    """
+    values = np.asarray(value)
+    if values.dtype.kind in "iu" and (allow_negative or not np.any(values < 0)):
+        return
+    what = "an integer" if allow_negative else "a non-negative integer"
+    shown = value if values.ndim == 0 or isinstance(value, str) else values
+    raise ValueError(f"`{name}` must be {what}. Received: {name}={shown!r}")
