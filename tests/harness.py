@@ -11,13 +11,11 @@ functional models positionally, in the dict's order.
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import textwrap
 
 import keras
 import numpy as np
+import serving
 
 BACKEND = keras.backend.backend()
 
@@ -109,33 +107,28 @@ def check_symbolic_shapes(
         )
 
 
-_SERVE_SCRIPT = textwrap.dedent(
-    """
-    import os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    import numpy as np
-    import tensorflow as tf
-    assert "keras_attention" not in sys.modules
-    path, inputs_path, out_path = sys.argv[1:4]
-    served = tf.saved_model.load(path)
-    data = np.load(inputs_path)
-    results = {}
-    for variant in sorted({k.split("/")[0] for k in data.files}):
-        names = sorted(k for k in data.files if k.startswith(variant + "/"))
-        args = [tf.constant(data[n]) for n in names]
-        outs = served.serve(args)
-        outs = outs if isinstance(outs, (list, tuple)) else [outs]
-        for i, o in enumerate(outs):
-            results[f"{variant}/{i}"] = o.numpy()
-    assert "keras_attention" not in sys.modules
-    np.savez(out_path, **results)
-    """
-)
+_SERVE_CODE = """
+import numpy as np
+import tensorflow as tf
+
+path, inputs_path, out_path = sys.argv[1:4]
+served = tf.saved_model.load(path)
+data = np.load(inputs_path)
+results = {}
+for variant in sorted({k.split("/")[0] for k in data.files}):
+    names = sorted(k for k in data.files if k.startswith(variant + "/"))
+    outs = served.serve([tf.constant(data[n]) for n in names])
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    for i, o in enumerate(outs):
+        results[f"{variant}/{i}"] = o.numpy()
+np.savez(out_path, **results)
+"""
 
 
 def check_saved_model(model, variants, atol=ATOL):
-    """Exports `model`, serves each input variant in a fresh process that
-    does not import keras_attention, and compares with the Keras model."""
+    """Exports `model`, serves each input variant with TensorFlow alone in a
+    fresh process that cannot import keras_attention, examples or Keras,
+    and compares with the Keras model."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "exported")
         model.export(path, verbose=False)
@@ -143,27 +136,16 @@ def check_saved_model(model, variants, atol=ATOL):
         for vi, data in enumerate(variants):
             for ai, v in enumerate(data.values()):
                 arrays[f"v{vi}/{ai:02d}"] = v
-        np.savez(os.path.join(tmp, "in.npz"), **arrays)
-        script = os.path.join(tmp, "serve.py")
-        with open(script, "w") as f:
-            f.write(_SERVE_SCRIPT)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                script,
-                path,
-                os.path.join(tmp, "in.npz"),
-                os.path.join(tmp, "out.npz"),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
+        inputs_path = os.path.join(tmp, "in.npz")
+        out_path = os.path.join(tmp, "out.npz")
+        np.savez(inputs_path, **arrays)
+        serving.run_in_fresh_process(
+            _SERVE_CODE,
+            args=[path, inputs_path, out_path],
+            blocked_modules=serving.BLOCKED_MODULES + serving.KERAS_MODULES,
             cwd=tmp,
         )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        served = np.load(os.path.join(tmp, "out.npz"))
+        served = np.load(out_path)
         for vi, data in enumerate(variants):
             expected = _predict(model, data)
             for oi, e in enumerate(expected):

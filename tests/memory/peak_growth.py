@@ -1,25 +1,17 @@
 """Runs a script in a fresh TensorFlow process and reads how much its peak
 RSS grew; the script prints `before after` (MiB) as its last two words."""
 
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+import serving
 
 
 def peak_growth_mib(script, timeout=600):
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
+    done = serving.run_in_fresh_process(
+        script,
+        blocked_modules=(),
+        cwd=None,
+        env={"KERAS_BACKEND": "tensorflow"},
+        pythonpath=(serving.ROOT,),
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     before, after = map(float, done.stdout.split()[-2:])
     return after - before

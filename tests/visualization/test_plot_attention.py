@@ -1,9 +1,8 @@
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+import serving
 
 from keras_attention.visualization import plot_attention
 
@@ -63,15 +62,14 @@ def test_errors():
 def test_works_without_matplotlib_until_plotting():
     # matplotlib is an optional extra: importing the package must not need
     # it; plotting says how to install it.
-    code = (
-        "import sys; sys.modules['matplotlib'] = None\n"
-        "import keras_attention.visualization as v\n"
-        "try:\n"
-        "    v.plot_attention([[1.0]], ['a'], ['b'])\n"
-        "except ImportError as e:\n"
-        "    print('IMPORT ERROR', 'pip install matplotlib' in str(e))\n"
+    code = """
+    import keras_attention.visualization as v
+
+    try:
+        v.plot_attention([[1.0]], ["a"], ["b"])
+    except ImportError as e:
+        answer("pip install matplotlib" in str(e))
+    """
+    assert serving.answer_in_fresh_process(
+        code, blocked_modules=("matplotlib",), pythonpath=(serving.ROOT,)
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True
-    )
-    assert "IMPORT ERROR True" in out.stdout, out.stderr[-2000:]
