@@ -9,6 +9,7 @@ arguments; `call_kwargs` holds the other call arguments. Inputs are fed to
 functional models positionally, in the dict's order.
 """
 
+import inspect
 import json
 import os
 import tempfile
@@ -73,7 +74,17 @@ def _variant(input_data, batch_factor=1, trim=0):
     return out
 
 
-def check_config(layer):
+def _public_dir(obj):
+    names = set(dir(obj))
+    names.discard("__annotations__")
+    return names
+
+
+def check_config(layer, check_dir=True):
+    """`get_config` -> `from_config` and `serialize_keras_object` ->
+    `deserialize_keras_object` give the identical JSON config; with
+    `check_dir`, the revived layers also have the same attributes (`dir()`)
+    as `layer` (an unbuilt layer: `build` adds attributes)."""
     cls = layer.__class__
     config = layer.get_config()
     revived = cls.from_config(config)
@@ -87,23 +98,113 @@ def check_config(layer):
     assert json.dumps(again.get_config(), sort_keys=True) == json.dumps(
         config, sort_keys=True
     )
+    if check_dir:
+        for other in (revived, again):
+            missing = _public_dir(layer) - _public_dir(other)
+            extra = _public_dir(other) - _public_dir(layer)
+            assert not missing and not extra, (
+                f"dir() differs after rebuilding {cls.__name__} from its "
+                f"config: missing {sorted(missing)}, extra {sorted(extra)}"
+            )
+
+
+def seed_generators(layer):
+    """The distinct `SeedGenerator`s of `layer` and all its sublayers."""
+    found = {}
+    for sublayer in layer._flatten_layers(include_self=True, recursive=True):
+        for generator in sublayer._seed_generators:
+            found.setdefault(id(generator), generator)
+    return list(found.values())
+
+
+def state_counts(layer):
+    """Counts of a built layer's state, by kind."""
+    return dict(
+        trainable_weights=len(layer.trainable_weights),
+        non_trainable_weights=len(layer.non_trainable_weights),
+        non_trainable_variables=len(layer.non_trainable_variables),
+        seed_generators=len(seed_generators(layer)),
+    )
+
+
+def check_state_counts(layer, expected, how):
+    """`layer`'s state counts equal `expected` (a dict of `state_counts`
+    keys; a `None` value is not checked)."""
+    assert layer.built, f"{type(layer).__name__} not built {how}"
+    actual = state_counts(layer)
+    for kind, count in expected.items():
+        if count is not None:
+            assert actual[kind] == count, (
+                f"{type(layer).__name__} {how}: {actual[kind]} {kind}, "
+                f"expected {count}"
+            )
+
+
+def build_shapes(layer, input_data):
+    """Keyword arguments for `layer.build`, as Keras's `__call__` aligns
+    them: a one-argument `build` gets the first input's shape, a
+    multi-argument `build(foo_shape, ...)` the shape of call argument
+    `foo`."""
+    shapes = {f"{k}_shape": tuple(v.shape) for k, v in input_data.items()}
+    names = [
+        name
+        for name, p in inspect.signature(layer.build).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if len(names) == 1:
+        return {names[0]: next(iter(shapes.values()))}
+    return {name: shapes[name] for name in names if name in shapes}
+
+
+def check_build_from_shapes(
+    layer_cls, init_kwargs, input_data, call_kwargs, reference, eager, atol
+):
+    """`layer.build(**shapes)` alone creates all the state `reference` (a
+    layer built by a call) has; with `reference`'s weights, a call creates
+    nothing more and reproduces `eager`."""
+    layer = layer_cls(**init_kwargs)
+    layer.build(**build_shapes(layer, input_data))
+    expected = state_counts(reference)
+    check_state_counts(layer, expected, "after build() from shapes")
+    layer.set_weights(reference.get_weights())
+    outputs = _as_tuple(layer(**input_data, **call_kwargs))
+    check_state_counts(layer, expected, "after build() from shapes and call")
+    _assert_all_close(outputs, eager, atol, "build() from shapes, then call")
+
+
+def _symbolic(input_data, float_dtype=None):
+    """KerasTensors shaped like `input_data`; floats in `float_dtype`."""
+    return {
+        k: keras.KerasTensor(
+            v.shape,
+            dtype=float_dtype
+            if float_dtype and v.dtype.kind == "f"
+            else str(v.dtype),
+        )
+        for k, v in input_data.items()
+    }
 
 
 def check_symbolic_shapes(
-    layer_cls, init_kwargs, input_data, call_kwargs, eager
+    layer_cls, init_kwargs, input_data, call_kwargs, eager, counts=None
 ):
+    """A symbolic call gives the eager outputs' shapes and dtypes, and
+    builds the state counts `counts` (if given)."""
     layer = layer_cls(**init_kwargs)
-    symbolic = {
-        k: keras.KerasTensor(v.shape, dtype=str(v.dtype))
-        for k, v in input_data.items()
-    }
-    outputs = _as_tuple(layer(**symbolic, **call_kwargs))
-    assert len(outputs) == len(eager), (len(outputs), len(eager))
-    for s, e in zip(outputs, eager):
-        assert tuple(s.shape) == tuple(e.shape), (s.shape, e.shape)
-        assert keras.backend.standardize_dtype(s.dtype) == str(e.dtype), (
-            s.dtype,
-            e.dtype,
+    outputs = _as_tuple(layer(**_symbolic(input_data), **call_kwargs))
+    if counts is not None:
+        check_state_counts(layer, counts, "by a symbolic call")
+    assert len(outputs) == len(eager), (
+        f"{len(outputs)} symbolic outputs, {len(eager)} eager ones"
+    )
+    for i, (s, e) in enumerate(zip(outputs, eager)):
+        assert tuple(s.shape) == tuple(e.shape), (
+            f"symbolic output {i} has shape {tuple(s.shape)}, the eager one "
+            f"{tuple(e.shape)} (compute_output_shape?)"
+        )
+        dtype = keras.backend.standardize_dtype(s.dtype)
+        assert dtype == str(e.dtype), (
+            f"symbolic output {i} has dtype {dtype}, the eager one {e.dtype}"
         )
 
 
@@ -179,8 +280,55 @@ def check_fit(layer_cls, init_kwargs, input_data, call_kwargs, jit_compile):
     assert any(changed) or not before, "fit changed no weight"
 
 
+def check_sublayer_policies(layer):
+    """Every sublayer computes and stores in `layer`'s dtypes (keras-hub's
+    precision test): a sublayer created without `dtype=self.dtype_policy`
+    takes the global policy instead."""
+    policy = layer.dtype_policy
+    expected = (policy.compute_dtype, policy.variable_dtype)
+    wrong = [
+        f"{sublayer.path!r} ({type(sublayer).__name__}): "
+        f"{sublayer.dtype_policy.name!r}"
+        for sublayer in layer._flatten_layers(
+            include_self=False, recursive=True
+        )
+        if not isinstance(sublayer, keras.layers.InputLayer)
+        and (sublayer.compute_dtype, sublayer.variable_dtype) != expected
+    ]
+    assert not wrong, (
+        f"sublayers of {type(layer).__name__} (dtype policy "
+        f"{policy.name!r}) in another dtype policy: " + "; ".join(wrong)
+    )
+
+
+def check_output_spec_dtypes(layer, input_data, call_kwargs, outputs):
+    """Every output's dtype is the one `compute_output_spec` announces
+    (Keras's mixed precision check; float inputs in the compute dtype when
+    the layer autocasts)."""
+    float_dtype = layer.compute_dtype if layer.autocast else None
+    specs = _as_tuple(
+        layer.compute_output_spec(
+            **_symbolic(input_data, float_dtype), **call_kwargs
+        )
+    )
+    assert len(specs) == len(outputs), (len(specs), len(outputs))
+    for i, (o, spec) in enumerate(zip(outputs, specs)):
+        dtype = keras.backend.standardize_dtype(o.dtype)
+        assert dtype == spec.dtype, (
+            f"{type(layer).__name__} output {i} under "
+            f"{layer.dtype_policy.name}: dtype {dtype}, compute_output_spec "
+            f"says {spec.dtype}"
+        )
+
+
 def check_mixed_precision(
-    layer_cls, init_kwargs, input_data, call_kwargs, policy
+    layer_cls,
+    init_kwargs,
+    input_data,
+    call_kwargs,
+    policy,
+    check_output_spec=True,
+    check_sublayers=True,
 ):
     layer = layer_cls(**init_kwargs, dtype=policy)
     outputs = _as_tuple(layer(**input_data, **call_kwargs))
@@ -194,6 +342,30 @@ def check_mixed_precision(
     for w in layer.weights:
         if keras.backend.is_float_dtype(w.dtype):
             assert keras.backend.standardize_dtype(w.dtype) == "float32", w.path
+    if check_output_spec:
+        check_output_spec_dtypes(layer, input_data, call_kwargs, outputs)
+    if check_sublayers:
+        check_sublayer_policies(layer)
+
+
+# The checks `run_layer_test(skip_checks={name: reason})` may skip, each
+# only with the reason it cannot apply to the layer.
+SKIPPABLE_CHECKS = (
+    "dir",  # dir() equal after rebuilding from config
+    "build_from_shapes",  # build(**shapes) alone creates all the state
+    "output_spec_dtypes",  # mixed precision: outputs as compute_output_spec
+    "sublayer_policies",  # mixed precision: sublayers in the layer's policy
+)
+
+
+def _skipped(skip_checks):
+    skip_checks = dict(skip_checks or {})
+    for name, reason in skip_checks.items():
+        assert name in SKIPPABLE_CHECKS, (name, SKIPPABLE_CHECKS)
+        assert isinstance(reason, str) and reason.strip(), (
+            f"skipping {name!r} needs a reason"
+        )
+    return skip_checks
 
 
 def run_layer_test(
@@ -209,26 +381,42 @@ def run_layer_test(
     run_fit=True,
     run_mixed_precision=True,
     atol=ATOL,
+    expected_num_non_trainable_variables=None,
+    expected_num_seed_generators=None,
+    skip_checks=None,
 ):
     """Runs the checks every layer of the package must pass.
 
     1. `get_config` -> `from_config` gives the identical JSON config, and
-       `serialize_keras_object` round-trips.
-    2. Weight counts after build; symbolic output shapes/dtypes equal eager.
+       `serialize_keras_object` round-trips; the revived layers have the
+       same `dir()` as the original.
+    2. State counts after the first call (trainable and non-trainable
+       weights, non-trainable variables, seed generators) equal the
+       `expected_num_*` given; a symbolic call and `build(**shapes)` alone
+       create the same state; after `build` from shapes and the first
+       call's weights, a call reproduces its outputs. Symbolic output
+       shapes/dtypes equal eager.
     3. `.keras` save -> `load_model` -> identical outputs.
-    4. TensorFlow SavedModel in a fresh process (no keras_attention import),
-       also with another batch size and a shorter sequence (TF backend).
+    4. TensorFlow SavedModel in a fresh process (no keras_attention, no
+       Keras import), also with another batch size and a shorter sequence
+       (TF backend).
     5. `fit` on a `tf.data.Dataset`, with and without `jit_compile`.
     6. `mixed_float16` and `mixed_bfloat16`: finite outputs, compute-dtype
-       output, float32 variables.
+       first output, every output in the dtype `compute_output_spec`
+       announces, float32 variables, every sublayer in the layer's dtype
+       policy.
+
+    `skip_checks` maps a name of `SKIPPABLE_CHECKS` to the reason it cannot
+    apply to this layer.
 
     Returns the eager outputs (a tuple) for further checks.
     """
     call_kwargs = dict(call_kwargs or {})
     input_data = {k: np.asarray(v) for k, v in input_data.items()}
+    skipped = _skipped(skip_checks)
 
     layer = layer_cls(**init_kwargs)
-    check_config(layer)
+    check_config(layer, check_dir="dir" not in skipped)
     eager = tuple(_np(o) for o in _as_tuple(layer(**input_data, **call_kwargs)))
     for o in eager:
         assert np.all(np.isfinite(o.astype("float32"))), "non-finite output"
@@ -237,17 +425,26 @@ def run_layer_test(
         if not isinstance(shapes[0], (tuple, list)):
             shapes = (shapes,)
         assert tuple(tuple(o.shape) for o in eager) == tuple(map(tuple, shapes))
-    if expected_num_trainable_weights is not None:
-        assert len(layer.trainable_weights) == expected_num_trainable_weights
-    if expected_num_non_trainable_weights is not None:
-        assert (
-            len(layer.non_trainable_weights)
-            == expected_num_non_trainable_weights
-        )
-    check_config(layer)  # config is stable after build
-    check_symbolic_shapes(
-        layer_cls, init_kwargs, input_data, call_kwargs, eager
+    expected_counts = dict(
+        trainable_weights=expected_num_trainable_weights,
+        non_trainable_weights=expected_num_non_trainable_weights,
+        non_trainable_variables=expected_num_non_trainable_variables,
+        seed_generators=expected_num_seed_generators,
     )
+    check_state_counts(layer, expected_counts, "by an eager call")
+    check_config(layer, check_dir=False)  # config is stable after build
+    check_symbolic_shapes(
+        layer_cls,
+        init_kwargs,
+        input_data,
+        call_kwargs,
+        eager,
+        counts=state_counts(layer),
+    )
+    if "build_from_shapes" not in skipped:
+        check_build_from_shapes(
+            layer_cls, init_kwargs, input_data, call_kwargs, layer, eager, atol
+        )
 
     model = _make_model(layer_cls(**init_kwargs), input_data, call_kwargs)
     expected = _predict(model, input_data)
@@ -272,7 +469,13 @@ def run_layer_test(
     if run_mixed_precision:
         for policy in ("mixed_float16", "mixed_bfloat16"):
             check_mixed_precision(
-                layer_cls, init_kwargs, input_data, call_kwargs, policy
+                layer_cls,
+                init_kwargs,
+                input_data,
+                call_kwargs,
+                policy,
+                check_output_spec="output_spec_dtypes" not in skipped,
+                check_sublayers="sublayer_policies" not in skipped,
             )
     return eager
 

@@ -1,0 +1,232 @@
+"""The harness catches the defects it is meant to catch.
+
+Each broken toy layer differs from the correct `Scale` in one defect;
+`run_layer_test` must fail on it (with the check's message), and pass on
+`Scale` itself. The slow checks (SavedModel, `fit`) are off: they are not
+what these tests are about.
+"""
+
+import harness
+import keras
+import numpy as np
+import pytest
+import serving
+from harness import run_layer_test
+from keras import ops
+
+X = np.random.default_rng(0).normal(size=(2, 3, 4)).astype("float32")
+FAST = dict(run_saved_model=False, run_fit=False)
+
+
+def _register(cls):
+    return keras.saving.register_keras_serializable("test_harness")(cls)
+
+
+@_register
+class Scale(keras.layers.Layer):
+    """Dense projection, dropout, times `factor`: a correct layer."""
+
+    def __init__(self, units, factor=2.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.factor = factor
+        self.seed = seed
+        self.dense = self._make_dense()
+        self.dropout = keras.layers.Dropout(
+            0.5, seed=seed, dtype=self.dtype_policy
+        )
+
+    def _make_dense(self):
+        return keras.layers.Dense(self.units, dtype=self.dtype_policy)
+
+    def build(self, inputs_shape):
+        self.dense.build(inputs_shape)
+
+    def call(self, inputs, training=None):
+        y = self.dropout(self.dense(inputs), training=training)
+        return y * ops.cast(self.factor, y.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(units=self.units, factor=self.factor, seed=self.seed)
+        return config
+
+
+@_register
+class GlobalPolicySublayer(Scale):
+    """Defect: the Dense sublayer takes the global dtype policy."""
+
+    def _make_dense(self):
+        return keras.layers.Dense(self.units)
+
+
+@_register
+class ConfigWithoutFactor(Scale):
+    """Defect: `get_config` forgets `factor` (it has a default, so
+    `from_config` still works, but the revived layer computes otherwise)."""
+
+    def get_config(self):
+        config = super().get_config()
+        del config["factor"]
+        return config
+
+
+@_register
+class WrongOutputShape(Scale):
+    """Defect: `compute_output_shape` keeps the input's feature size."""
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+
+@_register
+class AttributeNotInConfig(Scale):
+    """Defect: an `__init__` argument missing from `get_config` adds an
+    attribute, so a layer rebuilt from its config has another `dir()`."""
+
+    def __init__(self, units, trace=False, **kwargs):
+        super().__init__(units, **kwargs)
+        if trace:
+            self.trace_log = []
+
+
+@_register
+class BuildsNothing(Scale):
+    """Defect: `build` creates no weights; the first call does."""
+
+    def build(self, inputs_shape):
+        pass
+
+
+@_register
+class Float32Scores(Scale):
+    """Defect: a second output in float32 under mixed precision, where
+    `compute_output_spec` announces the compute dtype."""
+
+    def call(self, inputs, training=None):
+        y = super().call(inputs, training=training)
+        return y, ops.cast(ops.sum(y, axis=-1), "float32")
+
+    def compute_output_shape(self, inputs_shape):
+        return (super().compute_output_shape(inputs_shape), inputs_shape[:-1])
+
+
+def _run(cls, init_kwargs=None, **kwargs):
+    return run_layer_test(
+        cls,
+        dict(units=5, seed=1, **(init_kwargs or {})),
+        dict(inputs=X),
+        **{**FAST, **kwargs},
+    )
+
+
+def test_correct_layer_passes_with_all_counts():
+    (out,) = _run(
+        Scale,
+        expected_output_shape=(2, 3, 5),
+        expected_num_trainable_weights=2,
+        expected_num_non_trainable_weights=0,
+        expected_num_non_trainable_variables=1,  # the seed generator state
+        expected_num_seed_generators=1,
+    )
+    assert out.shape == (2, 3, 5)
+
+
+def test_sublayer_in_the_global_policy_fails():
+    with pytest.raises(AssertionError, match="\\(Dense\\): 'float32'"):
+        _run(GlobalPolicySublayer)
+
+
+def test_sublayer_policy_check_can_be_skipped_with_a_reason():
+    _run(
+        GlobalPolicySublayer,
+        skip_checks={"sublayer_policies": "toy: the check is under test"},
+    )
+    with pytest.raises(AssertionError, match="needs a reason"):
+        _run(GlobalPolicySublayer, skip_checks={"sublayer_policies": ""})
+    with pytest.raises(AssertionError, match="no_such_check"):
+        _run(Scale, skip_checks={"no_such_check": "typo"})
+
+
+def test_config_missing_an_argument_fails():
+    with pytest.raises(AssertionError, match=".keras"):
+        _run(ConfigWithoutFactor, dict(factor=3.0), run_mixed_precision=False)
+
+
+def test_wrong_compute_output_shape_fails():
+    with pytest.raises(
+        AssertionError, match="output 0 has shape \\(2, 3, 4\\)"
+    ):
+        _run(WrongOutputShape, run_mixed_precision=False)
+
+
+def test_dir_differs_after_from_config_fails():
+    with pytest.raises(AssertionError, match="dir\\(\\) differs.*trace_log"):
+        _run(AttributeNotInConfig, dict(trace=True), run_mixed_precision=False)
+
+
+def test_build_from_shapes_missing_weights_fails():
+    with pytest.raises(
+        AssertionError, match="symbolic call|build\\(\\) from shapes"
+    ):
+        _run(BuildsNothing, run_mixed_precision=False)
+
+
+def test_wrong_state_counts_fail():
+    with pytest.raises(AssertionError, match="1 seed_generators, expected 2"):
+        _run(Scale, expected_num_seed_generators=2, run_mixed_precision=False)
+    with pytest.raises(AssertionError, match="non_trainable_weights"):
+        _run(
+            Scale,
+            expected_num_non_trainable_weights=1,
+            run_mixed_precision=False,
+        )
+
+
+def test_output_dtype_unlike_compute_output_spec_fails():
+    with pytest.raises(AssertionError, match="output 1 .*compute_output_spec"):
+        _run(Float32Scores)
+
+
+def test_build_shapes_align_like_keras_call():
+    class TwoInputs(keras.layers.Layer):
+        def build(self, query_shape, value_shape=None):
+            pass
+
+        def call(self, query, value=None, query_mask=None):
+            return query
+
+    one = harness.build_shapes(Scale(2), dict(inputs=X, mask=X[..., 0]))
+    assert one == dict(inputs_shape=(2, 3, 4))
+    two = harness.build_shapes(
+        TwoInputs(), dict(query=X, value=X[:, :2], query_mask=X[..., 0])
+    )
+    assert two == dict(query_shape=(2, 3, 4), value_shape=(2, 2, 4))
+
+
+def test_fresh_process_cannot_import_blocked_modules():
+    code = """
+    import importlib
+
+    found = {}
+    for name in sys.argv[1:]:
+        try:
+            importlib.import_module(name)
+            found[name] = True
+        except ImportError:
+            found[name] = False
+    answer(found)
+    """
+    assert serving.answer_in_fresh_process(
+        code,
+        args=["keras_attention", "examples", "json"],
+        blocked_modules=serving.BLOCKED_MODULES,
+    ) == {"keras_attention": False, "examples": False, "json": True}
+
+
+def test_fresh_process_failure_shows_stderr():
+    with pytest.raises(AssertionError, match="(?s)exited with 1.*boom"):
+        serving.run_in_fresh_process("raise SystemExit('boom')")
