@@ -1,1 +1,3 @@
-"""Runnable examples of `keras_attention` (`python -m examples.<name>`)."""
+"""Runnable examples of `keras_attention`, one folder each, run from the
+repository root (`python -m examples.<name>`); not part of the installed
+package."""

@@ -9,9 +9,9 @@ example plots them as PNG heatmaps. Reports test accuracy (and the
 majority-class baseline) and exports a SavedModel that classifies raw
 strings:
 
-    python -m examples.classify                      # a few minutes on 2 CPU cores
-    python -m examples.classify --encoder gru        # bidirectional GRU
-    python -m examples.classify --dataset imdb_reviews --download  # real TFDS corpus
+    python -m examples.classify                # minutes on 2 CPU cores
+    python -m examples.classify --encoder gru  # bidirectional GRU
+    python -m examples.classify --dataset imdb_reviews --download
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the WordPiece ops)
@@ -32,7 +32,6 @@ from examples.common import setup_runtime
 logger = logging.getLogger("examples")
 
 DEFAULT_DATASET = "wordnet_glosses"
-SHIPPED = {"wordnet_glosses": "examples.data.wordnet_glosses"}
 
 DEMO_TEXTS = (
     "a large wild cat with a striped coat",
@@ -104,88 +103,6 @@ def parse_args(argv=None):
     return args
 
 
-def load_splits(args):
-    """`(train, validation, test, class_names)`: datasets of (text, label)."""
-    import importlib
-
-    import tensorflow_datasets as tfds
-
-    name = args.dataset
-    prepare = args.download
-    if name in SHIPPED:
-        importlib.import_module(SHIPPED[name])  # registers the builder
-        name = f"{name}/{'tiny' if args.quick else 'full'}"
-        prepare = True  # built from the shipped file, no network
-    builder = tfds.builder(name, data_dir=args.data_dir)
-    if prepare:
-        builder.download_and_prepare()
-    elif not builder.is_prepared():
-        raise ValueError(
-            f"The TFDS dataset {name!r} is not prepared in {builder.data_dir!r}. "
-            "Pass --download to fetch it, or --data-dir where it is prepared. "
-            f"Received: dataset={args.dataset!r}"
-        )
-    splits = builder.info.splits
-    train, val = ("train", "validation")
-    if "validation" not in splits:
-        train, val = "train[:90%]", "train[90%:]"
-    test = "test" if "test" in splits else val
-    load = lambda s: builder.as_dataset(split=s, as_supervised=True)  # noqa: E731
-    label_key = builder.info.supervised_keys[1]
-    class_names = builder.info.features[label_key].names
-    return load(train), load(val), load(test), class_names
-
-
-def tokenize_splits(splits, tokenizer, max_length):
-    import tensorflow as tf
-
-    def encode(texts, labels):  # tokenizing whole batches is much faster
-        ids = tokenizer(texts)[:, :max_length]
-        return ids.to_tensor(0), tf.cast(ids.row_lengths(), tf.int32), labels
-
-    def trim(ids, length, label):
-        return tf.cast(ids[:length], tf.int32), tf.cast(label, tf.int32)
-
-    return [
-        ds.batch(1024)
-        .map(encode, num_parallel_calls=tf.data.AUTOTUNE)
-        .unbatch()
-        .map(trim, num_parallel_calls=tf.data.AUTOTUNE)
-        for ds in splits
-    ]
-
-
-def batches(ds, args, shuffle):
-    import tensorflow as tf
-
-    from examples.common.text import make_batches
-
-    step = max(args.max_length // 6, 1)
-    return make_batches(
-        ds,
-        args.batch_size,
-        length_fn=lambda ids, label: tf.shape(ids)[0],
-        bucket_boundaries=list(range(step, args.max_length, step)),
-        shuffle=shuffle,
-        seed=args.seed,
-    )
-
-
-def majority_baseline(train, test):
-    """Accuracy of always predicting the most frequent training class."""
-    import numpy as np
-
-    def labels(ds):
-        batches = (
-            ds.map(lambda text, label: label).batch(8192).as_numpy_iterator()
-        )
-        return np.concatenate(list(batches)).astype(int)
-
-    train_labels, test_labels = labels(train), labels(test)
-    majority = np.bincount(train_labels).argmax()
-    return float(np.mean(test_labels == majority))
-
-
 def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
     """One PNG per text: the pooling weight of each token.
 
@@ -194,7 +111,7 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
     import numpy as np
     import tensorflow as tf
 
-    from examples.classify_model import pad_ids
+    from examples.classify.model import pad_ids
     from examples.common.text import id_to_tokens
     from keras_attention.visualization import plot_attention
 
@@ -232,11 +149,14 @@ def main(argv=None):
     import keras
     import numpy as np
 
-    from examples.classify_model import build_classifier
-    from examples.classify_model import export_classifier
-    from examples.classify_text import word_piece_tokenizer
+    from examples.classify import data
+    from examples.classify.export import export_classifier
+    from examples.classify.model import build_classifier
+    from examples.classify.vocabulary import word_piece_tokenizer
 
-    train_raw, val_raw, test_raw, class_names = load_splits(args)
+    train_raw, val_raw, test_raw, class_names = data.load_splits(
+        args.dataset, args.data_dir, args.download, tiny=args.quick
+    )
     tokenizer = word_piece_tokenizer(
         train_raw.map(lambda t, y: t), args.vocabulary_size
     )
@@ -246,12 +166,13 @@ def main(argv=None):
         len(class_names),
         vocabulary_size,
     )
-    train, val, test = tokenize_splits(
+    train, val, test = data.tokenize_splits(
         (train_raw, val_raw, test_raw), tokenizer, args.max_length
     )
-    train_batches = batches(train, args, shuffle=True)
-    val_batches = batches(val, args, shuffle=False)
-    test_batches = batches(test, args, shuffle=False)
+    train_batches, val_batches, test_batches = (
+        data.batches(ds, args.batch_size, args.max_length, shuffle, args.seed)
+        for ds, shuffle in ((train, True), (val, False), (test, False))
+    )
 
     with strategy.scope():
         model, attention_model = build_classifier(
@@ -283,7 +204,7 @@ def main(argv=None):
         mode="max",
     )
     test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
-    baseline = majority_baseline(train_raw, test_raw)
+    baseline = data.majority_baseline(train_raw, test_raw)
     train_time = time.time() - start
     print(
         f"\ntest accuracy: {test_accuracy:.4f} (majority-class baseline "
@@ -295,7 +216,8 @@ def main(argv=None):
         export_path, attention_model, tokenizer, class_names, args.max_length
     )
     print(
-        f"SavedModel: {export_path}  (tf.saved_model.load(path).classify(texts))"
+        f"SavedModel: {export_path}  "
+        "(tf.saved_model.load(path).classify(texts))"
     )
     served = server.classify(np.array(DEMO_TEXTS, dtype=object))
     for text, label, p in zip(

@@ -1,15 +1,17 @@
-"""Model and string-serving export of the `classify` example.
+"""The model of the `classify` example.
 
 The classifier reads token ids, encodes them (a bidirectional GRU, or
 transformer encoder blocks), pools the sequence with `AttentionPooling`
 (Yang et al., 2016) and predicts a class. The pooling weights say which
-tokens the prediction rests on; `classify.py` plots them.
+tokens the prediction rests on; `__main__.py` plots them.
 """
 
 import keras
 import tensorflow as tf
 
 from keras_attention.layers import AttentionPooling
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerEncoderBlock
 
 
 def build_classifier(
@@ -41,9 +43,6 @@ def build_classifier(
             name="bigru",
         )(x)  # (b, t, d), keeps the padding mask
     elif encoder == "transformer":
-        from keras_attention.layers import TokenAndPositionEmbedding
-        from keras_attention.layers import TransformerEncoderBlock
-
         x = TokenAndPositionEmbedding(
             vocabulary_size,
             max_length,
@@ -63,7 +62,8 @@ def build_classifier(
         x = keras.layers.LayerNormalization(name="final_norm")(x)
     else:
         raise ValueError(
-            f"`encoder` must be 'gru' or 'transformer'. Received: encoder={encoder!r}"
+            "`encoder` must be 'gru' or 'transformer'. "
+            f"Received: encoder={encoder!r}"
         )
     pooled, weights = AttentionPooling(units=hidden_dim, name="pooling")(
         x, return_attention_scores=True
@@ -94,46 +94,3 @@ def pad_ids(token_ids, max_length):
             0, shape=[None, max_length]
         )
     return tf.cast(token_ids, tf.int32)
-
-
-class ClassifierServer(tf.Module):
-    """What the SavedModel serves: raw strings in, class names out.
-
-    `classify(text)` takes a `(batch,)` string tensor and returns
-    `{"label": (batch,) string, "probability": (batch,) float32,
-    "attention": (batch, max_length) float32}`; tokenization runs inside
-    the graph (only TensorFlow and `tensorflow_text` are needed to serve).
-    """
-
-    def __init__(self, attention_model, tokenizer, class_names, max_length):
-        super().__init__()
-        self.attention_model = attention_model
-        self.tokenizer = tokenizer
-        self.class_names = tf.constant(list(class_names))
-        self.max_length = max_length
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")]
-    )
-    def classify(self, text):
-        ids = pad_ids(self.tokenizer(text), self.max_length)
-        probabilities, weights = self.attention_model(ids, training=False)
-        best = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
-        return {
-            "label": tf.gather(self.class_names, best),
-            "probability": tf.reduce_max(probabilities, axis=-1),
-            "attention": tf.cast(weights, tf.float32),
-        }
-
-
-def export_classifier(
-    path, attention_model, tokenizer, class_names, max_length
-):
-    """Writes the string-serving SavedModel; returns the server module."""
-    server = ClassifierServer(
-        attention_model, tokenizer, class_names, max_length
-    )
-    tf.saved_model.save(
-        server, path, signatures={"serving_default": server.classify}
-    )
-    return server

@@ -1,4 +1,6 @@
-"""Shared infrastructure of the examples: runtime setup, training, text."""
+"""Shared infrastructure of the examples: runtime setup and training
+(`training`), tokenizers and batching (`text`), the shipped datasets and
+dataset loading (`datasets`)."""
 
 from examples.common.training import HelpFormatter
 from examples.common.training import add_training_args

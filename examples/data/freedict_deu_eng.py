@@ -22,9 +22,10 @@ hash of the German text (90% train, 5% validation, 5% test).
 import gzip
 import os
 import re
-import zlib
 
 import tensorflow_datasets as tfds
+
+from examples.common import datasets
 
 FREEDICT_DIR = os.environ.get("FREEDICT_DIR", "/usr/share/dictd")
 DICT_FILE = "freedict-deu-eng.dict.dz"
@@ -76,14 +77,13 @@ def read_pairs(directory=None):
 
 
 def split_of(german):
-    bucket = zlib.crc32(german.encode("utf-8")) % 20
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+    """Split of a pair: 5% test, 5% validation, by a hash of the German."""
+    return datasets.split_of_key(german, 20)
 
 
-class FreedictDeuEng(tfds.core.GeneratorBasedBuilder):
+class FreedictDeuEng(datasets.ShippedBuilder):
     """German-English usage examples of the Ding/FreeDict dictionary."""
 
-    VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release (FreeDict deu-eng 2022.04)."}
 
     def _info(self):
@@ -99,14 +99,10 @@ class FreedictDeuEng(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager):
-        del dl_manager  # Read from the installed Debian package.
-        pairs = read_pairs()
-        return {
-            split: self._generate_examples(pairs, split)
-            for split in ("train", "validation", "test")
-        }
+        self._pairs = read_pairs()  # From the installed Debian package.
+        return super()._split_generators(dl_manager)
 
-    def _generate_examples(self, pairs, split):
-        for i, (de, en) in enumerate(pairs):
+    def _generate_examples(self, split):
+        for i, (de, en) in enumerate(self._pairs):
             if split_of(de) == split:
                 yield i, {"de": de, "en": en}

@@ -13,19 +13,16 @@ See `kjv_bible_README.md` for the license.
 """
 
 import argparse
-import csv
-import gzip
 import io
-import os
 import re
 import subprocess
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-DATA_FILE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "kjv_bible.tsv.gz"
-)
+from examples.common import datasets
+
+DATA_FILE = datasets.data_file("kjv_bible.tsv.gz")
 
 _CHAPTER = re.compile(r"^(\S.*?) (\d+)$")
 _VERSE = re.compile(r"^\s+(\d+) (.*)$")
@@ -54,18 +51,13 @@ def parse_bible_listing(lines):
 
 def read_verses(path=DATA_FILE):
     """Yields `(book, chapter, verse, text)` from the shipped TSV file."""
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        for book, chapter, verse, text in csv.reader(f, delimiter="\t"):
-            yield book, int(chapter), int(verse), text
+    for book, chapter, verse, text in datasets.read_tsv(path):
+        yield book, int(chapter), int(verse), text
 
 
 def split_of(chapter_index):
     """Split of the `chapter_index`-th chapter (0-based, whole Bible)."""
-    if chapter_index % 20 == 0:
-        return "test"
-    if chapter_index % 20 == 1:
-        return "validation"
-    return "train"
+    return datasets.split_of_index(chapter_index, 20)
 
 
 def regenerate(
@@ -75,25 +67,15 @@ def regenerate(
     listing = subprocess.run(
         command, check=True, capture_output=True, text=True
     )
-    rows = list(parse_bible_listing(io.StringIO(listing.stdout)))
-    with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerows(rows)
-    return len(rows)
+    return datasets.write_tsv(
+        path, parse_bible_listing(io.StringIO(listing.stdout))
+    )
 
 
-class KjvBible(tfds.core.GeneratorBasedBuilder):
+class KjvBible(datasets.ShippedBuilder):
     """The King James Bible, one example per verse, split by chapter."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(name="full", description="All examples."),
-        tfds.core.BuilderConfig(
-            name="tiny",
-            description="Every 20th example, for tests and smoke runs.",
-        ),
-    ]
+    BUILDER_CONFIGS = datasets.full_and_tiny_configs()
 
     def _info(self):
         return self.dataset_info_from_configs(
@@ -110,20 +92,12 @@ class KjvBible(tfds.core.GeneratorBasedBuilder):
             homepage="https://packages.debian.org/bible-kjv-text",
         )
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # Nothing is downloaded: the text ships with the repo.
-        return {
-            s: self._generate_examples(s)
-            for s in ("train", "validation", "test")
-        }
-
     def _generate_examples(self, split):
         chapter_index, last = -1, None
-        stride = 20 if self.builder_config.name == "tiny" else 1
         for i, (book, chapter, verse, text) in enumerate(read_verses()):
             if (book, chapter) != last:
                 chapter_index, last = chapter_index + 1, (book, chapter)
-            if split_of(chapter_index) == split and i % stride == 0:
+            if split_of(chapter_index) == split and i % self.stride == 0:
                 yield (
                     i,
                     {

@@ -20,10 +20,11 @@ every machine gets the same examples.
 """
 
 import datetime
-import zlib
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from examples.common import datasets
 
 LOCALES = (
     "en_US",
@@ -59,8 +60,7 @@ _SEEDS = {"train": 1, "validation": 2, "test": 3}
 
 def split_of(iso):
     """Split of a date: 5% test, 5% validation, by a hash of the date."""
-    bucket = zlib.crc32(iso.encode()) % 20
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+    return datasets.split_of_key(iso, 20)
 
 
 def formats_for(locale):
@@ -100,11 +100,9 @@ def generate(split, count, seed=None):
         produced += 1
 
 
-class MultilingualDates(tfds.core.GeneratorBasedBuilder):
+class MultilingualDates(datasets.ShippedBuilder):
     """Human-written multilingual dates and their ISO 8601 form."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS = [
         tfds.core.BuilderConfig(
             name=name,
@@ -128,14 +126,7 @@ class MultilingualDates(tfds.core.GeneratorBasedBuilder):
             homepage="https://babel.pocoo.org/",
         )
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # Generated in code: nothing is downloaded.
-        sizes = SIZES[self.builder_config.name]
-        return {
-            split: self._generate_examples(split, count)
-            for split, count in sizes.items()
-        }
-
-    def _generate_examples(self, split, count):
+    def _generate_examples(self, split):
+        count = SIZES[self.builder_config.name][split]
         for i, (text, iso, locale) in enumerate(generate(split, count)):
             yield i, {"text": text, "iso": iso, "locale": locale}

@@ -1,4 +1,4 @@
-"""WordNet noun definitions labelled with their semantic class, as a TFDS dataset.
+"""WordNet noun definitions labelled with their semantic class (TFDS).
 
 Each example is the definition (gloss) of one WordNet 3.0 noun synset, e.g.
 "a plant or animal that is atypically small", and its label is the synset's
@@ -18,16 +18,13 @@ test. See `wordnet_glosses_README.md` for the WordNet 3.0 license.
 """
 
 import argparse
-import csv
-import gzip
 import os
-import zlib
 
 import tensorflow_datasets as tfds
 
-DATA_FILE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "wordnet_glosses.tsv.gz"
-)
+from examples.common import datasets
+
+DATA_FILE = datasets.data_file("wordnet_glosses.tsv.gz")
 WORDNET_DIR = "/usr/share/wordnet"
 
 # Lexicographer files 04-28 (`lexnames(5WN)`); 03 (`noun.Tops`, the unique
@@ -83,39 +80,26 @@ def parse_data_noun(lines):
 
 
 def split_of(offset):
-    bucket = zlib.crc32(offset.encode()) % 10
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+    """Split of a synset: 10% test, 10% validation, by a hash of `offset`."""
+    return datasets.split_of_key(offset, 10)
 
 
 def read_glosses(path=DATA_FILE):
     """Yields `(label, offset, definition)` from the shipped TSV file."""
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        for label, offset, text in csv.reader(f, delimiter="\t"):
-            yield label, offset, text
+    for label, offset, text in datasets.read_tsv(path):
+        yield label, offset, text
 
 
 def regenerate(path=DATA_FILE, wordnet_dir=WORDNET_DIR):
     """Rebuilds the shipped file from an installed WordNet database."""
     with open(os.path.join(wordnet_dir, "data.noun"), encoding="utf-8") as f:
-        rows = list(parse_data_noun(f))
-    with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerows(rows)
-    return len(rows)
+        return datasets.write_tsv(path, parse_data_noun(f))
 
 
-class WordnetGlosses(tfds.core.GeneratorBasedBuilder):
+class WordnetGlosses(datasets.ShippedBuilder):
     """WordNet noun definitions -> one of 25 supersenses."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(name="full", description="All examples."),
-        tfds.core.BuilderConfig(
-            name="tiny",
-            description="Every 20th example, for tests and smoke runs.",
-        ),
-    ]
+    BUILDER_CONFIGS = datasets.full_and_tiny_configs()
 
     def _info(self):
         return self.dataset_info_from_configs(
@@ -130,17 +114,9 @@ class WordnetGlosses(tfds.core.GeneratorBasedBuilder):
             homepage="https://wordnet.princeton.edu/",
         )
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # Nothing is downloaded: the data ships with the repo.
-        return {
-            s: self._generate_examples(s)
-            for s in ("train", "validation", "test")
-        }
-
     def _generate_examples(self, split):
-        stride = 20 if self.builder_config.name == "tiny" else 1
         for i, (label, offset, text) in enumerate(read_glosses()):
-            if split_of(offset) == split and i % stride == 0:
+            if split_of(offset) == split and i % self.stride == 0:
                 yield offset, {"text": text, "label": label}
 
 
@@ -154,6 +130,5 @@ if __name__ == "__main__":
     parser.add_argument("--wordnet-dir", default=WORDNET_DIR)
     args = parser.parse_args()
     if args.regenerate:
-        print(
-            f"wrote {regenerate(wordnet_dir=args.wordnet_dir)} glosses to {DATA_FILE}"
-        )
+        count = regenerate(wordnet_dir=args.wordnet_dir)
+        print(f"wrote {count} glosses to {DATA_FILE}")

@@ -6,9 +6,9 @@ character (and per-character perplexity) on the held-out chapters,
 completes prompts with greedy, beam, top-k and top-p sampling through the
 key/value cache, and exports a SavedModel that completes raw strings:
 
-    python -m examples.language_model                   # ~1,000 CPU-seconds
-    python -m examples.language_model --window 0 --max-length 128  # full attention
-    python -m examples.language_model --text-file pg100.txt   # any UTF-8 text
+    python -m examples.language_model          # ~1,000 CPU-seconds
+    python -m examples.language_model --window 0 --max-length 128
+    python -m examples.language_model --text-file pg100.txt  # any UTF-8 text
     python -m examples.language_model --dataset tiny_shakespeare --download
 
     served = tf.saved_model.load("runs/language_model/saved_model")
@@ -16,9 +16,10 @@ key/value cache, and exports a SavedModel that completes raw strings:
 
 It trains on windows of --sequence-length (128) characters and generates up
 to --max-length (256). Positions are rotary and each position attends to
-the last --window (64) characters only, so every distance met while
-generating was met in training (see examples/lm_model.py); the run prints
-bits per character on windows of both lengths, which agree.
+the last --window (64) characters only (--window 0: full causal
+attention), so every distance met while generating was met in training
+(see examples/language_model/model.py); the run prints bits per character
+on windows of both lengths, which agree.
 """
 
 import argparse
@@ -131,20 +132,22 @@ def check_generation_length(parser, args):
             )
     if args.window < 0:
         parser.error(
-            f"--window must be >= 0 (0: full attention). Received: {args.window!r}"
+            "--window must be >= 0 (0: full attention). "
+            f"Received: {args.window!r}"
         )
     if args.window == 0 and args.max_length > args.sequence_length:
         parser.error(
             f"--max-length {args.max_length} exceeds --sequence-length "
-            f"{args.sequence_length} with full attention (--window 0): positions "
-            "beyond the training windows would meet distances never trained. Pass "
-            "--window N (N < sequence length), or --max-length <= --sequence-length."
+            f"{args.sequence_length} with full attention (--window 0): "
+            "positions beyond the training windows would meet distances "
+            "never trained. Pass --window N (N < sequence length), or "
+            "--max-length <= --sequence-length."
         )
     if args.window >= args.sequence_length:
         parser.error(
             f"--window {args.window} must be smaller than --sequence-length "
-            f"{args.sequence_length}: training must see every distance the window "
-            "allows (0..window)."
+            f"{args.sequence_length}: training must see every distance the "
+            "window allows (0..window)."
         )
 
 
@@ -156,14 +159,14 @@ def main(argv=None):
     import keras
     import numpy as np
 
-    from examples import lm_data
     from examples.common.text import character_tokenizer
-    from examples.lm_model import bits_per_character
-    from examples.lm_model import build_language_model
-    from examples.lm_model import export_language_model
-    from examples.lm_model import positional_bits_per_character
+    from examples.language_model import data
+    from examples.language_model.export import export_language_model
+    from examples.language_model.model import bits_per_character
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import positional_bits_per_character
 
-    train_lines, val_lines, test_lines = lm_data.load_text_splits(
+    train_lines, val_lines, test_lines = data.load_text_splits(
         args.dataset,
         args.text_file,
         args.data_dir,
@@ -174,14 +177,14 @@ def main(argv=None):
     vocabulary_size = tokenizer.vocabulary_size()
     logger.info("character vocabulary: %d code points", vocabulary_size)
     windows = [
-        lm_data.char_windows(d, tokenizer, args.sequence_length)
+        data.char_windows(d, tokenizer, args.sequence_length)
         for d in (train_lines, val_lines, test_lines)
     ]
-    train = lm_data.batches(
+    train = data.batches(
         windows[0], args.batch_size, shuffle=True, seed=args.seed
     )
     val, test = (
-        lm_data.batches(w, args.batch_size, shuffle=False) for w in windows[1:]
+        data.batches(w, args.batch_size, shuffle=False) for w in windows[1:]
     )
 
     max_length = max(args.sequence_length, args.max_length)
@@ -216,16 +219,16 @@ def main(argv=None):
     train_time = time.time() - start
     bpc = bits_per_character(test_loss)
     # Teacher-forced, on test windows as long as the generated texts.
-    long_windows = lm_data.char_windows(test_lines, tokenizer, args.max_length)
+    long_windows = data.char_windows(test_lines, tokenizer, args.max_length)
     bits = positional_bits_per_character(
-        model, lm_data.batches(long_windows, args.batch_size, shuffle=False)
+        model, data.batches(long_windows, args.batch_size, shuffle=False)
     )
     print(
         f"\ntest: {bpc:.3f} bits per character (per-character perplexity "
         f"{np.exp(test_loss):.2f}) on {args.sequence_length}-character windows "
         f"(the training length), {train_time / 60:.1f} min\n"
-        f"      {bits.mean():.3f} bits per character on {args.max_length}-character "
-        "windows (the generation length)"
+        f"      {bits.mean():.3f} bits per character on "
+        f"{args.max_length}-character windows (the generation length)"
         + (
             f", {bits[args.sequence_length :].mean():.3f} at positions "
             f"{args.sequence_length}-{args.max_length - 1}"
@@ -239,7 +242,8 @@ def main(argv=None):
         export_path, model, generator, tokenizer, args.max_length, args.samplers
     )
     print(
-        f"SavedModel: {export_path}  (tf.saved_model.load(path).greedy(prompts))"
+        f"SavedModel: {export_path}  "
+        "(tf.saved_model.load(path).greedy(prompts))"
     )
     prompts = np.array(PROMPTS, dtype=object)
     completions = {}

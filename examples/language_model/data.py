@@ -16,11 +16,11 @@ code points and cut into windows of `sequence_length + 1` characters
 (inputs = the first `sequence_length`, targets = the last).
 """
 
-import importlib
-
 import tensorflow as tf
 
-SHIPPED = {"kjv_bible": "examples.data.kjv_bible"}
+from examples.common import datasets
+from examples.common.text import make_batches
+
 NEWLINE = ord("\n")
 
 
@@ -45,29 +45,10 @@ def load_text_splits(
     """`(train, validation, test)` datasets of scalar strings."""
     if text_file:
         return _read_text_file(text_file)
-    import tensorflow_datasets as tfds
-
-    name, prepare = dataset, download
-    if dataset in SHIPPED:
-        importlib.import_module(SHIPPED[dataset])  # registers the builder
-        name, prepare = f"{dataset}/{'tiny' if tiny else 'full'}", True
-    builder = tfds.builder(name, data_dir=data_dir)
-    if prepare:
-        builder.download_and_prepare()
-    elif not builder.is_prepared():
-        raise ValueError(
-            f"The TFDS dataset {name!r} is not prepared in {builder.data_dir!r}. "
-            "Pass --download to fetch it, or --data-dir where it is prepared. "
-            f"Received: dataset={dataset!r}"
-        )
-    splits = builder.info.splits
-    names = ["train", "validation", "test"]
-    if "validation" not in splits:
-        names[:2] = ["train[:95%]", "train[95%:]"]
-    if "test" not in splits:
-        names[2] = names[1]
+    builder = datasets.prepared_builder(dataset, data_dir, download, tiny)
     return [
-        builder.as_dataset(split=s).map(lambda ex: ex["text"]) for s in names
+        builder.as_dataset(split=s).map(lambda ex: ex["text"])
+        for s in datasets.split_names(builder, holdout_percent=5)
     ]
 
 
@@ -92,8 +73,6 @@ def char_windows(lines, tokenizer, sequence_length):
 
 def batches(windows, batch_size, shuffle, seed=0):
     """Shuffled (training) or ordered batches of equal-length windows."""
-    from examples.common.text import make_batches
-
     return make_batches(
         windows, batch_size, shuffle=shuffle, seed=seed, drop_remainder=shuffle
     )

@@ -1,5 +1,5 @@
-"""Decoder-only transformer, cached generation and string-serving export of
-the `language_model` example.
+"""Decoder-only transformer, cached generation and metrics of the
+`language_model` example.
 
     logits = Dense(LayerNorm(Block_L(... Block_1(Embedding(ids)))))
 
@@ -28,8 +28,8 @@ training-length figure (`positional_bits_per_character`).
 import math
 
 import keras
+import keras_hub
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
@@ -41,8 +41,6 @@ POSITIONS = ("rotary", "learned")
 
 def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
     """A `keras_hub` sampler by name."""
-    import keras_hub
-
     if name == "greedy":
         return keras_hub.samplers.GreedySampler()
     if name == "beam":
@@ -87,7 +85,8 @@ def build_language_model(
     """
     if positions not in POSITIONS:
         raise ValueError(
-            f"`positions` must be one of {POSITIONS}. Received: positions={positions!r}"
+            f"`positions` must be one of {POSITIONS}. "
+            f"Received: positions={positions!r}"
         )
     # b - batch, t - positions, d - features, v - vocabulary
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
@@ -160,71 +159,3 @@ def positional_bits_per_character(model, batches):
     if not count:
         raise ValueError("`batches` is empty: no window to evaluate.")
     return total / count / math.log(2.0)
-
-
-class LanguageModelServer(tf.Module):
-    """What the SavedModel serves: prompts in, completions out.
-
-    One signature per sampler (`greedy`, `beam`, `top_k`, `top_p`), each
-    `(batch,) string -> {"completion": (batch,) string}`: the text generated
-    after the prompt, up to the end of the line (the model's "verse end")
-    or `max_length` characters in all. Tokenization (Unicode code points),
-    the cached generation loop and detokenization run inside the graph.
-    """
-
-    def __init__(
-        self, model, generator, tokenizer, max_length, samplers=SAMPLERS, seed=0
-    ):
-        super().__init__()
-        self.model = model  # tracks the weights the generator's layers use
-        self.generator = generator
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.samplers = {
-            name: make_sampler(name, seed=seed) for name in samplers
-        }
-        # The random samplers' seed states are variables too.
-        self.sampler_seeds = [
-            v for s in self.samplers.values() for v in s.variables
-        ]
-        spec = tf.TensorSpec([None], tf.string, name="prompt")
-        for name in samplers:
-            fn = tf.function(
-                lambda prompt, name=name: self._complete(prompt, name),
-                input_signature=[spec],
-            )
-            setattr(self, name, fn)
-
-    def _complete(self, prompt, sampler):
-        # b - prompts, t - character positions
-        # A newline first: the model learned that lines start after one.
-        ids = self.tokenizer(tf.strings.join(["\n", prompt]))
-        ids = tf.cast(
-            ids[:, -(self.max_length // 2) :], tf.int32
-        )  # ragged (b, t)
-        lengths = tf.cast(ids.row_lengths(), tf.int32)
-        dense = ids.to_tensor(0, shape=[None, self.max_length])
-        out, mask = self.generator.generate(
-            dense, sampler=self.samplers[sampler], stop_token_ids=(ord("\n"),)
-        )
-        positions = tf.range(self.max_length)[tf.newaxis, :]
-        keep = (
-            (positions >= lengths[:, tf.newaxis])
-            & tf.cast(mask, tf.bool)
-            & tf.not_equal(out, ord("\n"))
-        )
-        completion = tf.ragged.boolean_mask(out, keep)
-        return {"completion": self.tokenizer.detokenize(completion)}
-
-
-def export_language_model(
-    path, model, generator, tokenizer, max_length, samplers=SAMPLERS
-):
-    """Writes the string-serving SavedModel; returns the server module."""
-    server = LanguageModelServer(
-        model, generator, tokenizer, max_length, samplers
-    )
-    signatures = {name: getattr(server, name) for name in samplers}
-    signatures["serving_default"] = getattr(server, samplers[0])
-    tf.saved_model.save(server, path, signatures=signatures)
-    return server

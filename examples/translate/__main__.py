@@ -193,10 +193,10 @@ def main(argv=None):
     import keras
     import tensorflow as tf
 
-    from examples.translate_data import make_pipelines
-    from examples.translate_export import StringTranslator
-    from examples.translate_export import export
-    from examples.translate_models import build_translator
+    from examples.translate.data import make_pipelines
+    from examples.translate.export import StringTranslator
+    from examples.translate.export import export
+    from examples.translate.model import build_translator
 
     started = time.time()
     data = make_pipelines(

@@ -17,6 +17,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from examples.common import datasets
 from examples.common import text
 
 DATES = "multilingual_dates"
@@ -41,25 +42,19 @@ class TranslationData:
 
 
 def load_pairs(name, data_dir=None, quick=False):
-    """`(train, validation, test)` datasets of `(source, target)` strings."""
-    import tensorflow_datasets as tfds
+    """`(train, validation, test)` datasets of `(source, target)` strings.
 
-    if name == DATES:
-        import examples.data.multilingual_dates  # noqa: F401 (registers)
-
-        name = f"{DATES}/{'tiny' if quick else 'default'}"
-        splits = ["train", "validation", "test"]
-    elif name == "freedict_deu_eng":
-        import examples.data.freedict_deu_eng  # noqa: F401 (registers)
-
-        splits = ["train", "validation", "test"]
-        if quick:
-            splits = ["train[:3000]", "validation[:200]", "test[:200]"]
-    else:
-        splits = ["train", "validation", "test"]
-        if quick:
-            splits = ["train[:3000]", "validation[:200]", "test[:200]"]
-    return tfds.load(name, split=splits, as_supervised=True, data_dir=data_dir)
+    `quick` loads the `tiny` configuration of a dataset that has one (the
+    dates), else the first 3,000 / 200 / 200 examples of the splits. TFDS
+    downloads a dataset that is neither shipped nor prepared in `data_dir`.
+    """
+    builder = datasets.prepared_builder(
+        name, data_dir, download=True, tiny=quick
+    )
+    splits = list(datasets.SPLITS)
+    if quick and getattr(builder.builder_config, "name", None) != "tiny":
+        splits = ["train[:3000]", "validation[:200]", "test[:200]"]
+    return [builder.as_dataset(split=s, as_supervised=True) for s in splits]
 
 
 def build_tokenizers(name, train_pairs, vocabulary_size=8000):

@@ -9,14 +9,22 @@ Axes in comments: b - batch, s - source positions, t - target positions.
 """
 
 import keras
+import keras_hub
 from keras import ops
+
+from keras_attention.generation import Seq2SeqGenerator
+from keras_attention.layers import AttentionRNNDecoder
+from keras_attention.layers import BahdanauAttention
+from keras_attention.layers import EncoderBridge
+from keras_attention.layers import LuongAttention
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.layers import TransformerEncoderBlock
 
 PAD = 0
 
 
 def _sampler(decode, beam_size):
-    import keras_hub
-
     if decode == "beam":
         return keras_hub.samplers.BeamSampler(num_beams=beam_size)
     return keras_hub.samplers.GreedySampler()
@@ -84,11 +92,6 @@ class TransformerTranslator(Translator):
         dropout=0.1,
         **kwargs,
     ):
-        from keras_attention.generation import Seq2SeqGenerator
-        from keras_attention.layers import TokenAndPositionEmbedding
-        from keras_attention.layers import TransformerDecoderBlock
-        from keras_attention.layers import TransformerEncoderBlock
-
         super().__init__(start_id, end_id, max_target_length, **kwargs)
         encoder_ids = keras.Input((None,), dtype="int32", name="encoder_ids")
         decoder_ids = keras.Input((None,), dtype="int32", name="decoder_ids")
@@ -170,9 +173,8 @@ class TransformerTranslator(Translator):
                 context_padding_mask=context_mask,
                 return_attention_scores=True,
             )
-        return ops.mean(
-            weights, axis=1
-        )  # b, heads, t, s -> b, t, s (last block)
+        # b, heads, t, s -> b, t, s (of the last block)
+        return ops.mean(weights, axis=1)
 
 
 class RNNTranslator(Translator):
@@ -199,9 +201,6 @@ class RNNTranslator(Translator):
         dropout=0.0,
         **kwargs,
     ):
-        from keras_attention.layers import AttentionRNNDecoder
-        from keras_attention.layers import EncoderBridge
-
         super().__init__(start_id, end_id, max_target_length, **kwargs)
         del max_source_length  # RNNs take any length.
         encoder_ids = keras.Input((None,), dtype="int32", name="encoder_ids")
@@ -276,8 +275,6 @@ class RNNTranslator(Translator):
         return self.head(output), output, cache
 
     def generate(self, encoder_ids):
-        from keras_attention.generation.decoder_only import mask_after_stop
-
         memory, state = self.encoder(encoder_ids)
         states = self.decoder.get_initial_state(
             ops.shape(encoder_ids)[0], state
@@ -285,16 +282,15 @@ class RNNTranslator(Translator):
         memory_mask = ops.cast(ops.not_equal(encoder_ids, PAD), "int32")
         prepared = self.decoder.prepare_memory(memory)
         prompt = self._prompt(encoder_ids)
-        mask = ops.not_equal(prompt, PAD)
         ids = _sampler(self.decode, self.beam_size)(
             next=self._next,
             prompt=prompt,
             cache=(tuple(states), memory, prepared, memory_mask),
             index=1,
-            mask=mask,
+            mask=ops.not_equal(prompt, PAD),
             stop_token_ids=(self.end_id,),
         )
-        return mask_after_stop(ids, mask, (self.end_id,), PAD)[0]
+        return _pad_after_end(ids, self.end_id)
 
     def cross_attention(self, encoder_ids, decoder_ids):
         memory, state = self.encoder(encoder_ids)
@@ -307,10 +303,19 @@ class RNNTranslator(Translator):
         return weights  # b, t, s
 
 
-def _attention_layer(kind, units, score, alignment, window):
-    from keras_attention.layers import BahdanauAttention
-    from keras_attention.layers import LuongAttention
+def _pad_after_end(ids, end_id):
+    """Keeps `[START]` and the tokens up to the first generated `[END]`,
+    pads the rest (a sampler goes on writing rows that ended early)."""
+    # b - batch, t - positions; position 0 holds [START].
+    is_end = ops.cast(ops.equal(ids[:, 1:], end_id), "int32")
+    ended_before = ops.cumsum(is_end, axis=1) - is_end  # b, t - 1
+    keep = ops.concatenate(
+        [ops.ones_like(ids[:, :1], "bool"), ops.equal(ended_before, 0)], axis=1
+    )
+    return ops.where(keep, ids, ops.cast(PAD, ids.dtype))
 
+
+def _attention_layer(kind, units, score, alignment, window):
     if kind == "bahdanau":
         return BahdanauAttention(units)
     return LuongAttention(

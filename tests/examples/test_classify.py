@@ -18,7 +18,7 @@ import json, sys
 
 class _Block:  # serving must not need these packages
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_attention", "examples", "keras_hub", "keras_nlp"):
+        if name.split(".")[0] in ("keras_attention", "keras_hub", "keras_nlp"):
             raise ImportError("blocked: " + name)
 
 sys.meta_path.insert(0, _Block())
@@ -82,7 +82,7 @@ def test_shipped_glosses_are_labelled_and_split_without_overlap():
 def test_frequent_word_piece_vocabulary_covers_every_word():
     import keras_hub
 
-    from examples.classify_text import frequent_word_piece_vocabulary
+    from examples.classify.vocabulary import frequent_word_piece_vocabulary
     from examples.common.text import RESERVED_TOKENS
 
     texts = ["a cat, a dog.", b"the cat sat", "Zebra"]
@@ -104,7 +104,7 @@ def test_frequent_word_piece_vocabulary_covers_every_word():
 
 
 def test_classifier_attention_model_matches_numpy_pooling():
-    from examples.classify_model import build_classifier
+    from examples.classify.model import build_classifier
 
     model, attention_model = build_classifier(
         50, 3, encoder="gru", embedding_dim=8, hidden_dim=8
@@ -128,20 +128,21 @@ def test_classifier_attention_model_matches_numpy_pooling():
 
 
 def test_unknown_encoder_is_rejected():
-    from examples.classify_model import build_classifier
+    from examples.classify.model import build_classifier
 
     with pytest.raises(ValueError, match="encoder='lstm'"):
         build_classifier(50, 3, encoder="lstm")
 
 
 def test_unprepared_tfds_dataset_is_an_error_without_download(tmp_path):
-    from examples import classify
+    from examples.classify import __main__ as classify
+    from examples.classify import data
 
     args = classify.parse_args(
         ["--dataset", "imdb_reviews", "--data-dir", str(tmp_path)]
     )
     with pytest.raises(ValueError, match="--download"):
-        classify.load_splits(args)
+        data.load_splits(args.dataset, args.data_dir, args.download)
 
 
 def test_help():
@@ -158,7 +159,7 @@ def test_help():
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples import classify
+    from examples.classify import __main__ as classify
 
     tmp = tmp_path_factory.mktemp("classify")
     results = classify.main(
@@ -227,7 +228,7 @@ def test_exported_model_answers_like_the_python_model(quick_run):
 def test_majority_baseline():
     import tensorflow as tf
 
-    from examples.classify import majority_baseline
+    from examples.classify.data import majority_baseline
 
     train = tf.data.Dataset.from_tensor_slices((["a", "b", "c"], [1, 1, 2]))
     test = tf.data.Dataset.from_tensor_slices(
@@ -238,7 +239,7 @@ def test_majority_baseline():
 
 def test_help_names_the_default_encoder(capsys):
     # `--help` used to describe the GRU as the default encoder.
-    from examples import classify
+    from examples.classify import __main__ as classify
 
     assert classify.parse_args([]).encoder == "transformer"
     with pytest.raises(SystemExit):

@@ -1,4 +1,6 @@
-"""The shared example infrastructure: resumable fit, mirrored strategy."""
+"""The shared example infrastructure: resumable fit, mirrored strategy,
+the shipped datasets' common code, and the examples' place (programs in
+the repository, not an installed package)."""
 
 import argparse
 import os
@@ -186,3 +188,94 @@ def test_mixed_precision_policy_on_cpu():
     assert mixed_precision_policy(ns(mixed_precision="off")) == "float32"
     assert mixed_precision_policy(ns(mixed_precision="auto")) == "float32"
     assert mixed_precision_policy(ns(mixed_precision="on")) == "mixed_bfloat16"
+
+
+def test_examples_are_not_an_installed_package(monkeypatch):
+    # A top-level `examples` package in site-packages would clash with any
+    # other distribution's; the examples run from the repository root.
+    from setuptools.config.setupcfg import read_configuration
+
+    monkeypatch.chdir(ROOT)  # `packages = find:` searches the working dir
+    options = read_configuration(os.path.join(ROOT, "setup.cfg"))["options"]
+    packages = options["packages"]
+    assert "keras_attention" in packages
+    assert "keras_attention.layers" in packages
+    assert [p for p in packages if not p.startswith("keras_attention")] == []
+    assert "examples" not in options.get("package_data", {})
+
+
+def test_split_of_key_is_a_stable_hash_split():
+    import zlib
+
+    from examples.common import datasets
+
+    assert [datasets.split_of_index(i, 20) for i in (0, 1, 2, 19, 20, 41)] == [
+        "test",
+        "validation",
+        "train",
+        "train",
+        "test",
+        "validation",
+    ]
+    keys = [f"key {i}" for i in range(20000)]
+    splits = np.array([datasets.split_of_key(k, 20) for k in keys])
+    for split, share in [("train", 0.9), ("validation", 0.05), ("test", 0.05)]:
+        assert abs(np.mean(splits == split) - share) < 0.01
+    # The shipped datasets' splits, as they were written before: CRC-32 of
+    # the UTF-8 key, bucket 0 tests and bucket 1 validates.
+    for key in ("Ich möchte ein Bier.", "2026-11-29", "00005930"):
+        bucket = zlib.crc32(key.encode("utf-8")) % 10
+        expected = {0: "test", 1: "validation"}.get(bucket, "train")
+        assert datasets.split_of_key(key, 10) == expected
+
+
+def test_split_names_fall_back_to_a_holdout_of_train():
+    from examples.common import datasets
+
+    class Builder:
+        def __init__(self, *splits):
+            self.info = argparse.Namespace(splits=dict.fromkeys(splits))
+
+    assert datasets.split_names(Builder("train", "validation", "test"), 5) == [
+        "train",
+        "validation",
+        "test",
+    ]
+    assert datasets.split_names(Builder("train", "test"), 10) == [
+        "train[:90%]",
+        "train[90%:]",
+        "test",
+    ]
+    assert datasets.split_names(Builder("train"), 5) == [
+        "train[:95%]",
+        "train[95%:]",
+        "train[95%:]",
+    ]
+
+
+def test_shipped_builders_keep_their_tfds_names_and_configurations():
+    # Prepared data live under <data_dir>/<name>/<config>/<version>: the
+    # shared base class must not change any of them.
+    import importlib
+
+    import tensorflow_datasets as tfds
+
+    from examples.common import datasets
+
+    configs = {
+        "freedict_deu_eng": [],
+        "kjv_bible": ["full", "tiny"],
+        "multilingual_dates": ["default", "tiny"],
+        "wordnet_glosses": ["full", "tiny"],
+    }
+    assert sorted(datasets.SHIPPED) == sorted(configs)
+    for name, module in datasets.SHIPPED.items():
+        importlib.import_module(module)
+        builder_cls = tfds.builder_cls(name)
+        assert issubclass(builder_cls, datasets.ShippedBuilder)
+        assert str(builder_cls.VERSION) == "1.0.0"
+        names = [c.name for c in builder_cls.BUILDER_CONFIGS or ()]
+        assert names == configs[name], name
+        tiny = f"{name}/tiny" if "tiny" in names else name
+        assert datasets.tfds_name(name, tiny=True) == tiny
+        assert datasets.tfds_name(name) == name

@@ -19,7 +19,7 @@ import json, sys
 
 class _Block:  # serving must not need these packages
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_attention", "examples", "keras_hub", "keras_nlp"):
+        if name.split(".")[0] in ("keras_attention", "keras_hub", "keras_nlp"):
             raise ImportError("blocked: " + name)
 
 sys.meta_path.insert(0, _Block())
@@ -39,8 +39,11 @@ def test_parse_bible_listing():
     from examples.data.kjv_bible import parse_bible_listing
 
     listing = io.StringIO(
-        "\nGenesis 1\n\n  1 In the beginning God created the heaven and the earth.\n"
-        "  2 And the earth was without form.\n\n1 Samuel 3\n\n  10 And the LORD came.\n"
+        "\nGenesis 1\n\n"
+        "  1 In the beginning God created the heaven and the earth.\n"
+        "  2 And the earth was without form.\n\n"
+        "1 Samuel 3\n\n"
+        "  10 And the LORD came.\n"
     )
     assert list(parse_bible_listing(listing)) == [
         (
@@ -77,7 +80,7 @@ def test_char_windows_shift_targets_by_one():
     import tensorflow as tf
 
     from examples.common.text import character_tokenizer
-    from examples.lm_data import char_windows
+    from examples.language_model.data import char_windows
 
     lines = tf.data.Dataset.from_tensor_slices(["abc", "de", "fgh"])
     tokenizer = character_tokenizer(lines)
@@ -91,7 +94,7 @@ def test_char_windows_shift_targets_by_one():
 
 
 def test_bits_per_character():
-    from examples.lm_model import bits_per_character
+    from examples.language_model.model import bits_per_character
 
     assert bits_per_character(math.log(2.0)) == pytest.approx(1.0)
     # A uniform guess over 128 characters costs 7 bits.
@@ -101,7 +104,7 @@ def test_bits_per_character():
 def _tiny_lm(window=None, vocabulary_size=40):
     import keras
 
-    from examples.lm_model import build_language_model
+    from examples.language_model.model import build_language_model
 
     keras.utils.set_random_seed(1)
     return build_language_model(
@@ -158,8 +161,8 @@ def test_positional_bits_per_character_matches_the_keras_loss():
     import keras
     import tensorflow as tf
 
-    from examples.lm_model import bits_per_character
-    from examples.lm_model import positional_bits_per_character
+    from examples.language_model.model import bits_per_character
+    from examples.language_model.model import positional_bits_per_character
 
     model, _ = _tiny_lm()
     rng = np.random.default_rng(0)
@@ -185,8 +188,8 @@ def test_positional_bits_per_character_matches_the_keras_loss():
 @pytest.fixture(scope="module")
 def bible(tmp_path_factory):
     """Tiny shipped Bible splits and their character tokenizer."""
-    from examples import lm_data
     from examples.common.text import character_tokenizer
+    from examples.language_model import data as lm_data
 
     splits = lm_data.load_text_splits(
         "kjv_bible", data_dir=str(tmp_path_factory.mktemp("tfds")), tiny=True
@@ -203,9 +206,9 @@ def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
     `TRAIN_LENGTH .. GENERATION_LENGTH - 1` of windows as long as generation."""
     import keras
 
-    from examples import lm_data
-    from examples.lm_model import build_language_model
-    from examples.lm_model import positional_bits_per_character
+    from examples.language_model import data as lm_data
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import positional_bits_per_character
 
     (train, val, test), tokenizer = bible
     keras.utils.set_random_seed(0)
@@ -257,7 +260,7 @@ def test_learned_positions_fail_beyond_the_training_length(bible):
 
 
 def test_generation_beyond_trained_distances_is_refused_at_start_up(capsys):
-    from examples.language_model import parse_args
+    from examples.language_model.__main__ import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(
@@ -280,7 +283,7 @@ def test_generation_beyond_trained_distances_is_refused_at_start_up(capsys):
 
 
 def test_unknown_positions_are_rejected():
-    from examples.lm_model import build_language_model
+    from examples.language_model.model import build_language_model
 
     with pytest.raises(ValueError, match="positions='absolute'"):
         build_language_model(10, 8, positions="absolute")
@@ -291,7 +294,7 @@ def test_random_samplers_complete_prompts():
     import tensorflow as tf
 
     from examples.common.text import character_tokenizer
-    from examples.lm_model import LanguageModelServer
+    from examples.language_model.export import LanguageModelServer
 
     tokenizer = character_tokenizer(tf.data.Dataset.from_tensor_slices(["abc"]))
     model, generator = _tiny_lm(vocabulary_size=tokenizer.vocabulary_size())
@@ -309,7 +312,7 @@ def test_random_samplers_complete_prompts():
 
 
 def test_unknown_sampler_is_rejected():
-    from examples.lm_model import make_sampler
+    from examples.language_model.model import make_sampler
 
     with pytest.raises(ValueError, match="sampler='nucleus'"):
         make_sampler("nucleus")
@@ -329,7 +332,7 @@ def test_help():
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples import language_model
+    from examples.language_model import __main__ as language_model
 
     tmp = tmp_path_factory.mktemp("language_model")
     return language_model.main(

@@ -58,7 +58,7 @@ def _serve_in_fresh_process(path, sentences):
 
 
 def _run(tmp_path, *flags):
-    from examples import translate
+    from examples.translate import __main__ as translate
 
     out = tmp_path / "run"
     results = translate.main(
@@ -128,7 +128,7 @@ def test_rnn_bahdanau_quick(tmp_path):
 
 
 def _tiny(kind, **kwargs):
-    from examples.translate_models import build_translator
+    from examples.translate.model import build_translator
 
     return build_translator(
         kind,
@@ -204,9 +204,9 @@ def test_dates_savedmodel_needs_tensorflow_text_and_the_docs_say_so():
     # tensorflow_text` fails; the docs used to say TensorFlow alone sufficed.
     import tensorflow as tf
 
-    from examples import translate
-    from examples import translate_data
-    from examples import translate_export
+    from examples.translate import __main__ as translate
+    from examples.translate import data as translate_data
+    from examples.translate import export as translate_export
 
     pairs = tf.data.Dataset.from_tensor_slices(
         (["29 Novembre 2026"], ["2026-11-29"])
