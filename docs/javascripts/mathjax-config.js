@@ -15,14 +15,7 @@ window.MathJax = {
   },
 };
 
-// Material for MkDocs: typeset again after an instant page change.
-if (typeof document$ !== "undefined") {
-  document$.subscribe(() => {
-    if (window.MathJax && MathJax.typesetPromise) {
-      MathJax.startup.output.clearCache();
-      MathJax.typesetClear();
-      MathJax.texReset();
-      MathJax.typesetPromise();
-    }
-  });
-}
+// No re-typeset hook on Material's `document$`: instant navigation is off
+// (mkdocs.yml), MathJax typesets each page once at load. (Clearing its
+// cache and typesetting again at load, as the usual hook does, left the
+// glyphs' CSS out: blank formulas.)
