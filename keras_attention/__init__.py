@@ -2,12 +2,14 @@
 
 __version__ = "0.1.0"
 
+from keras_attention import blocks
 from keras_attention import generation
 from keras_attention import layers
 from keras_attention import masks
 from keras_attention import ops
 
 __all__ = [
+    "blocks",
     "generation",
     "layers",
     "masks",

@@ -1,16 +1,16 @@
+"""`TransformerDecoderBlock`: causal self-attention, cross-attention to
+an encoder's output (optional) and feed-forward."""
+
 import keras
 
-from keras_attention.layers._validation import check_bool as _check_bool
+from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.transformer_encoder_block import (
-    TransformerEncoderBlock,
-)
-from keras_attention.layers.transformer_encoder_block import _clone
-from keras_attention.layers.transformer_encoder_block import _first
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class TransformerDecoderBlock(TransformerEncoderBlock):
+class TransformerDecoderBlock(TransformerBlock):
     """Transformer decoder block: causal self-attention, cross-attention to
     an encoder's output (optional), feed-forward; each with a residual
     connection and layer normalization (post-norm, or pre-norm with
@@ -24,14 +24,31 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
     `keras_attention.generation` drives whole models built from these
     blocks with the `keras_hub` samplers.
 
+    `TransformerEncoderBlock` is its sibling (both share a private base
+    holding the norms, dropouts, feed-forward and residual wiring); the
+    decoder block is always causal, so it takes no `causal` argument.
+
     Args:
-        num_heads, intermediate_dim, key_dim, num_key_value_heads, dropout,
-        activation, norm_first, layer_norm_epsilon, rotary_max_wavelength,
-        kernel_initializer, bias_initializer, window_size: see
-            `TransformerEncoderBlock` (rotary positions and the local
-            window apply to the self-attention only; with a cache the
-            window is applied as a mask over the cache).
+        num_heads: int, number of attention heads.
+        intermediate_dim: int, hidden width of the feed-forward network.
         cross_attention: bool, whether the block attends to a `context`.
+        key_dim: int, size of each attention head; defaults to
+            `features // num_heads`.
+        num_key_value_heads: int dividing `num_heads` (grouped-query
+            attention); defaults to `num_heads`.
+        dropout: float in [0, 1), dropout on the attention weights, the
+            feed-forward hidden layer and the residual branches.
+        activation: activation of the feed-forward network.
+        norm_first: bool, pre-norm instead of post-norm.
+        layer_norm_epsilon: float, epsilon of the layer norms.
+        rotary_max_wavelength: optional number; rotary position embeddings
+            in the self-attention only (None: off).
+        kernel_initializer: initializer of all dense kernels.
+        bias_initializer: initializer of all dense biases.
+        window_size: optional int or pair `(left, right)`: local causal
+            self-attention (see `TransformerEncoderBlock`); with a cache
+            the window is applied as a mask over the cache. None: full
+            attention.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -71,7 +88,7 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
 
     >>> import numpy as np
     >>> import keras_attention
-    >>> block = keras_attention.layers.TransformerDecoderBlock(
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(
     ...     num_heads=2, intermediate_dim=16)
     >>> x, ctx = np.ones((2, 4, 8), "float32"), np.ones((2, 6, 8), "float32")
     >>> y, w_self, w_cross = block(x, ctx, return_attention_scores=True)
@@ -84,28 +101,53 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
           Learners" (decoder-only).
     """
 
+    causal = True  # always; not an argument nor a config key
+
     def __init__(
-        self, num_heads, intermediate_dim, cross_attention=True, **kwargs
+        self,
+        num_heads,
+        intermediate_dim,
+        cross_attention=True,
+        key_dim=None,
+        num_key_value_heads=None,
+        dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-5,
+        rotary_max_wavelength=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        window_size=None,
+        **kwargs,
     ):
         if "causal" in kwargs:
             raise ValueError(
                 "`TransformerDecoderBlock` is always causal. "
                 f"Received: causal={kwargs['causal']!r}"
             )
-        cross_attention = _check_bool("cross_attention", cross_attention)
-        super().__init__(num_heads, intermediate_dim, causal=True, **kwargs)
+        cross_attention = validation.check_bool(
+            "cross_attention", cross_attention
+        )
+        super().__init__(
+            num_heads,
+            intermediate_dim,
+            key_dim=key_dim,
+            num_key_value_heads=num_key_value_heads,
+            dropout=dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            rotary_max_wavelength=rotary_max_wavelength,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            window_size=window_size,
+            **kwargs,
+        )
         self.cross_attention = cross_attention
 
     def _make_cross_attention(self, hidden_dim):
         return CrossAttention(
-            num_heads=self.num_heads,
-            key_dim=self._head_dim(hidden_dim),
-            num_key_value_heads=self.num_key_value_heads,
-            dropout=self.dropout,
-            kernel_initializer=_clone(self.kernel_initializer),
-            bias_initializer=_clone(self.bias_initializer),
-            dtype=self.dtype_policy,
-            name="cross_attention",
+            **self._attention_kwargs(hidden_dim, "cross_attention")
         )
 
     def build(self, inputs_shape, context_shape=None):
@@ -114,15 +156,11 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
             return
         if context_shape is None:
             raise ValueError(
-                "A block with `cross_attention=True` is built from `inputs` and "
-                "`context`. Call it once with a `context` first. Received: "
-                "context_shape=None"
+                "A block with `cross_attention=True` is built from `inputs` "
+                "and `context`. Call it once with a `context` first. "
+                "Received: context_shape=None"
             )
-        if len(context_shape) != 3 or context_shape[-1] is None:
-            raise ValueError(
-                "`context` must have shape (batch, steps, features) with a "
-                f"known feature size. Received: context_shape={tuple(context_shape)!r}"
-            )
+        validation.check_sequence_shape("context", context_shape)
         self.cross_attention_layer = self._make_cross_attention(
             inputs_shape[-1]
         )
@@ -169,6 +207,51 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
         inputs_mask=None,
         context_mask=None,
     ):
+        self._check_context(context, cross_attention_cache)
+        padding_mask = keras_utils.first_not_none(
+            padding_mask, inputs_mask, mask
+        )
+        context_padding_mask = keras_utils.first_not_none(
+            context_padding_mask, context_mask
+        )
+        use_cache = self_attention_cache is not None
+        if use_cache and self_attention_cache_update_index is None:
+            raise ValueError(
+                "`self_attention_cache_update_index` is required with "
+                "`self_attention_cache`. Received: "
+                "self_attention_cache_update_index=None"
+            )
+        x, self_extra = self._self_attention_residual(
+            inputs,
+            training,
+            mask=padding_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            cache=self_attention_cache,
+            cache_update_index=self_attention_cache_update_index,
+        )
+        cross_extra = ()
+        if self.cross_attention:
+            x, cross_extra = self._cross_attention_residual(
+                x,
+                training,
+                context=context,
+                query_mask=padding_mask,
+                context_mask=context_padding_mask,
+                attention_mask=cross_attention_mask,
+                return_attention_scores=return_attention_scores,
+                cache=cross_attention_cache,
+            )
+        x = self._feed_forward_residual(x, training)
+        # self_extra: (scores?, cache?); cross_extra: (scores?,)
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (self_extra[0],) + cross_extra
+        if use_cache:
+            outputs += (self_extra[-1],)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _check_context(self, context, cross_attention_cache):
         has_context = context is not None or cross_attention_cache is not None
         if self.cross_attention and not has_context:
             raise ValueError(
@@ -177,77 +260,30 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
             )
         if not self.cross_attention and has_context:
             raise ValueError(
-                "This block has `cross_attention=False` and takes no context. "
-                f"Received: context.shape={getattr(context, 'shape', None)!r}"
-            )
-        padding_mask = _first(padding_mask, inputs_mask, mask)
-        context_padding_mask = _first(context_padding_mask, context_mask)
-        use_cache = self_attention_cache is not None
-        if use_cache and self_attention_cache_update_index is None:
-            raise ValueError(
-                "`self_attention_cache_update_index` is required with "
-                "`self_attention_cache`. Received: "
-                "self_attention_cache_update_index=None"
+                "This block has `cross_attention=False` and takes no "
+                "context. Received: "
+                f"context.shape={getattr(context, 'shape', None)!r}"
             )
 
-        def self_attend(y):
-            return self.self_attention(
-                y,
-                mask=padding_mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                cache=self_attention_cache,
-                cache_update_index=self_attention_cache_update_index,
+    def _cross_attention_residual(self, x, training, context, cache, **kwargs):
+        """The cross-attention sublayer; `kwargs` go to `CrossAttention`."""
+
+        def attend(y):
+            out = self.cross_attention_layer(
+                y, context, training=training, cache=cache, **kwargs
             )
+            if cache is None:
+                return out
+            out = out[:-1]  # the fixed cache comes back unchanged
+            return out if len(out) > 1 else out[0]
 
-        x, self_extra = self._residual(
-            inputs,
-            self_attend,
-            self.self_attention_norm,
-            self.self_attention_dropout,
-            training,
-        )
-        cross_extra = ()
-        if self.cross_attention:
-
-            def cross_attend(y):
-                out = self.cross_attention_layer(
-                    y,
-                    context,
-                    query_mask=padding_mask,
-                    context_mask=context_padding_mask,
-                    attention_mask=cross_attention_mask,
-                    return_attention_scores=return_attention_scores,
-                    training=training,
-                    cache=cross_attention_cache,
-                )
-                if cross_attention_cache is None:
-                    return out
-                out = out[:-1]  # the fixed cache comes back unchanged
-                return out if len(out) > 1 else out[0]
-
-            x, cross_extra = self._residual(
-                x,
-                cross_attend,
-                self.cross_attention_norm,
-                self.cross_attention_dropout,
-                training,
-            )
-        x, _ = self._residual(
+        return self._residual(
             x,
-            lambda y: self.feed_forward(y, training=training),
-            self.feed_forward_norm,
-            self.feed_forward_dropout,
+            attend,
+            self.cross_attention_norm,
+            self.cross_attention_dropout,
             training,
         )
-        # self_extra: (scores?, cache?); cross_extra: (scores?,)
-        outputs = (x,)
-        if return_attention_scores:
-            outputs += (self_extra[0],) + cross_extra
-        if use_cache:
-            outputs += (self_extra[-1],)
-        return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_output_spec(
         self,
@@ -285,6 +321,5 @@ class TransformerDecoderBlock(TransformerEncoderBlock):
 
     def get_config(self):
         config = super().get_config()
-        del config["causal"]
         config["cross_attention"] = self.cross_attention
         return config

@@ -1,5 +1,7 @@
 """Public Keras layers of `keras_attention`."""
 
+import importlib
+
 from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
@@ -19,12 +21,10 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
-from keras_attention.layers.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
-from keras_attention.layers.transformer_encoder_block import (
-    TransformerEncoderBlock,
-)
+
+# Moved to `keras_attention.blocks` (which imports layers, never the other
+# way round): resolved lazily on first access (PEP 562).
+_MOVED_TO_BLOCKS = ("TransformerDecoderBlock", "TransformerEncoderBlock")
 
 __all__ = [
     "AttentionPooling",
@@ -42,6 +42,17 @@ __all__ = [
     "SelfAttention",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
-    "TransformerDecoderBlock",
-    "TransformerEncoderBlock",
 ]
+
+
+def __getattr__(name):
+    """`keras_attention.layers.TransformerEncoderBlock` (and the decoder
+    block), kept for existing code: the classes of `keras_attention.blocks`,
+    imported on first access."""
+    if name in _MOVED_TO_BLOCKS:
+        return getattr(importlib.import_module("keras_attention.blocks"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_MOVED_TO_BLOCKS))

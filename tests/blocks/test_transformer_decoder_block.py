@@ -6,7 +6,7 @@ import references
 from harness import run_layer_test
 from harness import run_mask_test
 
-from keras_attention.layers import TransformerDecoderBlock
+from keras_attention.blocks import TransformerDecoderBlock
 
 
 def decoder_reference(block, x, context, valid, context_valid):

@@ -8,7 +8,7 @@ from harness import run_layer_test
 from harness import run_mask_test
 
 from keras_attention import masks
-from keras_attention.layers import TransformerEncoderBlock
+from keras_attention.blocks import TransformerEncoderBlock
 
 
 def padding_4d(valid):

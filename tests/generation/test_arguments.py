@@ -6,13 +6,13 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.generation import Seq2SeqGenerator
 from keras_attention.generation.decoder_only import position_capacity
 from keras_attention.layers import RotaryEmbedding
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoderBlock
 
 VOCAB, POSITIONS = 11, 8
 

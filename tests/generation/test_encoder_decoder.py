@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from harness import check_saved_model
 
+from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.generation import Seq2SeqGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoderBlock
 
 pytestmark = pytest.mark.tf_only
 

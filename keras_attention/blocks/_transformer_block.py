@@ -1,0 +1,295 @@
+"""The plumbing shared by the transformer blocks (private to `blocks`).
+
+`TransformerBlock` holds what `TransformerEncoderBlock` and
+`TransformerDecoderBlock` have in common: argument checks, the
+self-attention and feed-forward sublayers with their norms and dropouts,
+the residual wiring (post- or pre-norm) and the config of the shared
+arguments. Each block subclasses it directly (they are siblings) and adds
+its own arguments (`causal`; `cross_attention`) and its own `call`.
+
+The sublayer attribute names (`self_attention`, `self_attention_norm`,
+`self_attention_dropout`, `feed_forward`, `feed_forward_norm`,
+`feed_forward_dropout`) are the weight paths of saved `.keras` files:
+do not rename them.
+"""
+
+import keras
+
+from keras_attention import masks as masks_lib
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.local_self_attention import LocalSelfAttention
+from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of the transformer blocks: self-attention and feed-forward,
+    each with a residual connection and layer normalization.
+
+    Post-norm (`norm_first=False`): `x = LayerNorm(x + Dropout(f(x)))`;
+    pre-norm (`norm_first=True`): `x = x + Dropout(f(LayerNorm(x)))`, for
+    each sublayer `f`. Subclasses set `causal` (an attribute read when the
+    self-attention is made) and write `call`, combining
+    `_self_attention_residual`, their own sublayers (through `_residual`)
+    and `_feed_forward_residual`.
+
+    Args:
+        num_heads: int, number of attention heads.
+        intermediate_dim: int, hidden width of the feed-forward network.
+        key_dim: int, size of each attention head; defaults to
+            `features // num_heads`.
+        num_key_value_heads: int dividing `num_heads` (grouped-query
+            attention); defaults to `num_heads`.
+        dropout: float in [0, 1), dropout on the attention weights, the
+            feed-forward hidden layer and the residual branches.
+        activation: activation of the feed-forward network.
+        norm_first: bool, pre-norm instead of post-norm.
+        layer_norm_epsilon: float, epsilon of the layer norms.
+        rotary_max_wavelength: optional number; rotary position embeddings
+            in the self-attention (None: off).
+        kernel_initializer: initializer of all dense kernels.
+        bias_initializer: initializer of all dense biases.
+        window_size: optional int or pair `(left, right)`: local
+            self-attention (`LocalSelfAttention`); None: full attention.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+    """
+
+    causal = False
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        key_dim=None,
+        num_key_value_heads=None,
+        dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-5,
+        rotary_max_wavelength=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        window_size=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if window_size is not None:
+            masks_lib.window_bounds(window_size)  # validates
+            if isinstance(window_size, list):
+                window_size = tuple(window_size)
+        validation.check_positive_int("num_heads", num_heads)
+        validation.check_positive_int("intermediate_dim", intermediate_dim)
+        _check_head_shape(num_heads, key_dim, num_key_value_heads)
+        validation.check_rate("dropout", dropout)
+        validation.check_positive_number(
+            "layer_norm_epsilon", layer_norm_epsilon
+        )
+        norm_first = validation.check_bool("norm_first", norm_first)
+        validation.check_positive_number(
+            "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
+        )
+        if key_dim is not None:
+            validation.check_rotary_head_size(
+                rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
+            )
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.key_dim = key_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.dropout = dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.rotary_max_wavelength = rotary_max_wavelength
+        self.window_size = window_size
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    # Sublayer factories (override or extend in subclasses).
+
+    def _head_dim(self, hidden_dim):
+        if self.key_dim is not None:
+            return self.key_dim
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                "The feature size must be divisible by `num_heads` when "
+                f"`key_dim` is None. Received: features={hidden_dim!r}, "
+                f"num_heads={self.num_heads!r}"
+            )
+        head_dim = hidden_dim // self.num_heads
+        validation.check_rotary_head_size(
+            self.rotary_max_wavelength,
+            head_dim,
+            f"head size features // num_heads = {hidden_dim!r} // "
+            f"{self.num_heads!r} = {head_dim!r}",
+        )
+        return head_dim
+
+    def _attention_kwargs(self, hidden_dim, name):
+        """Arguments shared by the block's attention layers."""
+        return dict(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(hidden_dim),
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout,
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
+            bias_initializer=keras_utils.clone_initializer(
+                self.bias_initializer
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _self_attention_kwargs(self, hidden_dim):
+        """Arguments shared by every self-attention variant of the block."""
+        return dict(
+            rotary_max_wavelength=self.rotary_max_wavelength,
+            **self._attention_kwargs(hidden_dim, "self_attention"),
+        )
+
+    def _make_self_attention(self, hidden_dim):
+        """The block's self-attention layer: `call(x, mask=...,
+        attention_mask=..., return_attention_scores=..., training=...)`."""
+        kwargs = self._self_attention_kwargs(hidden_dim)
+        if self.window_size is not None:
+            return LocalSelfAttention(
+                window_size=self.window_size, causal=self.causal, **kwargs
+            )
+        return SelfAttention(causal=self.causal, **kwargs)
+
+    def _make_norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _make_dropout(self, name):
+        return keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name=name
+        )
+
+    def _make_feed_forward(self):
+        return FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            dropout=self.dropout,
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
+            bias_initializer=keras_utils.clone_initializer(
+                self.bias_initializer
+            ),
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+
+    def build(self, inputs_shape):
+        hidden_dim = validation.check_sequence_shape("inputs", inputs_shape)
+        self.self_attention = self._make_self_attention(hidden_dim)
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._make_norm("self_attention_norm")
+        self.self_attention_norm.build(inputs_shape)
+        self.self_attention_dropout = self._make_dropout(
+            "self_attention_dropout"
+        )
+        self.feed_forward = self._make_feed_forward()
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm = self._make_norm("feed_forward_norm")
+        self.feed_forward_norm.build(inputs_shape)
+        self.feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+        self.built = True
+
+    # Residual wiring.
+
+    def _residual(self, x, sublayer, norm, dropout, training):
+        """Runs `sublayer` with residual + norm; returns (x, extra outputs).
+
+        Post-norm: `norm(x + dropout(sublayer(x)))`; pre-norm:
+        `x + dropout(sublayer(norm(x)))`. A sublayer returning a tuple
+        gives its first item to the residual and the rest as extras.
+        """
+        y = norm(x) if self.norm_first else x
+        outputs = sublayer(y)
+        if isinstance(outputs, tuple):
+            y, extra = outputs[0], outputs[1:]
+        else:
+            y, extra = outputs, ()
+        x = x + dropout(y, training=training)
+        if not self.norm_first:
+            x = norm(x)
+        return x, extra
+
+    def _self_attention_residual(self, x, training, **attention_kwargs):
+        """The self-attention sublayer; `attention_kwargs` go to the
+        attention layer (`mask`, `attention_mask`, `cache`, ...)."""
+
+        def attend(y):
+            return self.self_attention(y, training=training, **attention_kwargs)
+
+        return self._residual(
+            x,
+            attend,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            training,
+        )
+
+    def _feed_forward_residual(self, x, training):
+        x, _ = self._residual(
+            x,
+            lambda y: self.feed_forward(y, training=training),
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            training,
+        )
+        return x
+
+    # Shapes and config.
+
+    def _self_attention_scores_spec(self, inputs, cache=None):
+        """Shape of the self-attention weights, as the attention layer says
+        (a local attention layer may return banded weights)."""
+        spec = self.self_attention.compute_output_spec(
+            inputs, return_attention_scores=True, cache=cache
+        )[1]
+        return keras.KerasTensor(spec.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "key_dim": self.key_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "dropout": self.dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
+                "window_size": self.window_size,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config
+
+
+def _check_head_shape(num_heads, key_dim, num_key_value_heads):
+    validation.check_positive_int("key_dim", key_dim, allow_none=True)
+    validation.check_positive_int(
+        "num_key_value_heads", num_key_value_heads, allow_none=True
+    )
+    if num_key_value_heads is not None and num_heads % num_key_value_heads:
+        raise ValueError(
+            "`num_key_value_heads` must divide `num_heads`. Received: "
+            f"num_key_value_heads={num_key_value_heads!r}, "
+            f"num_heads={num_heads!r}"
+        )
