@@ -15,6 +15,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.self_attention import CausalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RotaryEmbedding",
     "CausalSelfAttention",
     "SelfAttention",
+    "Seq2SeqAttention",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
 ]

@@ -3,14 +3,11 @@ import inspect
 import keras
 from keras import ops
 
-from keras_attention.layers._keras_utils import keras_mask
-from keras_attention.layers._validation import check_bool
-from keras_attention.layers._validation import check_padding_mask
-from keras_attention.layers.bahdanau_attention import _check_positive_int
-from keras_attention.layers.bahdanau_attention import _check_rate
-from keras_attention.layers.bahdanau_attention import _clone
-from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
+from keras_attention.ops import _backend
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 STYLES = ("bahdanau", "luong")
 CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
@@ -59,40 +56,6 @@ def _cell_sizes(cell):
     return as_int(output), as_int(states[0]) if states else None
 
 
-def _scan(f, init, xs):
-    """`keras.ops.scan` for a body whose outputs are its new carry.
-
-    On TensorFlow, a `tf.while_loop` with `maximum_iterations`, which XLA
-    needs to differentiate through it (`keras.ops.scan` sets none, so
-    `jit_compile=True` training fails).
-    """
-    if keras.backend.backend() != "tensorflow":
-        return ops.scan(f, init, xs)
-    import tensorflow as tf
-
-    n = tf.shape(xs)[0]
-    xs_array = tf.TensorArray(xs.dtype, size=n, element_shape=xs.shape[1:])
-    xs_array = xs_array.unstack(xs)
-    flat = [tf.convert_to_tensor(c) for c in tf.nest.flatten(init)]
-    arrays = [
-        tf.TensorArray(c.dtype, size=n, element_shape=c.shape) for c in flat
-    ]
-
-    def body(i, carry, arrays):
-        carry, ys = f(tf.nest.pack_sequence_as(init, carry), xs_array.read(i))
-        arrays = [a.write(i, y) for a, y in zip(arrays, tf.nest.flatten(ys))]
-        return i + 1, tf.nest.flatten(carry), arrays
-
-    _, carry, arrays = tf.while_loop(
-        lambda i, carry, arrays: i < n,
-        body,
-        (tf.constant(0), flat, arrays),
-        maximum_iterations=n,
-    )
-    pack = lambda x: tf.nest.pack_sequence_as(init, x)  # noqa: E731
-    return pack(carry), pack([a.stack() for a in arrays])
-
-
 @keras.saving.register_keras_serializable(package="keras_attention")
 class AttentionRNNDecoder(keras.layers.Layer):
     """The decoder of an RNN encoder-decoder with attention.
@@ -139,11 +102,13 @@ class AttentionRNNDecoder(keras.layers.Layer):
         units: int, size of the cell state (and of the output).
         attention: the attention layer, called with the query `(batch, 1,
             units)` of each step and the memory: `BahdanauAttention`,
-            `LuongAttention`, `CrossAttention` or `MultiHeadAttention` (the
-            last two: weights averaged over heads for the alignment
-            history; keys/values projected once per source with
-            `compute_cache`). Self-attention layers (`SelfAttention`, ...)
-            are refused with a `ValueError`.
+            `LuongAttention` or any `Seq2SeqAttention` subclass (its
+            `prepare_memory` runs once per source, its `attend` at each
+            step), `CrossAttention` or `MultiHeadAttention` (these two:
+            weights averaged over heads for the alignment history;
+            keys/values projected once per source with `compute_cache`).
+            Self-attention layers (`SelfAttention`, ...) are refused with
+            a `ValueError`.
         cell: `"gru"`, `"lstm"`, or a Keras RNN cell with `state_size`
             (whose output size, and for the Bahdanau style first state
             size, must be `units`; checked at construction).
@@ -212,20 +177,21 @@ class AttentionRNNDecoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("units", units)
+        validation.check_positive_int("units", units)
         if isinstance(attention, dict):
             attention = keras.saving.deserialize_keras_object(attention)
         # The memory-mask keyword of a multi-head attention, looked up once
         # here rather than at every decoding step (None for Bahdanau/Luong).
         self._memory_mask_argument = _cross_mask_argument(attention)
         if not (
-            isinstance(attention, _Seq2SeqAttention)
+            isinstance(attention, Seq2SeqAttention)
             or self._memory_mask_argument is not None
         ):
             raise ValueError(
                 "`attention` must be an encoder-decoder attention layer that "
                 "the decoder calls as `attention(query, memory)`: "
-                "`BahdanauAttention`, `LuongAttention`, `CrossAttention` or "
+                "`BahdanauAttention`, `LuongAttention` (or another "
+                "`Seq2SeqAttention` subclass), `CrossAttention` or "
                 "`MultiHeadAttention` (over the time axis) of "
                 "`keras_attention.layers`. Self-attention layers "
                 "(`SelfAttention`, `CausalSelfAttention`, "
@@ -265,16 +231,18 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 f"`attention_style` must be one of {STYLES}. "
                 f"Received: attention_style={attention_style!r}"
             )
-        _check_rate("dropout", dropout)
+        validation.check_rate("dropout", dropout)
         self.units = units
         self.attention = attention
         self.cell = cell
         self.attention_style = attention_style
-        self.input_feeding = check_bool("input_feeding", input_feeding)
-        self.return_attention_scores = check_bool(
+        self.input_feeding = validation.check_bool(
+            "input_feeding", input_feeding
+        )
+        self.return_attention_scores = validation.check_bool(
             "return_attention_scores", return_attention_scores
         )
-        self.return_state = check_bool("return_state", return_state)
+        self.return_state = validation.check_bool("return_state", return_state)
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
@@ -287,7 +255,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
 
     @property
     def _cross(self):
-        return not isinstance(self.attention, _Seq2SeqAttention)
+        return not isinstance(self.attention, Seq2SeqAttention)
 
     @property
     def _feeds(self):
@@ -302,20 +270,18 @@ class AttentionRNNDecoder(keras.layers.Layer):
         return self._cell_state_sizes() + ([self.units] if self._feeds else [])
 
     def build(self, inputs_shape, memory_shape, initial_state_shape=None):
-        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
-            raise ValueError(
-                "`inputs` must have shape (batch, Tt, features) with a known "
-                f"feature size. Received: inputs_shape={tuple(inputs_shape)}"
-            )
-        if len(memory_shape) != 3 or memory_shape[-1] is None:
-            raise ValueError(
-                "`memory` must have shape (batch, Ts, features) with a known "
-                f"feature size. Received: memory_shape={tuple(memory_shape)}"
-            )
+        validation.check_sequence_shape(
+            "inputs", inputs_shape, layout="(batch, Tt, features)"
+        )
+        validation.check_sequence_shape(
+            "memory", memory_shape, layout="(batch, Ts, features)"
+        )
         if isinstance(self.cell, str):
             self.rnn_cell = CELLS[self.cell](
                 self.units,
-                kernel_initializer=_clone(self.kernel_initializer),
+                kernel_initializer=keras_utils.clone_initializer(
+                    self.kernel_initializer
+                ),
                 dtype=self.dtype_policy,
                 name=f"{self.cell}_cell",
             )
@@ -352,7 +318,9 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 self.units,
                 activation="tanh",
                 use_bias=False,
-                kernel_initializer=_clone(self.kernel_initializer),
+                kernel_initializer=keras_utils.clone_initializer(
+                    self.kernel_initializer
+                ),
                 dtype=self.dtype_policy,
                 name="attentional",
             )
@@ -369,7 +337,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if self._cross:
             return self.attention.compute_cache(memory)
         memory = ops.cast(memory, self.attention.compute_dtype)
-        return self.attention.prepare_memory(memory)
+        return self.attention.prepare_memory(memory, memory)
 
     def get_initial_state(self, batch_size, initial_state=None):
         """The state list `step` takes: the cell state(s) (`initial_state`,
@@ -391,7 +359,8 @@ class AttentionRNNDecoder(keras.layers.Layer):
         return states
 
     def _attend(self, query, prepared, memory, memory_mask, position, training):
-        """One query `(b, d)` -> context `(b, dc)`, weights float32 `(b, Ts)`."""
+        """One query `(b, d)` -> context `(b, dc)`, float32 weights
+        `(b, Ts)`."""
         query = query[:, None, :]
         if self._cross:
             mask_argument = {self._memory_mask_argument: memory_mask}
@@ -486,7 +455,9 @@ class AttentionRNNDecoder(keras.layers.Layer):
             `(output, new_states, weights)`: `(batch, units)`, the new state
             list, and this step's attention weights `(batch, Ts)`.
         """
-        check_padding_mask("memory_mask", memory_mask, memory, "memory")
+        validation.check_padding_mask(
+            "memory_mask", memory_mask, memory, "memory"
+        )
         if not self.built:
             self.build((None, 1, inputs.shape[-1]), tuple(memory.shape))
         if prepared_memory is None:
@@ -518,9 +489,11 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if mask is None:
             # Keras fills `mask` only for one-tensor calls: read the target
             # sequence's own Keras mask.
-            mask = keras_mask(inputs)
-        check_padding_mask("mask", mask, inputs, "inputs")
-        check_padding_mask("memory_mask", memory_mask, memory, "memory")
+            mask = keras_utils.keras_mask(inputs)
+        validation.check_padding_mask("mask", mask, inputs, "inputs")
+        validation.check_padding_mask(
+            "memory_mask", memory_mask, memory, "memory"
+        )
         batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]
         states = self.get_initial_state(batch, initial_state)
         prepared = self.prepare_memory(memory)
@@ -562,7 +535,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
             carry = tuple(new) + (output, weights, t + 1)
             return carry, carry
 
-        final, history = _scan(body, init, xs)
+        final, history = _backend.scan_carry(body, init, xs)
         outputs = (ops.transpose(history[num_states], (1, 0, 2)),)
         if self.return_attention_scores:
             outputs += (ops.transpose(history[num_states + 1], (1, 0, 2)),)

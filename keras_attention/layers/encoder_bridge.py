@@ -1,8 +1,8 @@
 import keras
 from keras import ops
 
-from keras_attention.layers.bahdanau_attention import _check_positive_int
-from keras_attention.layers.bahdanau_attention import _clone
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 CELLS = ("gru", "lstm")
 
@@ -62,7 +62,7 @@ class EncoderBridge(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("units", units)
+        validation.check_positive_int("units", units)
         if cell not in CELLS:
             raise ValueError(
                 f"`cell` must be one of {CELLS}. Received: cell={cell!r}"
@@ -76,8 +76,12 @@ class EncoderBridge(keras.layers.Layer):
         dense = keras.layers.Dense(
             self.units,
             activation="tanh",
-            kernel_initializer=_clone(self.kernel_initializer),
-            bias_initializer=_clone(self.bias_initializer),
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
+            bias_initializer=keras_utils.clone_initializer(
+                self.bias_initializer
+            ),
             dtype=self.dtype_policy,
             name=name,
         )

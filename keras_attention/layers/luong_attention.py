@@ -3,15 +3,14 @@ import math
 import keras
 from keras import ops
 
-from keras_attention.layers.bahdanau_attention import _check_positive_int
-from keras_attention.layers.bahdanau_attention import _clone
-from keras_attention.layers.bahdanau_attention import _project
-from keras_attention.layers.bahdanau_attention import _Seq2SeqAttention
-from keras_attention.ops.additive import additive_scores
-from keras_attention.ops.attention import masked_softmax
+from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
+from keras_attention.ops import additive_scores
+from keras_attention.ops import masked_softmax
 from keras_attention.ops.windows import gather_windows
 from keras_attention.ops.windows import scatter_windows
 from keras_attention.ops.windows import window_indices
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 SCORE_MODES = ("dot", "general", "concat")
 ALIGNMENTS = ("global", "local-m", "local-p")
@@ -24,7 +23,7 @@ def _pad_one_step(x):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class LuongAttention(_Seq2SeqAttention):
+class LuongAttention(Seq2SeqAttention):
     """Global and local attention of Luong, Pham & Manning (2015).
 
     Scores of a query `h_t` (a decoder state) against source states `h_s`:
@@ -134,7 +133,7 @@ class LuongAttention(_Seq2SeqAttention):
                 f"Received: score_mode={score_mode!r}"
             )
         if score_mode == "concat":
-            _check_positive_int("units", units)
+            validation.check_positive_int("units", units)
         elif units is not None:
             raise ValueError(
                 "`units` is only used by `score_mode='concat'`. "
@@ -162,8 +161,9 @@ class LuongAttention(_Seq2SeqAttention):
             or window < 0
         ):
             raise ValueError(
-                f"`alignment={alignment!r}` needs `window`, a non-negative int "
-                f"D (the window is [p_t - D, p_t + D]). Received: window={window!r}"
+                f"`alignment={alignment!r}` needs `window`, a non-negative "
+                "int D (the window is [p_t - D, p_t + D]). "
+                f"Received: window={window!r}"
             )
         self.score_mode = score_mode
         self.units = units
@@ -177,7 +177,8 @@ class LuongAttention(_Seq2SeqAttention):
         return self.add_weight(
             name=name,
             shape=shape,
-            initializer=initializer or _clone(self.kernel_initializer),
+            initializer=initializer
+            or keras_utils.clone_initializer(self.kernel_initializer),
             regularizer=None if initializer else self.kernel_regularizer,
         )
 
@@ -185,7 +186,9 @@ class LuongAttention(_Seq2SeqAttention):
         dense = keras.layers.Dense(
             units,
             use_bias=False,
-            kernel_initializer=_clone(self.kernel_initializer),
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
             kernel_regularizer=self.kernel_regularizer,
             dtype=self.dtype_policy,
             name=name,
@@ -195,7 +198,7 @@ class LuongAttention(_Seq2SeqAttention):
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
+        super().build(query_shape, value_shape, key_shape)
         dq, dk = query_shape[-1], key_shape[-1]
         if self.score_mode == "dot" and dq != dk:
             raise ValueError(
@@ -253,7 +256,7 @@ class LuongAttention(_Seq2SeqAttention):
         # the (unsaturated) `tanh`s.
         kernel = ops.cast(self.concat_kernel, "float32")[: self._query_dim]
         query = ops.cast(query, "float32")
-        return _project(lambda x: ops.matmul(x, kernel), query)
+        return keras_utils.project(lambda x: ops.matmul(x, kernel), query)
 
     def _global_scores(self, query, keys):
         # b - batch, i - queries, j - source steps
@@ -284,7 +287,7 @@ class LuongAttention(_Seq2SeqAttention):
 
     def _predicted_positions(self, query, value, value_mask):
         """p_t = S * sigmoid(v_p^T tanh(W_p h_t)), float32 `(b, i)`."""
-        hidden = ops.tanh(_project(self.position_dense, query))
+        hidden = ops.tanh(keras_utils.project(self.position_dense, query))
         v_p = ops.cast(self.position_v, hidden.dtype)
         logit = ops.einsum("bid,d->bi", hidden, v_p)
         if value_mask is None:
@@ -319,7 +322,7 @@ class LuongAttention(_Seq2SeqAttention):
     ):
         if self.alignment == "global":
             scores = self._scale(self._global_scores(query, memory))
-            return self._global_attend(
+            return self.apply_scores(
                 scores, value, value_mask, query_mask, training
             )
 

@@ -66,3 +66,50 @@ def has_gpu():
     except Exception:  # noqa: BLE001 - no accelerator runtime at all.
         return False
     return False
+
+
+def scan_carry(f, init, xs):
+    """`keras.ops.scan` for a loop body whose outputs are its new carry.
+
+    Args:
+        f: `f(carry, x) -> (new_carry, ys)`, where `ys` has the structure
+            of `carry` (a nest of tensors).
+        init: the initial carry (a nest of tensors).
+        xs: a tensor whose first axis is scanned (`(steps, ...)`).
+
+    Returns:
+        `(final_carry, stacked_ys)`: the last carry, and every step's `ys`
+        stacked on a new first axis (`(steps, ...)` for each leaf).
+
+    On TensorFlow this is a `tf.while_loop` with `maximum_iterations`,
+    which XLA needs to differentiate through the loop (`keras.ops.scan`
+    sets none, so `jit_compile=True` training fails). Other backends run
+    `keras.ops.scan`.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return keras.ops.scan(f, init, xs)
+    import tensorflow as tf
+
+    n = tf.shape(xs)[0]
+    xs_array = tf.TensorArray(xs.dtype, size=n, element_shape=xs.shape[1:])
+    xs_array = xs_array.unstack(xs)
+    flat = [tf.convert_to_tensor(c) for c in tf.nest.flatten(init)]
+    arrays = [
+        tf.TensorArray(c.dtype, size=n, element_shape=c.shape) for c in flat
+    ]
+
+    def pack(leaves):
+        return tf.nest.pack_sequence_as(init, leaves)
+
+    def body(i, carry, arrays):
+        carry, ys = f(pack(carry), xs_array.read(i))
+        arrays = [a.write(i, y) for a, y in zip(arrays, tf.nest.flatten(ys))]
+        return i + 1, tf.nest.flatten(carry), arrays
+
+    _, carry, arrays = tf.while_loop(
+        lambda i, carry, arrays: i < n,
+        body,
+        (tf.constant(0), flat, arrays),
+        maximum_iterations=n,
+    )
+    return pack(carry), pack([a.stack() for a in arrays])
