@@ -23,7 +23,8 @@ class AttentionPooling(keras.layers.Layer):
     Args:
         units: optional int, size of the hidden scoring layer.
         use_bias: bool, bias in the hidden scoring layer.
-        kernel_initializer, bias_initializer: initializers.
+        kernel_initializer: initializer of the scoring kernels.
+        bias_initializer: initializer of the hidden layer's bias.
         **kwargs: base layer arguments.
 
     Call arguments:

@@ -17,7 +17,8 @@ class FeedForward(keras.layers.Layer):
         activation: activation of the hidden layer.
         dropout: float in [0, 1), dropout on the hidden activations.
         use_bias: bool.
-        kernel_initializer, bias_initializer: initializers of both layers.
+        kernel_initializer: initializer of both layers' kernels.
+        bias_initializer: initializer of both layers' biases.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
