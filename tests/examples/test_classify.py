@@ -10,27 +10,23 @@ import sys
 
 import numpy as np
 import pytest
+import serving
 
 pytestmark = pytest.mark.tf_only
 
+# Serving needs TensorFlow and TensorFlow Text's kernels only: keras,
+# keras_hub and keras_attention cannot be imported in the serving process.
 SERVE = """
-import json, sys
+    import json
 
-class _Block:  # serving must not need these packages
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_attention", "keras_hub", "keras_nlp"):
-            raise ImportError("blocked: " + name)
+    import tensorflow as tf
 
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-import tensorflow_text  # noqa: F401 (registers the WordPiece ops)
-
-served = tf.saved_model.load(sys.argv[1])
-out = served.classify(tf.constant(json.loads(sys.argv[2])))
-print("ANSWERS" + json.dumps({
-    "label": [s.decode() for s in out["label"].numpy()],
-    "probability": out["probability"].numpy().tolist(),
-}))
+    served = tf.saved_model.load(sys.argv[1])
+    out = served.classify(tf.constant(json.loads(sys.argv[2])))
+    answer({
+        "label": [s.decode() for s in out["label"].numpy()],
+        "probability": out["probability"].numpy().tolist(),
+    })
 """
 
 
@@ -202,23 +198,12 @@ def test_exported_model_answers_like_the_python_model(quick_run):
         "an unseen word: xylophonist",
     ]
     expected = quick_run["server"].classify(np.array(texts, dtype=object))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            SERVE,
-            quick_run["export_path"],
-            json.dumps(texts),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-        env={**os.environ, "PYTHONPATH": ""},
+    served = serving.answer_in_fresh_process(
+        SERVE,
+        args=[quick_run["export_path"], json.dumps(texts)],
+        blocked_modules=serving.BLOCKED_MODULES + serving.KERAS_MODULES,
+        tensorflow_text_ops=True,
     )
-    lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
-    assert lines, out.stderr[-3000:]
-    served = json.loads(lines[0][len("ANSWERS") :])
     assert served["label"] == [s.decode() for s in expected["label"].numpy()]
     np.testing.assert_allclose(
         served["probability"], expected["probability"].numpy(), atol=1e-5

@@ -11,27 +11,26 @@ import sys
 
 import numpy as np
 import pytest
+import serving
 
 pytestmark = pytest.mark.tf_only
 
+# Serving needs TensorFlow and TensorFlow Text's kernels only: keras,
+# keras_hub and keras_attention cannot be imported in the serving process.
 SERVE = """
-import json, sys
+    import json
 
-class _Block:  # serving must not need these packages
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_attention", "keras_hub", "keras_nlp"):
-            raise ImportError("blocked: " + name)
+    import tensorflow as tf
 
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-import tensorflow_text  # noqa: F401
-
-served = tf.saved_model.load(sys.argv[1])
-prompts = tf.constant(json.loads(sys.argv[2]))
-print("ANSWERS" + json.dumps({
-    name: [s.decode("utf-8") for s in getattr(served, name)(prompts)["completion"].numpy()]
-    for name in json.loads(sys.argv[3])
-}))
+    served = tf.saved_model.load(sys.argv[1])
+    prompts = tf.constant(json.loads(sys.argv[2]))
+    answer({
+        name: [
+            s.decode("utf-8")
+            for s in getattr(served, name)(prompts)["completion"].numpy()
+        ]
+        for name in json.loads(sys.argv[3])
+    })
 """
 
 
@@ -373,22 +372,15 @@ def test_exported_model_answers_like_the_python_model(quick_run):
         ]
         for name in samplers
     }
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            SERVE,
+    served = serving.answer_in_fresh_process(
+        SERVE,
+        args=[
             quick_run["export_path"],
             json.dumps(prompts),
             json.dumps(samplers),
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-        env={**os.environ, "PYTHONPATH": ""},
+        blocked_modules=serving.BLOCKED_MODULES + serving.KERAS_MODULES,
+        tensorflow_text_ops=True,
     )
-    lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
-    assert lines, out.stderr[-3000:]
-    assert json.loads(lines[0][len("ANSWERS") :]) == expected
+    assert served == expected
     assert expected["greedy"][:3] == quick_run["completions"]["greedy"]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import serving
 
 pytestmark = pytest.mark.tf_only
 
@@ -30,31 +31,21 @@ def _serve_in_fresh_process(path, sentences):
     keras_attention cannot even be imported (TensorFlow Text's kernels are
     registered from their shared libraries: `import tensorflow_text` itself
     would import keras through `tf.keras`)."""
-    code = (
-        "import glob, importlib.util, json, os, sys\n"
-        "for name in ('keras', 'keras_hub', 'keras_attention', 'tf_keras'):\n"
-        "    sys.modules[name] = None\n"
-        "import tensorflow as tf\n"
-        "ops = os.path.join(os.path.dirname(importlib.util.find_spec(\n"
-        "    'tensorflow_text').origin), 'python', 'ops')\n"
-        "for lib in sorted(glob.glob(os.path.join(ops, '*.so'))):\n"
-        "    tf.load_op_library(lib)\n"
-        f"m = tf.saved_model.load({path!r})\n"
-        f"out = m.translate(tf.constant({sentences!r})).numpy()\n"
-        "print('ANSWERS' + json.dumps([s.decode('utf-8') for s in out]))\n"
+    code = """
+        import json
+
+        import tensorflow as tf
+
+        m = tf.saved_model.load(sys.argv[1])
+        out = m.translate(tf.constant(json.loads(sys.argv[2]))).numpy()
+        answer([s.decode("utf-8") for s in out])
+    """
+    return serving.answer_in_fresh_process(
+        code,
+        args=[path, json.dumps(sentences)],
+        blocked_modules=serving.BLOCKED_MODULES + serving.KERAS_MODULES,
+        tensorflow_text_ops=True,
     )
-    env = {**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd="/",
-    )
-    lines = [l for l in out.stdout.splitlines() if l.startswith("ANSWERS")]
-    assert lines, out.stderr[-3000:]
-    return json.loads(lines[0][len("ANSWERS") :])
 
 
 def _run(tmp_path, *flags):
