@@ -17,6 +17,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.utils import validation
+
 
 def _concrete(value):
     """`value` as a NumPy array when it is known now, else None.
@@ -34,49 +36,27 @@ def _concrete(value):
         return None
 
 
-def _is_integer(dtype):
-    return np.dtype(dtype).kind in "iu"
-
-
 def _check_integer(name, value, allow_negative=False):
-    """`ValueError` unless `value` is an integer (>= 0 unless
-    `allow_negative`) or integer array; symbolic tensors must have an
-    integer dtype (their values are not known yet)."""
+    """`ValueError` unless `value` holds integers (>= 0 unless
+    `allow_negative`); symbolic tensors must have an integer dtype (their
+    values are not known yet)."""
     known = _concrete(value)
-    if known is None:
-        dtype = keras.backend.standardize_dtype(
-            getattr(value, "dtype", "int32")
+    if known is not None:
+        plain = isinstance(value, (bool, int, float, str, np.generic))
+        validation.check_integer_values(
+            name, value if plain else known, allow_negative
         )
-        if "int" not in dtype:
-            raise ValueError(
-                f"`{name}` must be an integer tensor. Received: {name} of "
-                f"dtype {dtype!r}"
-            )
         return
-    if not _is_integer(known.dtype) or (
-        not allow_negative and np.any(known < 0)
-    ):
-        what = "an integer" if allow_negative else "a non-negative integer"
-        shown = (
-            value if known.ndim == 0 or isinstance(value, (int, str)) else known
-        )
-        raise ValueError(f"`{name}` must be {what}. Received: {name}={shown!r}")
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
+    dtype = keras.backend.standardize_dtype(getattr(value, "dtype", "int32"))
+    if "int" not in dtype:
         raise ValueError(
-            f"`{name}` must be a bool (True or False). Received: {name}={value!r}"
+            f"`{name}` must be an integer tensor. Received: {name} of "
+            f"dtype {dtype!r}"
         )
-    return bool(value)
 
 
 def _positions(length, offset=0):
     return ops.arange(length, dtype="int32") + ops.cast(offset, "int32")
-
-
-def _check_length(name, value):
-    _check_integer(name, value)
 
 
 def causal_mask(query_length, key_length=None, offset=0):
@@ -95,13 +75,14 @@ def causal_mask(query_length, key_length=None, offset=0):
 
     >>> import numpy as np
     >>> import keras_attention
-    >>> np.asarray(keras_attention.masks.causal_mask(2, 4, offset=1)).astype(int)
+    >>> mask = keras_attention.masks.causal_mask(2, 4, offset=1)
+    >>> np.asarray(mask).astype(int)
     array([[[1, 1, 0, 0],
             [1, 1, 1, 0]]])
     """
-    _check_length("query_length", query_length)
+    _check_integer("query_length", query_length)
     key_length = query_length if key_length is None else key_length
-    _check_length("key_length", key_length)
+    _check_integer("key_length", key_length)
     _check_integer("offset", offset, allow_negative=True)
     i = _positions(query_length, offset)[:, None]
     j = _positions(key_length)[None, :]
@@ -138,10 +119,11 @@ def padding_mask(lengths_or_mask, max_length=None, query_mask=None):
     if len(x.shape) == 1:
         if max_length is None:
             raise ValueError(
-                "`max_length` is required when `lengths_or_mask` holds lengths "
-                f"of shape {tuple(x.shape)!r}. Received: max_length={max_length!r}"
+                "`max_length` is required when `lengths_or_mask` holds "
+                f"lengths of shape {tuple(x.shape)!r}. "
+                f"Received: max_length={max_length!r}"
             )
-        _check_length("max_length", max_length)
+        _check_integer("max_length", max_length)
         _check_integer("lengths_or_mask", x)  # lengths: integers >= 0
         key_valid = (
             _positions(max_length)[None, :] < ops.cast(x, "int32")[:, None]
@@ -182,7 +164,7 @@ def prefix_lm_mask(length, prefix_length):
            [1, 1, 1, 0],
            [1, 1, 1, 1]])
     """
-    _check_length("length", length)
+    _check_integer("length", length)
     _check_integer("prefix_length", prefix_length)
     i = _positions(length)[:, None]
     j = _positions(length)[None, :]
@@ -197,26 +179,21 @@ def window_bounds(window_size, causal=False):
     Example:
 
     >>> import keras_attention
-    >>> keras_attention.masks.window_bounds(3), keras_attention.masks.window_bounds(
-    ...     (2, 1), causal=True)
+    >>> masks = keras_attention.masks
+    >>> masks.window_bounds(3), masks.window_bounds((2, 1), causal=True)
     ((3, 3), (2, 0))
     """
-    causal = _check_bool("causal", causal)
-    if isinstance(window_size, (tuple, list)):
-        if len(window_size) != 2:
-            raise ValueError(
-                "`window_size` must be an int or a pair (left, right). "
-                f"Received: window_size={window_size!r}"
-            )
-        left, right = window_size
-    else:
-        left = right = window_size
-    for v in (left, right):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(
-                "`window_size` must hold non-negative ints. "
-                f"Received: window_size={window_size!r}"
-            )
+    causal = validation.check_bool("causal", causal)
+    pair = isinstance(window_size, (tuple, list))
+    parts = tuple(window_size) if pair else (window_size, window_size)
+    if len(parts) != 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
+    ):
+        raise ValueError(
+            "`window_size` must be a non-negative int or a pair (left, right) "
+            f"of non-negative ints. Received: window_size={window_size!r}"
+        )
+    left, right = parts
     return (int(left), 0 if causal else int(right))
 
 
@@ -247,9 +224,9 @@ def sliding_window_mask(
            [0, 0, 1, 1]])
     """
     left, right = window_bounds(window_size, causal)
-    _check_length("query_length", query_length)
+    _check_integer("query_length", query_length)
     key_length = query_length if key_length is None else key_length
-    _check_length("key_length", key_length)
+    _check_integer("key_length", key_length)
     _check_integer("offset", offset, allow_negative=True)
     i = _positions(query_length, offset)[:, None]
     j = _positions(key_length)[None, :]

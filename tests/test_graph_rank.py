@@ -12,6 +12,7 @@ conditions, their gradients, nested `tf.function`s), recursively.
 
 import inspect
 
+import keras
 import numpy as np
 import pytest
 
@@ -110,7 +111,7 @@ def trace_with_gradients(layer, call, inputs, gradients=True):
     return tf.function(step).get_concrete_function(**specs).graph
 
 
-# Self-tests: the walk reaches loop bodies, nested functions and gradients ------
+# Self-tests: the walk reaches loop bodies, nested functions and gradients ---
 
 
 def _tiny_rank6_graph(where):
@@ -180,7 +181,7 @@ def test_detector_finds_rank6_in_a_recurrent_layer_graph():
     assert len({f for f, _, _, _ in found}) >= 2, found
 
 
-# Every public layer -------------------------------------------------------------
+# Every public layer ---------------------------------------------------------
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 6, 8)).astype("float32")
@@ -615,10 +616,13 @@ def test_multi_head_attention_options_graph_rank(arg, make, call, inputs):
     assert not found, f"tensors of rank > {MAX_RANK}: {found[:10]}"
 
 
+# Public base classes (extension points, no score of their own): covered
+# through their subclasses.
+BASE_CLASSES = {"Seq2SeqAttention"}
+
+
 def test_every_public_layer_is_covered():
     """A new public layer must get a case here."""
-    import keras
-
     covered = set()
     for _, make, _, _ in CASES:
         covered.add(type(make()).__name__)
@@ -627,4 +631,4 @@ def test_every_public_layer_is_covered():
         for name, obj in vars(L).items()
         if isinstance(obj, type) and issubclass(obj, keras.layers.Layer)
     }
-    assert public <= covered, sorted(public - covered)
+    assert public - BASE_CLASSES <= covered, sorted(public - covered)

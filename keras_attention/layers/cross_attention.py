@@ -1,8 +1,8 @@
 import keras
 
-from keras_attention.layers._keras_utils import keras_mask
-from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -73,14 +73,16 @@ class CrossAttention(MultiHeadAttention):
         # masks only when they are passed as tensors to `__call__`; read
         # them here too (direct `call`, nested layers).
         if query_mask is None:
-            query_mask = keras_mask(query)
+            query_mask = keras_utils.keras_mask(query)
         if context_mask is None:
-            context_mask = keras_mask(context)
-        check_padding_mask("query_mask", query_mask, query, "query")
+            context_mask = keras_utils.keras_mask(context)
+        validation.check_padding_mask("query_mask", query_mask, query, "query")
         if context is not None:
-            check_padding_mask("context_mask", context_mask, context, "context")
+            validation.check_padding_mask(
+                "context_mask", context_mask, context, "context"
+            )
         elif cache is not None:  # Keys/values precomputed: (b, 2, Tv, g, d).
-            check_padding_mask(
+            validation.check_padding_mask(
                 "context_mask",
                 context_mask,
                 cache[:, 0],

@@ -2,26 +2,10 @@ import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
-from keras_attention.layers._validation import check_positive_int
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import local_attention
-
-
-def _check_window_size(window_size):
-    """Raises `ValueError` unless `window_size` is an int >= 0 or a pair."""
-    if isinstance(window_size, (tuple, list)):
-        parts, ok = tuple(window_size), len(window_size) == 2
-    else:
-        parts, ok = (window_size,), True
-    ok = ok and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
-    )
-    if not ok:
-        raise ValueError(
-            "`window_size` must be a non-negative int or a pair (left, right) "
-            f"of non-negative ints. Received: window_size={window_size!r}"
-        )
+from keras_attention.utils import validation
 
 
 def _refuse_unsupported(kwargs):
@@ -129,12 +113,11 @@ class LocalSelfAttention(SelfAttention):
         super().__init__(
             num_heads=num_heads, key_dim=key_dim, causal=causal, **kwargs
         )
-        _check_window_size(window_size)
         _refuse_unsupported(kwargs)
         self._left, self._right = masks_lib.window_bounds(
             window_size, self.causal
         )
-        check_positive_int("block_size", block_size, allow_none=True)
+        validation.check_positive_int("block_size", block_size, allow_none=True)
         if isinstance(window_size, list):
             window_size = tuple(window_size)
         self.window_size = window_size

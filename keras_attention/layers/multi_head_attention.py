@@ -1,22 +1,14 @@
-
 import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
-from keras_attention.layers._validation import check_bool as _check_bool
-from keras_attention.layers._validation import check_padding_mask
-from keras_attention.layers._validation import (
-    check_positive_int as _check_positive_int,
-)
-from keras_attention.layers._validation import check_positive_number
-from keras_attention.layers._validation import check_rate as _check_rate
-from keras_attention.layers._validation import check_rotary_head_size
-from keras_attention.layers._validation import clone_initializer
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.ops import _backend
-from keras_attention.ops.attention import as_4d_mask
 from keras_attention.ops.attention import dot_product_attention
+from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.local import local_attention
+from keras_attention.ops.masking import as_4d_mask
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 _FLASH_SCORES_ERROR = (
     "Returning attention scores is not supported when flash attention is "
@@ -30,6 +22,11 @@ def _prod(dims):
     for d in dims:
         out = out * d
     return out
+
+
+def _static_prod(dims):
+    """Product of static dimensions, None if one of them is unknown."""
+    return None if None in dims else _prod(dims)
 
 
 def _check_output_shape(output_shape):
@@ -277,10 +274,10 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("key_dim", key_dim)
-        _check_positive_int("value_dim", value_dim, allow_none=True)
-        _check_positive_int(
+        validation.check_positive_int("num_heads", num_heads)
+        validation.check_positive_int("key_dim", key_dim)
+        validation.check_positive_int("value_dim", value_dim, allow_none=True)
+        validation.check_positive_int(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
@@ -289,14 +286,18 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"num_key_value_heads={num_key_value_heads!r}, "
                 f"num_heads={num_heads!r}"
             )
-        _check_rate("dropout", dropout)
-        _check_positive_int("sliding_window", sliding_window, allow_none=True)
+        validation.check_rate("dropout", dropout)
+        validation.check_positive_int(
+            "sliding_window", sliding_window, allow_none=True
+        )
         if flash_attention is not None:
-            flash_attention = _check_bool("flash_attention", flash_attention)
-        check_positive_number(
+            flash_attention = validation.check_bool(
+                "flash_attention", flash_attention
+            )
+        validation.check_positive_number(
             "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
         )
-        check_rotary_head_size(
+        validation.check_rotary_head_size(
             rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
         )
         self.supports_masking = True
@@ -305,8 +306,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dim = value_dim if value_dim else key_dim
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
-        self.use_bias = _check_bool("use_bias", use_bias)
-        self.use_gate = _check_bool("use_gate", use_gate)
+        self.use_bias = validation.check_bool("use_bias", use_bias)
+        self.use_gate = validation.check_bool("use_gate", use_gate)
         # Full output shape (tuple) and, for subclasses, `_output_shape`:
         # an int for a one-dimensional output, else the tuple.
         self._output_shapes = _check_output_shape(output_shape)
@@ -361,8 +362,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _sublayer_kwargs(self):
         return dict(
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=keras_utils.clone_initializer(
+                self.kernel_initializer
+            ),
+            bias_initializer=keras_utils.clone_initializer(
+                self.bias_initializer
+            ),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             activity_regularizer=self.projection_activity_regularizer,
@@ -415,25 +420,29 @@ class MultiHeadAttention(keras.layers.Layer):
         if len(shape) == 3:
             return shape
         axes, others, _ = self._layout(len(shape))
-        known = lambda dims: None if None in dims else _prod(dims)
         lead = [shape[0]] + [shape[a] for a in others]
-        return (known(lead), known([shape[a] for a in axes]), shape[-1])
+        return (
+            _static_prod(lead),
+            _static_prod([shape[a] for a in axes]),
+            shape[-1],
+        )
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
         _check_key_value_shapes(value_shape, key_shape)
         rank = len(query_shape)
+        ranks = (max(rank, 3),)
+        layout = (
+            f"(batch, <axes>, features) of rank {ranks[0]} (the same for "
+            "query, key and value)"
+        )
         for name, shape in (
-            ("query_shape", query_shape),
-            ("value_shape", value_shape),
-            ("key_shape", key_shape),
+            ("query", query_shape),
+            ("value", value_shape),
+            ("key", key_shape),
         ):
-            if len(shape) < 3 or shape[-1] is None or len(shape) != rank:
-                raise ValueError(
-                    f"`{name}` must have shape (batch, <axes>, features) with "
-                    "a known feature size, of the same rank for query, key "
-                    f"and value. Received: {name}={tuple(shape)!r}, "
-                    f"query_shape={tuple(query_shape)!r}"
-                )
+            validation.check_sequence_shape(
+                name, shape, ranks=ranks, layout=layout
+            )
         if rank == 3:
             return
         _, others, _ = self._layout(rank)
@@ -541,7 +550,8 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 f"`attention_mask` must have shape {expected} with "
                 f"Tq={tq}, Tk={tk}. Received: attention_mask.shape={shape}, "
-                f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+                f"query.shape={tuple(query.shape)}, "
+                f"key.shape={tuple(key.shape)}"
             )
 
     def _attention_masks(
@@ -579,7 +589,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return None
         if not self._flash_attention:
             return "dense"
-        return "fused" if _backend.has_gpu() else "blockwise"
+        return memory_efficient_implementation()
 
     def _dropout_fn(self, training):
         if self.dropout > 0 and training is not None and training is not False:
@@ -626,7 +636,7 @@ class MultiHeadAttention(keras.layers.Layer):
             masks, (("query", query), ("value", value), ("key", key))
         ):
             if inputs is not None:  # None: value/key from a precomputed cache.
-                check_padding_mask(name, mask, inputs, inputs_name)
+                validation.check_padding_mask(name, mask, inputs, inputs_name)
 
     def call(
         self,
@@ -845,11 +855,13 @@ class MultiHeadAttention(keras.layers.Layer):
         attention axes into one sequence axis, attend (rank 3), undo."""
         layout = self._layout(len(query.shape))
         axes, others, perm = layout
-        flat = lambda m: (
-            None
-            if m is None
-            else self._flatten(ops.cast(m, "bool"), layout, keep_last=False)
-        )
+
+        def flat(mask):
+            if mask is None:
+                return None
+            mask = ops.cast(mask, "bool")
+            return self._flatten(mask, layout, keep_last=False)
+
         if attention_mask is not None:
             attention_mask = self._flatten_attention_mask(
                 attention_mask, query, key, layout

@@ -1,9 +1,8 @@
 import keras
 
-from keras_attention.layers._keras_utils import keras_mask
-from keras_attention.layers._validation import check_bool
-from keras_attention.layers._validation import check_padding_mask
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -65,7 +64,7 @@ class SelfAttention(MultiHeadAttention):
 
     def __init__(self, num_heads, key_dim, causal=False, **kwargs):
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
-        self.causal = check_bool("causal", causal)
+        self.causal = validation.check_bool("causal", causal)
 
     def build(self, inputs_shape):
         super().build(inputs_shape, inputs_shape)
@@ -97,8 +96,8 @@ class SelfAttention(MultiHeadAttention):
     def _padding_mask(self, inputs, mask):
         """`mask`, else the Keras mask of `inputs`; checked against them."""
         if mask is None:
-            mask = keras_mask(inputs)
-        check_padding_mask("mask", mask, inputs)
+            mask = keras_utils.keras_mask(inputs)
+        validation.check_padding_mask("mask", mask, inputs)
         return mask
 
     def compute_output_spec(
@@ -128,8 +127,10 @@ class CausalSelfAttention(SelfAttention):
 
     >>> import numpy as np
     >>> import keras_attention
-    >>> layer = keras_attention.layers.CausalSelfAttention(num_heads=2, key_dim=4)
-    >>> y, s = layer(np.ones((1, 3, 8), "float32"), return_attention_scores=True)
+    >>> layer = keras_attention.layers.CausalSelfAttention(
+    ...     num_heads=2, key_dim=4)
+    >>> x = np.ones((1, 3, 8), "float32")
+    >>> y, s = layer(x, return_attention_scores=True)
     >>> float(s[0, 0, 0, 1])
     0.0
 

@@ -38,14 +38,17 @@ def pair(**kwargs):
     )
 
 
+def _weight_names(layer):
+    return [w.path.split("/", 1)[1] for w in layer.weights]
+
+
 def copy_weights(theirs, ours, *args, **kwargs):
     """Builds both by a call and gives ours Keras's weights (same layout)."""
     if not theirs.built:
         theirs(*args, **kwargs)
     ours(*args, **kwargs)
     assert [w.shape for w in ours.weights] == [w.shape for w in theirs.weights]
-    names = lambda layer: [w.path.split("/", 1)[1] for w in layer.weights]
-    assert names(ours) == names(theirs)
+    assert _weight_names(ours) == _weight_names(theirs)
     ours.set_weights(theirs.get_weights())
 
 
@@ -660,7 +663,7 @@ def test_quantize_int8(use_gate):
     assert np.mean((before - after) ** 2) < 1e-2
 
 
-# Symbolic scores, output_shape --------------------------------------------------
+# Symbolic scores, output_shape ---------------------------------------------
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 3), (2, 3, 5)])
@@ -690,7 +693,7 @@ def test_output_shape_as_int_and_tuple():
         MultiHeadAttention(num_heads=2, key_dim=16, output_shape=8.0)
 
 
-# Config and serialization: Keras's configs and models load -----------------------
+# Config and serialization: Keras's configs and models load ------------------
 
 
 def test_positional_arguments_mean_what_they_mean_in_keras():
@@ -778,7 +781,7 @@ def test_activity_regularizer_losses_match_keras():
     ours(x, x)
     theirs(x, x)
     np.testing.assert_allclose(
-        sum(np_(l) for l in ours.losses),
-        sum(np_(l) for l in theirs.losses),
+        sum(np_(loss) for loss in ours.losses),
+        sum(np_(loss) for loss in theirs.losses),
         rtol=1e-5,
     )

@@ -24,7 +24,8 @@ def np_(x):
 
 
 def np_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(d)) v; q (b,i,h,d), k/v (b,j,g,.), mask (b,h,i,j)."""
+    """softmax(q k^T / sqrt(d)) v; q (b,i,h,d), k/v (b,j,g,.), mask
+    (b,h,i,j)."""
     h, g = q.shape[2], k.shape[2]
     k = np.repeat(k, h // g, axis=2)
     v = np.repeat(v, h // g, axis=2)
@@ -193,7 +194,10 @@ def test_blockwise_tiles_and_online_softmax(blocks, offset_kind):
 def test_causal_plan_skips_tiles_above_the_diagonal():
     full = _Plan(1024, 1024, False, 0, 128, 128)
     causal = _Plan(1024, 1024, True, 0, 128, 128)
-    pairs = lambda plan: sum(len(chunks) for _, _, chunks in plan.rows)
+
+    def pairs(plan):
+        return sum(len(chunks) for _, _, chunks in plan.rows)
+
     assert pairs(full) == 64
     assert pairs(causal) == 36  # (n + 1) n / 2 with n = 8
     masked = sum(m for _, _, chunks in causal.rows for *_, m in chunks)

@@ -25,7 +25,8 @@ padded positions (of the effective masks) by large noise changes no output
 at a valid position.
 
 References: `MultiHeadAttention` (also with Keras 3.15's `use_gate` and
-`sliding_window`, served by the banded path), `SelfAttention`, `CausalSelfAttention`,
+`sliding_window`, served by the banded path), `SelfAttention`,
+`CausalSelfAttention`,
 `CrossAttention`, `LocalSelfAttention`, `AttentionPooling`,
 `BahdanauAttention` and `LuongAttention` (global, local-m, local-p) are
 checked against NumPy formulas on every output row (padded queries
