@@ -287,7 +287,7 @@ def check_sublayer_policies(layer):
     policy = layer.dtype_policy
     expected = (policy.compute_dtype, policy.variable_dtype)
     wrong = [
-        f"{sublayer.path!r} ({type(sublayer).__name__}): "
+        f"{sublayer.path or sublayer.name!r} ({type(sublayer).__name__}): "
         f"{sublayer.dtype_policy.name!r}"
         for sublayer in layer._flatten_layers(
             include_self=False, recursive=True
@@ -321,6 +321,20 @@ def check_output_spec_dtypes(layer, input_data, call_kwargs, outputs):
         )
 
 
+def _layers_under_policy(init_kwargs, policy):
+    """`init_kwargs` with `dtype=policy`, and every layer object among them
+    (e.g. a decoder's `attention`) rebuilt from its config in `policy`: the
+    test built those under the global float32 policy, and a layer keeps
+    the policy of a layer it is given (as Keras's `RNN` keeps its cell's),
+    where a user of mixed precision would have built them in `policy`."""
+    kwargs = dict(init_kwargs, dtype=policy)
+    for name, value in init_kwargs.items():
+        if isinstance(value, keras.layers.Layer):
+            config = dict(value.get_config(), dtype=policy)
+            kwargs[name] = type(value).from_config(config)
+    return kwargs
+
+
 def check_mixed_precision(
     layer_cls,
     init_kwargs,
@@ -330,7 +344,7 @@ def check_mixed_precision(
     check_output_spec=True,
     check_sublayers=True,
 ):
-    layer = layer_cls(**init_kwargs, dtype=policy)
+    layer = layer_cls(**_layers_under_policy(init_kwargs, policy))
     outputs = _as_tuple(layer(**input_data, **call_kwargs))
     compute = keras.DTypePolicy(policy).compute_dtype
     for o in outputs:

@@ -114,6 +114,25 @@ class Float32Scores(Scale):
         return (super().compute_output_shape(inputs_shape), inputs_shape[:-1])
 
 
+@_register
+class Wrapper(keras.layers.Layer):
+    """Calls the layer it is given (as a decoder calls its `attention`)."""
+
+    def __init__(self, inner, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(inner, dict):
+            inner = keras.saving.deserialize_keras_object(inner)
+        self.inner = inner
+
+    def call(self, inputs):
+        return self.inner(inputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(inner=keras.saving.serialize_keras_object(self.inner))
+        return config
+
+
 def _run(cls, init_kwargs=None, **kwargs):
     return run_layer_test(
         cls,
@@ -230,3 +249,18 @@ def test_fresh_process_cannot_import_blocked_modules():
 def test_fresh_process_failure_shows_stderr():
     with pytest.raises(AssertionError, match="(?s)exited with 1.*boom"):
         serving.run_in_fresh_process("raise SystemExit('boom')")
+
+
+def test_layer_arguments_are_rebuilt_under_the_mixed_policy():
+    # The test builds `inner` in float32; under mixed precision the harness
+    # gives it the policy too, and still checks the whole sublayer tree.
+    run_layer_test(
+        Wrapper, dict(inner=Scale(5, seed=1)), dict(inputs=X), **FAST
+    )
+    with pytest.raises(AssertionError, match="\\(Dense\\): 'float32'"):
+        run_layer_test(
+            Wrapper,
+            dict(inner=GlobalPolicySublayer(5, seed=1)),
+            dict(inputs=X),
+            **FAST,
+        )
