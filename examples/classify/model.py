@@ -9,9 +9,9 @@ tokens the prediction rests on; `__main__.py` plots them.
 import keras
 import tensorflow as tf
 
+from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.layers import AttentionPooling
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.layers import TransformerEncoderBlock
 
 
 def build_classifier(

@@ -31,9 +31,9 @@ import keras
 import keras_hub
 import numpy as np
 
+from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.layers import TransformerDecoderBlock
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
 POSITIONS = ("rotary", "learned")

@@ -12,14 +12,14 @@ import keras
 import keras_hub
 from keras import ops
 
+from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.generation import Seq2SeqGenerator
 from keras_attention.layers import AttentionRNNDecoder
 from keras_attention.layers import BahdanauAttention
 from keras_attention.layers import EncoderBridge
 from keras_attention.layers import LuongAttention
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.layers import TransformerDecoderBlock
-from keras_attention.layers import TransformerEncoderBlock
 
 PAD = 0
 
