@@ -46,6 +46,9 @@ class BahdanauAttention(Seq2SeqAttention):
     each chunk (see `keras_attention.ops.additive.additive_scores`), so a
     whole target sequence can be scored at once in training.
 
+    A `Seq2SeqAttention`: `prepare_memory` computes `W_k k_j` once per
+    source, `attend` the rest (as `AttentionRNNDecoder` calls them).
+
     Args:
         units: int, size `u` of the hidden layer of the score.
         normalize: bool, weight-normalize `v`.

@@ -62,6 +62,10 @@ class LuongAttention(Seq2SeqAttention):
     attention (no weight). `tfa`'s `scale=False` is our default
     `LuongAttention("general")`.
 
+    A `Seq2SeqAttention`: `prepare_memory` computes the keys once per
+    source (`W_a h_s` for `general`), `attend` the rest (as
+    `AttentionRNNDecoder` calls them, passing `positions` for `local-m`).
+
     Args:
         score_mode: `"dot"`, `"general"` or `"concat"`.
         units: int, hidden size of the `concat` score (required by it and
