@@ -1,8 +1,9 @@
 """Cached incremental generation with the `keras_hub` samplers.
 
 `CausalLMGenerator` (decoder-only language models) and
-`Seq2SeqGenerator` (encoder-decoder models) turn a model built from
-`keras_attention.layers` (an embedding, `TransformerDecoderBlock`s, a head)
+`Seq2SeqGenerator` (encoder-decoder models), siblings over one private
+base, turn a model built from `keras_attention.layers` and
+`keras_attention.blocks` (an embedding, `TransformerDecoderBlock`s, a head)
 into the `next(prompt, cache, index)` function that `keras_hub.samplers`
 (greedy, beam, top-k, top-p, ...) call, with a fixed-size key/value cache so
 that the whole generation loop compiles once.

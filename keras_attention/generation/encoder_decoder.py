@@ -1,11 +1,13 @@
+"""`Seq2SeqGenerator`: cached generation for encoder-decoder models."""
+
 from keras import ops
 
+from keras_attention.generation._generator import Generator
+from keras_attention.generation._generator import check_length_fits
 from keras_attention.generation.cache import stack_caches
-from keras_attention.generation.decoder_only import CausalLMGenerator
-from keras_attention.generation.decoder_only import check_length_fits
 
 
-class Seq2SeqGenerator(CausalLMGenerator):
+class Seq2SeqGenerator(Generator):
     """Generation glue for an encoder-decoder model (e.g. a translator).
 
     `logits = head(blocks(embedding(decoder_ids), context=encoder(ids)))`.
@@ -15,12 +17,15 @@ class Seq2SeqGenerator(CausalLMGenerator):
     carries the cache `(self_cache, cross_cache, context_mask)`:
     `self_cache` `(batch, layers, 2, max_length, kv_heads, key_dim)` is
     written at each step, the other two are read only.
+    `CausalLMGenerator` is its sibling for decoder-only models (both share
+    a private base).
 
     Args:
         encoder: callable (a Keras model or layer) mapping encoder token ids
             `(batch, S)` to the encoder output `(batch, S, d)`.
-        embedding: the decoder's token embedding layer (see
-            `CausalLMGenerator`).
+        embedding: the decoder's token embedding layer, mapping token ids
+            `(batch, T)` to `(batch, T, d)` (its `start_index`, if its `call`
+            takes one, gets the absolute position).
         blocks: list of built `TransformerDecoderBlock(cross_attention=True)`.
         head: layer or list of layers mapping decoder outputs to logits.
         pad_token_id: int, padding id of source and target sequences
@@ -35,13 +40,14 @@ class Seq2SeqGenerator(CausalLMGenerator):
     >>> src = keras.Input((None,), dtype="int32")
     >>> src_emb = keras_attention.layers.TokenAndPositionEmbedding(
     ...     50, 16, 8, mask_zero=True)
-    >>> enc_out = keras_attention.layers.TransformerEncoderBlock(2, 16)(src_emb(src))
-    >>> encoder = keras.Model(src, enc_out)
+    >>> enc = keras_attention.blocks.TransformerEncoderBlock(2, 16)
+    >>> encoder = keras.Model(src, enc(src_emb(src)))
     >>> emb = keras_attention.layers.TokenAndPositionEmbedding(
     ...     50, 16, 8, mask_zero=True)
-    >>> block = keras_attention.layers.TransformerDecoderBlock(2, 16)
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(2, 16)
     >>> head = keras.layers.Dense(50)
-    >>> _ = head(block(emb(np.ones((1, 4), "int32")), np.ones((1, 3, 8), "float32")))
+    >>> x, ctx = np.ones((1, 4), "int32"), np.ones((1, 3, 8), "float32")
+    >>> _ = head(block(emb(x), ctx))  # build
     >>> translator = keras_attention.generation.Seq2SeqGenerator(
     ...     encoder, emb, [block], head)
     >>> out, mask = translator.generate(
@@ -80,6 +86,19 @@ class Seq2SeqGenerator(CausalLMGenerator):
         )
 
     def build_cache(self, token_ids, padding_mask=None, encoder_token_ids=None):
+        """Encodes the sources and processes the whole `(batch, max_length)`
+        prompt buffer once.
+
+        Args:
+            token_ids: int `(batch, max_length)` target prompts.
+            padding_mask: optional boolean `(batch, max_length)`.
+            encoder_token_ids: int `(batch, S)` sources.
+
+        Returns:
+            `(hidden, cache)`: the last block's output and the cache
+            `(self_cache, cross_cache, context_mask)`, `self_cache` filled
+            at every position.
+        """
         _, cross_cache, context_mask = self.encode(encoder_token_ids)
         cache = (self._empty_cache(token_ids), cross_cache, context_mask)
         _, hidden, cache = self.call_with_cache(
@@ -119,6 +138,5 @@ class Seq2SeqGenerator(CausalLMGenerator):
             "encoder_token_ids.shape[1]",
             "encoder",
         )
-        stop = tuple(stop_token_ids) if stop_token_ids is not None else None
-        step = self._compile(sampler, stop, 1)
+        step = self._compile(sampler, stop_token_ids)
         return step(token_ids, padding_mask, encoder_token_ids)

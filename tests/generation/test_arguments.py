@@ -1,5 +1,6 @@
 """Generator arguments checked before any graph is built (both backends)."""
 
+import inspect
 import re
 
 import keras
@@ -10,7 +11,7 @@ from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.generation import Seq2SeqGenerator
-from keras_attention.generation.decoder_only import position_capacity
+from keras_attention.generation._generator import position_capacity
 from keras_attention.layers import RotaryEmbedding
 from keras_attention.layers import TokenAndPositionEmbedding
 
@@ -94,3 +95,24 @@ def test_jit_compile_refuses_non_bools():
         CausalLMGenerator(
             embedding, [block], keras.layers.Dense(VOCAB), jit_compile="False"
         )
+
+
+def test_generators_are_siblings_with_unchanged_signatures():
+    assert not issubclass(Seq2SeqGenerator, CausalLMGenerator)
+    assert not issubclass(CausalLMGenerator, Seq2SeqGenerator)
+    assert CausalLMGenerator.__bases__ == Seq2SeqGenerator.__bases__
+
+    def params(fn):
+        return list(inspect.signature(fn).parameters)
+
+    tail = ["max_length", "sampler", "stop_token_ids", "padding_mask"]
+    assert params(CausalLMGenerator.generate) == ["self", "token_ids"] + tail
+    assert (
+        params(Seq2SeqGenerator.generate)
+        == [
+            "self",
+            "encoder_token_ids",
+            "decoder_token_ids",
+        ]
+        + tail
+    )

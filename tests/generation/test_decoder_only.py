@@ -159,7 +159,7 @@ def test_generation_loop_compiles_once(trained_lm):
             np.asarray(tokens)[0, : len(expected)], expected
         )
     assert len(lm._compiled) == before + 1  # "greedy" by name: one loop
-    step = lm._compiled[("greedy", (END,), 0)][1]
+    step = lm._compiled[("greedy", (END,))][1]
     assert step.experimental_get_tracing_count() == 1
 
 

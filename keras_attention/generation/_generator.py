@@ -1,0 +1,301 @@
+"""The machinery shared by the generators (private to `generation`).
+
+`Generator` holds what `CausalLMGenerator` and `Seq2SeqGenerator` have in
+common: the model pieces (embedding, decoder blocks, head), one pass
+through them with the stacked key/value cache (`call_with_cache`), the
+`keras_hub` sampler callback (`next`), the preparation of the prompts and
+the compiled generation loop. Each generator subclasses it directly (they
+are siblings), says what its blocks look like (`_cross_attention`), what
+extra inputs its loop takes (`_input_names`), how its cache is built
+(`build_cache`), and exposes its own `generate`.
+
+The helpers below (`position_capacity`, `check_length_fits`,
+`mask_after_stop`) are shared by both generators.
+"""
+
+import inspect
+
+import keras
+from keras import ops
+from keras.src.utils.module_utils import tensorflow as tf
+
+from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import stack_caches
+from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.token_and_position_embedding import (
+    TokenAndPositionEmbedding,
+)
+from keras_attention.utils import validation
+
+
+def as_list(x):
+    """`x` as a list: None -> [], a layer -> [layer], a sequence -> list."""
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def get_sampler(sampler):
+    """A `keras_hub` sampler from its name, or the sampler itself."""
+    if not isinstance(sampler, str):
+        return sampler
+    import keras_hub  # an optional extra, needed only to generate
+
+    return keras_hub.samplers.get(sampler)
+
+
+def sampler_key(sampler):
+    """Samplers given by name share one compiled loop; objects by identity."""
+    return sampler if isinstance(sampler, str) else id(sampler)
+
+
+def position_capacity(layer):
+    """How many positions `layer` (an embedding, or a model) can embed.
+
+    The smallest `sequence_length` of the learned position tables in it
+    (`PositionEmbedding`, `TokenAndPositionEmbedding`, at any depth), or
+    None when it has none (rotary and sinusoidal positions have no limit;
+    so has a plain callable).
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        return None
+    lengths = [
+        sublayer.sequence_length
+        for sublayer in layer._flatten_layers(include_self=True, recursive=True)
+        if isinstance(sublayer, (PositionEmbedding, TokenAndPositionEmbedding))
+    ]
+    return min(lengths) if lengths else None
+
+
+def check_length_fits(layer, length, name, layer_name):
+    """Raises `ValueError` when sequences of `length` positions overflow the
+    learned position table of `layer` (known before any graph is built)."""
+    capacity = position_capacity(layer)
+    if capacity is not None and length is not None and length > capacity:
+        raise ValueError(
+            f"`{name}` exceeds the {capacity!r} positions of the "
+            f"{layer_name}'s position embedding (its `sequence_length`); "
+            "generate at most that many tokens or train with a longer "
+            f"`sequence_length`. Received: {name}={length!r}, "
+            f"sequence_length={capacity!r}"
+        )
+
+
+def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
+    """Keeps the first generated stop token, pads everything after it."""
+    if stop_token_ids is None:
+        return token_ids, ops.ones_like(token_ids, dtype="bool")
+    padding_mask = ops.cast(padding_mask, "bool")
+    generated = ops.logical_not(padding_mask)
+    is_stop = ops.zeros_like(generated)
+    for token in stop_token_ids:
+        is_stop = ops.logical_or(is_stop, ops.equal(token_ids, token))
+    is_stop = ops.cast(ops.logical_and(is_stop, generated), "int32")
+    after = ops.cumsum(is_stop, axis=-1) - is_stop  # t - positions after a stop
+    valid = ops.equal(after, 0)
+    token_ids = ops.where(
+        valid, token_ids, ops.cast(pad_token_id, token_ids.dtype)
+    )
+    return token_ids, valid
+
+
+def compile_loop(step, jit_compile):
+    """`step` as one compiled function: `tf.function` (with XLA when
+    `jit_compile`) on TensorFlow; as it is on the other backends."""
+    if keras.backend.backend() == "tensorflow":
+        return tf.function(step, jit_compile=jit_compile)
+    return step
+
+
+class Generator:
+    """Base of the generators: a decoder (embedding, blocks, head) run with
+    a fixed-size key/value cache and driven by a `keras_hub` sampler.
+
+    `logits = head(blocks[-1](... blocks[0](embedding(token_ids))))`.
+    Subclasses set `_cross_attention` (the `cross_attention` their blocks
+    must have) and `_input_names` (the extra inputs of the compiled loop,
+    passed to `build_cache` by name), write `build_cache` and `generate`,
+    and may pass extra arguments to the blocks (`_block_kwargs`).
+
+    Args:
+        embedding: layer mapping token ids `(batch, T)` to `(batch, T, d)`.
+            If its `call` takes `start_index` (e.g.
+            `TokenAndPositionEmbedding`, or your own layer), decoding passes
+            the absolute position.
+        blocks: list of built `TransformerDecoderBlock`s with the same
+            attention head shape.
+        head: layer (or list of layers applied in order) mapping the last
+            block's output to logits `(batch, T, vocabulary_size)`.
+        pad_token_id: int, the padding id of prompts and outputs.
+        jit_compile: bool, compile `generate` with XLA (TensorFlow backend).
+    """
+
+    _cross_attention = False
+    _input_names = ()
+
+    def __init__(
+        self, embedding, blocks, head, pad_token_id=0, jit_compile=True
+    ):
+        self.embedding = embedding
+        self.blocks = list(blocks)
+        self._check_blocks(blocks)
+        self.head = as_list(head)
+        self.pad_token_id = pad_token_id
+        self.jit_compile = validation.check_bool("jit_compile", jit_compile)
+        self._embedding_takes_start = (
+            "start_index" in inspect.signature(embedding.call).parameters
+        )
+        self._compiled = {}
+
+    def _check_blocks(self, blocks):
+        if not self.blocks:
+            raise ValueError(
+                f"`blocks` must not be empty. Received: blocks={blocks!r}"
+            )
+        for block in self.blocks:
+            cross_attention = getattr(block, "cross_attention", None)
+            if cross_attention is not self._cross_attention:
+                raise ValueError(
+                    f"`{type(self).__name__}` needs `TransformerDecoderBlock`s "
+                    f"with cross_attention={self._cross_attention}. "
+                    f"Received: {block!r}"
+                )
+
+    # The model pieces.
+
+    def embed(self, token_ids, start_index=0):
+        """The embedding of `token_ids` at positions `start_index ..`."""
+        if self._embedding_takes_start:
+            return self.embedding(token_ids, start_index=start_index)
+        return self.embedding(token_ids)
+
+    def logits(self, hidden):
+        """The head's logits of the last block's output `hidden`."""
+        for layer in self.head:
+            hidden = layer(hidden)
+        return hidden
+
+    def _block_kwargs(self, cache, index):
+        """Extra arguments of block `index`, read from the cache."""
+        return {}
+
+    def call_with_cache(
+        self, token_ids, cache, cache_update_index, padding_mask=None
+    ):
+        """Runs `token_ids` (positions `cache_update_index ..`) through the
+        model, reading and writing the stacked cache.
+
+        Returns `(logits, hidden, cache)`.
+        """
+        self_cache = cache[0] if isinstance(cache, tuple) else cache
+        x = self.embed(token_ids, start_index=cache_update_index)
+        updated = []
+        for i, block in enumerate(self.blocks):
+            x, block_cache = block(
+                x,
+                padding_mask=padding_mask,
+                self_attention_cache=self_cache[:, i],
+                self_attention_cache_update_index=cache_update_index,
+                **self._block_kwargs(cache, i),
+            )
+            updated.append(block_cache)
+        self_cache = stack_caches(updated)
+        if isinstance(cache, tuple):
+            cache = (self_cache,) + tuple(cache[1:])
+        else:
+            cache = self_cache
+        return self.logits(x), x, cache
+
+    def _empty_cache(self, token_ids):
+        batch, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        return init_cache(self.blocks, batch, max_length, dtype)
+
+    def build_cache(self, token_ids, padding_mask=None, **inputs):
+        """Processes the whole `(batch, max_length)` prompt buffer once.
+
+        Returns `(hidden, cache)`, the cache filled at every position.
+        """
+        raise NotImplementedError
+
+    def next(self, prompt, cache, index):
+        """The `keras_hub` sampler callback: logits for position `index`
+        from the token at `index - 1` and the cache of earlier positions."""
+        batch = ops.shape(prompt)[0]
+        token = ops.slice(prompt, (0, index - 1), (batch, 1))
+        logits, hidden, cache = self.call_with_cache(token, cache, index - 1)
+        return logits[:, 0], hidden[:, 0], cache
+
+    # Generation.
+
+    def _prepare(self, token_ids, padding_mask, max_length):
+        """Right-pads the prompts (and their mask) to `max_length`."""
+        validation.check_positive_int("max_length", max_length, allow_none=True)
+        token_ids = ops.convert_to_tensor(token_ids, "int32")
+        length = token_ids.shape[1]
+        if max_length is None or max_length <= length:
+            # Outputs keep the prompts' length.
+            self._check_fits(length, "token_ids.shape[1]")
+        else:
+            self._check_fits(max_length, "max_length")
+        if padding_mask is None:
+            padding_mask = ops.not_equal(token_ids, self.pad_token_id)
+        padding_mask = ops.cast(padding_mask, "bool")
+        if max_length is not None and max_length > length:
+            extra = max_length - length
+            token_ids = ops.pad(
+                token_ids,
+                ((0, 0), (0, extra)),
+                constant_values=self.pad_token_id,
+            )
+            padding_mask = ops.pad(padding_mask, ((0, 0), (0, extra)))
+        return token_ids, padding_mask
+
+    def _check_fits(self, length, name):
+        check_length_fits(self.embedding, length, name, "decoder embedding")
+
+    def _generate_step(
+        self, sampler, stop_token_ids, token_ids, padding_mask, **inputs
+    ):
+        hidden, cache = self.build_cache(token_ids, padding_mask, **inputs)
+        lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
+        index = ops.min(lengths)
+        result = sampler(
+            next=self.next,
+            prompt=token_ids,
+            cache=cache,
+            index=index,
+            mask=padding_mask,
+            stop_token_ids=stop_token_ids,
+            hidden_states=hidden,
+        )
+        if isinstance(result, tuple):  # BeamSampler(return_all_beams=True)
+            return result
+        return mask_after_stop(
+            result, padding_mask, stop_token_ids, self.pad_token_id
+        )
+
+    def _compile(self, sampler, stop_token_ids):
+        """One compiled generation loop per sampler and stop tokens (and,
+        through tf.function, per input shape): `step(token_ids,
+        padding_mask, *inputs)`, `inputs` named by `_input_names`."""
+        if stop_token_ids is not None:
+            stop_token_ids = tuple(stop_token_ids)
+        key = (sampler_key(sampler), stop_token_ids)
+        if key not in self._compiled:
+            sampler = get_sampler(sampler)
+
+            def step(token_ids, padding_mask, *inputs):
+                return self._generate_step(
+                    sampler,
+                    stop_token_ids,
+                    token_ids,
+                    padding_mask,
+                    **dict(zip(self._input_names, inputs)),
+                )
+
+            self._compiled[key] = (
+                sampler,
+                compile_loop(step, self.jit_compile),
+            )
+        return self._compiled[key][1]
