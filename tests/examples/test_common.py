@@ -279,3 +279,42 @@ def test_shipped_builders_keep_their_tfds_names_and_configurations():
         tiny = f"{name}/tiny" if "tiny" in names else name
         assert datasets.tfds_name(name, tiny=True) == tiny
         assert datasets.tfds_name(name) == name
+
+
+def test_examples_use_only_the_public_api():
+    # examples <- generation <- blocks <- layers <- ...: the examples import
+    # the library's public names from its public subpackages, nothing else.
+    import ast
+    import importlib
+    import pathlib
+
+    public = {
+        "keras_attention.blocks",
+        "keras_attention.generation",
+        "keras_attention.layers",
+        "keras_attention.masks",
+        "keras_attention.ops",
+        "keras_attention.visualization",
+    }
+    found, wrong = 0, []
+    for path in sorted(pathlib.Path(ROOT, "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+                wrong += [n for n in names if n.startswith("keras_attention")]
+            if not isinstance(node, ast.ImportFrom) or not (
+                node.module or ""
+            ).startswith("keras_attention"):
+                continue
+            found += 1
+            exported = (
+                importlib.import_module(node.module).__all__
+                if node.module in public
+                else ()
+            )
+            wrong += [
+                f"{path.name}: from {node.module} import {a.name}"
+                for a in node.names
+                if a.name not in exported
+            ]
+    assert found > 5 and wrong == []
