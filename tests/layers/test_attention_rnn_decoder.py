@@ -39,15 +39,6 @@ def make(style, cell, attention=None, **kwargs):
     )
 
 
-# The attention layer is the user's own object, passed to the decoder: it
-# keeps the dtype policy it was created with (the decoder casts its queries
-# and memory to it), so it is not in the decoder's policy.
-OWN_ATTENTION_POLICY = {
-    "sublayer_policies": "the attention layer is passed in by the user and "
-    "keeps its own dtype policy"
-}
-
-
 def test_harness_bahdanau_gru():
     run_layer_test(
         AttentionRNNDecoder,
@@ -59,7 +50,6 @@ def test_harness_bahdanau_gru():
         dict(inputs=Y, memory=M, initial_state=S0),
         expected_output_shape=((2, 5, 8), (2, 5, 7)),
         expected_num_trainable_weights=3 + 4,  # GRU cell + attention
-        skip_checks=OWN_ATTENTION_POLICY,
     )
 
 
@@ -78,7 +68,6 @@ def test_harness_luong_lstm():
         dict(inputs=Y, memory=M),
         expected_output_shape=((2, 5, 8), (2, 8), (2, 8), (2, 8)),
         expected_num_trainable_weights=3 + 4 + 1,  # LSTM + attention + W_c
-        skip_checks=OWN_ATTENTION_POLICY,
     )
 
 
