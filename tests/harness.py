@@ -1,8 +1,12 @@
 """The shared layer test harness.
 
-Every layer test of the package calls `run_layer_test` (serialization,
-shapes, `.keras`, SavedModel in a fresh process, `fit` with and without XLA,
-mixed precision) and, for layers that read Keras masks, `run_mask_test`.
+Every layer test of the package calls `run_layer_test` (serialization and
+`dir()`, state counts, build from shapes, symbolic shapes, `.keras`,
+SavedModel in a fresh process, `fit` with and without XLA, mixed precision
+down to every sublayer's policy) and, for layers that read Keras masks,
+`run_mask_test`. The checks follow Keras's `TestCase.run_layer_test` and
+keras-hub's `run_precision_test`; tests/test_harness.py shows each one
+failing on a toy layer with the defect it is for.
 
 `input_data` is a dict `{call_argument_name: numpy array}` of the tensor
 arguments; `call_kwargs` holds the other call arguments. Inputs are fed to

@@ -19,7 +19,8 @@ _SCRIPT = textwrap.dedent(
 
     T, HEADS, KEY_DIM, WINDOW = 32768, 2, 8, 32
     layer = LocalSelfAttention(HEADS, KEY_DIM, window_size=WINDOW)
-    x = tf.constant(np.random.default_rng(0).normal(size=(1, T, 16)), tf.float32)
+    x = np.random.default_rng(0).normal(size=(1, T, 16))
+    x = tf.constant(x, tf.float32)
     layer(x[:, :8])
 
     @tf.function
