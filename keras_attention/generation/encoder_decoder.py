@@ -122,8 +122,14 @@ class Seq2SeqGenerator(Generator):
                 `pad_token_id`.
             decoder_token_ids: int `(batch, T)` target prompts (at least a
                 start token each), right-padded with `pad_token_id`.
-            max_length, sampler, stop_token_ids, padding_mask: see
-                `CausalLMGenerator.generate`.
+            max_length: int, total length of the outputs (prompt included);
+                defaults to `T`.
+            sampler: a `keras_hub.samplers.Sampler` or its name ("greedy",
+                "beam", "top_k", "top_p", ...).
+            stop_token_ids: optional tuple of end token ids: generation stops
+                once every sequence produced one; later tokens are padding.
+            padding_mask: optional boolean `(batch, T)` mask of the target
+                prompts; defaults to `decoder_token_ids != pad_token_id`.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`.
