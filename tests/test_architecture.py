@@ -159,7 +159,8 @@ def _private_violation(module, source, name, target):
     if private:
         # A private module: only its own subpackage may import it.
         owner = ".".join(parts[: private[0]])
-        if not module.startswith(owner + "."):
+        # (the subpackage's own __init__ re-exporting it counts as inside).
+        if module != owner and not module.startswith(owner + "."):
             return f"private module {target} outside {owner}"
     if name is not None and name.startswith("_") and target == source:
         return f"private name {name} of {source}"

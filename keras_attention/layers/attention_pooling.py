@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from keras_attention.ops.attention import masked_softmax
+from keras_attention.ops.masking import masked_softmax
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 

@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
-from keras_attention.ops import _backend
+from keras_attention.ops import scan_carry
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -535,7 +535,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
             carry = tuple(new) + (output, weights, t + 1)
             return carry, carry
 
-        final, history = _backend.scan_carry(body, init, xs)
+        final, history = scan_carry(body, init, xs)
         outputs = (ops.transpose(history[num_states], (1, 0, 2)),)
         if self.return_attention_scores:
             outputs += (ops.transpose(history[num_states + 1], (1, 0, 2)),)

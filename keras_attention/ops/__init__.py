@@ -1,5 +1,6 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
+from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
@@ -18,4 +19,5 @@ __all__ = [
     "banded_to_dense",
     "dense_to_banded",
     "local_attention",
+    "scan_carry",
 ]
