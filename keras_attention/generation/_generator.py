@@ -17,7 +17,6 @@ import inspect
 
 import keras
 from keras import ops
-from keras.src.utils.module_utils import tensorflow as tf
 
 from keras_attention.generation.cache import init_cache
 from keras_attention.generation.cache import stack_caches
@@ -25,6 +24,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
+from keras_attention.ops import compile_step
 from keras_attention.utils import validation
 
 
@@ -97,14 +97,6 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
         valid, token_ids, ops.cast(pad_token_id, token_ids.dtype)
     )
     return token_ids, valid
-
-
-def compile_loop(step, jit_compile):
-    """`step` as one compiled function: `tf.function` (with XLA when
-    `jit_compile`) on TensorFlow; as it is on the other backends."""
-    if keras.backend.backend() == "tensorflow":
-        return tf.function(step, jit_compile=jit_compile)
-    return step
 
 
 class Generator:
@@ -296,6 +288,6 @@ class Generator:
 
             self._compiled[key] = (
                 sampler,
-                compile_loop(step, self.jit_compile),
+                compile_step(step, self.jit_compile),
             )
         return self._compiled[key][1]

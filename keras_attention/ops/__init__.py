@@ -1,5 +1,6 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
+from keras_attention.ops._backend import compile_step
 from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
@@ -12,6 +13,7 @@ from keras_attention.ops.masking import masked_softmax
 
 __all__ = [
     "additive_scores",
+    "compile_step",
     "dot_product_attention",
     "implementation_scope",
     "mask_fill_value",

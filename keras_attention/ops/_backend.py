@@ -1,4 +1,10 @@
-"""Tiny backend dispatch for what `keras.ops` does not cover."""
+"""Tiny backend dispatch for what `keras.ops` does not cover.
+
+The one home of backend-specific code (the only module that imports
+TensorFlow, JAX or PyTorch, lazily, inside the function that needs it).
+Layers and generation reach it through the names `keras_attention.ops`
+re-exports (`scan_carry`, `compile_step`).
+"""
 
 import keras
 
@@ -113,3 +119,23 @@ def scan_carry(f, init, xs):
         maximum_iterations=n,
     )
     return pack(carry), pack([a.stack() for a in arrays])
+
+
+def compile_step(step, jit_compile):
+    """`step` as one compiled function on the current backend.
+
+    Args:
+        step: a function of tensors (a decoding loop, a training step).
+        jit_compile: bool, compile with XLA.
+
+    Returns:
+        On TensorFlow, `tf.function(step, jit_compile=jit_compile)` (a graph,
+        traced once per input signature); on the other backends `step` as
+        it is (JAX and PyTorch run it eagerly, or under the caller's own
+        `jax.jit` / `torch.compile`).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return step
+    import tensorflow as tf
+
+    return tf.function(step, jit_compile=jit_compile)
