@@ -25,7 +25,7 @@ from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-from keras_attention.layers.transformer_encoder_block import (  # noqa: E402
+from keras_attention.blocks import (  # noqa: E402
     TransformerEncoderBlock,
 )
 
