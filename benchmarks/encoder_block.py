@@ -25,9 +25,7 @@ from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-from keras_attention.blocks import (  # noqa: E402
-    TransformerEncoderBlock,
-)
+from keras_attention.blocks import TransformerEncoderBlock  # noqa: E402
 
 HIDDEN, HEADS, FF = 256, 8, 1024
 # keras_hub's weight order differs in the feed-forward part: ours is

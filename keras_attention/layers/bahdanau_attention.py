@@ -56,7 +56,8 @@ class BahdanauAttention(Seq2SeqAttention):
         use_bias: bool, whether the score has the bias `b`.
         kernel_initializer: initializer of `W_q`, `W_k` and `v`.
         bias_initializer: initializer of `b`.
-        kernel_regularizer, bias_regularizer: optional regularizers.
+        kernel_regularizer: optional regularizer of `W_q`, `W_k` and `v`.
+        bias_regularizer: optional regularizer of `b`.
         seed: optional int, seed of the dropout.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 

@@ -24,7 +24,8 @@ class EncoderBridge(keras.layers.Layer):
     Args:
         units: int, the decoder's state size.
         cell: `"gru"` (one state) or `"lstm"` (`[h, c]`).
-        kernel_initializer, bias_initializer: initializers of `W` and `b`.
+        kernel_initializer: initializer of `W`.
+        bias_initializer: initializer of `b`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:

@@ -167,11 +167,15 @@ class MultiHeadAttention(keras.layers.Layer):
         flash_attention: None (automatic), True (memory-efficient paths
             only: no scores, no dropout) or False (dense computation). When
             None, `keras.config.disable_flash_attention()` means False.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
-        bias_constraint: as for `keras.layers.EinsumDense` (as in Keras,
-            the activity regularizer applies to the output of each
-            projection, the output projection included).
+        kernel_initializer: initializer of the projection kernels, as for
+            `keras.layers.EinsumDense`.
+        bias_initializer: initializer of the projection biases.
+        kernel_regularizer: optional regularizer of the projection kernels.
+        bias_regularizer: optional regularizer of the projection biases.
+        activity_regularizer: optional regularizer applied, as in Keras, to
+            the output of each projection (the output projection included).
+        kernel_constraint: optional constraint on the projection kernels.
+        bias_constraint: optional constraint on the projection biases.
         use_gate: bool, gated attention: the attention result of each head
             is multiplied by `sigmoid(query W_g + b_g)` (weights `gate`,
             created between `key` and `value`, as in Keras).
