@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: everything on the TensorFlow backend, then the layer,
-# ops, mask-matrix and doctest tests again on the JAX backend (examples,
-# generation and memory tests are TensorFlow programs: tf.data, SavedModel,
-# XLA-compiled tf.function loops); two pytest-xdist workers (one per core),
-# each taking whole test files.
+# block, ops, mask-matrix, harness and doctest tests again on the JAX backend
+# (examples, generation and memory tests are TensorFlow programs: tf.data,
+# SavedModel, XLA-compiled tf.function loops); two pytest-xdist workers (one
+# per core), each taking whole test files.
 #
 # TensorFlow's oneDNN CPU kernels are forced ON (TF_ENABLE_ONEDNN_OPTS=1),
 # whatever the CPU: TensorFlow enables them by default only on some x86 CPUs
@@ -20,4 +20,5 @@ if [[ "$ONEDNN" != 0 && "$ONEDNN" != 1 ]]; then
 fi
 TF_ENABLE_ONEDNN_OPTS="$ONEDNN" python -m pytest -q -n 2 --dist loadfile tests "$@"
 KERAS_BACKEND=jax python -m pytest -q -n 2 --dist loadfile \
-    tests/layers tests/ops tests/properties tests/test_doctests.py "$@"
+    tests/layers tests/blocks tests/ops tests/properties tests/test_harness.py \
+    tests/test_doctests.py "$@"
