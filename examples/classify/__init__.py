@@ -7,3 +7,5 @@ pooling.
 - `model.py`: the encoder and `AttentionPooling` classifier.
 - `export.py`: the SavedModel that classifies raw strings.
 """
+
+__all__ = []

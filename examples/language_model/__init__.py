@@ -6,3 +6,5 @@ language model.
 - `model.py`: the decoder-only transformer, its generator and metrics.
 - `export.py`: the SavedModel that completes raw strings.
 """
+
+__all__ = []

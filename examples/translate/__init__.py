@@ -5,3 +5,5 @@
 - `model.py`: the RNN and transformer translators and their decoding.
 - `export.py`: the string-in, string-out SavedModel.
 """
+
+__all__ = []
