@@ -1,7 +1,16 @@
-"""Plots of attention weights (matplotlib, imported only when plotting)."""
+"""Attention inspection: every layer's weights from a model, heatmaps
+(matplotlib, imported only when plotting) and TensorBoard images."""
 
+from keras_attention.visualization.attention_html import AttentionExplorer
+from keras_attention.visualization.attention_html import attention_html
+from keras_attention.visualization.collect import AttentionMaps
+from keras_attention.visualization.collect import collect_attention
 from keras_attention.visualization.plot_attention import plot_attention
 
 __all__ = [
+    "AttentionExplorer",
+    "attention_html",
+    "AttentionMaps",
+    "collect_attention",
     "plot_attention",
 ]

@@ -1,0 +1,506 @@
+"""Every attention layer's weights from one forward pass of a whole model.
+
+`collect_attention(model, inputs)` runs `model(inputs, training=False)`
+once, eagerly, and returns the attention weights of every attention layer
+the pass called, as an `AttentionMaps`: a `dict` from a unique, path-like
+layer name to NumPy float32 weights of shape `(batch, heads, Tq, Tk)`,
+with one metadata record per entry in `AttentionMaps.metadata`.
+
+The returned structure (what `attention_html` and `AttentionTensorBoard`
+read):
+
+- keys: the layer's path in the model's layer tree, the names of its
+  enclosing layers joined by `/`, without the model's own name:
+  `"self_attention"` (a top-level layer), `"encoder_block_1/self_attention"`,
+  `"decoder_block/cross_attention"`. A layer called more than once in the
+  pass (a shared layer) gets one entry per call: `"path"`, `"path#2"`,
+  `"path#3"`, ... Entries are in call order.
+- values: `numpy.ndarray` float32 `(batch, heads, Tq, Tk)`: `[b, h, i, j]` is
+  how much query position `i` attended to key position `j` in head `h` of
+  example `b`. Rows sum to 1 over the attended keys; padded keys, keys
+  outside a causal or local window, and padded queries (whole rows) are 0.
+- `metadata[key]`: a plain `dict` with
+    - `"kind"`: `"self"` (queries and keys are one sequence: encoder or
+      decoder self-attention), `"cross"` (queries from the target
+      sequence, keys from the source: `CrossAttention`, a
+      `MultiHeadAttention` called on two sequences, `BahdanauAttention` or
+      `LuongAttention` called directly), `"decoder"` (the alignment of an
+      `AttentionRNNDecoder`: target steps over the source memory) or
+      `"pooling"` (`AttentionPooling`: one learned query over the
+      sequence).
+    - `"query_tokens"`, `"key_tokens"`: which token list labels the rows
+      and the columns, named as `attention_html`'s arguments: `"tokens"`
+      (the source, or the only sequence), `"target_tokens"` (the target of
+      an encoder-decoder model), or None (`"query_tokens"` of pooling: the
+      single row is the learned query). Cross and decoder entries are
+      `("target_tokens", "tokens")`; a self-attention entry is on the
+      target side when its parent layer also holds a cross-attention
+      layer (a `TransformerDecoderBlock`), or when it is causal and the
+      pass has cross or decoder entries; else on the source side.
+    - `"layer"`: the class name (`"SelfAttention"`, ...).
+    - `"num_heads"`, `"query_length"`, `"key_length"`: ints, the
+      weights' shape (heads is 1 for `"decoder"`, `"pooling"` and direct
+      Bahdanau/Luong entries; an `AttentionRNNDecoder` over a multi-head
+      attention averages its heads: `"heads_averaged"` is then True).
+    - `"query_mask"`, `"key_mask"`: NumPy bool `(batch, Tq)` /
+      `(batch, Tk)`, True on real tokens, or None when the call had no
+      padding mask (`"query_mask"` of pooling is None).
+    - `"causal"`: bool; `"window"`: `(left, right)` for
+      `LocalSelfAttention`, else None.
+    - `"call_index"`: 0 for a layer's first call in the pass, 1, 2, ...
+      for the following ones.
+
+Weights are the ones the forward pass used: each attention layer is
+called with `return_attention_scores=True` through a temporary wrapper of
+its own `call` (per instance, removed afterwards; the model is not
+rewired or rebuilt), and an `AttentionRNNDecoder` with its alignment
+history switched on. This works for functional, Sequential and subclassed
+models, models loaded from `.keras` files, a single block or layer, and on
+every Keras backend.
+"""
+
+import inspect
+
+import numpy as np
+from keras import ops
+
+from keras_attention.layers import AttentionPooling
+from keras_attention.layers import AttentionRNNDecoder
+from keras_attention.layers import CrossAttention
+from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import SelfAttention
+from keras_attention.layers import Seq2SeqAttention
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
+
+KINDS = ("self", "cross", "decoder", "pooling")
+
+# The layers whose weights are collected (their own sublayers are not
+# searched: an AttentionRNNDecoder's attention runs inside its loop).
+_ATTENTION_TYPES = (
+    AttentionRNNDecoder,
+    AttentionPooling,
+    MultiHeadAttention,
+    Seq2SeqAttention,
+)
+
+
+class AttentionMaps(dict):
+    """What `collect_attention` returns: `{name: weights}` plus metadata.
+
+    A `dict` from a path-like layer name to NumPy float32 weights
+    `(batch, heads, Tq, Tk)`, in call order, with `metadata`, a `dict` from
+    the same names to one record each (kind, token sides, masks, ...; see
+    the module docstring of `keras_attention.visualization.collect`). A
+    plain copy (`dict(maps)`) keeps the weights and loses the metadata.
+
+    Args:
+        weights: optional mapping or iterable of `(name, weights)`.
+        metadata: optional `dict` from the same names to records.
+    """
+
+    def __init__(self, weights=(), metadata=None):
+        super().__init__(weights)
+        self.metadata = dict(metadata or {})
+
+    def __repr__(self):
+        items = ", ".join(
+            f"{name!r}: {self.metadata.get(name, {}).get('kind', '?')} "
+            f"{tuple(w.shape)}"
+            for name, w in self.items()
+        )
+        return f"AttentionMaps({{{items}}})"
+
+
+def _numpy(x, dtype="float32"):
+    return np.asarray(ops.convert_to_numpy(x)).astype(dtype)
+
+
+def _mask(mask, tensor=None):
+    """A boolean NumPy padding mask, from `mask` or the Keras mask of
+    `tensor`; None when neither has one."""
+    if mask is None and tensor is not None:
+        mask = keras_utils.keras_mask(tensor)
+    return None if mask is None else _numpy(mask, "bool")
+
+
+def _combine(*masks):
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    return np.logical_and.reduce(masks)
+
+
+def _sublayers(layer):
+    """The layers directly tracked by `layer`, in tracking order."""
+    if hasattr(layer, "_flatten_layers"):
+        return list(layer._flatten_layers(include_self=False, recursive=False))
+    return []
+
+
+def attention_layers(model):
+    """Every attention layer of `model`, with its path-like name.
+
+    Walks the layer tree depth first, in tracking order. A shared layer is
+    listed once (under its first path); the sublayers of an attention layer
+    are not searched.
+
+    Args:
+        model: a Keras model or layer.
+
+    Returns:
+        A list of `(path, layer, parent)`: path components are layer names
+        joined by `/` (the model's own name left out unless `model` is
+        itself an attention layer); `parent` is the enclosing layer.
+
+    Example:
+
+    >>> import keras_attention
+    >>> from keras_attention.visualization import collect
+    >>> block = keras_attention.blocks.TransformerEncoderBlock(
+    ...     num_heads=2, intermediate_dim=8, name="block")
+    >>> block.build((None, 5, 4))
+    >>> [path for path, _, _ in collect.attention_layers(block)]
+    ['self_attention']
+    """
+    found, seen, used = [], set(), set()
+
+    def visit(layer, path, parent):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if isinstance(layer, _ATTENTION_TYPES):
+            name, n = path or layer.name, 1
+            while name in used:  # two sublayers with one name
+                n += 1
+                name = f"{path or layer.name}_{n}"
+            used.add(name)
+            found.append((name, layer, parent))
+            return
+        for child in _sublayers(layer):
+            visit(child, f"{path}/{child.name}" if path else child.name, layer)
+
+    visit(model, "", None)
+    return found
+
+
+def _on_target_side(parent):
+    """Whether `parent` holds a cross-attention layer (a decoder block)."""
+    return parent is not None and any(
+        isinstance(child, CrossAttention) for child in _sublayers(parent)
+    )
+
+
+class _Recorder:
+    """Wraps the attention layers' `call` and records their weights."""
+
+    def __init__(self, layers, max_dense_length):
+        self.layers = layers
+        self.max_dense_length = max_dense_length
+        self.records = []  # (path, weights, metadata)
+        self.calls = {}
+        self._saved = []
+
+    def __enter__(self):
+        for path, layer, parent in self.layers:
+            if getattr(layer, "flash_attention", None) is True:
+                raise ValueError(
+                    f"Attention layer {path!r} was built with "
+                    "`flash_attention=True`, which computes no attention "
+                    "weights. Rebuild it with `flash_attention=None` (the "
+                    "default) to collect them. Received: "
+                    f"flash_attention={layer.flash_attention!r}"
+                )
+            wrapper = self._wrapper(path, layer, parent)
+            self._saved.append((layer, layer.__dict__.get("call")))
+            layer.__dict__["call"] = wrapper
+        return self
+
+    def __exit__(self, *exc):
+        for layer, previous in reversed(self._saved):
+            if previous is None:
+                layer.__dict__.pop("call", None)
+            else:
+                layer.__dict__["call"] = previous
+        self._saved = []
+        return False
+
+    def _wrapper(self, path, layer, parent):
+        original = layer.call  # the bound method of the class
+        signature = inspect.signature(original)
+        if isinstance(layer, AttentionRNNDecoder):
+            return self._decoder_wrapper(path, layer, original)
+
+        def call(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            asked = bool(bound.arguments.get("return_attention_scores"))
+            bound.arguments["return_attention_scores"] = True
+            outputs = original(*bound.args, **bound.kwargs)
+            weights, meta = self._describe(layer, parent, bound, outputs[1])
+            self._record(path, weights, meta)
+            if asked:
+                return outputs
+            rest = (outputs[0],) + tuple(outputs[2:])
+            return rest[0] if len(rest) == 1 else rest
+
+        return call
+
+    def _decoder_wrapper(self, path, layer, original):
+        signature = inspect.signature(original)
+
+        def call(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            asked = layer.return_attention_scores
+            layer.return_attention_scores = True
+            try:
+                outputs = original(*bound.args, **bound.kwargs)
+            finally:
+                layer.return_attention_scores = asked
+            args = bound.arguments
+            weights = _numpy(outputs[1])[:, None]  # b 1 t s
+            meta = dict(
+                kind="decoder",
+                layer=type(layer).__name__,
+                query_mask=_mask(args.get("mask"), args.get("inputs")),
+                key_mask=_mask(args.get("memory_mask"), args.get("memory")),
+                causal=False,
+                window=None,
+                heads_averaged=isinstance(layer.attention, MultiHeadAttention),
+            )
+            self._record(path, weights, meta)
+            if asked:
+                return outputs
+            rest = (outputs[0],) + tuple(outputs[2:])
+            return rest[0] if len(rest) == 1 else rest
+
+        return call
+
+    def _describe(self, layer, parent, bound, scores):
+        """`(weights (b, h, Tq, Tk), metadata)` of one call."""
+        args = bound.arguments
+        meta = dict(layer=type(layer).__name__, causal=False, window=None)
+        if isinstance(layer, AttentionPooling):
+            weights = _numpy(scores)[:, None, None, :]  # b 1 1 t
+            meta.update(
+                kind="pooling",
+                query_mask=None,
+                key_mask=_mask(args.get("mask"), args.get("inputs")),
+            )
+        elif isinstance(layer, Seq2SeqAttention):
+            weights = _numpy(scores)
+            weights = weights[:, None] if weights.ndim == 2 else weights
+            query_mask = _mask(args.get("query_mask"), args.get("query"))
+            if query_mask is not None and query_mask.ndim == 1:
+                query_mask = query_mask[:, None]  # a one-step query
+            meta.update(
+                kind="cross",
+                query_mask=query_mask,
+                key_mask=_mask(args.get("value_mask"), args.get("value")),
+            )
+            weights = weights[:, None]  # b 1 i j
+        elif isinstance(layer, SelfAttention):
+            weights = self._self_weights(layer, bound, scores)
+            mask = _mask(args.get("mask"), args.get("inputs"))
+            meta.update(
+                kind="self",
+                query_mask=mask,
+                key_mask=mask,
+                causal=layer.causal,
+                on_target_side=_on_target_side(parent),
+            )
+            if isinstance(layer, LocalSelfAttention):
+                meta["window"] = tuple(layer.window_bounds)
+        elif isinstance(layer, CrossAttention):
+            weights = _numpy(scores)
+            meta.update(
+                kind="cross",
+                query_mask=_mask(args.get("query_mask"), args.get("query")),
+                key_mask=_mask(args.get("context_mask"), args.get("context")),
+            )
+        else:  # MultiHeadAttention
+            weights = _high_rank_to_4d(_numpy(scores), layer.num_heads)
+            query, value = args.get("query"), args.get("value")
+            key = args.get("key")
+            causal = bool(args.get("use_causal_mask"))
+            is_self = value is query and (key is None or key is query)
+            meta.update(
+                kind="self" if is_self else "cross",
+                query_mask=_mask(args.get("query_mask"), query),
+                key_mask=_combine(
+                    _mask(args.get("value_mask"), value),
+                    _mask(args.get("key_mask"), key),
+                ),
+                causal=causal,
+                on_target_side=is_self and _on_target_side(parent),
+            )
+            if weights.shape[0] != query.shape[0]:  # attention_axes
+                meta["query_mask"] = meta["key_mask"] = None
+        return weights, meta
+
+    def _self_weights(self, layer, bound, scores):
+        """Self-attention weights, banded local ones made dense."""
+        if not isinstance(layer, LocalSelfAttention):
+            return _numpy(scores)
+        if bound.arguments.get("cache") is not None:
+            return _numpy(scores)  # already dense over the cache
+        steps = scores.shape[2]
+        limit = self.max_dense_length
+        if limit is not None and steps > limit:
+            raise ValueError(
+                f"`{layer.name}` (LocalSelfAttention) ran on {steps} steps: "
+                "its banded weights would be expanded to a dense "
+                f"({steps}, {steps}) matrix per head. Pass a shorter probe, "
+                "leave the layer out with `layers=`, or raise "
+                "`max_dense_length` (None: no limit). Received: "
+                f"max_dense_length={limit!r}"
+            )
+        return _numpy(layer.scores_to_dense(scores))
+
+    def _record(self, path, weights, meta):
+        index = self.calls.get(path, 0)
+        self.calls[path] = index + 1
+        name = path if index == 0 else f"{path}#{index + 1}"
+        meta.update(
+            num_heads=int(weights.shape[1]),
+            query_length=int(weights.shape[2]),
+            key_length=int(weights.shape[3]),
+            call_index=index,
+        )
+        meta.setdefault("heads_averaged", False)
+        self.records.append((name, weights.astype("float32"), meta))
+
+
+def _high_rank_to_4d(weights, num_heads):
+    """Keras's `attention_axes` layout `(b, <others>, heads, <q axes>,
+    <k axes>)` -> `(b * others, heads, Tq, Tk)` (rank 4 unchanged)."""
+    if weights.ndim == 4:
+        return weights
+    shape = weights.shape
+    heads_axis = next(a for a in range(1, len(shape)) if shape[a] == num_heads)
+    axes = (len(shape) - heads_axis - 1) // 2
+    lead = int(np.prod(shape[:heads_axis]))
+    tq = int(np.prod(shape[heads_axis + 1 : heads_axis + 1 + axes]))
+    return weights.reshape(lead, num_heads, tq, -1)
+
+
+def _token_sides(records):
+    """Fills `query_tokens`/`key_tokens` (see the module docstring)."""
+    has_target = any(m["kind"] in ("cross", "decoder") for _, _, m in records)
+    for _, _, meta in records:
+        kind = meta["kind"]
+        target_self = meta.pop("on_target_side", False) or (
+            has_target and meta["causal"]
+        )
+        if kind in ("cross", "decoder"):
+            sides = ("target_tokens", "tokens")
+        elif kind == "pooling":
+            sides = (None, "tokens")
+        elif target_self:
+            sides = ("target_tokens", "target_tokens")
+        else:
+            sides = ("tokens", "tokens")
+        meta["query_tokens"], meta["key_tokens"] = sides
+
+
+def _select(found, layers):
+    """The attention layers named (or under a path named) in `layers`."""
+    if layers is None:
+        return found
+    if isinstance(layers, str):
+        layers = [layers]
+    wanted = list(layers)
+    paths = [path for path, _, _ in found]
+    for name in wanted:
+        if not any(p == name or p.startswith(f"{name}/") for p in paths):
+            raise ValueError(
+                f"No attention layer at or under {name!r}. The model's "
+                f"attention layers: {paths!r}. Received: layers={layers!r}"
+            )
+    return [
+        item
+        for item in found
+        if any(item[0] == n or item[0].startswith(f"{n}/") for n in wanted)
+    ]
+
+
+def collect_attention(model, inputs, layers=None, max_dense_length=2048):
+    """Every attention layer's weights from one forward pass of `model`.
+
+    Runs `model(inputs, training=False)` once, eagerly, with each attention
+    layer temporarily asked for its weights (see the module docstring of
+    `keras_attention.visualization.collect`), and returns them by layer:
+    `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
+    `CrossAttention`, `LocalSelfAttention` (banded weights expanded to
+    dense `(T, T)`), those inside `TransformerEncoderBlock` and
+    `TransformerDecoderBlock` (self- and cross-attention), the alignment of
+    an `AttentionRNNDecoder` (teacher forcing: `(batch, 1, Tt, Ts)`),
+    `AttentionPooling` (`(batch, 1, 1, T)`) and `BahdanauAttention` /
+    `LuongAttention` (any `Seq2SeqAttention`) called directly
+    (`(batch, 1, Tq, Tv)`).
+
+    Args:
+        model: a built Keras model (functional, Sequential, subclassed,
+            or loaded from a `.keras` file) or layer using the package's
+            attention layers.
+        inputs: what `model` is called with (an array, a list or a dict of
+            arrays), e.g. a small batch of probe sentences.
+        layers: optional name or list of names: only the attention layers
+            at those paths or under them (`"encoder_block_1"` selects the
+            block's attention). A `ValueError` lists the model's attention
+            layers when a name matches none.
+        max_dense_length: int or None, the longest sequence whose
+            `LocalSelfAttention` weights are expanded to dense `(T, T)`
+            (a `ValueError` beyond it); None for no limit.
+
+    Returns:
+        An `AttentionMaps`: a `dict` `{path-like layer name: NumPy float32
+        weights (batch, heads, Tq, Tk)}` in call order, with
+        `.metadata[name]` (kind `"self"`/`"cross"`/`"decoder"`/
+        `"pooling"`, which token list labels rows and columns, lengths,
+        padding masks, ...), as described in the module docstring.
+
+    Raises:
+        ValueError: for a name in `layers` that matches no attention layer,
+            a `LocalSelfAttention` longer than `max_dense_length`, or a
+            layer built with `flash_attention=True` (it computes no
+            weights).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> import keras_attention
+    >>> from keras_attention.visualization import collect_attention
+    >>> tokens = keras.Input((None,), dtype="int32")
+    >>> x = keras.layers.Embedding(50, 8, mask_zero=True)(tokens)
+    >>> x = keras_attention.blocks.TransformerEncoderBlock(
+    ...     num_heads=2, intermediate_dim=16, name="encoder_block_1")(x)
+    >>> x = keras_attention.layers.AttentionPooling(name="pool")(x)
+    >>> model = keras.Model(tokens, keras.layers.Dense(2)(x))
+    >>> ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]])
+    >>> maps = collect_attention(model, ids)
+    >>> {name: w.shape for name, w in maps.items()}
+    {'encoder_block_1/self_attention': (2, 2, 4, 4), 'pool': (2, 1, 1, 4)}
+    >>> maps.metadata["pool"]["kind"], maps.metadata["pool"]["key_tokens"]
+    ('pooling', 'tokens')
+    >>> float(maps["encoder_block_1/self_attention"][0, :, :3, 3].max())
+    0.0
+
+    References:
+        - Vig, 2019, "A Multiscale Visualization of Attention in the
+          Transformer Model" (BertViz).
+        - Hugging Face Transformers' `output_attentions=True` (every
+          layer's weights, `(batch, heads, Tq, Tk)` per layer).
+    """
+    validation.check_positive_int(
+        "max_dense_length", max_dense_length, allow_none=True
+    )
+    found = _select(attention_layers(model), layers)
+    with _Recorder(found, max_dense_length) as recorder:
+        model(inputs, training=False)
+    _token_sides(recorder.records)
+    return AttentionMaps(
+        [(name, w) for name, w, _ in recorder.records],
+        {name: meta for name, _, meta in recorder.records},
+    )
