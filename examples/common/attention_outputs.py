@@ -1,0 +1,55 @@
+"""The attention outputs of the examples: the interactive explorer
+(`runs/<example>/attention.html`) and TensorBoard attention images.
+
+Both read the attention of every attention layer of a trained model with
+`keras_attention.visualization.collect_attention`, without rewiring the
+model.
+"""
+
+import os
+
+from keras_attention import visualization
+
+EXPLORER_FILE = "attention.html"
+
+
+def collect(model, inputs, prefix=None):
+    """`collect_attention(model, inputs)`, layer names under `prefix/`
+    when given (several models' attentions in one explorer: layer names
+    are unique per model only)."""
+    attentions = visualization.collect_attention(model, inputs)
+    if prefix is None:
+        return dict(attentions)
+    return {f"{prefix}/{name}": w for name, w in attentions.items()}
+
+
+def write_explorer(
+    output_dir, attentions, tokens, target_tokens=None, title=None
+):
+    """Writes `attentions` (layer name -> `(batch, heads, Tq, Tk)`) as the
+    explorer `<output_dir>/attention.html`; returns its path.
+
+    `tokens` (and `target_tokens` for encoder–decoder models) hold one
+    list of strings per batch item, without padding.
+    """
+    path = os.path.join(output_dir, EXPLORER_FILE)
+    os.makedirs(output_dir, exist_ok=True)
+    visualization.attention_html(
+        attentions,
+        [list(t) for t in tokens],
+        target_tokens=(
+            None if target_tokens is None else [list(t) for t in target_tokens]
+        ),
+        path=path,
+        title=title,
+    )
+    return path
+
+
+def model_explorer(
+    output_dir, model, inputs, tokens, target_tokens=None, title=None
+):
+    """`write_explorer` of the attention of every attention layer of
+    `model` on `inputs` (`collect_attention`)."""
+    attentions = collect(model, inputs)
+    return write_explorer(output_dir, attentions, tokens, target_tokens, title)
