@@ -17,6 +17,9 @@
 - `markdown_table(headers, rows)` formats a GitHub Markdown table.
 - `machine_summary()` is one line naming the CPU, cores, memory and
   library versions, for the header of a table.
+- `load_average()` is the 1, 5 and 15 minute load averages as a string
+  (print it before and after a run: numbers for publishing need an idle
+  machine, a 1-minute load below 0.5).
 
 Run a benchmark script from the repository root or from `benchmarks/`;
 scripts put this folder on `sys.path` themselves.
@@ -132,13 +135,21 @@ def machine_summary():
         pass
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = []
-    for module in ("tensorflow", "jax", "keras", "keras_hub"):
+    for module in ("tensorflow", "jax", "torch", "keras", "keras_hub"):
         if module in sys.modules:
             versions.append(f"{module} {sys.modules[module].__version__}")
     return (
         f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, "
         f"Python {platform.python_version()}, " + ", ".join(versions)
     )
+
+
+def load_average():
+    """The 1, 5 and 15 minute load averages, e.g. "0.12, 0.30, 0.41"."""
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def max_rss_mb():

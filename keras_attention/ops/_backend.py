@@ -74,6 +74,16 @@ def has_gpu():
     return False
 
 
+def prefers_fused_attention():
+    """Whether `keras.ops.dot_product_attention` is this backend's fastest
+    attention when no weights are needed: on a GPU (JAX, PyTorch: flash /
+    cuDNN kernels) and on PyTorch's CPU too, whose
+    `scaled_dot_product_attention` has fused CPU kernels, forward and
+    backward (2-16x faster than the blockwise path at T = 128-2048,
+    measured with `benchmarks/attention_paths.py`)."""
+    return keras.backend.backend() == "torch" or has_gpu()
+
+
 def scan_carry(f, init, xs):
     """`keras.ops.scan` for a loop body whose outputs are its new carry.
 

@@ -53,10 +53,12 @@ def dot_product_attention(
     - "blockwise": exact attention over query/key tiles with an online
       softmax and a backward pass that recomputes each tile (memory
       O(T * tile), see `blockwise.py`); tiles above the causal diagonal are
-      skipped. Used on CPU (and GPUs without a fused kernel) when the
-      lengths are static and `Tq * Tk > 128 * 256`;
+      skipped. Used on CPU with TensorFlow and JAX when the lengths are
+      static and `Tq * Tk > 128 * 256`;
     - "fused": `keras.ops.dot_product_attention` (cuDNN / flash kernels)
-      on the JAX and torch backends when a GPU is present.
+      on the JAX and torch backends when a GPU is present, and always on
+      the torch backend (PyTorch's `scaled_dot_product_attention` has
+      fused CPU kernels too: faster than the other two paths there).
     `implementation=None` picks as above; `implementation_scope` or the
     argument forces one ("dense" is always possible; "blockwise" needs
     static lengths; neither "blockwise" nor "fused" returns weights or
@@ -86,8 +88,9 @@ def dot_product_attention(
 
     Low-precision inputs: the scores of float16 / bfloat16 inputs are formed
     in float32 on the dense and blockwise paths (and by the fused kernels of
-    JAX, which accumulate in float32; on TensorFlow the "fused" path computes
-    in float32), so large queries and keys cannot overflow them.
+    JAX, which accumulate in float32; on TensorFlow, and for float16 on
+    torch, the "fused" path computes in float32), so large queries and keys
+    cannot overflow them.
 
     Example:
 
@@ -219,8 +222,9 @@ def implementation_scope(name):
 def memory_efficient_implementation():
     """The implementation `dot_product_attention` uses to save memory on
     this machine: "fused" (flash / cuDNN kernels) when the JAX or torch
-    backend has a GPU, else "blockwise"."""
-    return "fused" if _backend.has_gpu() else "blockwise"
+    backend has a GPU and on torch's CPU (flash kernels that keep only the
+    log-sum-exp for the backward pass), else "blockwise"."""
+    return "fused" if _backend.prefers_fused_attention() else "blockwise"
 
 
 def _choose_implementation(name, query, key, dropout_fn, return_weights):
@@ -235,7 +239,7 @@ def _choose_implementation(name, query, key, dropout_fn, return_weights):
     if name is None:
         if needs_weights:
             return "dense"
-        if _backend.has_gpu():
+        if _backend.prefers_fused_attention():
             return "fused"
         if static and tq * tk > _BLOCKWISE_MIN_PAIRS:
             return "blockwise"
@@ -301,16 +305,22 @@ def _fused(
 ):
     """`keras.ops.dot_product_attention` (flash / cuDNN where available).
 
-    Rows that may attend to nothing would give NaN or uniform weights in
-    the fused kernels: they attend to everything instead and their result
-    is zeroed afterwards. JAX's kernels form float16 / bfloat16 scores in
-    float32 (`preferred_element_type`), cuDNN / flash kernels accumulate in
-    float32; TensorFlow's does not, so there low precision runs in float32.
+    Rows that may attend to nothing would give NaN (PyTorch's kernels) or
+    uniform weights (an additive mask) in the fused kernels: they attend to
+    everything instead and their result is zeroed afterwards. Padded
+    queries are zeroed afterwards too, so that they never densify the mask:
+    causal attention with query padding alone still runs as `is_causal`,
+    and key padding alone stays a `(b, 1, 1, j)` mask on torch.
+
+    Low precision: JAX's kernels form float16 / bfloat16 scores in float32
+    (`preferred_element_type`), cuDNN / flash kernels accumulate in
+    float32. TensorFlow's kernel does not, and Keras's torch backend turns
+    a boolean mask into an additive one in the input dtype (-45850 in
+    float16, above real float16 scores formed in float32): those compute
+    in float32.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
-    if keras.backend.backend() == "tensorflow" and score_dtype(dtype) != dtype:
-        # TensorFlow's kernel forms float16 scores in float16 (overflow);
-        # it has no fused kernel to lose: compute in float32.
+    if _fused_in_float32(dtype):
         query, key, value = (
             ops.cast(x, "float32") for x in (query, key, value)
         )
@@ -343,38 +353,65 @@ def _fused(
             query_padding,
         )
         return out[..., :e]
+    out, valid = _fused_core(
+        query, key, value, mask, is_causal, causal_offset, key_padding
+    )
+    if query_padding is not None:  # (b, i) -> (b, i, 1, 1)
+        rows = ops.cast(query_padding, "bool")[:, :, None, None]
+        valid = rows if valid is None else ops.logical_and(valid, rows)
+    if valid is None:
+        return out
+    return ops.where(valid, out, ops.zeros_like(out))
+
+
+def _fused_in_float32(dtype):
+    """Whether the fused path upcasts float16 / bfloat16 inputs."""
+    if score_dtype(dtype) == dtype:
+        return False
+    backend = keras.backend.backend()
+    return backend == "tensorflow" or (
+        backend == "torch" and dtype == "float16"
+    )
+
+
+def _fused_core(query, key, value, mask, is_causal, causal_offset, padding):
+    """The fused call without query padding: the output `(b, i, h, e)` and
+    the rows that attend to something, `(b|1, i, h|1, 1)` bool or None
+    (every row)."""
     simple_causal = (
         is_causal
         and isinstance(causal_offset, int)
-        and causal_offset >= 0
+        and causal_offset == 0
         and mask is None
-        and key_padding is None
-        and query_padding is None
+        and padding is None
+        and query.shape[1] == key.shape[1]
     )
-    if simple_causal and causal_offset == 0 and query.shape[1] == key.shape[1]:
-        return ops.dot_product_attention(
+    if simple_causal:
+        out = ops.dot_product_attention(
             query, key, value, scale=1.0, is_causal=True
         )
+        return out, None
     dense = _structural_to_dense(
-        mask, query, key, is_causal, causal_offset, key_padding, query_padding
+        mask, query, key, is_causal, causal_offset, padding, None
     )
     if dense is None:
-        return ops.dot_product_attention(query, key, value, scale=1.0)
+        return ops.dot_product_attention(query, key, value, scale=1.0), None
     # b - batch, h - heads, i/j - query/key positions.
-    valid = ops.any(dense, axis=-1, keepdims=True)  # (b|1, h|1, i, 1)
+    valid = ops.any(dense, axis=-1, keepdims=True)  # (b|1, h|1, i|1, 1)
     dense = ops.logical_or(dense, ops.logical_not(valid))
-    dense = ops.broadcast_to(
-        dense,
-        (
-            ops.shape(query)[0] if dense.shape[0] != 1 else 1,
-            dense.shape[1],
-            ops.shape(query)[1],
-            ops.shape(key)[1],
-        ),
-    )
+    if keras.backend.backend() != "torch":
+        # Other backends' kernels want the mask's query and key axes.
+        dense = ops.broadcast_to(
+            dense,
+            (
+                ops.shape(query)[0] if dense.shape[0] != 1 else 1,
+                dense.shape[1],
+                ops.shape(query)[1],
+                ops.shape(key)[1],
+            ),
+        )
     out = ops.dot_product_attention(query, key, value, mask=dense, scale=1.0)
-    valid = ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i, h|1, 1)
-    return ops.where(valid, out, ops.zeros_like(out))
+    return out, ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i|1, h|1, 1)
 
 
 def _pad_head(x, size):

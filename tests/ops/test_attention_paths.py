@@ -75,6 +75,16 @@ def grads(fn, args):
         return np_(fn(*args)), [
             np_(x) for x in jax.grad(loss, (0, 1, 2))(*args)
         ]
+    if keras.backend.backend() == "torch":
+        import torch
+
+        args = [
+            ops.convert_to_tensor(a).detach().requires_grad_(True) for a in args
+        ]
+        y = fn(*args)
+        y32 = y.float()
+        torch.sum(torch.sin(y32) * y32).backward()
+        return np_(y.detach()), [np_(a.grad) for a in args]
     import tensorflow as tf
 
     args = [tf.constant(a) for a in args]
