@@ -11,6 +11,13 @@ Typical use in an example's `main()`:
         model.compile(...)
     history = fit(model, train_ds, val_ds, args)
 
+Backends: an example that takes `--backend` (`add_backend_arg`) calls
+`select_backend(args.backend)` before anything imports Keras; the data
+stays `tf.data` on every backend (Keras's dataset adapter hands `fit` the
+batches as NumPy arrays on JAX and PyTorch), and `--strategy mirrored` /
+`multiworker` (TensorFlow distribution strategies) need the TensorFlow
+backend.
+
 Resuming: `fit` keeps a backup of the weights *and the optimizer state*
 under `<output_dir>/backup` every `--backup-every` steps. Started again with
 the same arguments after being killed, it restores the last backup and
@@ -26,12 +33,14 @@ import json
 import logging
 import os
 import random
+import sys
 
 import numpy as np
 
 logger = logging.getLogger("examples")
 
 _METADATA = "training_metadata.json"
+BACKENDS = ("tensorflow", "jax", "torch")
 
 
 class HelpFormatter(
@@ -117,10 +126,95 @@ def add_training_args(
     return parser
 
 
+def add_backend_arg(parser):
+    """Adds `--backend tensorflow|jax|torch` (see `select_backend`)."""
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="Keras backend (default: $KERAS_BACKEND, else Keras's own "
+        "default, tensorflow); the data pipeline is tf.data on all three",
+    )
+    return parser
+
+
+def select_backend(backend, error=None):
+    """Makes `backend` Keras's backend; call it before importing Keras.
+
+    Keras reads `KERAS_BACKEND` once, when it is first imported, so this
+    sets the variable and refuses (`error(message)`, by default raising
+    `ValueError`) what would silently run another backend: a different
+    `KERAS_BACKEND` already in the environment, or Keras already imported
+    with another backend (a caller in the same process). `backend=None`
+    keeps what the environment says.
+
+    Returns:
+        the backend name, or None when `backend` is None.
+    """
+    if backend is None:
+        return None
+    if backend not in BACKENDS:
+        _refuse(
+            error, f"--backend must be one of {BACKENDS}. Received: {backend!r}"
+        )
+    current = os.environ.get("KERAS_BACKEND")
+    if current and current != backend:
+        _refuse(
+            error,
+            f"--backend {backend} conflicts with KERAS_BACKEND={current} "
+            "in the environment. Unset KERAS_BACKEND, or pass "
+            f"--backend {current}.",
+        )
+    keras = sys.modules.get("keras")
+    if keras is not None and keras.backend.backend() != backend:
+        _refuse(
+            error,
+            f"--backend {backend}: Keras is already imported with the "
+            f"{keras.backend.backend()} backend in this process; the "
+            "backend is chosen before Keras is imported.",
+        )
+    os.environ["KERAS_BACKEND"] = backend
+    return backend
+
+
+def _refuse(error, message):
+    if error is not None:
+        error(message)
+    raise ValueError(message)
+
+
 def _gpus():
+    """The GPUs the Keras backend computes on."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return [d for d in jax.devices() if d.platform == "gpu"]
+    if backend == "torch":
+        import torch
+
+        return list(range(torch.cuda.device_count()))
     import tensorflow as tf
 
     return tf.config.list_physical_devices("GPU")
+
+
+def _compute_capability(gpu):
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return tuple(int(v) for v in gpu.compute_capability.split("."))
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_capability(gpu)
+    import tensorflow as tf
+
+    details = tf.config.experimental.get_device_details(gpu)
+    return details.get("compute_capability", (0, 0))
 
 
 def mixed_precision_policy(args):
@@ -132,10 +226,7 @@ def mixed_precision_policy(args):
         return "float32"
     if not gpus:
         return "mixed_bfloat16"
-    import tensorflow as tf
-
-    details = tf.config.experimental.get_device_details(gpus[0])
-    capability = details.get("compute_capability", (0, 0))
+    capability = _compute_capability(gpus[0])
     return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
 
 
@@ -143,12 +234,25 @@ def setup_runtime(args):
     """Devices, precision and seeds; returns the `tf.distribute.Strategy`.
 
     Call it first thing (before any other TensorFlow op): it configures the
-    logical devices and, for `multiworker`, the collective runtime.
+    logical devices and, for `multiworker`, the collective runtime. On the
+    JAX and PyTorch backends TensorFlow only reads the data: it is kept off
+    the GPUs (which the backend uses), the strategy is TensorFlow's default
+    (a no-op scope) and `--jit-compile` defaults to on for JAX (XLA; eager
+    JAX is slow) and off for PyTorch (`torch.compile` takes minutes).
     """
     import keras
     import tensorflow as tf
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        if args.strategy != "default":
+            raise ValueError(
+                f"--strategy {args.strategy} is a TensorFlow distribution "
+                "strategy: it needs --backend tensorflow. "
+                f"Received: backend={backend!r}"
+            )
+        tf.config.set_visible_devices([], "GPU")
     if args.logical_cpus and args.logical_cpus > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
@@ -169,15 +273,22 @@ def setup_runtime(args):
     policy = mixed_precision_policy(args)
     keras.config.set_dtype_policy(policy)
     if args.jit_compile is None:
-        args.jit_compile = bool(gpus)
+        args.jit_compile = (
+            backend == "jax" if backend != "tensorflow" else bool(gpus)
+        )
     seed = args.seed
     random.seed(seed)
     np.random.seed(seed)
     keras.utils.set_random_seed(seed)
     logger.info(
-        "devices: %s | strategy: %s (%d replicas) | precision: %s | "
-        "jit_compile: %s",
-        ", ".join(d.name for d in tf.config.list_logical_devices()),
+        "backend: %s | devices: %s | strategy: %s (%d replicas) | "
+        "precision: %s | jit_compile: %s",
+        backend,
+        ", ".join(
+            [d.name for d in tf.config.list_logical_devices()]
+            if backend == "tensorflow"
+            else [str(d) for d in gpus] or ["CPU"]
+        ),
         type(strategy).__name__,
         strategy.num_replicas_in_sync,
         policy,

@@ -7,6 +7,7 @@ completes prompts with greedy, beam, top-k and top-p sampling through the
 key/value cache, and exports a SavedModel that completes raw strings:
 
     python -m examples.language_model          # ~1,000 CPU-seconds
+    python -m examples.language_model --backend torch   # or jax
     python -m examples.language_model --window 0 --max-length 128
     python -m examples.language_model --text-file pg100.txt  # any UTF-8 text
     python -m examples.language_model --dataset tiny_shakespeare --download
@@ -20,6 +21,11 @@ the last --window (64) characters only (--window 0: full causal
 attention), so every distance met while generating was met in training
 (see examples/language_model/model.py); the run prints bits per character
 on windows of both lengths, which agree.
+
+--backend tensorflow|jax|torch trains the same model on each Keras backend
+(the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
+PyTorch). The SavedModel export is TensorFlow-only (a SavedModel is a
+TensorFlow graph): on JAX and PyTorch it is skipped, and says so.
 """
 
 import argparse
@@ -31,6 +37,8 @@ from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
+from examples.common.training import add_backend_arg
+from examples.common.training import select_backend
 
 logger = logging.getLogger("examples")
 
@@ -102,6 +110,7 @@ def parse_args(argv=None):
         action="store_true",
         help="tiny data subset and model, a few steps (smoke test)",
     )
+    add_backend_arg(parser)
     add_training_args(
         parser,
         epochs=4,
@@ -119,6 +128,8 @@ def parse_args(argv=None):
         args.epochs, args.steps_per_epoch = min(args.epochs, 2), 15
         args.batch_size = min(args.batch_size, 32)
     check_generation_length(parser, args)
+    # Before anything imports Keras: it reads KERAS_BACKEND once.
+    select_backend(args.backend, parser.error)
     return args
 
 
@@ -162,8 +173,11 @@ def main(argv=None):
     from examples.common.text import character_tokenizer
     from examples.language_model import data
     from examples.language_model.export import export_language_model
+    from examples.language_model.model import StepTimer
     from examples.language_model.model import bits_per_character
     from examples.language_model.model import build_language_model
+    from examples.language_model.model import complete
+    from examples.language_model.model import make_sampler
     from examples.language_model.model import positional_bits_per_character
 
     train_lines, val_lines, test_lines = data.load_text_splits(
@@ -214,17 +228,28 @@ def main(argv=None):
             jit_compile=args.jit_compile,
         )
     model.summary(print_fn=logger.info)
-    history = fit(model, train, val, args)
+    timer = StepTimer()
+    history = fit(model, train, val, args, callbacks=[timer])
     test_loss = float(model.evaluate(test, verbose=0))
     train_time = time.time() - start
     bpc = bits_per_character(test_loss)
     # Teacher-forced, on test windows as long as the generated texts.
     long_windows = data.char_windows(test_lines, tokenizer, args.max_length)
     bits = positional_bits_per_character(
-        model, data.batches(long_windows, args.batch_size, shuffle=False)
+        model,
+        data.batches(
+            long_windows, args.batch_size, shuffle=False
+        ).as_numpy_iterator(),
+    )
+    backend = keras.backend.backend()
+    losses = history.history.get("loss", [])
+    print(
+        f"\nbackend: {backend} | train loss per epoch: "
+        + " ".join(f"{v:.4f}" for v in losses)
+        + f" | {timer.median_ms():.1f} ms/step (median)"
     )
     print(
-        f"\ntest: {bpc:.3f} bits per character (per-character perplexity "
+        f"test: {bpc:.3f} bits per character (per-character perplexity "
         f"{np.exp(test_loss):.2f}) on {args.sequence_length}-character windows "
         f"(the training length), {train_time / 60:.1f} min\n"
         f"      {bits.mean():.3f} bits per character on "
@@ -237,24 +262,43 @@ def main(argv=None):
         )
     )
 
-    export_path = os.path.join(args.output_dir, "saved_model")
-    server = export_language_model(
-        export_path, model, generator, tokenizer, args.max_length, args.samplers
-    )
-    print(
-        f"SavedModel: {export_path}  "
-        "(tf.saved_model.load(path).greedy(prompts))"
-    )
-    prompts = np.array(PROMPTS, dtype=object)
+    export_path, server = None, None
+    if backend == "tensorflow":
+        export_path = os.path.join(args.output_dir, "saved_model")
+        server = export_language_model(
+            export_path,
+            model,
+            generator,
+            tokenizer,
+            args.max_length,
+            args.samplers,
+        )
+        print(
+            f"SavedModel: {export_path}  "
+            "(tf.saved_model.load(path).greedy(prompts))"
+        )
+    else:
+        print(
+            f"SavedModel export skipped: it needs the TensorFlow backend "
+            f"(this run: {backend}). A SavedModel is a TensorFlow graph; "
+            "run with --backend tensorflow to export one."
+        )
     completions = {}
     for name in args.samplers:
-        out = getattr(server, name)(prompts)["completion"].numpy()
-        completions[name] = [c.decode("utf-8") for c in out]
+        completions[name] = complete(
+            generator,
+            PROMPTS,
+            make_sampler(name, seed=args.seed),
+            args.max_length,
+            vocabulary_size,
+        )
         print(f"[{name}]")
         for p, c in zip(PROMPTS, completions[name]):
             print(f"  {p}|{c}")
     return {
+        "backend": backend,
         "history": history.history,
+        "step_ms": timer.median_ms(),
         "test_bits_per_character": bpc,
         "generation_length_bits_per_character": float(bits.mean()),
         "positional_bits_per_character": bits,

@@ -26,6 +26,7 @@ training-length figure (`positional_bits_per_character`).
 """
 
 import math
+import time
 
 import keras
 import keras_hub
@@ -37,6 +38,7 @@ from keras_attention.layers import TokenAndPositionEmbedding
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
 POSITIONS = ("rotary", "learned")
+NEWLINE = ord("\n")
 
 
 def make_sampler(name, seed=0, num_beams=4, k=10, p=0.9, temperature=0.8):
@@ -131,6 +133,63 @@ def build_language_model(
     return model, generator
 
 
+def complete(generator, prompts, sampler, max_length, vocabulary_size):
+    """Completes strings with the cached generator, on any backend.
+
+    What the exported SavedModel's signatures do inside the TensorFlow graph
+    (`export.LanguageModelServer`), in NumPy around `generator.generate`:
+    each prompt, after a newline (lines start after one in training), is
+    encoded as code points (those above the vocabulary map to its last id,
+    as in `examples.common.text.character_tokenizer`), cut to its last
+    `max_length // 2`, completed up to the end of the line or `max_length`
+    characters in all.
+
+    Args:
+        generator: the `CausalLMGenerator` of `build_language_model`.
+        prompts: a sequence of strings.
+        sampler: a `keras_hub` sampler or its name.
+        max_length: prompt + completion characters.
+        vocabulary_size: the model's vocabulary size.
+
+    Returns:
+        a list of strings, the completions (without the prompts).
+    """
+    # b - prompts, t - character positions
+    ids = np.zeros((len(prompts), max_length), "int32")
+    lengths = np.zeros((len(prompts), 1), "int32")
+    for row, prompt in enumerate(prompts):
+        codes = [min(ord(c), vocabulary_size - 1) for c in "\n" + prompt]
+        codes = codes[-(max_length // 2) :]
+        ids[row, : len(codes)] = codes
+        lengths[row] = len(codes)
+    out, mask = generator.generate(
+        ids, sampler=sampler, stop_token_ids=(NEWLINE,)
+    )
+    out = keras.ops.convert_to_numpy(out)  # (b, t)
+    mask = keras.ops.convert_to_numpy(mask).astype(bool)  # (b, t)
+    keep = (np.arange(max_length) >= lengths) & mask & (out != NEWLINE)
+    return ["".join(map(chr, row[k])) for row, k in zip(out, keep)]
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Wall-clock time of each training step (to compare backends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.times = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
+
+    def median_ms(self):
+        """Median step time in ms, the first (compiling) step left out."""
+        times = self.times[1:] or self.times
+        return 1000 * float(np.median(times)) if times else float("nan")
+
+
 def bits_per_character(loss):
     """Mean cross-entropy in nats per character -> bits per character."""
     return loss / math.log(2.0)
@@ -141,7 +200,8 @@ def positional_bits_per_character(model, batches):
 
     Args:
         model: token ids `(batch, T)` -> logits `(batch, T, V)`.
-        batches: `(inputs, targets)` batches of int `(batch, T)` windows.
+        batches: `(inputs, targets)` batches of int `(batch, T)` windows
+            (NumPy arrays or tensors).
 
     Returns:
         float64 `(T,)`: `mean_b -log2 softmax(logits[b, t])[targets[b, t]]`.
@@ -149,7 +209,9 @@ def positional_bits_per_character(model, batches):
     # b - windows, t - positions, v - vocabulary
     total, count = 0.0, 0
     for inputs, targets in batches:
-        logits = np.asarray(model(inputs, training=False), "float64")
+        inputs = np.asarray(inputs)
+        logits = keras.ops.convert_to_numpy(model(inputs, training=False))
+        logits = logits.astype("float64")
         logits -= logits.max(-1, keepdims=True)
         log_z = np.log(np.exp(logits).sum(-1))  # (b, t)
         targets = np.asarray(targets)

@@ -1,6 +1,12 @@
 """Tests of `python -m examples.language_model`: data, windows, cached
-generation against full forward passes, and a tiny end-to-end run
-(training, export, serving in a fresh process)."""
+generation against full forward passes, a tiny end-to-end run (training,
+export, serving in a fresh process), and tiny runs on the JAX and PyTorch
+backends (`--backend`, each in its own process).
+
+The whole module is `tf_only`: `tests/run.sh` runs it once, in its
+TensorFlow part; the JAX and PyTorch runs below choose their backend in a
+subprocess, so each backend's run happens exactly once per suite run.
+"""
 
 import io
 import json
@@ -336,6 +342,8 @@ def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("language_model")
     return language_model.main(
         [
+            "--backend",
+            "tensorflow",
             "--quick",
             "--samplers",
             "greedy,beam",
@@ -384,3 +392,124 @@ def test_exported_model_answers_like_the_python_model(quick_run):
     )
     assert served == expected
     assert expected["greedy"][:3] == quick_run["completions"]["greedy"]
+
+
+def test_quick_run_reports_its_backend_and_step_time(quick_run):
+    assert quick_run["backend"] == "tensorflow"
+    assert quick_run["step_ms"] > 0
+
+
+def test_python_completions_match_the_served_ones(quick_run):
+    # Greedy and beam are deterministic: `model.complete` (NumPy around the
+    # generator, what the JAX and PyTorch runs use) answers like the
+    # SavedModel's in-graph pipeline.
+    from examples.language_model.model import complete
+
+    server = quick_run["server"]
+    prompts = ["ab", "", "a much longer prompt than the generation length"]
+    for name in ("greedy", "beam"):
+        served = [
+            c.decode("utf-8")
+            for c in getattr(server, name)(np.array(prompts, dtype=object))[
+                "completion"
+            ].numpy()
+        ]
+        ours = complete(
+            server.generator,
+            prompts,
+            server.samplers[name],
+            server.max_length,
+            server.tokenizer.vocabulary_size(),
+        )
+        assert ours == served, name
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def _run_example(args, env_backend=None, timeout=240):
+    env = dict(os.environ)
+    env.pop("KERAS_BACKEND", None)
+    if env_backend:
+        env["KERAS_BACKEND"] = env_backend
+    # Two pytest workers share the cores: one OpenMP thread per process
+    # keeps PyTorch's threads from waiting on each other (10x slower).
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "examples.language_model", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def shared_data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds_backends"))
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_quick_run_on_another_backend(backend, shared_data_dir, tmp_path):
+    # TensorFlow: `quick_run` above (in this process, with --backend).
+    pytest.importorskip(backend)
+    output_dir = tmp_path / "run"
+    out = _run_example(
+        [
+            "--backend",
+            backend,
+            "--quick",
+            "--samplers",
+            "greedy,top_k",
+            "--output-dir",
+            str(output_dir),
+            "--data-dir",
+            shared_data_dir,
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    # "backend: torch | train loss per epoch: 4.2099 3.4739 | 56.1 ms/step"
+    (report,) = [s for s in lines if s.startswith("backend: ")]
+    fields = report.split(" | ")
+    assert fields[0] == f"backend: {backend}"
+    losses = [float(v) for v in fields[1].split(": ")[1].split()]
+    assert len(losses) == 2 and losses[1] < losses[0], report
+    assert losses[1] < math.log(128)  # below a uniform guess
+    # The SavedModel is TensorFlow-only: skipped, and said so.
+    assert any(
+        s.startswith("SavedModel export skipped: it needs the TensorFlow")
+        for s in lines
+    ), out.stdout[-2000:]
+    assert not (output_dir / "saved_model").exists()
+    # Cached generation with each sampler: a line per prompt.
+    from examples.language_model.__main__ import PROMPTS
+
+    completions = []
+    for name in ("greedy", "top_k"):
+        start = lines.index(f"[{name}]")
+        shown = lines[start + 1 : start + 1 + len(PROMPTS)]
+        assert [s.split("|")[0].strip() for s in shown] == list(PROMPTS)
+        completions += [s.split("|", 1)[1] for s in shown]
+    assert any(c.strip() for c in completions), out.stdout[-2000:]
+
+
+def test_conflicting_keras_backend_is_refused():
+    out = _run_example(["--backend", "torch"], env_backend="jax", timeout=120)
+    assert out.returncode == 2
+    assert "--backend torch conflicts with KERAS_BACKEND=jax" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_backend_other_than_the_imported_keras_is_refused(monkeypatch, capsys):
+    from examples.language_model.__main__ import parse_args
+
+    monkeypatch.delenv("KERAS_BACKEND")
+    with pytest.raises(SystemExit):
+        parse_args(["--backend", "jax"])
+    err = capsys.readouterr().err
+    assert "Keras is already imported with the tensorflow backend" in err
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert parse_args(["--backend", "tensorflow"]).backend == "tensorflow"
+    assert parse_args([]).backend is None
