@@ -8,24 +8,57 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import harness  # noqa: E402
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+BACKEND = keras.backend.backend()
+
+
+def _reason(item, name):
+    """The reason given to marker `name` (positional or `reason=`)."""
+    marker = item.get_closest_marker(name)
+    reason = marker.kwargs.get("reason") or (marker.args or ("",))[0]
+    return str(reason or "").strip()
+
 
 def pytest_collection_modifyitems(config, items):
-    if keras.backend.backend() == "tensorflow":
-        return
-    skip = pytest.mark.skip(reason="needs the TensorFlow backend")
+    """`tf_only` / `tf_only(reason)` tests run on TensorFlow only;
+    `not_torch(reason)` tests are skipped on PyTorch. The reason shows in
+    `pytest -rs`."""
     for item in items:
-        if "tf_only" in item.keywords:
-            item.add_marker(skip)
+        if BACKEND == "torch" and "not_torch" in item.keywords:
+            reason = _reason(item, "not_torch")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: not_torch(reason)")
+            item.add_marker(pytest.mark.skip(reason=f"PyTorch: {reason}"))
+        elif BACKEND != "tensorflow" and "tf_only" in item.keywords:
+            reason = _reason(item, "tf_only")
+            reason = f": {reason}" if reason else ""
+            item.add_marker(
+                pytest.mark.skip(reason=f"needs the TensorFlow backend{reason}")
+            )
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "tf_only: runs only on the TensorFlow backend"
+        "markers",
+        "tf_only(reason=None): runs only on the TensorFlow backend",
+    )
+    config.addinivalue_line(
+        "markers",
+        "not_torch(reason): skipped on the PyTorch backend, with the reason",
     )
     config.addinivalue_line("markers", "slow: long-running tests")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Names the `run_layer_test` checks this backend does not run."""
+    if not harness.GAPS:
+        return
+    terminalreporter.section(f"harness checks not run on {BACKEND}")
+    for check, reason in harness.GAPS.items():
+        terminalreporter.write_line(f"{check}: {reason}")
 
 
 @pytest.fixture(autouse=True)

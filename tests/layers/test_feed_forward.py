@@ -3,6 +3,7 @@ import re
 import numpy as np
 import pytest
 from harness import run_layer_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.layers import FeedForward
 
@@ -21,8 +22,8 @@ def test_harness_feed_forward():
 def test_matches_reference():
     x = np.random.default_rng(1).normal(size=(2, 3, 4)).astype("float32")
     layer = FeedForward(intermediate_dim=8)
-    out = np.asarray(layer(x))
-    w1, b1, w2, b2 = [np.asarray(w) for w in layer.get_weights()]
+    out = to_numpy(layer(x))
+    w1, b1, w2, b2 = [to_numpy(w) for w in layer.get_weights()]
     expected = np.maximum(x @ w1 + b1, 0) @ w2 + b2
     np.testing.assert_allclose(out, expected, atol=1e-5)
 

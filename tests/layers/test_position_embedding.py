@@ -3,6 +3,7 @@ import re
 import numpy as np
 import pytest
 from harness import run_layer_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.layers import PositionEmbedding
 
@@ -21,8 +22,8 @@ def test_harness_position_embedding():
 def test_rows_of_the_table_from_start_index():
     layer = PositionEmbedding(sequence_length=10)
     x = np.zeros((3, 4, 6), "float32")
-    out = np.asarray(layer(x, start_index=5))
-    table = np.asarray(layer.position_embeddings)
+    out = to_numpy(layer(x, start_index=5))
+    table = to_numpy(layer.position_embeddings)
     for b in range(3):
         np.testing.assert_array_equal(out[b], table[5:9])
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 from harness import run_layer_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import RotaryEmbedding
@@ -31,7 +32,7 @@ def test_harness_rotary():
 
 def test_matches_reference_with_start_index():
     x = np.random.default_rng(1).normal(size=(2, 4, 3, 6)).astype("float32")
-    out = np.asarray(RotaryEmbedding(max_wavelength=50)(x, start_index=7))
+    out = to_numpy(RotaryEmbedding(max_wavelength=50)(x, start_index=7))
     np.testing.assert_allclose(
         out, rope_reference(x, np.arange(7, 11), 50), atol=1e-5
     )
@@ -44,7 +45,7 @@ def test_rotation_preserves_norms_and_is_relative():
     k = rng.normal(size=(1, 1, 1, 16)).astype("float32")
 
     def rotated(x, m):
-        return np.asarray(rope(x, start_index=m))[0, 0, 0]
+        return to_numpy(rope(x, start_index=m))[0, 0, 0]
 
     np.testing.assert_allclose(
         np.linalg.norm(rotated(q, 13)), np.linalg.norm(q), rtol=1e-5
@@ -89,14 +90,14 @@ def test_mha_rotary_reference():
         num_heads=2, key_dim=4, rotary_max_wavelength=100
     )
     out, scores = layer(x, x, return_attention_scores=True)
-    wq, bq, wk, bk = [np.asarray(w) for w in layer.get_weights()[:4]]
+    wq, bq, wk, bk = [to_numpy(w) for w in layer.get_weights()[:4]]
     pos = np.arange(5, dtype="float64")
     q = rope_reference(np.einsum("bid,dhk->bihk", x, wq) + bq, pos, 100)
     k = rope_reference(np.einsum("bjd,dhk->bjhk", x, wk) + bk, pos, 100)
     logits = np.einsum("bihk,bjhk->bhij", q, k) / 2.0
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
-    np.testing.assert_allclose(np.asarray(scores), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), expected, atol=1e-5)
     assert len(layer.weights) == 8  # rotary adds no weights
 
 
@@ -106,7 +107,7 @@ def test_mha_rotary_cache_matches_full_pass():
     layer = MultiHeadAttention(
         num_heads=4, key_dim=4, num_key_value_heads=2, rotary_max_wavelength=100
     )
-    full = np.asarray(layer(x, x, use_causal_mask=True))
+    full = to_numpy(layer(x, x, use_causal_mask=True))
     cache = np.zeros((2, 2, 6, 2, 4), "float32")
     steps = []
     for t in range(6):
@@ -117,7 +118,7 @@ def test_mha_rotary_cache_matches_full_pass():
             cache=cache,
             cache_update_index=t,
         )
-        steps.append(np.asarray(y))
+        steps.append(to_numpy(y))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
 

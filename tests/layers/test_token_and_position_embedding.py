@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 from harness import run_layer_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.layers import TokenAndPositionEmbedding
 
@@ -27,13 +28,13 @@ def test_harness_token_and_position_embedding():
 def test_sum_of_tables_and_mask():
     layer = TokenAndPositionEmbedding(20, 10, 4, mask_zero=True)
     ids = np.array([[3, 7, 0], [1, 0, 0]], "int32")
-    out = np.asarray(layer(ids, start_index=2))
-    tokens = np.asarray(layer.token_embedding.embeddings)
-    positions = np.asarray(layer.position_embedding.position_embeddings)
+    out = to_numpy(layer(ids, start_index=2))
+    tokens = to_numpy(layer.token_embedding.embeddings)
+    positions = to_numpy(layer.position_embedding.position_embeddings)
     np.testing.assert_allclose(
         out, tokens[ids] + positions[2:5][None], atol=1e-6
     )
-    np.testing.assert_array_equal(np.asarray(layer.compute_mask(ids)), ids != 0)
+    np.testing.assert_array_equal(to_numpy(layer.compute_mask(ids)), ids != 0)
     assert TokenAndPositionEmbedding(20, 10, 4).compute_mask(ids) is None
 
 

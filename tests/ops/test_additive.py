@@ -38,6 +38,15 @@ def value_and_grads(fn, q, k, v, g):
             loss, argnums=(0, 1, 2), has_aux=True
         )(q, k, v)
         return [s, *grads]
+    if keras.backend.backend() == "torch":
+        import torch
+
+        q, k, v = (
+            ops.convert_to_tensor(x).requires_grad_(True) for x in (q, k, v)
+        )
+        s = fn(q, k, v)
+        loss = ops.sum(s * ops.convert_to_tensor(g))
+        return [s.detach(), *torch.autograd.grad(loss, [q, k, v])]
     import tensorflow as tf
 
     q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))

@@ -214,7 +214,7 @@ def test_bad_arguments():
 
 
 def _grads(fn, args):
-    """Gradients of sum(fn(*args) * cotangent) w.r.t. args (TF or JAX)."""
+    """Gradients of sum(fn(*args) * cotangent) w.r.t. args."""
     q, v = args[0], args[2]
     shape = q.shape[:3] + v.shape[-1:]  # (b, t, h, e)
     cot = np.random.default_rng(7).normal(size=shape).astype("float32")
@@ -225,6 +225,15 @@ def _grads(fn, args):
             lambda *a: (fn(*a) * cot).sum(), argnums=tuple(range(len(args)))
         )
         return [np.asarray(g) for g in jax.jit(grad)(*args)]
+    if BACKEND == "torch":
+        import torch
+
+        args = [
+            keras.ops.convert_to_tensor(a).requires_grad_(True) for a in args
+        ]
+        loss = keras.ops.sum(fn(*args) * keras.ops.convert_to_tensor(cot))
+        grads = torch.autograd.grad(loss, args)
+        return [keras.ops.convert_to_numpy(g) for g in grads]
     import tensorflow as tf
 
     args = [tf.Variable(a) for a in args]

@@ -172,6 +172,13 @@ def _compiled(fn, *args):
         import jax
 
         return jax.jit(fn)(*args)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # Dynamo traces with fake tensors; the "eager" backend skips
+        # inductor's C++ code generation (seconds, not a minute).
+        args = [keras.ops.convert_to_tensor(a) for a in args]
+        return torch.compile(fn, backend="eager", dynamic=True)(*args)
     import tensorflow as tf
 
     return tf.function(fn)(*args)

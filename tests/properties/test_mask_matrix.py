@@ -318,6 +318,7 @@ SPECS = {
 }
 
 MODES = ("eager", "functional", "tf_function")
+TF_FUNCTION = pytest.mark.tf_only("the tf_function mode")
 
 
 def _combinations(spec):
@@ -355,7 +356,7 @@ def _params():
     for name, combos in MATRIX.items():
         for combo in combos:
             for mode in MODES:
-                marks = [pytest.mark.tf_only] if mode == "tf_function" else []
+                marks = [TF_FUNCTION] if mode == "tf_function" else []
                 reason = XFAIL.get((name,) + combo + (mode,))
                 if reason:
                     marks.append(pytest.mark.xfail(strict=True, reason=reason))
