@@ -5,7 +5,9 @@ Default task (shipped, no network): read a WordNet noun definition, e.g.
 (`person`, `animal`, `artifact`, `plant`, ...). The encoder (transformer
 encoder blocks by default, or a bidirectional GRU with `--encoder gru`) feeds
 `AttentionPooling`, whose weights show which tokens decided the class: the
-example plots them as PNG heatmaps. Reports test accuracy (and the
+example plots them as PNG heatmaps and writes every attention layer's
+weights on a few definitions to an interactive explorer
+(`runs/classify/attention.html`). Reports test accuracy (and the
 majority-class baseline) and exports a SavedModel that classifies raw
 strings:
 
@@ -141,6 +143,27 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
     return paths
 
 
+def write_explorer(model, tokenizer, texts, args):
+    """The attention of every attention layer (encoder blocks and pooling)
+    on `texts`, as the explorer `<output_dir>/attention.html`."""
+    import tensorflow as tf
+
+    from examples.classify.model import pad_ids
+    from examples.common import attention_outputs
+    from examples.common.text import id_to_tokens
+
+    ids = pad_ids(tokenizer(tf.constant(list(texts))), args.max_length)
+    ids = ids.numpy()
+    tokens = [id_to_tokens(tokenizer, row[row != 0]) for row in ids]
+    return attention_outputs.model_explorer(
+        args.output_dir,
+        model,
+        ids,
+        tokens,
+        title=f"classify ({args.encoder} encoder + AttentionPooling)",
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
@@ -232,12 +255,15 @@ def main(argv=None):
         attention_model, tokenizer, texts, labels, class_names, args
     )
     print("attention plots:", *(path for path, _ in plots), sep="\n  ")
+    explorer = write_explorer(model, tokenizer, DEMO_TEXTS, args)
+    print(f"attention explorer: {explorer}")
     return {
         "history": history.history,
         "test_accuracy": float(test_accuracy),
         "baseline_accuracy": baseline,
         "export_path": export_path,
         "plots": plots,
+        "explorer": explorer,
         "server": server,
         "train_time_s": train_time,
     }

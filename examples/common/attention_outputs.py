@@ -17,10 +17,22 @@ def collect(model, inputs, prefix=None):
     """`collect_attention(model, inputs)`, layer names under `prefix/`
     when given (several models' attentions in one explorer: layer names
     are unique per model only)."""
-    attentions = visualization.collect_attention(model, inputs)
+    maps = visualization.collect_attention(model, inputs)
     if prefix is None:
-        return dict(attentions)
-    return {f"{prefix}/{name}": w for name, w in attentions.items()}
+        return maps
+    return visualization.AttentionMaps(
+        [(f"{prefix}/{name}", w) for name, w in maps.items()],
+        {f"{prefix}/{name}": m for name, m in maps.metadata.items()},
+    )
+
+
+def merge(maps):
+    """One `AttentionMaps` of several (metadata kept)."""
+    merged = visualization.AttentionMaps()
+    for m in maps:
+        merged.update(m)
+        merged.metadata.update(getattr(m, "metadata", {}))
+    return merged
 
 
 def write_explorer(

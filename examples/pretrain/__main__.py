@@ -206,13 +206,12 @@ def write_explorer(models, tokenizer, texts, max_length, output_dir):
 
     ids = data.encode_texts(texts, tokenizer, max_length)
     tokens = [id_to_tokens(tokenizer, row[row != 0]) for row in ids]
-    attentions = {}
-    for objective, model in models.items():
-        attentions.update(
-            attention_outputs.collect(
-                model, explorer_inputs(objective, ids), prefix=objective
-            )
+    attentions = attention_outputs.merge(
+        attention_outputs.collect(
+            model, explorer_inputs(objective, ids), prefix=objective
         )
+        for objective, model in models.items()
+    )
     return attention_outputs.write_explorer(
         output_dir,
         attentions,
@@ -325,19 +324,18 @@ def main(argv=None):
             }
         )
     table = markdown_table(rows)
-    explorer_path = write_explorer(
-        models, tokenizer, EXPLORER_TEXTS, args.max_length, args.output_dir
-    )
     total = clock.seconds()
     print(f"\n{table}\n")
     print(
         f"CPU time: {total:.0f} s in all (user + sys of this process; data "
         f"and vocabulary {setup_seconds:.0f} s)"
     )
-    if explorer_path:
-        print(f"attention explorer: {explorer_path}")
     with open(os.path.join(args.output_dir, "results.md"), "w") as f:
         f.write(table + "\n")
+    explorer_path = write_explorer(
+        models, tokenizer, EXPLORER_TEXTS, args.max_length, args.output_dir
+    )
+    print(f"attention explorer: {explorer_path}")
     return {
         "rows": rows,
         "table": table,

@@ -12,8 +12,10 @@ generated with babel (no network). The run trains with `model.fit` on a
 `tf.data` pipeline (teacher forcing), prints translations of held-out
 examples, reports the metric on the held-out test split (exact match for
 dates, BLEU via sacrebleu for language pairs), writes attention heatmaps
-(PNG) and exports a SavedModel that translates raw strings (loading it needs
-`tensorflow_text`, which registers the tokenizers' ops):
+(PNG) and an interactive explorer of every attention layer
+(`runs/translate/attention.html`) and exports a SavedModel that
+translates raw strings (loading it needs `tensorflow_text`, which
+registers the tokenizers' ops):
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
@@ -186,6 +188,38 @@ def plot_examples(string_translator, sentences, directory, limit):
     return paths
 
 
+def write_explorer(string_translator, sentences, output_dir):
+    """Every attention layer of the model (encoder self-attention, decoder
+    self- and cross-attention, or the RNN decoder's alignment), teacher-
+    forced on the model's own translations of `sentences`, as the
+    explorer `<output_dir>/attention.html`."""
+    import numpy as np
+    import tensorflow as tf
+
+    from examples.common import attention_outputs
+    from examples.common.text import id_to_tokens
+
+    source = string_translator.tokenize(tf.constant(list(sentences)))
+    target = np.asarray(string_translator.translator.generate(source))
+    target, source = target[:, :-1], source.numpy()  # as in training
+    inputs = {"encoder_ids": source, "decoder_ids": target}
+    # Decoder position t reads token t and predicts token t + 1.
+    return attention_outputs.model_explorer(
+        output_dir,
+        string_translator.translator.model,
+        inputs,
+        [
+            id_to_tokens(string_translator.source_tokenizer, r[r != 0])
+            for r in source
+        ],
+        target_tokens=[
+            id_to_tokens(string_translator.target_tokenizer, r[r != 0])
+            for r in target
+        ],
+        title="translate: " + type(string_translator.translator).__name__,
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
@@ -282,6 +316,10 @@ def main(argv=None):
         args.num_plots,
     )
     print("Attention heatmaps:", *[p["path"] for p in plots], sep="\n  ")
+    explorer = write_explorer(
+        string_translator, sources[: max(args.num_plots, 1)], args.output_dir
+    )
+    print(f"Attention explorer: {explorer}")
     path = export(
         string_translator, os.path.join(args.output_dir, "saved_model")
     )
@@ -303,6 +341,7 @@ def main(argv=None):
         "train_seconds": round(train_seconds, 1),
         "saved_model": path,
         "plots": plots,
+        "explorer": explorer,
         "examples": [
             {"source": s, "translation": h}
             for s, h in zip(sources[:8], hypotheses[:8])

@@ -191,6 +191,22 @@ def test_quick_run_plots_valid_pngs(quick_run):
         assert width > 100 and height > 100
 
 
+def test_quick_run_writes_the_attention_explorer(quick_run):
+    import re
+
+    path = quick_run["explorer"]
+    assert path == os.path.join(
+        os.path.dirname(quick_run["export_path"]), "attention.html"
+    )
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "http://" not in html and "https://" not in html
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
+    # Every attention layer: the encoder block's and the pooling.
+    assert "encoder_block_0/self_attention" in html and "pooling" in html
+
+
 def test_exported_model_answers_like_the_python_model(quick_run):
     texts = [
         "a large wild cat with a striped coat",

@@ -79,11 +79,26 @@ def _check(results):
             plot["source_tokens"], plot["target_tokens"]
         )
         assert plot["source_tokens"] > 0 and plot["target_tokens"] > 0
+    _check_explorer(results["explorer"])
     # The exported model answers raw strings, as the in-Python model did.
     sources = [e["source"] for e in results["examples"]]
     answers = _serve_in_fresh_process(results["saved_model"], sources)
     assert answers == [e["translation"] for e in results["examples"]]
     assert all(isinstance(a, str) for a in answers)
+
+
+def _check_explorer(path):
+    """`runs/translate/attention.html`: self-contained, every attention
+    layer of the model (cross-attention among them)."""
+    import re
+
+    assert os.path.basename(path) == "attention.html"
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "http://" not in html and "https://" not in html
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
+    assert "cross" in html and "decoder" in html
 
 
 def test_transformer_quick(tmp_path):
