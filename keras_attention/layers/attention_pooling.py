@@ -37,6 +37,7 @@ class AttentionPooling(keras.layers.Layer):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attention
     >>> pool = keras_attention.layers.AttentionPooling(units=8)
@@ -45,7 +46,8 @@ class AttentionPooling(keras.layers.Layer):
     >>> y, w = pool(x, mask=mask, return_attention_scores=True)
     >>> tuple(y.shape), tuple(w.shape)
     ((2, 4), (2, 5))
-    >>> np.round(np.asarray(w), 2)   # equal steps: uniform over the valid ones
+    >>> # equal steps: uniform over the valid ones
+    >>> np.round(keras.ops.convert_to_numpy(w), 2)
     array([[0.33, 0.33, 0.33, 0.  , 0.  ],
            [0.2 , 0.2 , 0.2 , 0.2 , 0.2 ]], dtype=float32)
 

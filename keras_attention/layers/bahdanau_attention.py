@@ -80,6 +80,7 @@ class BahdanauAttention(Seq2SeqAttention):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attention
     >>> attention = keras_attention.layers.BahdanauAttention(units=16)
@@ -89,7 +90,8 @@ class BahdanauAttention(Seq2SeqAttention):
     ...     state, memory, return_attention_scores=True)
     >>> tuple(context.shape), tuple(weights.shape)
     ((2, 6), (2, 5))
-    >>> np.round(np.asarray(weights)[0], 2)   # equal keys: uniform weights
+    >>> # equal keys: uniform weights
+    >>> np.round(keras.ops.convert_to_numpy(weights)[0], 2)
     array([0.2, 0.2, 0.2, 0.2, 0.2], dtype=float32)
 
     References:

@@ -38,6 +38,7 @@ class CrossAttention(MultiHeadAttention):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attention
     >>> layer = keras_attention.layers.CrossAttention(num_heads=2, key_dim=4)
@@ -48,7 +49,8 @@ class CrossAttention(MultiHeadAttention):
     ...                   return_attention_scores=True)
     >>> tuple(y.shape), tuple(scores.shape)
     ((2, 3, 8), (2, 2, 3, 7))
-    >>> float(np.asarray(scores)[0, :, :, 5:].max())  # padded context
+    >>> # padded context
+    >>> float(keras.ops.convert_to_numpy(scores)[0, :, :, 5:].max())
     0.0
 
     References:

@@ -5,6 +5,7 @@ import pytest
 import references
 from harness import run_layer_test
 from harness import run_mask_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.blocks import TransformerDecoderBlock
 
@@ -35,7 +36,7 @@ def decode_step_by_step(block, x, valid, **kwargs):
             self_attention_cache_update_index=i,
             **kwargs,
         )
-        outputs.append(np.asarray(y))
+        outputs.append(to_numpy(y))
     return np.concatenate(outputs, axis=1)
 
 
@@ -119,9 +120,9 @@ def test_matches_numpy_reference(norm_first):
         context_valid,
     )
     np.testing.assert_allclose(
-        np.asarray(out[0])[valid], expected[valid], atol=1e-4
+        to_numpy(out[0])[valid], expected[valid], atol=1e-4
     )
-    cross = np.asarray(out[2])
+    cross = to_numpy(out[2])
     assert np.all(cross[1][..., 2:] == 0)  # padded context gets no weight
 
 
@@ -138,7 +139,7 @@ def test_cache_matches_full_pass_decoder_only_with_padding():
         cross_attention=False,
         rotary_max_wavelength=100,
     )
-    full = np.asarray(block(x, padding_mask=valid))
+    full = to_numpy(block(x, padding_mask=valid))
     cached = decode_step_by_step(block, x, valid)
     np.testing.assert_allclose(cached[valid], full[valid], atol=1e-5)
 
@@ -154,7 +155,7 @@ def test_cache_matches_full_pass_encoder_decoder_with_padding():
     block = TransformerDecoderBlock(
         num_heads=2, intermediate_dim=16, norm_first=True
     )
-    full = np.asarray(
+    full = to_numpy(
         block(
             x, context, padding_mask=valid, context_padding_mask=context_valid
         )
@@ -190,8 +191,8 @@ def test_cached_step_returns_scores_and_cache():
         1,
         3,
     )
-    assert np.all(np.asarray(w_self)[..., 3] == 0)  # causal: no later slot
-    new_cache = np.asarray(new_cache)
+    assert np.all(to_numpy(w_self)[..., 3] == 0)  # causal: no later slot
+    new_cache = to_numpy(new_cache)
     assert np.any(new_cache[:, :, 2] != 0) and np.all(
         new_cache[:, :, [0, 1, 3]] == 0
     )
@@ -202,10 +203,10 @@ def test_no_leak_from_future_decoder_tokens():
     x = rng.normal(size=(2, 6, 8)).astype("float32")
     context = rng.normal(size=(2, 4, 8)).astype("float32")
     block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
-    base = np.asarray(block(x, context))
+    base = to_numpy(block(x, context))
     changed = x.copy()
     changed[:, 3:] = rng.normal(size=changed[:, 3:].shape)
-    out = np.asarray(block(changed, context))
+    out = to_numpy(block(changed, context))
     np.testing.assert_array_equal(out[:, :3], base[:, :3])
     assert not np.allclose(out[:, 3:], base[:, 3:])
 
@@ -292,8 +293,8 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
     attention_mask[:, 1] = False
     block = TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
     x, context = embedding(ids), embedding(context_ids)
-    plain_x = keras.ops.convert_to_tensor(np.asarray(x))
-    plain_context = keras.ops.convert_to_tensor(np.asarray(context))
+    plain_x = keras.ops.convert_to_tensor(to_numpy(x))
+    plain_context = keras.ops.convert_to_tensor(to_numpy(context))
     expected = block(
         plain_x,
         plain_context,
@@ -303,8 +304,7 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
     )
     unpadded = block(plain_x, plain_context, attention_mask=attention_mask)
     assert (
-        np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max()
-        > 1e-3
+        np.abs((to_numpy(expected) - to_numpy(unpadded)) * valid).max() > 1e-3
     )
 
     ids_in = keras.Input((5,), dtype="int32")
@@ -324,7 +324,7 @@ def test_keras_masks_kept_with_context_and_mask_keywords():
     ]
     for got in outputs:
         np.testing.assert_allclose(
-            np.asarray(got) * valid, np.asarray(expected) * valid, atol=1e-5
+            to_numpy(got) * valid, to_numpy(expected) * valid, atol=1e-5
         )
 
 

@@ -6,6 +6,7 @@ import pytest
 import references
 from harness import run_layer_test
 from harness import run_mask_test
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention import masks
 from keras_attention.blocks import TransformerEncoderBlock
@@ -74,7 +75,7 @@ def test_matches_numpy_reference(norm_first):
     block = TransformerEncoderBlock(
         num_heads=2, intermediate_dim=16, norm_first=norm_first
     )
-    out = np.asarray(block(x, padding_mask=valid))
+    out = to_numpy(block(x, padding_mask=valid))
     expected = references.encoder_block(
         block, x.astype("float64"), padding_4d(valid)
     )
@@ -88,24 +89,24 @@ def test_prefix_lm_mask_bidirectional_in_prefix_causal_after():
     block = TransformerEncoderBlock(num_heads=2, intermediate_dim=16)
     mask = masks.prefix_lm_mask(7, prefix)
     out, w = block(x, attention_mask=mask, return_attention_scores=True)
-    w = np.asarray(w)
+    w = to_numpy(w)
     i, j = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
     assert np.all(w[..., j > np.maximum(i, prefix - 1)] == 0)
     assert np.all(w[..., (j < prefix) | (j <= i)] > 0)
     expected = references.encoder_block(
         block, x.astype("float64"), (j <= np.maximum(i, prefix - 1))[None, None]
     )
-    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-4)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-4)
     # A later prefix token reaches the first position; tokens after it don't.
     changed = x.copy()
     changed[:, 2] += 1.0
-    changed_out = np.asarray(block(changed, attention_mask=mask))
-    assert not np.allclose(changed_out[:, 0], np.asarray(out)[:, 0])
+    changed_out = to_numpy(block(changed, attention_mask=mask))
+    assert not np.allclose(changed_out[:, 0], to_numpy(out)[:, 0])
     future = x.copy()
     future[:, 5:] += 1.0
-    future_out = np.asarray(block(future, attention_mask=mask))
+    future_out = to_numpy(block(future, attention_mask=mask))
     np.testing.assert_allclose(
-        future_out[:, :5], np.asarray(out)[:, :5], atol=1e-6
+        future_out[:, :5], to_numpy(out)[:, :5], atol=1e-6
     )
 
 
@@ -115,12 +116,12 @@ def test_causal_leaks_nothing_from_the_future():
     block = TransformerEncoderBlock(
         num_heads=2, intermediate_dim=16, causal=True, rotary_max_wavelength=100
     )
-    base = np.asarray(block(x))
+    base = to_numpy(block(x))
     for t in range(1, 6):
         changed = x.copy()
         changed[:, t:] = rng.normal(size=changed[:, t:].shape)
         np.testing.assert_array_equal(
-            np.asarray(block(changed))[:, :t], base[:, :t]
+            to_numpy(block(changed))[:, :t], base[:, :t]
         )
 
 
@@ -134,7 +135,7 @@ def test_scores_are_tensors_inside_tf_function():
     graph = tf.function(lambda t: block(t, return_attention_scores=True))(x)
     for e, g in zip(eager, graph):
         assert isinstance(g, tf.Tensor)
-        np.testing.assert_allclose(g.numpy(), np.asarray(e), atol=1e-6)
+        np.testing.assert_allclose(g.numpy(), to_numpy(e), atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -238,14 +239,13 @@ def test_keras_mask_kept_when_attention_mask_is_passed(norm_first):
         num_heads=2, intermediate_dim=8, norm_first=norm_first
     )
     x = embedding(ids)
-    plain = keras.ops.convert_to_tensor(np.asarray(x))  # no Keras mask
+    plain = keras.ops.convert_to_tensor(to_numpy(x))  # no Keras mask
     expected = block(
         plain, padding_mask=ids != 0, attention_mask=attention_mask
     )
     unpadded = block(plain, attention_mask=attention_mask)
     assert (
-        np.abs((np.asarray(expected) - np.asarray(unpadded)) * valid).max()
-        > 1e-3
+        np.abs((to_numpy(expected) - to_numpy(unpadded)) * valid).max() > 1e-3
     )
 
     eager = block(x, attention_mask=attention_mask)
@@ -264,5 +264,5 @@ def test_keras_mask_kept_when_attention_mask_is_passed(norm_first):
         )
     for got in outputs:
         np.testing.assert_allclose(
-            np.asarray(got) * valid, np.asarray(expected) * valid, atol=1e-5
+            to_numpy(got) * valid, to_numpy(expected) * valid, atol=1e-5
         )
