@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite: everything on the TensorFlow backend, then the layer,
-# block, ops, mask-matrix, harness and doctest tests again on the JAX backend
-# (examples, generation and memory tests are TensorFlow programs: tf.data,
-# SavedModel, XLA-compiled tf.function loops); two pytest-xdist workers (one
-# per core), each taking whole test files.
+# The whole test suite, on the three Keras backends, two pytest-xdist workers
+# (one per core), each taking whole test files. What repeats where (CI must
+# stay under 40 minutes on 2 cores; TF ~13 min, JAX ~10 min, PyTorch ~N min):
+#   TensorFlow: everything (examples, memory and graph-rank tests are
+#     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
+#     loops, TensorFlow's own memory and graph inspection).
+#   JAX: the backend-neutral library tests: layers, blocks, ops, the mask
+#     matrix, the harness self-tests and the doctests.
+#   PyTorch: the same, plus generation (cached decoding with the keras_hub
+#     samplers runs eagerly on torch: cheap). The harness runs `fit` eagerly
+#     only and no SavedModel export on torch (tests/harness.py BACKEND_GAPS
+#     says why; printed at the end of the run); tests Keras cannot run on
+#     torch are skipped with their reason (`pytest -rs`).
+# Examples run in the TensorFlow part only (tests/examples).
 #
 # TensorFlow's oneDNN CPU kernels are forced ON (TF_ENABLE_ONEDNN_OPTS=1),
 # whatever the CPU: TensorFlow enables them by default only on some x86 CPUs
@@ -22,3 +31,6 @@ TF_ENABLE_ONEDNN_OPTS="$ONEDNN" python -m pytest -q -n 2 --dist loadfile tests "
 KERAS_BACKEND=jax python -m pytest -q -n 2 --dist loadfile \
     tests/layers tests/blocks tests/ops tests/properties tests/test_harness.py \
     tests/test_doctests.py "$@"
+KERAS_BACKEND=torch python -m pytest -q -n 2 --dist loadfile \
+    tests/layers tests/blocks tests/ops tests/properties tests/generation \
+    tests/test_harness.py tests/test_doctests.py "$@"

@@ -6,6 +6,7 @@ import re
 import keras
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.blocks import TransformerEncoderBlock
@@ -85,7 +86,7 @@ def test_generation_within_the_position_table_runs():
     lm = causal_lm()
     out, mask = lm.generate(np.array([[1, 2, 0, 0]]), max_length=POSITIONS)
     assert tuple(out.shape) == (1, POSITIONS)
-    assert np.asarray(out)[0, :2].tolist() == [1, 2]
+    assert to_numpy(out)[0, :2].tolist() == [1, 2]
 
 
 def test_jit_compile_refuses_non_bools():

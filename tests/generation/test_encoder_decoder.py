@@ -1,17 +1,19 @@
 """Encoder-decoder translator built from the blocks: training, cached
 generation with the keras_hub samplers, SavedModel export (TensorFlow)."""
 
+import harness
 import keras
 import numpy as np
 import pytest
 from harness import check_saved_model
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.generation import Seq2SeqGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
 
-pytestmark = pytest.mark.tf_only
+TORCH_GAPS = harness.BACKEND_GAPS["torch"]
 
 VOCAB, SRC_LEN, TGT_LEN = 12, 6, 8
 START, END = 10, 11  # source/target tokens are 1..9
@@ -74,7 +76,7 @@ def test_cached_logits_equal_full_pass_with_padding():
     model, generator = build_translator()
     src = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 3]], "int32")
     tgt = np.array([[START, 5, 4, 3, 0], [START, 3, 2, 0, 0]], "int32")
-    full = np.asarray(model([src, tgt]))
+    full = to_numpy(model([src, tgt]))
     _, cache = generator.build_cache(
         np.zeros_like(tgt), None, encoder_token_ids=src
     )
@@ -83,7 +85,7 @@ def test_cached_logits_equal_full_pass_with_padding():
         logits, _, cache = generator.call_with_cache(
             tgt[:, t : t + 1], cache, t
         )
-        steps.append(np.asarray(logits))
+        steps.append(to_numpy(logits))
     valid = tgt != 0
     np.testing.assert_allclose(
         np.concatenate(steps, 1)[valid], full[valid], atol=1e-5
@@ -112,7 +114,7 @@ def test_samplers_translate_and_stop(trained_translator, sampler):
         sampler=samplers[sampler],
         stop_token_ids=(END,),
     )
-    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    tokens, mask = to_numpy(tokens), to_numpy(mask)
     assert tokens.shape == mask.shape == (3, TGT_LEN)
     for row, source in zip(tokens, src):
         words = [w for w in source if w != 0]
@@ -122,6 +124,8 @@ def test_samplers_translate_and_stop(trained_translator, sampler):
     np.testing.assert_array_equal(mask, tokens != 0)
 
 
+@pytest.mark.tf_only("a TensorFlow SavedModel of the trained translator")
+@pytest.mark.not_torch(reason=TORCH_GAPS["saved_model"])
 def test_saved_model_of_the_translator(trained_translator):
     model, _ = trained_translator
     src = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 0]], "int32")
