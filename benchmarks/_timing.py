@@ -113,12 +113,15 @@ def markdown_table(headers, rows):
             return f"{x:.3g}"
         return "n/a" if x is None else str(x)
 
+    def cell(x):  # A "|" inside a cell would split it.
+        return fmt(x).replace("|", "\\|")
+
     lines = [
-        "| " + " | ".join(map(str, headers)) + " |",
+        "| " + " | ".join(cell(h) for h in headers) + " |",
         "|" + "|".join("---" for _ in headers) + "|",
     ]
     for row in rows:
-        lines.append("| " + " | ".join(fmt(x) for x in row) + " |")
+        lines.append("| " + " | ".join(cell(x) for x in row) + " |")
     return "\n".join(lines)
 
 
