@@ -305,9 +305,10 @@ def _fused(
 ):
     """`keras.ops.dot_product_attention` (flash / cuDNN where available).
 
-    Rows that may attend to nothing would give NaN (PyTorch's kernels) or
-    uniform weights (an additive mask) in the fused kernels: they attend to
-    everything instead and their result is zeroed afterwards. Padded
+    Rows that may attend to nothing would give NaN, zeros or (through the
+    additive mask Keras builds) uniform weights, depending on the kernel:
+    they attend to everything instead and their result is zeroed
+    afterwards. Padded
     queries are zeroed afterwards too, so that they never densify the mask:
     causal attention with query padding alone still runs as `is_causal`,
     and key padding alone stays a `(b, 1, 1, j)` mask on torch.
@@ -316,8 +317,8 @@ def _fused(
     (`preferred_element_type`), cuDNN / flash kernels accumulate in
     float32. TensorFlow's kernel does not, and Keras's torch backend turns
     a boolean mask into an additive one in the input dtype (-45850 in
-    float16, above real float16 scores formed in float32): those compute
-    in float32.
+    float16, which float32 scores of large float16 inputs exceed): those
+    compute in float32.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
     if _fused_in_float32(dtype):
