@@ -34,9 +34,10 @@ read):
       an encoder-decoder model), or None (`"query_tokens"` of pooling: the
       single row is the learned query). Cross and decoder entries are
       `("target_tokens", "tokens")`; a self-attention entry is on the
-      target side when its parent layer also holds a cross-attention
-      layer (a `TransformerDecoderBlock`), or when it is causal and the
-      pass has cross or decoder entries; else on the source side.
+      target side when its parent layer (not a model) also holds a
+      cross-attention layer (a `TransformerDecoderBlock`), or when it is
+      causal and the pass has cross or decoder entries; else on the source
+      side.
     - `"layer"`: the class name (`"SelfAttention"`, ...).
     - `"num_heads"`, `"query_length"`, `"key_length"`: ints, the
       weights' shape (heads is 1 for `"decoder"`, `"pooling"` and direct
@@ -61,6 +62,7 @@ every Keras backend.
 
 import inspect
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -139,6 +141,10 @@ def _sublayers(layer):
     return []
 
 
+def _all_built(layer):
+    return layer.built and all(map(_all_built, _sublayers(layer)))
+
+
 def attention_layers(model):
     """Every attention layer of `model`, with its path-like name.
 
@@ -186,8 +192,11 @@ def attention_layers(model):
 
 
 def _on_target_side(parent):
-    """Whether `parent` holds a cross-attention layer (a decoder block)."""
-    return parent is not None and any(
+    """Whether `parent`, a layer but not a model, holds a cross-attention
+    layer (a decoder block)."""
+    if parent is None or isinstance(parent, keras.Model):
+        return False
+    return any(
         isinstance(child, CrossAttention) for child in _sublayers(parent)
     )
 
@@ -482,9 +491,11 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
     >>> maps = collect_attention(model, ids)
     >>> {name: w.shape for name, w in maps.items()}
     {'encoder_block_1/self_attention': (2, 2, 4, 4), 'pool': (2, 1, 1, 4)}
-    >>> maps.metadata["pool"]["kind"], maps.metadata["pool"]["key_tokens"]
-    ('pooling', 'tokens')
-    >>> float(maps["encoder_block_1/self_attention"][0, :, :3, 3].max())
+    >>> pool = maps.metadata["pool"]
+    >>> pool["kind"], pool["query_tokens"], pool["key_tokens"]
+    ('pooling', None, 'tokens')
+    >>> weights = maps["encoder_block_1/self_attention"]
+    >>> float(weights[0, :, :, 3].max())  # example 0's padded token
     0.0
 
     References:
@@ -496,6 +507,10 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
     validation.check_positive_int(
         "max_dense_length", max_dense_length, allow_none=True
     )
+    if not _all_built(model):
+        # Layers that create their sublayers in `build` (the blocks) show
+        # their attention layers after a first call.
+        model(inputs, training=False)
     found = _select(attention_layers(model), layers)
     with _Recorder(found, max_dense_length) as recorder:
         model(inputs, training=False)

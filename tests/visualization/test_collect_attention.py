@@ -1,0 +1,328 @@
+"""collect_attention: every attention layer's weights, checked against
+NumPy references (tests/references.py) under padding, causal and window
+masks, for functional, Sequential, subclassed and reloaded models."""
+
+import keras
+import numpy as np
+import pytest
+import references
+from keras import ops
+
+from keras_attention import blocks
+from keras_attention import layers
+from keras_attention.visualization import AttentionMaps
+from keras_attention.visualization import collect_attention
+
+ATOL = 2e-5
+RNG = np.random.default_rng(0)
+# b t: target ids (0 = padding) and source ids.
+IDS = np.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 2]], "int32")
+SRC = np.array([[1, 2, 3, 4, 0, 0], [5, 6, 7, 8, 9, 1]], "int32")
+VALID = IDS > 0
+SRC_VALID = SRC > 0
+
+
+def np_(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def pair_mask(query_valid, key_valid):
+    """(b, 1, i, j): real queries on real keys."""
+    return (query_valid[:, :, None] & key_valid[:, None, :])[:, None]
+
+
+def causal(t):
+    return np.tril(np.ones((t, t), bool))
+
+
+def embed(name, vocab=12, dim=8):
+    return keras.layers.Embedding(vocab, dim, mask_zero=True, name=name)
+
+
+def mha_model():
+    """Every MHA-family layer reading the same embeddings."""
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    src = keras.Input((None,), dtype="int32", name="src")
+    x, ctx = embed("target_embedding")(ids), embed("source_embedding")(src)
+    outputs = [
+        layers.SelfAttention(2, 4, name="self")(x),
+        layers.CausalSelfAttention(2, 4, name="causal")(x),
+        layers.MultiHeadAttention(2, 4, name="mha_self")(x, x),
+        layers.MultiHeadAttention(3, 4, name="mha_cross")(x, ctx),
+        layers.CrossAttention(2, 4, name="cross")(x, ctx),
+        layers.LocalSelfAttention(2, 4, window_size=1, name="local")(x),
+    ]
+    y = keras.layers.Concatenate()(outputs)
+    return keras.Model([ids, src], keras.layers.Dense(1)(y))
+
+
+@pytest.fixture(scope="module")
+def mha():
+    model = mha_model()
+    return model, collect_attention(model, [IDS, SRC])
+
+
+def test_mha_family_against_references(mha):
+    model, maps = mha
+    x = np_(model.get_layer("target_embedding")(IDS))
+    ctx = np_(model.get_layer("source_embedding")(SRC))
+    self_mask = pair_mask(VALID, VALID)
+    band = np.abs(np.subtract.outer(np.arange(5), np.arange(5))) <= 1
+    expected = {
+        "self": (x, x, self_mask),
+        "causal": (x, x, self_mask & causal(5)),
+        "mha_self": (x, x, self_mask),
+        "mha_cross": (x, ctx, pair_mask(VALID, SRC_VALID)),
+        "cross": (x, ctx, pair_mask(VALID, SRC_VALID)),
+        "local": (x, x, self_mask & band),
+    }
+    assert list(maps) == list(expected)
+    assert isinstance(maps, AttentionMaps)
+    for name, (query, value, mask) in expected.items():
+        layer = model.get_layer(name)
+        _, want = references.multi_head_attention(
+            layer, query, value, mask=mask
+        )
+        got = maps[name]
+        assert got.dtype == np.float32
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, atol=ATOL, err_msg=name)
+        # Padded keys and padded queries get exactly 0.
+        assert np.all(got[~np.broadcast_to(mask, got.shape)] == 0), name
+
+
+def test_mha_family_metadata(mha):
+    _, maps = mha
+    meta = maps.metadata
+    kinds = {name: m["kind"] for name, m in meta.items()}
+    assert kinds == {
+        "self": "self",
+        "causal": "self",
+        "mha_self": "self",
+        "mha_cross": "cross",
+        "cross": "cross",
+        "local": "self",
+    }
+    # With cross entries, the causal self-attention is the target's.
+    assert meta["causal"]["query_tokens"] == "target_tokens"
+    assert meta["causal"]["causal"] is True
+    assert (meta["self"]["query_tokens"], meta["self"]["key_tokens"]) == (
+        "tokens",
+        "tokens",
+    )
+    assert (meta["cross"]["query_tokens"], meta["cross"]["key_tokens"]) == (
+        "target_tokens",
+        "tokens",
+    )
+    assert meta["local"]["window"] == (1, 1)
+    assert meta["mha_cross"]["num_heads"] == 3
+    assert meta["cross"]["query_length"] == 5
+    assert meta["cross"]["key_length"] == 6
+    np.testing.assert_array_equal(meta["cross"]["query_mask"], VALID)
+    np.testing.assert_array_equal(meta["cross"]["key_mask"], SRC_VALID)
+    np.testing.assert_array_equal(meta["mha_cross"]["key_mask"], SRC_VALID)
+    assert all(m["call_index"] == 0 for m in meta.values())
+
+
+def test_model_is_left_unchanged(mha):
+    model, _ = mha
+    for layer in model.layers:
+        assert "call" not in vars(layer)
+    before = np_(model([IDS, SRC]))
+    collect_attention(model, [IDS, SRC])
+    np.testing.assert_allclose(np_(model([IDS, SRC])), before, atol=1e-6)
+
+
+def test_reloaded_keras_file(mha, tmp_path):
+    model, maps = mha
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    again = collect_attention(loaded, [IDS, SRC])
+    assert list(again) == list(maps)
+    for name in maps:
+        np.testing.assert_allclose(again[name], maps[name], atol=1e-6)
+
+
+def test_layers_selection_and_errors(mha):
+    model, _ = mha
+    maps = collect_attention(model, [IDS, SRC], layers=["cross", "local"])
+    assert list(maps) == ["cross", "local"]
+    with pytest.raises(ValueError, match="'nope'.*'mha_self'"):
+        collect_attention(model, [IDS, SRC], layers="nope")
+    with pytest.raises(ValueError, match="max_dense_length=4"):
+        collect_attention(model, [IDS, SRC], max_dense_length=4)
+    with pytest.raises(ValueError, match="max_dense_length=0"):
+        collect_attention(model, [IDS, SRC], max_dense_length=0)
+
+
+class Seq2SeqTransformer(keras.Model):
+    """A subclassed encoder-decoder of transformer blocks."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.source_embedding = embed("source_embedding")
+        self.target_embedding = embed("target_embedding")
+        self.encoder = blocks.TransformerEncoderBlock(2, 16, name="encoder")
+        self.decoder = blocks.TransformerDecoderBlock(2, 16, name="decoder")
+
+    def call(self, inputs):
+        src, ids = inputs
+        context = self.encoder(self.source_embedding(src))
+        return self.decoder(self.target_embedding(ids), context)
+
+
+def test_transformer_blocks_in_a_subclassed_model():
+    model = Seq2SeqTransformer()
+    maps = collect_attention(model, (SRC, IDS))
+    assert list(maps) == [
+        "encoder/self_attention",
+        "decoder/self_attention",
+        "decoder/cross_attention",
+    ]
+    enc, dec = model.encoder, model.decoder
+    src_x = np_(model.source_embedding(SRC))
+    x = np_(model.target_embedding(IDS))
+    src_mask = pair_mask(SRC_VALID, SRC_VALID)
+    _, w = references.multi_head_attention(
+        enc.self_attention, src_x, src_x, mask=src_mask
+    )
+    np.testing.assert_allclose(maps["encoder/self_attention"], w, atol=ATOL)
+    context = references.encoder_block(enc, src_x, src_mask)
+    self_mask = pair_mask(VALID, VALID) & causal(5)
+    out, w = references.multi_head_attention(
+        dec.self_attention, x, x, mask=self_mask
+    )
+    np.testing.assert_allclose(maps["decoder/self_attention"], w, atol=ATOL)
+    # Post-norm: the cross-attention reads LN(x + self_attention(x)).
+    y = references.layer_norm(x + out, dec.self_attention_norm)
+    _, w = references.multi_head_attention(
+        dec.cross_attention_layer,
+        y,
+        context,
+        mask=pair_mask(VALID, SRC_VALID),
+    )
+    np.testing.assert_allclose(maps["decoder/cross_attention"], w, atol=ATOL)
+    sides = {
+        name: (m["kind"], m["query_tokens"], m["key_tokens"])
+        for name, m in maps.metadata.items()
+    }
+    assert sides == {
+        "encoder/self_attention": ("self", "tokens", "tokens"),
+        "decoder/self_attention": ("self", "target_tokens", "target_tokens"),
+        "decoder/cross_attention": ("cross", "target_tokens", "tokens"),
+    }
+
+
+def test_pooling_in_a_sequential_model():
+    model = keras.Sequential(
+        [
+            keras.Input((None,), dtype="int32"),
+            embed("embedding"),
+            layers.AttentionPooling(units=4, name="pool"),
+            keras.layers.Dense(2),
+        ]
+    )
+    maps = collect_attention(model, IDS)
+    x = np_(model.get_layer("embedding")(IDS))
+    _, want = references.attention_pooling(model.get_layer("pool"), x, VALID)
+    assert maps["pool"].shape == (2, 1, 1, 5)
+    np.testing.assert_allclose(maps["pool"][:, 0, 0], want, atol=ATOL)
+    assert np.all(maps["pool"][:, 0, 0][~VALID] == 0)
+    meta = maps.metadata["pool"]
+    assert (meta["kind"], meta["query_tokens"], meta["key_tokens"]) == (
+        "pooling",
+        None,
+        "tokens",
+    )
+    assert meta["query_mask"] is None
+    np.testing.assert_array_equal(meta["key_mask"], VALID)
+
+
+@pytest.mark.parametrize("style", ["bahdanau", "luong"])
+def test_seq2seq_attention_called_directly(style):
+    ids = keras.Input((None,), dtype="int32")
+    src = keras.Input((None,), dtype="int32")
+    query = embed("target_embedding")(ids)
+    memory = embed("source_embedding")(src)
+    if style == "bahdanau":
+        attention = layers.BahdanauAttention(6, name="attention")
+    else:
+        attention = layers.LuongAttention("general", name="attention")
+    model = keras.Model([ids, src], attention(query, memory))
+    maps = collect_attention(model, [IDS, SRC])
+    q = np_(model.get_layer("target_embedding")(IDS))
+    m = np_(model.get_layer("source_embedding")(SRC))
+    reference = references.bahdanau if style == "bahdanau" else references.luong
+    _, want = reference(attention, q, m, SRC_VALID, VALID)
+    assert maps["attention"].shape == (2, 1, 5, 6)
+    np.testing.assert_allclose(maps["attention"][:, 0], want, atol=ATOL)
+    meta = maps.metadata["attention"]
+    assert (meta["kind"], meta["query_tokens"], meta["key_tokens"]) == (
+        "cross",
+        "target_tokens",
+        "tokens",
+    )
+
+
+def test_attention_rnn_decoder_alignment():
+    ids = keras.Input((None,), dtype="int32")
+    src = keras.Input((None,), dtype="int32")
+    memory = embed("source_embedding")(src)
+    decoder = layers.AttentionRNNDecoder(
+        8, layers.BahdanauAttention(6), name="decoder"
+    )
+    outputs = decoder(embed("target_embedding")(ids), memory)
+    model = keras.Model([ids, src], outputs)
+    maps = collect_attention(model, [IDS, SRC])
+    assert list(maps) == ["decoder"]  # not its attention sublayer
+    got = maps["decoder"]
+    assert got.shape == (2, 1, 5, 6)
+    # Step by step: each step's weights are Bahdanau's on the previous
+    # state (the query) and the memory.
+    x = np_(model.get_layer("target_embedding")(IDS))
+    m = np_(model.get_layer("source_embedding")(SRC))
+    states = decoder.get_initial_state(2)
+    for t in range(5):
+        query = np_(states[0])[:, None]
+        _, want = references.bahdanau(
+            decoder.attention, query, m, SRC_VALID, np.ones((2, 1), bool)
+        )
+        valid = VALID[:, t]
+        np.testing.assert_allclose(got[valid, 0, t], want[valid, 0], atol=ATOL)
+        assert np.all(got[~valid, 0, t] == 0)  # padded target steps
+        _, states, _ = decoder.step(x[:, t], states, m, SRC_VALID, t)
+    meta = maps.metadata["decoder"]
+    assert (meta["kind"], meta["query_tokens"], meta["key_tokens"]) == (
+        "decoder",
+        "target_tokens",
+        "tokens",
+    )
+    assert meta["heads_averaged"] is False
+    assert decoder.return_attention_scores is False
+    np.testing.assert_array_equal(meta["query_mask"], VALID)
+    np.testing.assert_array_equal(meta["key_mask"], SRC_VALID)
+
+
+class SharedAttention(keras.Model):
+    """One layer called twice, once asking for the scores itself."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embed("embedding")
+        self.attention = layers.SelfAttention(2, 4, name="shared")
+
+    def call(self, ids):
+        x = self.embedding(ids)
+        y, scores = self.attention(x, return_attention_scores=True)
+        return self.attention(y), scores
+
+
+def test_shared_layer_calls_and_own_scores():
+    model = SharedAttention()
+    _, scores = model(IDS)
+    maps = collect_attention(model, IDS)
+    assert list(maps) == ["shared", "shared#2"]
+    assert [m["call_index"] for m in maps.metadata.values()] == [0, 1]
+    np.testing.assert_allclose(maps["shared"], np_(scores), atol=1e-6)
+    assert not np.allclose(maps["shared#2"], maps["shared"])
