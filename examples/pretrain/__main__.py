@@ -69,7 +69,7 @@ def parse_args(argv=None):
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.1)
     train = parser.add_argument_group("training")
-    train.add_argument("--pretrain-steps", type=int, default=1200)
+    train.add_argument("--pretrain-steps", type=int, default=700)
     train.add_argument("--pretrain-learning-rate", type=float, default=2e-3)
     train.add_argument(
         "--finetune-examples",
@@ -77,7 +77,7 @@ def parse_args(argv=None):
         default=2000,
         help="labelled definitions fine-tuning sees",
     )
-    train.add_argument("--finetune-steps", type=int, default=250)
+    train.add_argument("--finetune-steps", type=int, default=200)
     train.add_argument("--finetune-learning-rate", type=float, default=1e-3)
     train.add_argument("--batch-size", type=int, default=64)
     train.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,174 @@
+"""Tests of `python -m examples.pretrain`: the batches of each objective,
+the masks they train with, and one tiny run of all three objectives (the
+table and the attention explorer)."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+TEXTS = ["a cat sat on the mat", "the dog ran", "a large wild cat", "poems"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import tensorflow as tf
+
+    from examples.pretrain import data
+
+    return data.make_tokenizer(tf.data.Dataset.from_tensor_slices(TEXTS), 64)
+
+
+def _batches(tokenizer, objective, max_length=8):
+    """All batches (length buckets) of `TEXTS` for `objective`."""
+    import tensorflow as tf
+
+    from examples.pretrain import data
+
+    ids = data.encode(
+        tf.data.Dataset.from_tensor_slices(TEXTS), tokenizer, max_length
+    )
+    batches = data.objective_batches(
+        ids, objective, tokenizer, 8, max_length, shuffle=False
+    )
+    return list(batches.as_numpy_iterator())
+
+
+def test_sequences_start_with_start_and_drop_short_texts(tokenizer):
+    import tensorflow as tf
+
+    from examples.pretrain import data
+
+    ids = data.encode(tf.data.Dataset.from_tensor_slices(TEXTS), tokenizer, 5)
+    rows = [list(r) for r in ids.as_numpy_iterator()]
+    start = tokenizer.token_to_id("[START]")
+    # "poems" is [START] + 1 token: shorter than 3, dropped.
+    assert len(rows) == 3 and all(r[0] == start for r in rows)
+    assert [len(r) for r in rows] == [5, 4, 5]
+    assert tokenizer.token_to_id("[MASK]") == 4
+
+
+def test_clm_and_prefix_lm_targets(tokenizer):
+    for x, y, w in _batches(tokenizer, "clm"):
+        np.testing.assert_array_equal(x["prefix_length"], 0)
+        np.testing.assert_array_equal(w, y != 0)  # every real next token
+    for x, y, w in _batches(tokenizer, "prefix_lm"):
+        # The inputs drop the last token.
+        lengths = (x["token_ids"] != 0).sum(1) + 1
+        prefix = x["prefix_length"]
+        assert np.all((prefix >= 1) & (prefix <= lengths - 1))
+        for row, p in enumerate(prefix):
+            # Position t predicts token t + 1: loss on tokens p .. length - 1.
+            expected = (np.arange(y.shape[1]) >= p - 1) & (y[row] != 0)
+            np.testing.assert_array_equal(w[row], expected)
+
+
+def test_mlm_masks_only_real_tokens(tokenizer):
+    for x, y, w in _batches(tokenizer, "mlm", max_length=20):
+        ids, positions = x["token_ids"], x["mask_positions"]
+        assert positions.shape[1] == 3  # ceil(0.15 * 20)
+        for row in range(len(ids)):
+            chosen = positions[row][w[row] > 0]
+            assert np.all(chosen >= 1)  # never [START] or padding
+            assert np.all(y[row][w[row] > 0] > 4)
+
+
+def test_prefix_lm_mask_layer_matches_masks():
+    from examples.pretrain.model import PrefixLMMask
+    from keras_attention import masks
+
+    ids = np.ones((3, 5), "int32")
+    prefix = np.array([0, 2, 5], "int32")
+    got = np.asarray(PrefixLMMask()(ids, prefix))
+    np.testing.assert_array_equal(got, masks.prefix_lm_mask(5, prefix))
+    np.testing.assert_array_equal(got[0], np.tril(np.ones((5, 5), bool)))
+    assert got[2].all()
+
+
+def test_unknown_objective_is_rejected():
+    from examples.pretrain.model import Backbone
+    from examples.pretrain.model import build_pretraining_model
+
+    with pytest.raises(ValueError, match="objective='t5'"):
+        build_pretraining_model(Backbone(10, 8, hidden_dim=8), "t5")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    from examples.pretrain import __main__ as pretrain
+
+    tmp = tmp_path_factory.mktemp("pretrain")
+    return pretrain.main(
+        [
+            "--quick",
+            "--output-dir",
+            str(tmp / "run"),
+            "--data-dir",
+            str(tmp / "tfds"),
+        ]
+    )
+
+
+def test_quick_run_prints_one_well_formed_table(quick_run):
+    lines = quick_run["table"].splitlines()
+    assert lines[0].startswith("| objective | pretrain loss |")
+    assert lines[1] == "|---|---|---|---|---|---|"
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [
+        "none (from scratch)",
+        "mlm",
+        "clm",
+        "prefix_lm",
+    ]
+    scratch = None
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert len(cells) == 6
+        assert re.fullmatch(r"\d+ \+ \d+", cells[4])
+        assert re.fullmatch(r"\d+ s", cells[5])
+        scratch = scratch or cells[3]
+        assert cells[3] == scratch  # the same baseline on every row
+        for cell in cells[1:4]:
+            assert cell == "—" or re.fullmatch(r"\d+\.\d{3}", cell)
+    for row in quick_run["rows"][1:]:
+        assert np.isfinite(row["pretrain_loss"]) and row["pretrain_loss"] > 0
+        assert 0.0 <= row["finetuned_accuracy"] <= 1.0
+    with open(
+        os.path.join(os.path.dirname(quick_run["explorer"]), "results.md")
+    ) as f:
+        assert f.read().strip() == quick_run["table"]
+
+
+def test_quick_run_writes_a_self_contained_explorer(quick_run):
+    path = quick_run["explorer"]
+    assert os.path.basename(path) == "attention.html"
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "http://" not in html and "https://" not in html
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
+    for objective in ("mlm", "clm", "prefix_lm"):
+        assert f"{objective}/encoder_block_0/self_attention" in html
+
+
+def test_pretrained_models_attend_as_their_objective(quick_run):
+    from examples.common import attention_outputs
+    from examples.pretrain import __main__ as pretrain
+
+    models = quick_run["models"]
+    tokens = np.array([[2, 9, 10, 11, 12, 0]], "int32")  # [START] ... pad
+    upper = np.triu(np.ones((6, 6), bool), k=1)
+    for objective, model in models.items():
+        inputs = pretrain.explorer_inputs(objective, tokens)
+        (weights,) = attention_outputs.collect(model, inputs).values()
+        real = weights[0, :, :5, :5]  # (heads, 5, 5) without the padding
+        if objective == "mlm":  # bidirectional
+            assert real[:, upper[:5, :5]].max() > 0
+        elif objective == "clm":  # causal
+            assert real[:, upper[:5, :5]].max() == 0
+        else:  # the prefix (first 2 tokens) sees itself, nothing later
+            assert real[:, 0, 1].min() > 0
+            assert real[:, :2, 2:].max() == 0
+            assert real[:, upper[:5, :5]][:, 1:].max() == 0
