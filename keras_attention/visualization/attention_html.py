@@ -80,9 +80,9 @@ def attention_html(
       one line per weight (opacity = weight, one color per head); choose
       the layer and the heads, hover a token to see what it attends to
       (left) or what attends to it (right);
-    - a *model view*: a grid of heatmap thumbnails, layers × heads (each
-      normalized to its largest weight); click one to open it in the head
-      view;
+    - a *model view*: a grid of heatmap thumbnails, layers × heads
+      (color = square root of the weight, so that spread-out attention
+      stays visible); click one to open it in the head view;
     - a choice of the attention shown, for encoder–decoder models:
       (encoder) self-attention (`tokens` × `tokens`), decoder
       self-attention (`target_tokens` × `target_tokens`),

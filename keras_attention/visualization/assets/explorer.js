@@ -356,12 +356,12 @@
         if (w > cells[i]) cells[i] = w;
       });
     }
-    let top = 0;
-    cells.forEach((w) => { if (w > top) top = w; });
     const image = canvas.getContext("2d").createImageData(width, height);
     const c = PALETTE[h % PALETTE.length];
     cells.forEach(function (w, i) {
-      const a = top ? w / top : 0; // blend the head's color over white
+      // the head's color over white, square-root scale: a weight of 0.25
+      // is half the color, uniform attention over 500 tokens near white
+      const a = Math.sqrt(w / layer.scale);
       image.data[4 * i] = 255 - a * (255 - c[0]);
       image.data[4 * i + 1] = 255 - a * (255 - c[1]);
       image.data[4 * i + 2] = 255 - a * (255 - c[2]);
