@@ -446,3 +446,50 @@ def test_browser_500_tokens_12_layers_12_heads(tab, tmp_path):
     _hover(tab, "ka-queries", 250)
     assert len(_lines(tab)) == 12 * 12
     assert tab.problems() == []
+
+
+def test_takes_collect_attention_output():
+    import keras
+
+    from keras_attention.blocks import TransformerEncoderBlock
+    from keras_attention.visualization import AttentionMaps
+    from keras_attention.visualization import collect_attention
+
+    block = TransformerEncoderBlock(num_heads=2, intermediate_dim=8)
+    x = keras.random.normal((2, 5, 8), seed=0)
+    maps = collect_attention(block, x)
+    data = _embedded(attention_html(maps, list("abcde")))
+    (layer,) = data["layers"]
+    assert (layer["kind"], layer["query"], layer["heads"]) == (
+        "self",
+        "tokens",
+        2,
+    )
+    np.testing.assert_allclose(
+        _decode(layer, 2), next(iter(maps.values())), atol=0.5 / 255 + 1e-6
+    )
+    # records as collect_attention writes them: an RNN decoder's alignment
+    # and pooling (no query tokens)
+    maps = AttentionMaps(
+        {
+            "rnn": np.full((1, 1, 4, 6), 1 / 6),
+            "pool": np.full((1, 1, 1, 6), 1 / 6),
+        },
+        {
+            "rnn": {
+                "kind": "decoder",
+                "query_tokens": "target_tokens",
+                "key_tokens": "tokens",
+            },
+            "pool": {
+                "kind": "pooling",
+                "query_tokens": None,
+                "key_tokens": "tokens",
+            },
+        },
+    )
+    page = attention_html(maps, SOURCE, TARGET)
+    assert _kinds(page) == {
+        "rnn": ("decoder", "target_tokens", "tokens", "decoder"),
+        "pool": ("pooling", None, "tokens", "pooling"),
+    }
