@@ -143,18 +143,23 @@ def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
     return paths
 
 
-def write_explorer(model, tokenizer, texts, args):
-    """The attention of every attention layer (encoder blocks and pooling)
-    on `texts`, as the explorer `<output_dir>/attention.html`."""
+def probe(tokenizer, texts, max_length):
+    """`(ids (batch, T) NumPy, tokens per text)` of a few texts."""
     import tensorflow as tf
 
     from examples.classify.model import pad_ids
-    from examples.common import attention_outputs
     from examples.common.text import id_to_tokens
 
-    ids = pad_ids(tokenizer(tf.constant(list(texts))), args.max_length)
-    ids = ids.numpy()
-    tokens = [id_to_tokens(tokenizer, row[row != 0]) for row in ids]
+    ids = pad_ids(tokenizer(tf.constant(list(texts))), max_length).numpy()
+    return ids, [id_to_tokens(tokenizer, row[row != 0]) for row in ids]
+
+
+def write_explorer(model, tokenizer, texts, args):
+    """The attention of every attention layer (encoder blocks and pooling)
+    on `texts`, as the explorer `<output_dir>/attention.html`."""
+    from examples.common import attention_outputs
+
+    ids, tokens = probe(tokenizer, texts, args.max_length)
     return attention_outputs.model_explorer(
         args.output_dir,
         model,
@@ -176,6 +181,7 @@ def main(argv=None):
     from examples.classify.export import export_classifier
     from examples.classify.model import build_classifier
     from examples.classify.vocabulary import word_piece_tokenizer
+    from examples.common import attention_outputs
 
     train_raw, val_raw, test_raw, class_names = data.load_splits(
         args.dataset, args.data_dir, args.download, tiny=args.quick
@@ -218,6 +224,7 @@ def main(argv=None):
             jit_compile=args.jit_compile,
         )
     model.summary(print_fn=logger.info)
+    probe_ids, probe_tokens = probe(tokenizer, DEMO_TEXTS[:3], args.max_length)
     history = fit(
         model,
         train_batches,
@@ -225,6 +232,12 @@ def main(argv=None):
         args,
         monitor="val_accuracy",
         mode="max",
+        # Attention heatmaps of three definitions after every epoch.
+        callbacks=[
+            attention_outputs.tensorboard_images(
+                args.output_dir, probe_ids, probe_tokens
+            )
+        ],
     )
     test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
     baseline = data.majority_baseline(train_raw, test_raw)

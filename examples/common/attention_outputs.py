@@ -1,5 +1,6 @@
 """The attention outputs of the examples: the interactive explorer
-(`runs/<example>/attention.html`) and TensorBoard attention images.
+(`runs/<example>/attention.html`) and TensorBoard attention images
+(`runs/<example>/logs/attention`).
 
 Both read the attention of every attention layer of a trained model with
 `keras_attention.visualization.collect_attention`, without rewiring the
@@ -65,3 +66,22 @@ def model_explorer(
     `model` on `inputs` (`collect_attention`)."""
     attentions = collect(model, inputs)
     return write_explorer(output_dir, attentions, tokens, target_tokens, title)
+
+
+def tensorboard_images(
+    output_dir, probe_inputs, tokens, target_tokens=None, every_n_epochs=1
+):
+    """The `AttentionTensorBoard` callback of an example: attention heatmaps
+    of `probe_inputs` every `every_n_epochs` epochs, in
+    `<output_dir>/logs/attention` (next to the `TensorBoard` callback's
+    logs of `examples.common.fit`: `tensorboard --logdir
+    <output_dir>/logs`)."""
+    return visualization.AttentionTensorBoard(
+        os.path.join(output_dir, "logs"),
+        probe_inputs,
+        every_n_epochs=every_n_epochs,
+        tokens=[list(t) for t in tokens],
+        target_tokens=(
+            None if target_tokens is None else [list(t) for t in target_tokens]
+        ),
+    )

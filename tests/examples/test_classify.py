@@ -191,6 +191,22 @@ def test_quick_run_plots_valid_pngs(quick_run):
         assert width > 100 and height > 100
 
 
+def _attention_image_tags(output_dir):
+    """Tags of the attention images in `<output_dir>/logs/attention`."""
+    import glob
+
+    import tensorflow as tf
+
+    tags = set()
+    pattern = os.path.join(output_dir, "logs", "attention", "events.out.*")
+    for path in glob.glob(pattern):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "images":
+                    tags.add(value.tag)
+    return tags
+
+
 def test_quick_run_writes_the_attention_explorer(quick_run):
     import re
 
@@ -205,6 +221,13 @@ def test_quick_run_writes_the_attention_explorer(quick_run):
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
     # Every attention layer: the encoder block's and the pooling.
     assert "encoder_block_0/self_attention" in html and "pooling" in html
+
+
+def test_quick_run_logs_attention_images_to_tensorboard(quick_run):
+    tags = _attention_image_tags(os.path.dirname(quick_run["explorer"]))
+    for layer in ("encoder_block_0/self_attention", "pooling"):
+        for i in range(3):  # three probe definitions
+            assert f"attention/{layer}/example_{i}" in tags
 
 
 def test_exported_model_answers_like_the_python_model(quick_run):
