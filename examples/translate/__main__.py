@@ -188,6 +188,30 @@ def plot_examples(string_translator, sentences, directory, limit):
     return paths
 
 
+def tensorboard_images(data, output_dir, count=3):
+    """The `AttentionTensorBoard` callback: every attention layer's
+    heatmaps on the first `count` validation pairs (teacher-forced on
+    their references) after every epoch, in `<output_dir>/logs/attention`.
+    """
+    from examples.common import attention_outputs
+    from examples.common.text import id_to_tokens
+
+    features, _ = next(iter(data.validation))
+    probe = {k: v[:count].numpy() for k, v in features.items()}
+    return attention_outputs.tensorboard_images(
+        output_dir,
+        probe,
+        [
+            id_to_tokens(data.source_tokenizer, r[r != 0])
+            for r in probe["encoder_ids"]
+        ],
+        target_tokens=[
+            id_to_tokens(data.target_tokenizer, r[r != 0])
+            for r in probe["decoder_ids"]
+        ],
+    )
+
+
 def write_explorer(string_translator, sentences, output_dir):
     """Every attention layer of the model (encoder self-attention, decoder
     self- and cross-attention, or the RNN decoder's alignment), teacher-
@@ -199,9 +223,17 @@ def write_explorer(string_translator, sentences, output_dir):
     from examples.common import attention_outputs
     from examples.common.text import id_to_tokens
 
-    source = string_translator.tokenize(tf.constant(list(sentences)))
+    # One sentence at a time (eager keras_hub tokenizers return lists for
+    # ragged batches), then 0-padded to the longest.
+    rows = [
+        string_translator.tokenize(tf.constant([s])).numpy()[0]
+        for s in sentences
+    ]
+    source = np.zeros((len(rows), max(len(r) for r in rows)), "int32")
+    for i, row in enumerate(rows):
+        source[i, : len(row)] = row
     target = np.asarray(string_translator.translator.generate(source))
-    target, source = target[:, :-1], source.numpy()  # as in training
+    target = target[:, :-1]  # the decoder's inputs, as in training
     inputs = {"encoder_ids": source, "decoder_ids": target}
     # Decoder position t reads token t and predicts token t + 1.
     return attention_outputs.model_explorer(
@@ -279,7 +311,13 @@ def main(argv=None):
         features, _ = next(iter(data.train))
         model(features)  # build: the backup restores into existing weights
     model.summary(print_fn=logger.info)
-    history = fit(model, data.train, data.validation, args)
+    history = fit(
+        model,
+        data.train,
+        data.validation,
+        args,
+        callbacks=[tensorboard_images(data, args.output_dir)],
+    )
     train_seconds = time.time() - started
 
     string_translator = StringTranslator(
