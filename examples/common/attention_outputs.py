@@ -3,13 +3,16 @@
 (`runs/<example>/logs/attention`).
 
 Both read the attention of every attention layer of a trained model with
-`keras_attention.visualization.collect_attention`, without rewiring the
+`keras_attention.collect_attention`, without rewiring the
 model.
 """
 
 import os
 
-from keras_attention import visualization
+from keras_attention.visualization import AttentionMaps
+from keras_attention.visualization import AttentionTensorBoard
+from keras_attention.visualization import attention_html
+from keras_attention.visualization import collect_attention
 
 EXPLORER_FILE = "attention.html"
 
@@ -18,10 +21,10 @@ def collect(model, inputs, prefix=None):
     """`collect_attention(model, inputs)`, layer names under `prefix/`
     when given (several models' attentions in one explorer: layer names
     are unique per model only)."""
-    maps = visualization.collect_attention(model, inputs)
+    maps = collect_attention(model, inputs)
     if prefix is None:
         return maps
-    return visualization.AttentionMaps(
+    return AttentionMaps(
         [(f"{prefix}/{name}", w) for name, w in maps.items()],
         {f"{prefix}/{name}": m for name, m in maps.metadata.items()},
     )
@@ -29,7 +32,7 @@ def collect(model, inputs, prefix=None):
 
 def merge(maps):
     """One `AttentionMaps` of several (metadata kept)."""
-    merged = visualization.AttentionMaps()
+    merged = AttentionMaps()
     for m in maps:
         merged.update(m)
         merged.metadata.update(getattr(m, "metadata", {}))
@@ -47,7 +50,7 @@ def write_explorer(
     """
     path = os.path.join(output_dir, EXPLORER_FILE)
     os.makedirs(output_dir, exist_ok=True)
-    visualization.attention_html(
+    attention_html(
         attentions,
         [list(t) for t in tokens],
         target_tokens=(
@@ -76,7 +79,7 @@ def tensorboard_images(
     `<output_dir>/logs/attention` (next to the `TensorBoard` callback's
     logs of `examples.common.fit`: `tensorboard --logdir
     <output_dir>/logs`)."""
-    return visualization.AttentionTensorBoard(
+    return AttentionTensorBoard(
         os.path.join(output_dir, "logs"),
         probe_inputs,
         every_n_epochs=every_n_epochs,

@@ -21,10 +21,10 @@ import keras
 import keras_hub
 from keras import ops
 
-from keras_attention import masks
 from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.layers import AttentionPooling
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.masks import prefix_lm_mask
 
 OBJECTIVES = ("mlm", "clm", "prefix_lm")
 
@@ -37,7 +37,7 @@ class PrefixLMMask(keras.layers.Layer):
 
     def call(self, token_ids, prefix_length):
         length = ops.shape(token_ids)[1]
-        return masks.prefix_lm_mask(length, ops.cast(prefix_length, "int32"))
+        return prefix_lm_mask(length, ops.cast(prefix_length, "int32"))
 
     def compute_output_spec(self, token_ids, prefix_length):
         batch, length = token_ids.shape
