@@ -162,6 +162,29 @@ def check_generation_length(parser, args):
         )
 
 
+def write_explorer(model, texts, vocabulary_size, output_dir):
+    """The attention explorer (`<output_dir>/attention.html`) of every
+    attention layer of `model` on `texts` (prompts with their completions),
+    encoded as in `complete`: code points after a newline, padded with 0."""
+    import numpy as np
+
+    from examples.common import attention_outputs
+
+    # b - texts, t - character positions
+    rows = [[min(ord(c), vocabulary_size - 1) for c in "\n" + t] for t in texts]
+    ids = np.zeros((len(rows), max(map(len, rows))), "int32")
+    for row, codes in zip(ids, rows):
+        row[: len(codes)] = codes
+    tokens = [["⏎"] + list(t) for t in texts]
+    return attention_outputs.model_explorer(
+        output_dir,
+        model,
+        ids,
+        tokens,
+        title="Character language model: self-attention of each block",
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
@@ -295,6 +318,13 @@ def main(argv=None):
         print(f"[{name}]")
         for p, c in zip(PROMPTS, completions[name]):
             print(f"  {p}|{c}")
+    explorer = write_explorer(
+        model,
+        [p + c for p, c in zip(PROMPTS, completions[args.samplers[0]])],
+        vocabulary_size,
+        args.output_dir,
+    )
+    print(f"Attention explorer: {explorer}")
     return {
         "backend": backend,
         "history": history.history,
@@ -307,6 +337,7 @@ def main(argv=None):
         "completions": completions,
         "prompts": PROMPTS,
         "train_time_s": train_time,
+        "explorer": explorer,
     }
 
 

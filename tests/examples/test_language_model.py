@@ -394,6 +394,15 @@ def test_exported_model_answers_like_the_python_model(quick_run):
     assert expected["greedy"][:3] == quick_run["completions"]["greedy"]
 
 
+def test_quick_run_writes_the_attention_explorer(quick_run):
+    path = quick_run["explorer"]
+    assert os.path.basename(path) == "attention.html"
+    html = open(path, encoding="utf-8").read()
+    # Self-contained (no network), with the attention of each block.
+    assert "http://" not in html and "https://" not in html
+    assert html.count("self_attention") >= 1
+
+
 def test_quick_run_reports_its_backend_and_step_time(quick_run):
     assert quick_run["backend"] == "tensorflow"
     assert quick_run["step_ms"] > 0
@@ -483,6 +492,8 @@ def test_quick_run_on_another_backend(backend, shared_data_dir, tmp_path):
         for s in lines
     ), out.stdout[-2000:]
     assert not (output_dir / "saved_model").exists()
+    # The attention explorer is written on every backend.
+    assert (output_dir / "attention.html").exists()
     # Cached generation with each sampler: a line per prompt.
     from examples.language_model.__main__ import PROMPTS
 
