@@ -19,6 +19,15 @@ from keras import ops
 
 from keras_attention.utils import validation
 
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "prefix_lm_mask",
+    "window_bounds",
+    "sliding_window_mask",
+    "combine_masks",
+]
+
 
 def _concrete(value):
     """`value` as a NumPy array when it is known now, else None.

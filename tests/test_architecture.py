@@ -40,7 +40,12 @@ LEAVES = {"visualization": {"utils", "masks", "ops", "layers"}}
 
 # Optional third-party packages a function may import lazily, and where.
 LAZY_IMPORTS = {
-    "tensorflow": ("keras_attention.ops._backend",),
+    # visualization: the TensorBoard callback's image writer only (importing
+    # `keras_attention.visualization` must not load TensorFlow on JAX/torch)
+    "tensorflow": (
+        "keras_attention.ops._backend",
+        "keras_attention.visualization.tensorboard",
+    ),
     "jax": ("keras_attention.ops._backend",),
     "torch": ("keras_attention.ops._backend",),
     "matplotlib": ("keras_attention.visualization",),

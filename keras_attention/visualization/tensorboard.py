@@ -4,7 +4,6 @@ import io
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_attention.utils import validation
 from keras_attention.visualization.collect import collect_attention
@@ -147,6 +146,11 @@ class AttentionTensorBoard(keras.callbacks.Callback):
         self._writer = None
 
     def _file_writer(self):
+        # TensorFlow (a dependency) is imported when the first image is
+        # written, not with `keras_attention.visualization`: on JAX or
+        # PyTorch it would cost seconds for users who never log images.
+        import tensorflow as tf
+
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(
                 f"{self.log_dir}/attention"
@@ -166,6 +170,8 @@ class AttentionTensorBoard(keras.callbacks.Callback):
     def log_attention(self, step):
         """Collects the probe's attention now and writes its images at
         `step`; returns the tags written."""
+        import tensorflow as tf
+
         maps = collect_attention(self.model, self.probe_inputs, self.layers)
         self.tags = []
         writer = self._file_writer()
