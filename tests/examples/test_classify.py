@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import serving
+from tensorboard_events import attention_image_tags
 
 pytestmark = pytest.mark.tf_only
 
@@ -191,22 +192,6 @@ def test_quick_run_plots_valid_pngs(quick_run):
         assert width > 100 and height > 100
 
 
-def _attention_image_tags(output_dir):
-    """Tags of the attention images in `<output_dir>/logs/attention`."""
-    import glob
-
-    import tensorflow as tf
-
-    tags = set()
-    pattern = os.path.join(output_dir, "logs", "attention", "events.out.*")
-    for path in glob.glob(pattern):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "images":
-                    tags.add(value.tag)
-    return tags
-
-
 def test_quick_run_writes_the_attention_explorer(quick_run):
     import re
 
@@ -224,7 +209,7 @@ def test_quick_run_writes_the_attention_explorer(quick_run):
 
 
 def test_quick_run_logs_attention_images_to_tensorboard(quick_run):
-    tags = _attention_image_tags(os.path.dirname(quick_run["explorer"]))
+    tags = attention_image_tags(os.path.dirname(quick_run["explorer"]))
     for layer in ("encoder_block_0/self_attention", "pooling"):
         for i in range(3):  # three probe definitions
             assert f"attention/{layer}/example_{i}" in tags

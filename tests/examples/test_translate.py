@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import serving
+from tensorboard_events import attention_image_tags
 
 pytestmark = pytest.mark.tf_only
 
@@ -87,22 +88,6 @@ def _check(results):
     assert all(isinstance(a, str) for a in answers)
 
 
-def _attention_image_tags(output_dir):
-    """Tags of the attention images in `<output_dir>/logs/attention`."""
-    import glob
-
-    import tensorflow as tf
-
-    tags = set()
-    pattern = os.path.join(output_dir, "logs", "attention", "events.out.*")
-    for path in glob.glob(pattern):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "images":
-                    tags.add(value.tag)
-    return tags
-
-
 def _check_explorer(path):
     """`runs/translate/attention.html`: self-contained, every attention
     layer of the model (cross-attention among them)."""
@@ -116,7 +101,7 @@ def _check_explorer(path):
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
     assert "cross" in html and "decoder" in html
     # TensorBoard images of the probe pairs, every attention layer.
-    tags = _attention_image_tags(os.path.dirname(path))
+    tags = attention_image_tags(os.path.dirname(path))
     assert tags and all(t.startswith("attention/") for t in tags)
     assert any(t.endswith("example_0") for t in tags)
 

@@ -1,12 +1,10 @@
 """AttentionTensorBoard: attention heatmaps written as TensorBoard images
 during `fit`, read back from the event files."""
 
-import glob
-
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from tensorboard_events import read_attention_images
 
 from keras_attention import blocks
 from keras_attention import layers
@@ -26,21 +24,6 @@ def tiny_model():
     return model
 
 
-def read_images(log_dir):
-    """`{(tag, step): uint8 image (H, W, C)}` of every image summary."""
-    images = {}
-    for path in glob.glob(f"{log_dir}/attention/events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name != "images":
-                    continue
-                # tf.summary.image: [width, height, PNG...] strings.
-                encoded = tf.make_ndarray(value.tensor)[2]
-                image = tf.io.decode_png(encoded).numpy()
-                images[(value.tag, event.step)] = image
-    return images
-
-
 def test_images_per_layer_example_and_epoch(tmp_path):
     model = tiny_model()
     callback = AttentionTensorBoard(
@@ -48,7 +31,7 @@ def test_images_per_layer_example_and_epoch(tmp_path):
     )
     x = np.random.default_rng(0).integers(1, 12, (8, 4))
     model.fit(x, np.zeros((8, 1)), epochs=2, verbose=0, callbacks=[callback])
-    images = read_images(tmp_path)
+    images = read_attention_images(tmp_path)
     tags = [
         f"attention/{name}/example_{i}"
         for name in ("encoder_block_1/self_attention", "pool")
@@ -79,7 +62,9 @@ def test_every_n_epochs_heads_and_layers(tmp_path):
     model.fit(x, np.zeros((4, 1)), epochs=3, verbose=0, callbacks=[callback])
     base = "attention/encoder_block_1/self_attention/example_0"
     expected = [base, f"{base}/head_0", f"{base}/head_1"]
-    assert sorted(read_images(tmp_path)) == [(t, 1) for t in sorted(expected)]
+    assert sorted(read_attention_images(tmp_path)) == [
+        (t, 1) for t in sorted(expected)
+    ]
     assert callback.tags == expected
 
 
