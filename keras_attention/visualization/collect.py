@@ -115,6 +115,13 @@ class AttentionMaps(dict):
         return f"AttentionMaps({{{items}}})"
 
 
+def _without_scores(outputs):
+    """A layer's outputs as the caller asked for them: the attention
+    weights (second output) that the wrapper requested dropped again."""
+    rest = (outputs[0],) + tuple(outputs[2:])
+    return rest[0] if len(rest) == 1 else rest
+
+
 def _numpy(x, dtype="float32"):
     return np.asarray(ops.convert_to_numpy(x)).astype(dtype)
 
@@ -248,10 +255,7 @@ class _Recorder:
             outputs = original(*bound.args, **bound.kwargs)
             weights, meta = self._describe(layer, parent, bound, outputs[1])
             self._record(path, weights, meta)
-            if asked:
-                return outputs
-            rest = (outputs[0],) + tuple(outputs[2:])
-            return rest[0] if len(rest) == 1 else rest
+            return outputs if asked else _without_scores(outputs)
 
         return call
 
@@ -278,10 +282,7 @@ class _Recorder:
                 heads_averaged=isinstance(layer.attention, MultiHeadAttention),
             )
             self._record(path, weights, meta)
-            if asked:
-                return outputs
-            rest = (outputs[0],) + tuple(outputs[2:])
-            return rest[0] if len(rest) == 1 else rest
+            return outputs if asked else _without_scores(outputs)
 
         return call
 
