@@ -1,0 +1,46 @@
+"""Smoke test of `benchmarks/translate_program.py --quick` (tiny data)."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "translate_program.py")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("translate_program", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _table(text):
+    """The Markdown table lines of `text`, split into stripped cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+@pytest.mark.tf_only(reason="trains two models; the data are tf.data")
+def test_quick_run_writes_a_well_formed_table(tmp_path):
+    path = tmp_path / "table.md"
+    rows = _load_script().main(["--quick", "--markdown", str(path)])
+    text = path.read_text()
+    assert "Load average before:" in text and "after:" in text
+    table = _table(text)
+    header, separator, body = table[0], table[1], table[2:]
+    assert header[0] == "model" and "steps/s" in header
+    assert "exact match %" in header
+    assert separator == ["---"] * len(header)
+    assert [r[0] for r in body] == ["ours", "keras"]
+    assert all(len(r) == len(header) for r in body)
+    # Same parameter count and number of steps, positive speeds.
+    column = {name: i for i, name in enumerate(header)}
+    for name in ("parameters", "steps", "batch"):
+        assert body[0][column[name]] == body[1][column[name]]
+    for r in body:
+        assert float(r[column["steps/s"]]) > 0
+        assert 0 <= float(r[column["exact match %"]]) <= 100
+    # Same start (copied weights) and same batches: the same first loss.
+    assert rows[0][7] == pytest.approx(rows[1][7], rel=1e-5)
