@@ -7,6 +7,8 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
+from keras_attention.ops.local import global_local_attention
+from keras_attention.ops.local import global_local_weights_to_dense
 from keras_attention.ops.local import local_attention
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
@@ -20,6 +22,8 @@ __all__ = [
     "masked_softmax",
     "banded_to_dense",
     "dense_to_banded",
+    "global_local_attention",
+    "global_local_weights_to_dense",
     "local_attention",
     "scan_carry",
 ]
