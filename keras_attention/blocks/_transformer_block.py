@@ -157,9 +157,16 @@ class TransformerBlock(keras.layers.Layer):
         kwargs = self._self_attention_kwargs(hidden_dim)
         if self.window_size is not None:
             return LocalSelfAttention(
-                window_size=self.window_size, causal=self.causal, **kwargs
+                window_size=self.window_size,
+                causal=self.causal,
+                **self._local_attention_kwargs(),
+                **kwargs,
             )
         return SelfAttention(causal=self.causal, **kwargs)
+
+    def _local_attention_kwargs(self):
+        """Extra arguments of `LocalSelfAttention` (with `window_size`)."""
+        return {}
 
     def _make_norm(self, name):
         return keras.layers.LayerNormalization(

@@ -65,6 +65,10 @@ class TransformerEncoderBlock(TransformerBlock):
             (and causal) masks.
         return_attention_scores: bool, also return the attention weights.
         training: bool, dropout on or off.
+        global_mask: optional boolean `(batch, T)`, True at global positions
+            (Longformer: they attend to and are attended by every
+            position); only with `window_size`. Attention weights are then
+            the dict of `LocalSelfAttention`.
 
     Returns:
         `(batch, T, features)`, and the per-head attention weights
@@ -103,6 +107,8 @@ class TransformerEncoderBlock(TransformerBlock):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         window_size=None,
+        global_projections=False,
+        max_global_tokens=None,
         **kwargs,
     ):
         super().__init__(
@@ -121,6 +127,26 @@ class TransformerEncoderBlock(TransformerBlock):
             **kwargs,
         )
         self.causal = validation.check_bool("causal", causal)
+        self.global_projections = validation.check_bool(
+            "global_projections", global_projections
+        )
+        validation.check_positive_int(
+            "max_global_tokens", max_global_tokens, allow_none=True
+        )
+        self.max_global_tokens = max_global_tokens
+        if window_size is None and (global_projections or max_global_tokens):
+            raise ValueError(
+                "`global_projections` and `max_global_tokens` need "
+                "`window_size` (global tokens run on local attention). "
+                f"Received: global_projections={global_projections!r}, "
+                f"max_global_tokens={max_global_tokens!r}, window_size=None"
+            )
+
+    def _local_attention_kwargs(self):
+        return dict(
+            global_projections=self.global_projections,
+            max_global_tokens=self.max_global_tokens,
+        )
 
     def call(
         self,
@@ -131,16 +157,27 @@ class TransformerEncoderBlock(TransformerBlock):
         training=None,
         mask=None,
         inputs_mask=None,
+        global_mask=None,
     ):
         padding_mask = keras_utils.first_not_none(
             padding_mask, inputs_mask, mask
         )
+        extra_kwargs = {}
+        if global_mask is not None:
+            if self.window_size is None:
+                raise ValueError(
+                    "`global_mask` needs a block with `window_size` (global "
+                    "tokens run on local attention). Received: global_mask "
+                    f"of shape {tuple(global_mask.shape)!r}, window_size=None"
+                )
+            extra_kwargs["global_mask"] = global_mask
         x, extra = self._self_attention_residual(
             inputs,
             training,
             mask=padding_mask,
             attention_mask=attention_mask,
             return_attention_scores=return_attention_scores,
+            **extra_kwargs,
         )
         x = self._feed_forward_residual(x, training)
         if return_attention_scores:
@@ -148,14 +185,24 @@ class TransformerEncoderBlock(TransformerBlock):
         return x
 
     def compute_output_spec(
-        self, inputs, return_attention_scores=False, **kwargs
+        self,
+        inputs,
+        return_attention_scores=False,
+        global_mask=None,
+        **kwargs,
     ):
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
+        if global_mask is not None:
+            return output, self.self_attention.compute_output_spec(
+                inputs, return_attention_scores=True, global_mask=global_mask
+            )[1]
         return output, self._self_attention_scores_spec(inputs)
 
     def get_config(self):
         config = super().get_config()
         config["causal"] = self.causal
+        config["global_projections"] = self.global_projections
+        config["max_global_tokens"] = self.max_global_tokens
         return config

@@ -4,6 +4,8 @@ from keras import ops
 from keras_attention import masks as masks_lib
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.ops.local import banded_to_dense
+from keras_attention.ops.local import global_local_attention
+from keras_attention.ops.local import global_local_weights_to_dense
 from keras_attention.ops.local import local_attention
 from keras_attention.utils import validation
 
@@ -48,6 +50,15 @@ class LocalSelfAttention(SelfAttention):
         block_size: optional int, number of queries per block (a speed
             knob; results do not depend on it). Defaults to
             `keras_attention.ops.local.default_block_size(left, right)`.
+        global_projections: bool, separate query/key/value projections
+            (`query_global`, `key_global`, `value_global`) for the rows of
+            global tokens, as in Longformer; off by default (the global
+            rows use the local projections and no weights are added).
+        max_global_tokens: optional int, the number of global slots per
+            example (static). Needed with `global_mask` inside compiled
+            functions (`model.fit`, `jax.jit`); when None it is read from
+            a concrete (eager) `global_mask`. Global positions of an
+            example beyond the first `max_global_tokens` stay local.
         **kwargs: the other arguments of `SelfAttention` /
             `MultiHeadAttention` (`value_dim`, `num_key_value_heads`,
             `dropout`, `use_bias`, `output_shape`, initializers, ...) and
@@ -72,6 +83,15 @@ class LocalSelfAttention(SelfAttention):
             `SelfAttention`; with a cache the window is applied as a mask
             over the cache (each step costs `O(max_length)` anyway) and
             returned scores are dense `(batch, heads, Tq, max_length)`.
+        global_mask: optional boolean `(batch, T)`, True at global
+            positions (Longformer: e.g. `[CLS]` or question tokens). They
+            attend to every position and every position attends to them;
+            the others keep their window. `O(T * (window + S))` for `S`
+            global slots (see `keras_attention.ops.global_local_attention`);
+            under `causal` a global position still sees no later position.
+            Not with `cache` or `attention_mask`. Returned scores are then
+            a dict (`"local"`, `"global_keys"`, `"global_queries"`,
+            `"global_indices"`); `scores_to_dense` expands it.
 
     Returns:
         `(batch, T, output_dim)`, then the banded scores if requested, then
@@ -92,6 +112,17 @@ class LocalSelfAttention(SelfAttention):
     >>> tuple(dense.shape), float(dense[0, 0, 0, 3])
     ((1, 2, 10, 10), 0.0)
 
+    With a global token at position 0 (it attends to, and is attended by,
+    every position):
+
+    >>> is_global = np.zeros((1, 10), bool)
+    >>> is_global[:, 0] = True
+    >>> y, scores = layer(x, global_mask=is_global,
+    ...                   return_attention_scores=True)
+    >>> dense = layer.scores_to_dense(scores)
+    >>> float(dense[0, 0, 0, 9]) > 0.0, float(dense[0, 0, 9, 0]) > 0.0
+    (True, True)
+
     References:
         - Parmar et al., 2018, "Image Transformer" (local 1D attention in
           query blocks).
@@ -108,6 +139,8 @@ class LocalSelfAttention(SelfAttention):
         window_size,
         causal=False,
         block_size=None,
+        global_projections=False,
+        max_global_tokens=None,
         **kwargs,
     ):
         super().__init__(
@@ -122,6 +155,29 @@ class LocalSelfAttention(SelfAttention):
             window_size = tuple(window_size)
         self.window_size = window_size
         self.block_size = block_size
+        self.global_projections = validation.check_bool(
+            "global_projections", global_projections
+        )
+        validation.check_positive_int(
+            "max_global_tokens", max_global_tokens, allow_none=True
+        )
+        self.max_global_tokens = max_global_tokens
+
+    def build(self, inputs_shape):
+        super().build(inputs_shape)
+        if not self.global_projections:
+            return
+        # Longformer's separate projections of the global rows (created
+        # after the local ones: the local weight paths do not change).
+        inputs_shape = tuple(inputs_shape)
+        for name, heads, dim in (
+            ("query_global", self.num_heads, self.key_dim),
+            ("key_global", self._kv_heads, self.key_dim),
+            ("value_global", self._kv_heads, self.value_dim),
+        ):
+            dense = self._projection(name, heads, dim)
+            dense.build(inputs_shape)
+            setattr(self, f"_{name}_dense", dense)
 
     @property
     def window_bounds(self):
@@ -130,7 +186,10 @@ class LocalSelfAttention(SelfAttention):
 
     def scores_to_dense(self, scores):
         """Banded scores `(..., T, left + right + 1)` -> dense `(..., T, T)`
-        (zeros outside the window), for plotting short sequences."""
+        (zeros outside the window), for plotting short sequences; also
+        takes the dict of scores returned with a `global_mask`."""
+        if isinstance(scores, dict):
+            return global_local_weights_to_dense(scores, self.window_bounds)
         return banded_to_dense(scores, self.window_bounds)
 
     def call(
@@ -142,8 +201,19 @@ class LocalSelfAttention(SelfAttention):
         training=None,
         cache=None,
         cache_update_index=None,
+        global_mask=None,
     ):
         mask = self._padding_mask(inputs, mask)
+        if global_mask is not None:
+            return self._call_global(
+                inputs,
+                mask,
+                global_mask,
+                attention_mask,
+                return_attention_scores,
+                training,
+                cache,
+            )
         if cache is not None:
             # Decoding: attention over the cache, the window as a mask.
             window = masks_lib.sliding_window_mask(
@@ -189,8 +259,68 @@ class LocalSelfAttention(SelfAttention):
         output = self._output_dense(result)
         return (output, scores) if return_attention_scores else output
 
+    def _call_global(
+        self,
+        inputs,
+        mask,
+        global_mask,
+        attention_mask,
+        return_attention_scores,
+        training,
+        cache,
+    ):
+        """`call` with global tokens (`global_local_attention`)."""
+        for name, value in (
+            ("cache", cache),
+            ("attention_mask", attention_mask),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"`global_mask` cannot be combined with `{name}` "
+                    "(global tokens run on the banded path only). "
+                    f"Received: {name} of shape {tuple(value.shape)!r}"
+                )
+        globals_ = {}
+        if self.global_projections:
+            globals_ = dict(
+                global_query=self._rotate(self._query_global_dense(inputs), 0),
+                global_key=self._rotate(self._key_global_dense(inputs), 0),
+                global_value=self._value_global_dense(inputs),
+            )
+
+        def dropout_fn(weights):
+            return self._dropout_layer(weights, training=training)
+
+        result = global_local_attention(
+            self._rotate(self._query_dense(inputs), 0),
+            self._rotate(self._key_dense(inputs), 0),
+            self._value_dense(inputs),
+            self.window_bounds,
+            global_mask,
+            causal=self.causal,
+            query_mask=mask,
+            key_mask=mask,
+            max_global=self.max_global_tokens,
+            block_size=self.block_size,
+            dropout_fn=dropout_fn if self.dropout > 0 else None,
+            return_weights=return_attention_scores,
+            **globals_,
+        )
+        if return_attention_scores:
+            result, scores = result
+        if self.use_gate:
+            gate = self._gate_dense(inputs)
+            result = ops.multiply(result, ops.cast(gate, result.dtype))
+        output = self._output_dense(result)
+        return (output, scores) if return_attention_scores else output
+
     def compute_output_spec(
-        self, inputs, return_attention_scores=False, cache=None, **kwargs
+        self,
+        inputs,
+        return_attention_scores=False,
+        cache=None,
+        global_mask=None,
+        **kwargs,
     ):
         if cache is not None:
             return super().compute_output_spec(
@@ -209,11 +339,29 @@ class LocalSelfAttention(SelfAttention):
         scores = keras.KerasTensor(
             (batch, self.num_heads, steps, band), dtype=self.compute_dtype
         )
-        return output, scores
+        if global_mask is None:
+            return output, scores
+        slots = self.max_global_tokens
+        heads = self.num_heads
+        return output, {
+            "local": scores,
+            "global_keys": keras.KerasTensor(
+                (batch, heads, steps, slots), dtype=self.compute_dtype
+            ),
+            "global_queries": keras.KerasTensor(
+                (batch, heads, slots, steps), dtype=self.compute_dtype
+            ),
+            "global_indices": keras.KerasTensor((batch, slots), dtype="int32"),
+        }
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"window_size": self.window_size, "block_size": self.block_size}
+            {
+                "window_size": self.window_size,
+                "block_size": self.block_size,
+                "global_projections": self.global_projections,
+                "max_global_tokens": self.max_global_tokens,
+            }
         )
         return config
