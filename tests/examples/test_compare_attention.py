@@ -1,0 +1,106 @@
+"""Smoke test of `python -m examples.compare_attention` (tiny size): the
+study runs end to end and writes a well-formed report and valid plots."""
+
+import json
+import random
+import re
+import struct
+
+import pytest
+
+VARIANTS = ["rnn-none", "rnn-bahdanau-norm", "transformer-local"]
+TASKS = ["dates", "long_dates"]
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        header = f.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and header[12:16] == b"IHDR"
+    return struct.unpack(">II", header[16:24])
+
+
+def _tables(report):
+    """`{task: [[cells], ...]}` of the report's Markdown tables."""
+    tables = {}
+    for section in report.split("\n## Task `")[1:]:
+        task = section.split("`", 1)[0]
+        lines = [line for line in section.splitlines() if line.startswith("|")]
+        tables[task] = [
+            [c.strip() for c in line.strip("|").split("|")] for line in lines
+        ]
+    return tables
+
+
+def _number(cell):
+    return float(cell.split("±")[0].replace(",", "").strip())
+
+
+@pytest.mark.tf_only(reason="trains models end to end; once is enough")
+def test_study_runs_and_writes_a_well_formed_report(tmp_path):
+    from examples.compare_attention import __main__ as study
+
+    paths = study.main(
+        [
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--variants",
+            ",".join(VARIANTS),
+            "--tasks",
+            ",".join(TASKS),
+        ]
+    )
+    report = open(paths["report"]).read()
+    assert "Command: `python -m examples.compare_attention --quick" in report
+    assert "Machine: " in report and "Budget: " in report
+    tables = _tables(report)
+    assert list(tables) == TASKS
+    for task, rows in tables.items():
+        header, rule, *body = rows
+        assert header == [
+            "variant",
+            "exact match %",
+            "params",
+            "train ms/step",
+            "latency ms/seq",
+            "peak MiB",
+        ]
+        assert all(re.fullmatch(r"-{3,}:?", c) for c in rule)
+        assert [r[0].strip("`") for r in body] == VARIANTS, task
+        for row in body:
+            assert len(row) == len(header)
+            match, params, step, latency, memory = map(_number, row[1:])
+            assert 0.0 <= match <= 100.0
+            assert params == int(params) and params > 1000
+            assert 0.0 < step < 60_000 and 0.0 < latency < 60_000
+            assert memory >= 0.0  # NaN fails too
+    # The no-attention model is the smallest RNN; params differ by task
+    # only through the vocabulary and the position tables.
+    body = tables["dates"][2:]
+    assert _number(body[0][2]) < _number(body[1][2])
+
+    assert len(paths["plots"]) == len(TASKS) + 1
+    for plot in paths["plots"]:
+        width, height = _png_size(plot)
+        assert 200 < width < 2000 and 200 < height < 2000
+        assert "](" + plot.split("/")[-1] + ")" in report
+    results = json.load(open(paths["results"]))
+    assert len(results["runs"]) == len(VARIANTS) * len(TASKS)
+    for run in results["runs"]:
+        assert len(run["hits"]) == len(run["source_lengths"]) > 0
+
+
+@pytest.mark.tf_only(reason="imports TensorFlow (the data pipeline)")
+def test_long_sources_keep_the_date_and_respect_the_length():
+    from examples.compare_attention import tasks
+
+    rng = random.Random(0)
+    date = "29 novembre 2026"
+    lengths = set()
+    for _ in range(200):
+        source = tasks.hide_in_noise(date, rng)
+        assert date in source
+        assert tasks.LONG_MIN_LENGTH <= len(source) <= tasks.LONG_MAX_LENGTH
+        assert not any(c.isdigit() for c in source.replace(date, ""))
+        lengths.add(len(source))
+    assert len(lengths) > 50  # lengths spread over the range
