@@ -147,6 +147,15 @@ def _add_positions(x, position, grid, extra_tokens):
     return keras.layers.Add(name="add_positions")([x, table])
 
 
+def _augment(images, augment):
+    """Random shifts of up to 1/16 of the image (training only)."""
+    if not augment:
+        return images
+    return keras.layers.RandomTranslation(
+        1 / 16, 1 / 16, fill_mode="constant", name="augment"
+    )(images)
+
+
 def _head(x, num_classes, dropout):
     x = keras.layers.Dropout(dropout)(x)
     return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
@@ -163,13 +172,16 @@ def build_vit(
     position="learned",
     dropout=0.1,
     channels=1,
+    augment=False,
 ):
     """A vision transformer: images `(batch, S, S, channels)` -> logits.
 
     The encoder blocks are named `encoder_block_{i}`, the pooling (when
     `pooling="attention"`) `pooling`: `collect_attention` reports their
     weights under those names. Tokens: `[CLS]` first (when `pooling="cls"`),
-    then the patches in row-major order.
+    then the patches in row-major order. `augment`: random shifts of the
+    images in training (`keras.layers.RandomTranslation`, 1/16 of the
+    size).
     """
     _check_choice("pooling", pooling, POOLINGS)
     _check_choice("position", position, POSITIONS)
@@ -183,7 +195,7 @@ def build_vit(
     images = keras.Input((image_size, image_size, channels), name="images")
     x = keras.layers.Conv2D(
         hidden_dim, patch_size, strides=patch_size, name="patch_embedding"
-    )(images)  # (b, H/P, W/P, d)
+    )(_augment(images, augment))  # (b, H/P, W/P, d)
     x = keras.layers.Reshape((grid[0] * grid[1], hidden_dim))(x)  # (b, p, d)
     extra = 0
     if pooling == "cls":
@@ -240,6 +252,7 @@ def build_feature_map_model(
     position="learned",
     dropout=0.1,
     channels=1,
+    augment=False,
 ):
     """Conv stem -> 2-D attention blocks over the `(batch, H, W, C)` feature
     map (`MultiHeadAttention(attention_axes=(1, 2))`, named
@@ -259,7 +272,7 @@ def build_feature_map_model(
     grid = (image_size // patch_size,) * 2
     # b - batch, h/w - feature map rows/columns, c - channels
     images = keras.Input((image_size, image_size, channels), name="images")
-    x = images
+    x = _augment(images, augment)
     for i in range(steps):
         width = hidden_dim // 2 ** (steps - 1 - i)
         x = keras.layers.Conv2D(
