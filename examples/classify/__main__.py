@@ -15,6 +15,10 @@ strings:
     python -m examples.classify --encoder gru  # bidirectional GRU
     python -m examples.classify --dataset imdb_reviews --download
 
+Several workers (`TF_CONFIG` on each, `--strategy multiworker`; see
+docs/guides/multi-worker.md): the chief alone writes `--output-dir`, and a
+restarted pair resumes from the shared `--backup-dir`.
+
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the WordPiece ops)
     served = tf.saved_model.load("runs/classify/saved_model")
@@ -30,6 +34,7 @@ from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
+from examples.common.distributed import evaluate
 
 logger = logging.getLogger("examples")
 
@@ -239,7 +244,9 @@ def main(argv=None):
             )
         ],
     )
-    test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
+    # `model.evaluate` fails under several workers (keras#20585).
+    test_metrics = evaluate(model, test_batches)
+    test_loss, test_accuracy = test_metrics["loss"], test_metrics["accuracy"]
     baseline = data.majority_baseline(train_raw, test_raw)
     train_time = time.time() - start
     print(

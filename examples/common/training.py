@@ -19,13 +19,24 @@ batches as NumPy arrays on JAX and PyTorch), and `--strategy mirrored` /
 backend.
 
 Resuming: `fit` keeps a backup of the weights *and the optimizer state*
-under `<output_dir>/backup` every `--backup-every` steps. Started again with
+under `--backup-dir` (default `<output_dir>/backup`) every `--backup-every`
+steps. Started again with
 the same arguments after being killed, it restores the last backup and
 continues with the batch that followed it: the training stream is the
 (seeded, deterministic) repeated training set, skipped by the number of
 steps already done, and training stops after `epochs * steps_per_epoch`
 steps in total, so a resumed run does exactly the updates of an
 uninterrupted one.
+
+Several workers (`--strategy multiworker`, `TF_CONFIG` set on each, see
+docs/guides/multi-worker.md): `fit` trains with the `strategy.run` loop of
+`examples.common.distributed` (Keras 3's `fit` fails there,
+https://github.com/keras-team/keras/issues/20585), and `setup_runtime`
+points `args.output_dir` of every worker but the chief to a temporary
+directory deleted at exit, so that only the chief writes the shared
+output directory (checkpoints, TensorBoard logs, SavedModel, plots); the
+backup is read by every worker from the shared `--backup-dir` (it must be
+on a file system all workers see) and written by the chief alone.
 """
 
 import argparse
@@ -36,6 +47,8 @@ import random
 import sys
 
 import numpy as np
+
+from examples.common import distributed
 
 logger = logging.getLogger("examples")
 
@@ -83,6 +96,13 @@ def add_training_args(
         "--output-dir",
         default=output_dir,
         help="checkpoints, backup, TensorBoard logs, plots and the SavedModel",
+    )
+    group.add_argument(
+        "--backup-dir",
+        default=None,
+        help="where the resumable backup is kept (default: "
+        "<output-dir>/backup); with several workers, on a file system that "
+        "all of them read",
     )
     group.add_argument(
         "--mixed-precision",
@@ -239,6 +259,12 @@ def setup_runtime(args):
     the GPUs (which the backend uses), the strategy is TensorFlow's default
     (a no-op scope) and `--jit-compile` defaults to on for JAX (XLA; eager
     JAX is slow) and off for PyTorch (`torch.compile` takes minutes).
+
+    With `--strategy multiworker`, a worker other than the chief gets a
+    temporary `args.output_dir` (deleted at exit) and `args.backup_dir`
+    is set to the shared one (`<output-dir>/backup` unless given), so that
+    everything the example writes under `args.output_dir` is written by
+    the chief alone.
     """
     import keras
     import tensorflow as tf
@@ -261,6 +287,7 @@ def setup_runtime(args):
         )
     if args.strategy == "multiworker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        _chief_only_output(args, strategy)
     elif args.strategy == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")
         devices = [d.name for d in gpus] or [
@@ -297,6 +324,20 @@ def setup_runtime(args):
     return strategy
 
 
+def _chief_only_output(args, strategy):
+    shared = args.output_dir or "runs/example"
+    if getattr(args, "backup_dir", None) is None:
+        args.backup_dir = os.path.join(shared, "backup")
+    args.output_dir = distributed.worker_output_dir(shared, strategy)
+
+
+def backup_dir(args):
+    """`--backup-dir`, by default `<output_dir>/backup`."""
+    return getattr(args, "backup_dir", None) or os.path.join(
+        args.output_dir or "runs/example", "backup"
+    )
+
+
 def count_batches(ds):
     """Number of elements of a finite dataset (iterates it if unknown)."""
     import tensorflow as tf
@@ -311,18 +352,26 @@ def count_batches(ds):
     return int(ds.reduce(np.int64(0), lambda count, _: count + 1))
 
 
-def read_backup(output_dir):
-    """`{"epoch", "batch", "step"}` of the last backup, or None."""
-    path = os.path.join(output_dir, "backup", _METADATA)
+def read_backup(output_dir, backup_dir=None):
+    """`{"epoch", "batch", "step"}` of the last backup (in `backup_dir`, by
+    default `<output_dir>/backup`), or None."""
+    backup_dir = backup_dir or os.path.join(output_dir, "backup")
+    path = os.path.join(backup_dir, _METADATA)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
 
 
-def _backup_callback(keras, backup_dir, save_freq, initial_epoch):
+def _backup_callback(keras, backup_dir, save_freq, initial_epoch, scratch):
     class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
-        """Also records the global step, so `fit` can skip seen batches."""
+        """Also records the global step, so `fit` can skip seen batches.
+
+        With a `scratch` directory (a worker other than the chief), the
+        backup is restored from the shared `backup_dir` but saved to
+        `scratch` (deleted with the worker's temporary output), and the
+        shared backup is not deleted at the end.
+        """
 
         def on_train_begin(self, logs=None):
             super().on_train_begin(logs)
@@ -330,7 +379,17 @@ def _backup_callback(keras, backup_dir, save_freq, initial_epoch):
             self.model._initial_epoch = initial_epoch
             self._current_epoch = initial_epoch
 
+        def on_train_end(self, logs=None):
+            if scratch is None:
+                super().on_train_end(logs)
+
         def _save_model(self):
+            if scratch is not None:
+                os.makedirs(scratch, exist_ok=True)
+                self.model.save_weights(
+                    os.path.join(scratch, "backup.weights.h5"), overwrite=True
+                )
+                return
             super()._save_model()
             with open(self._training_metadata_path) as f:
                 metadata = json.load(f)
@@ -394,9 +453,11 @@ def fit(
 
     output_dir = args.output_dir or "runs/example"
     os.makedirs(output_dir, exist_ok=True)
+    strategy = model.distribute_strategy
     steps = args.steps_per_epoch or count_batches(train_ds)
     total_steps = args.epochs * steps
-    backup = read_backup(output_dir)
+    backups = backup_dir(args)
+    backup = read_backup(output_dir, backups)
     done = int(backup.get("step", 0)) if backup else 0
     if done >= total_steps:
         logger.info("backup says training already finished (%d steps)", done)
@@ -421,9 +482,12 @@ def fit(
     all_callbacks = [
         _backup_callback(
             keras,
-            os.path.join(output_dir, "backup"),
+            backups,
             args.backup_every,
             done // steps,
+            None
+            if distributed.is_chief(strategy)
+            else os.path.join(output_dir, "backup"),
         ),
         _stop_at_step(keras, total_steps),
         keras.callbacks.ModelCheckpoint(
@@ -439,13 +503,15 @@ def fit(
         *_tensorboard(keras, os.path.join(output_dir, "logs")),
         *callbacks,
     ]
-    history = model.fit(
+    history = distributed.fit(
+        model,
         stream,
         validation_data=val_ds,
         epochs=args.epochs,
         initial_epoch=done // steps,
         steps_per_epoch=steps,
         callbacks=all_callbacks,
+        strategy=strategy,
         verbose=verbose,
     )
     if os.path.exists(checkpoint_path) and history.history:

@@ -5,6 +5,14 @@
     python -m examples.translate --model transformer
     python -m examples.translate --dataset freedict_deu_eng --epochs 20
     python -m examples.translate --dataset ted_hrlr_translate/pt_to_en
+    TF_CONFIG=... python -m examples.translate --strategy multiworker
+
+With `--strategy multiworker` (one process per worker, `TF_CONFIG` on
+each; see docs/guides/multi-worker.md) the workers train together with a
+`strategy.run` loop (Keras's `fit` fails there, keras-team/keras#20585),
+`--batch-size` is per replica, only the chief writes `--output-dir`
+(checkpoints, TensorBoard, SavedModel, explorer), and a restarted pair
+resumes from the shared `--backup-dir`.
 
 The default data are human-written dates in eight languages ("29 novembre
 2026", "Sunday, November 29, 2026", "29.11.26") to ISO 8601 ("2026-11-29"),
