@@ -255,15 +255,16 @@ def pad_to(x, length):
     return np.pad(x, [(0, 0), (0, length - x.shape[1])])
 
 
-def training_batches(data, count, target_steps):
+def training_batches(data, count, target_steps, multiple=SOURCE_MULTIPLE):
     """`count` batches of the example's training pipeline (repeated), as
-    NumPy; sources padded to a multiple of 8, targets to `target_steps`;
+    NumPy; sources padded to a multiple of `multiple`, targets to
+    `target_steps`;
     the first batch of each shape moved to the front. Returns the
     batches and the number of distinct shapes."""
     batches = []
     for features, labels in data.train.repeat().take(count):
         source = features["encoder_ids"].numpy()
-        length = -(-source.shape[1] // SOURCE_MULTIPLE) * SOURCE_MULTIPLE
+        length = -(-source.shape[1] // multiple) * multiple
         batches.append(
             (
                 {
@@ -374,6 +375,10 @@ def main(argv=None):
     load_before = load_average()
     print(f"Machine: {machine_summary()}", flush=True)
     print(f"Load average before: {load_before}", flush=True)
+    began = time.perf_counter()
+
+    def phase(name):
+        print(f"[{time.perf_counter() - began:6.1f} s] {name}", flush=True)
 
     data = make_pipelines(
         DATES, args.batch_size, quick=args.quick, seed=args.seed
@@ -409,9 +414,14 @@ def main(argv=None):
         "ours": count_params(ours.model),
         "keras": count_params(theirs.model),
     }
+    phase("data and models ready")
     print(f"Trainable parameters: {params}", flush=True)
 
-    batches, shapes = training_batches(data, max(args.steps, 1), target_steps)
+    # --quick: one source length (one trace of each training step).
+    multiple = data.max_source_length if args.quick else SOURCE_MULTIPLE
+    batches, shapes = training_batches(
+        data, max(args.steps, 1), target_steps, multiple
+    )
     if args.quick:
         batches = batches[: shapes + 2 * args.repeats]
     steps = len(batches)
@@ -434,6 +444,7 @@ def main(argv=None):
     warmup = min(shapes, steps)
     for trainer in trainers.values():
         trainer.run(warmup)
+    phase("warm-up done")
     timed = steps - warmup
     repeats = max(1, min(args.repeats, timed))
     block = timed // repeats
@@ -454,6 +465,7 @@ def main(argv=None):
         flush=True,
     )
 
+    phase("training done")
     source, reference = held_out(data, args.max_eval)
     generators = {
         "ours": compile_step(ours.generate, bool(args.jit)),
@@ -487,6 +499,7 @@ def main(argv=None):
                 accuracy,
             ]
         )
+    phase("evaluation done")
     ratio = rows[0][6] / rows[1][6]
     load_after = load_average()
     headers = [
