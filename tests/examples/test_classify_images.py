@@ -208,3 +208,21 @@ def test_quick_run_draws_attention_maps(quick_run):
         html = f.read()
     assert html.startswith("<!DOCTYPE html>")
     assert "encoder_block_1/self_attention" in html and "r7c7" in html
+
+
+def test_parse_args_defaults_follow_the_model():
+    from examples.classify_images import __main__ as classify_images
+
+    args = classify_images.parse_args([])
+    assert (args.model, args.pooling, args.image_size) == ("vit", "cls", 32)
+    assert args.num_layers == 4 and args.augment
+    args = classify_images.parse_args(["--model", "feature_map"])
+    assert (args.pooling, args.num_layers) == ("attention", 2)
+    assert (
+        classify_images.parse_args(["--dataset", "fashion_mnist"]).image_size
+        == 28
+    )
+    with pytest.raises(SystemExit):
+        classify_images.parse_args(
+            ["--model", "feature_map", "--pooling", "cls"]
+        )
