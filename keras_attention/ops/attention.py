@@ -112,19 +112,18 @@ def dot_product_attention(
     d = query.shape[-1]
     if scale is None:
         scale = 1.0 / float(np.sqrt(d))
-    if choice != "dense":
-        mask = as_4d_mask(mask)
-        run = _blockwise if choice == "blockwise" else _fused
-        return run(
-            ops.multiply(query, ops.cast(scale, query.dtype)),
-            key,
-            value,
-            mask=mask,
-            is_causal=is_causal,
-            causal_offset=causal_offset,
-            key_padding=key_padding,
-            query_padding=query_padding,
-        )
+    structural = dict(
+        mask=as_4d_mask(mask),
+        is_causal=is_causal,
+        causal_offset=causal_offset,
+        key_padding=key_padding,
+        query_padding=query_padding,
+    )
+    if choice == "fused":  # The kernel scales (no extra op and gradient).
+        return _fused(query, key, value, scale=scale, **structural)
+    if choice == "blockwise":
+        query = ops.multiply(query, ops.cast(scale, query.dtype))
+        return _blockwise(query, key, value, **structural)
     # Causal alone with offset >= 0: every query sees key 0, no empty row.
     rows_nonempty = (
         is_causal
@@ -199,8 +198,10 @@ IMPLEMENTATIONS = ("dense", "blockwise", "fused")
 _FORCED = [None]
 # Below this many (query, key) pairs the dense path is as fast (one tile).
 _BLOCKWISE_MIN_PAIRS = 128 * 256
-_QUERY_BLOCK = 128
-_KEY_BLOCK = 256
+# Blockwise tiles (`_blockwise_tiles`): every key in one tile up to this
+# length, and scores of at most this many elements per batch element.
+_MAX_KEY_BLOCK = 8192
+_TILE_ELEMENTS = 2**21
 
 
 @contextlib.contextmanager
@@ -280,17 +281,36 @@ def _structural_to_dense(
 
 
 def _blockwise(query, key, value, **structural):
-    # Tiles grow past T = 4096 so that the (unrolled) graph stays at most
-    # 32 x 16 tiles: tracing time, not memory (still O(T * tile)).
     tq, tk = query.shape[1], key.shape[1]
+    query_block, key_block = _blockwise_tiles(tq, tk, query.shape[2])
     return blockwise_attention(
         query,
         key,
         value,
-        query_block=max(_QUERY_BLOCK, -(-tq // 32)),
-        key_block=max(_KEY_BLOCK, -(-tk // 16)),
+        query_block=query_block,
+        key_block=key_block,
         **structural,
     )
+
+
+def _blockwise_tiles(tq, tk, heads):
+    """The tile sizes `(query_block, key_block)` of the blockwise path.
+
+    Every key up to `_MAX_KEY_BLOCK` in one tile: a row of tiles is then
+    one large matmul and one softmax op (no online softmax), the matmuls
+    stay efficient and each op has few, large operands; the query tile is
+    the largest power of two (64 to 512 rows) that keeps a tile's scores
+    at `heads * query_block * key_block <= _TILE_ELEMENTS` per batch
+    element (8 MiB in float32: cache-sized, O(T) memory), and at most 128
+    rows of tiles (tracing time: the tiles are unrolled).
+    """
+    key_block = min(tk, _MAX_KEY_BLOCK)
+    query_block = 512
+    while query_block > 64 and heads * query_block * key_block > (
+        _TILE_ELEMENTS
+    ):
+        query_block //= 2
+    return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
 
 
 def _fused(
@@ -302,6 +322,7 @@ def _fused(
     causal_offset,
     key_padding,
     query_padding,
+    scale=1.0,
 ):
     """`keras.ops.dot_product_attention` (flash / cuDNN where available).
 
@@ -334,6 +355,7 @@ def _fused(
             causal_offset,
             key_padding,
             query_padding,
+            scale,
         )
         return ops.cast(out, dtype)
     h, g = query.shape[2], key.shape[2]
@@ -352,10 +374,11 @@ def _fused(
             causal_offset,
             key_padding,
             query_padding,
+            scale,
         )
         return out[..., :e]
     out, valid = _fused_core(
-        query, key, value, mask, is_causal, causal_offset, key_padding
+        query, key, value, mask, is_causal, causal_offset, key_padding, scale
     )
     if query_padding is not None:  # (b, i) -> (b, i, 1, 1)
         rows = ops.cast(query_padding, "bool")[:, :, None, None]
@@ -375,7 +398,9 @@ def _fused_in_float32(dtype):
     )
 
 
-def _fused_core(query, key, value, mask, is_causal, causal_offset, padding):
+def _fused_core(
+    query, key, value, mask, is_causal, causal_offset, padding, scale
+):
     """The fused call without query padding: the output `(b, i, h, e)` and
     the rows that attend to something, `(b|1, i, h|1, 1)` bool or None
     (every row)."""
@@ -389,14 +414,14 @@ def _fused_core(query, key, value, mask, is_causal, causal_offset, padding):
     )
     if simple_causal:
         out = ops.dot_product_attention(
-            query, key, value, scale=1.0, is_causal=True
+            query, key, value, scale=scale, is_causal=True
         )
         return out, None
     dense = _structural_to_dense(
         mask, query, key, is_causal, causal_offset, padding, None
     )
     if dense is None:
-        return ops.dot_product_attention(query, key, value, scale=1.0), None
+        return ops.dot_product_attention(query, key, value, scale=scale), None
     # b - batch, h - heads, i/j - query/key positions.
     valid = ops.any(dense, axis=-1, keepdims=True)  # (b|1, h|1, i|1, 1)
     dense = ops.logical_or(dense, ops.logical_not(valid))
@@ -411,7 +436,7 @@ def _fused_core(query, key, value, mask, is_causal, causal_offset, padding):
                 ops.shape(key)[1],
             ),
         )
-    out = ops.dot_product_attention(query, key, value, mask=dense, scale=1.0)
+    out = ops.dot_product_attention(query, key, value, mask=dense, scale=scale)
     return out, ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i|1, h|1, 1)
 
 

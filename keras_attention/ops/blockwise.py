@@ -92,8 +92,7 @@ def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
 def _scores(q_t, k_c, mask, r, rows):
     """Masked float32 scores `(b, g, q, k)` of one tile, formed in float32
     (float16 products of large queries and keys would overflow)."""
-    q_t, k_c = ops.cast(q_t, "float32"), ops.cast(k_c, "float32")
-    s = ops.einsum("bgqd,bgkd->bgqk", q_t, k_c)
+    s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, "float32"), k_c)
     if mask is None:
         return s
     g, cols = ops.shape(s)[1], ops.shape(s)[3]
@@ -102,55 +101,106 @@ def _scores(q_t, k_c, mask, r, rows):
     return ops.reshape(s, (-1, g, r * rows, cols))
 
 
-def _forward(plan, qh, kh, vh, aux, valid_rows):
-    """Online softmax over key tiles for every query tile.
+def _never_empty(plan, aux, i0, chunks):
+    """Whether every query of the row of tiles starting at `i0` sees a key
+    whatever the inputs: no mask at all, or a static causal structure
+    where the row's first query already sees key 0."""
+    key_padding, dense_mask, _ = aux
+    if key_padding is not None or dense_mask is not None:
+        return False
+    if plan.dynamic_causal:
+        return False
+    return not plan.static_causal or (bool(chunks) and i0 + plan.offset >= 0)
 
-    Returns the output `(b, g, r, i, e)`, the log-sum-exp `(b, g, r, i, 1)`
-    and the row validity `(b, g, r, i, 1)` (bool).
+
+def _forward(plan, qh, kh, vh, aux, valid_rows):
+    """Softmax attention for every row of tiles (query tile).
+
+    A row with one key tile takes the softmax in one op and keeps no
+    log-sum-exp (its backward recomputes the softmax); a row with several
+    runs the online softmax over them and keeps its log-sum-exp.
+
+    Returns the output `(b, g, r, i, e)` and, per row of tiles, the
+    log-sum-exp `(b, g, q, 1)` (None for one-tile rows) and the validity
+    of its queries, bool `(b|1, g|1, r|1, Bq, 1)` (None: all valid).
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
+    k32 = ops.cast(kh, "float32")
     outs, lses, valids = [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
-        m = row_sum = acc = None
-        for _, j0, j1, needs_causal in chunks:
-            mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-            s = _scores(q_t, kh[:, :, j0:j1], mask, r, n)
-            m_c = ops.max(s, axis=-1, keepdims=True)
-            m_new = m_c if m is None else ops.maximum(m, m_c)
-            p = ops.exp(s - m_new)
-            sum_c = ops.sum(p, axis=-1, keepdims=True)
-            pv = ops.einsum(
-                "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1]
-            )
-            pv = ops.cast(pv, "float32")
-            if m is None:
-                row_sum, acc = sum_c, pv
-            else:
-                alpha = ops.exp(m - m_new)
-                row_sum = row_sum * alpha + sum_c
-                acc = acc * alpha + pv
-            m = m_new
-        if m is None:  # Causal tile that sees no key at all.
-            lse = ops.zeros_like(qh[:, :, :, i0:i1, :1], "float32")
-            out = lse + ops.zeros((e,), "float32")
-            valid = ops.cast(lse, "bool")
+        tile = (plan, q_t, k32, vh, aux, i0, i1, chunks)
+        if not chunks:  # Causal row that sees no key at all.
+            out, lse = ops.zeros_like(qh[:, :, :, i0:i1, :1]), None
+            out = ops.cast(out, "float32") + ops.zeros((e,), "float32")
+            valid = ops.zeros_like(out[..., :1], "bool")
+        elif len(chunks) == 1:
+            out, lse, valid = _one_tile(*tile)
         else:
-            out = ops.reshape(acc / row_sum, (-1, g, r, n, e))
-            lse = ops.reshape(m + ops.log(row_sum), (-1, g, r, n, 1))
-            # A row whose max is the fill value saw only masked keys.
-            valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
-            if valid_rows is not None:
-                valid = ops.logical_and(
-                    valid, valid_rows[:, None, None, i0:i1, None]
-                )
+            out, lse, valid = _online_tiles(*tile)
+        if valid_rows is not None:
+            rows = valid_rows[:, None, None, i0:i1, None]
+            valid = rows if valid is None else ops.logical_and(valid, rows)
+        if valid is not None:
             out = ops.where(valid, out, 0.0)
-        outs.append(out)
+        outs.append(ops.cast(out, qh.dtype))
         lses.append(lse)
         valids.append(valid)
-    out = ops.cast(_concat_rows(outs), qh.dtype)
-    return out, _concat_rows(lses), _concat_rows(valids)
+    return _concat_rows(outs), lses, valids
+
+
+def _one_tile(plan, q_t, k32, vh, aux, i0, i1, chunks):
+    """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)`
+    float32; no log-sum-exp; validity from the row max (None when the row
+    cannot be empty)."""
+    g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
+    r = q_t.shape[2] // n
+    ((_, j0, j1, needs_causal),) = chunks
+    mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
+    s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+    p = ops.softmax(s, axis=-1)
+    out = ops.einsum("bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1])
+    out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
+    valid = None
+    if not _never_empty(plan, aux, i0, chunks):
+        # A row whose max is the fill value saw only masked keys.
+        m = ops.max(s, axis=-1, keepdims=True)
+        valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
+    return out, None, valid
+
+
+def _online_tiles(plan, q_t, k32, vh, aux, i0, i1, chunks):
+    """Online softmax over the key tiles of one row: the output
+    `(b, g, r, Bq, e)` float32, the log-sum-exp `(b, g, q, 1)` and the
+    validity `(b, g, r, Bq, 1)`."""
+    g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
+    r = q_t.shape[2] // n
+    m = row_sum = acc = None
+    for _, j0, j1, needs_causal in chunks:
+        mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
+        s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+        m_c = ops.max(s, axis=-1, keepdims=True)
+        m_new = m_c if m is None else ops.maximum(m, m_c)
+        p = ops.exp(s - m_new)
+        sum_c = ops.sum(p, axis=-1, keepdims=True)
+        pv = ops.einsum(
+            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1]
+        )
+        pv = ops.cast(pv, "float32")
+        if m is None:
+            row_sum, acc = sum_c, pv
+        else:
+            alpha = ops.exp(m - m_new)
+            row_sum = row_sum * alpha + sum_c
+            acc = acc * alpha + pv
+        m = m_new
+    out = ops.reshape(acc / row_sum, (-1, g, r, n, e))
+    valid = None
+    if not _never_empty(plan, aux, i0, chunks):
+        # A row whose max is the fill value saw only masked keys.
+        valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
+    return out, m + ops.log(row_sum), valid
 
 
 def _concat_rows(tiles):
@@ -158,30 +208,42 @@ def _concat_rows(tiles):
     return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
-def _backward(plan, qh, kh, vh, aux, out, lse, valid, d_out):
-    """Gradients w.r.t. `qh, kh, vh` recomputing each tile's probabilities."""
+def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
+    """Gradients w.r.t. `qh, kh, vh` recomputing each tile's probabilities
+    (from the softmax of a one-tile row, else from the saved log-sum-exp).
+    """
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
-    d_out = ops.where(valid, d_out, ops.zeros_like(d_out))
-    # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
-    big_d = ops.sum(
-        ops.cast(d_out, "float32") * ops.cast(out, "float32"),
-        axis=-1,
-        keepdims=True,
-    )
+    k32 = ops.cast(kh, "float32")
     dqs = []
     dks, dvs = {}, {}
-    for i0, i1, chunks in plan.rows:
+    for (i0, i1, chunks), lse_t, valid in zip(plan.rows, lses, valids):
         n = i1 - i0
+        if not chunks:
+            dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
+            continue
+        do_t = d_out[:, :, :, i0:i1]
+        if valid is not None:
+            do_t = ops.where(valid, do_t, ops.zeros_like(do_t))
+        # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
+        dd_t = ops.sum(
+            ops.cast(do_t, "float32")
+            * ops.cast(out[:, :, :, i0:i1], "float32"),
+            axis=-1,
+            keepdims=True,
+        )
         q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, d))
-        do_t = ops.reshape(d_out[:, :, :, i0:i1], (-1, g, r * n, e))
-        lse_t = ops.reshape(lse[:, :, :, i0:i1], (-1, g, r * n, 1))
-        dd_t = ops.reshape(big_d[:, :, :, i0:i1], (-1, g, r * n, 1))
+        do_t = ops.reshape(do_t, (-1, g, r * n, e))
+        dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
         dq_t = None
         for c, j0, j1, needs_causal in chunks:
             k_c, v_c = kh[:, :, j0:j1], vh[:, :, j0:j1]
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-            p = ops.exp(_scores(q_t, k_c, mask, r, n) - lse_t)
+            s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+            if lse_t is None:
+                p = ops.softmax(s, axis=-1)
+            else:
+                p = ops.exp(s - lse_t)
             dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
             dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
             ds = ops.cast(p * (dp - dd_t), dtype)
@@ -190,8 +252,6 @@ def _backward(plan, qh, kh, vh, aux, out, lse, valid, d_out):
             dq_t = dq_c if dq_t is None else dq_t + dq_c
             for store, grad in ((dks, dk_c), (dvs, dv_c)):
                 store.setdefault(c, []).append((j1 - j0, grad))
-        if dq_t is None:
-            dq_t = ops.zeros_like(q_t)
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
     dq = dqs[0] if len(dqs) == 1 else ops.concatenate(dqs, axis=3)
     return dq, _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
@@ -201,18 +261,34 @@ def _gather_keys(plan, store, like):
     """Sums per-key-tile contributions and lays them out along `j`."""
     parts = []
     for c, j0, j1 in _key_chunks(plan.tk, plan.key_block):
-        size = j1 - j0
-        total = None
-        for length, grad in store.get(c, []):
-            if length < size:
-                grad = ops.pad(
-                    grad, [[0, 0], [0, 0], [0, size - length], [0, 0]]
-                )
-            total = grad if total is None else total + grad
-        if total is None:
-            total = ops.zeros_like(like[:, :, j0:j1])
+        grads = store.get(c, [])
+        if not grads:
+            parts.append(ops.zeros_like(like[:, :, j0:j1]))
+            continue
+        total = _sum_prefixes(grads)
+        if total.shape[2] < j1 - j0:
+            total = ops.pad(
+                total, [[0, 0], [0, 0], [0, j1 - j0 - total.shape[2]], [0, 0]]
+            )
         parts.append(total)
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+
+def _sum_prefixes(grads):
+    """Sum of `(length, (b, g, length, .))` contributions that cover the
+    first `length` keys of a tile, as long as the longest: the keys past
+    the next shorter contribution are final and split off, so no
+    contribution is padded (causal rows see ever more keys)."""
+    grads = sorted(grads, key=lambda item: -item[0])
+    total, tails = grads[0][1], []
+    for length, grad in grads[1:]:
+        if length < total.shape[2]:
+            tails.append(total[:, :, length:])
+            total = total[:, :, :length]
+        total = total + grad
+    if not tails:
+        return total
+    return ops.concatenate([total] + tails[::-1], axis=2)
 
 
 def blockwise_attention(
@@ -270,20 +346,20 @@ def blockwise_attention(
         kh = ops.transpose(k, (0, 2, 1, 3))
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
-        out, lse, valid = _forward(plan, qh, kh, vh, tile_aux, query_padding)
+        out, lses, valids = _forward(plan, qh, kh, vh, tile_aux, query_padding)
         result = ops.reshape(
             ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
         )
-        return result, (qh, kh, vh, tile_aux, out, lse, valid)
+        return result, (qh, kh, vh, tile_aux, out, lses, valids)
 
     def backward(residuals, d_result):
-        qh, kh, vh, tile_aux, out, lse, valid = residuals
+        qh, kh, vh, tile_aux, out, lses, valids = residuals
         d_out = ops.transpose(
             ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
             (0, 2, 3, 1, 4),
         )
         dq, dk, dv = _backward(
-            plan, qh, kh, vh, tile_aux, out, lse, valid, d_out
+            plan, qh, kh, vh, tile_aux, out, lses, valids, d_out
         )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
         return (
