@@ -152,6 +152,7 @@ def test_help():
     )
     assert out.returncode == 0, out.stderr
     assert "--encoder" in out.stdout and "--strategy" in out.stdout
+    assert "--backup-dir" in out.stdout
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,40 @@ def test_killed_run_resumes_mid_epoch_with_identical_result(tmp_path):
         assert os.path.exists(tmp_path / "run" / name)
 
 
+def test_backup_dir_flag_moves_the_backup(tmp_path):
+    from examples.common import fit
+    from examples.common.training import read_backup
+
+    args = _args(tmp_path / "run", "--backup-dir", str(tmp_path / "bk"))
+    model = _model()
+    train, val = _data()
+    with pytest.raises(_Interrupt):
+        fit(model, train, val, args, callbacks=[_interrupt_at(5)], verbose=0)
+    assert read_backup(str(tmp_path / "run")) is None
+    backup = read_backup(str(tmp_path / "run"), str(tmp_path / "bk"))
+    assert backup["step"] == 4
+
+
+def test_one_process_is_its_own_chief():
+    import tensorflow as tf
+
+    from examples.common import distributed
+
+    strategy = tf.distribute.get_strategy()
+    assert distributed.is_chief(strategy) and distributed.is_chief(None)
+    assert distributed.worker_output_dir("out", strategy) == "out"
+    assert not distributed.uses_custom_loop(strategy)
+
+
+def test_distributed_evaluate_is_model_evaluate_without_workers():
+    from examples.common import distributed
+
+    model = _model()
+    _, val = _data()
+    expected = model.evaluate(val, verbose=0, return_dict=True)
+    assert distributed.evaluate(model, val) == expected
+
+
 def test_fit_restores_best_weights_and_loss_falls(tmp_path):
     from examples.common import fit
 

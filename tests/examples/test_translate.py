@@ -128,6 +128,7 @@ def test_help():
         "--dataset",
         "--mixed-precision",
         "--strategy",
+        "--backup-dir",
         "--jit-compile",
         "--steps-per-epoch",
     ):
