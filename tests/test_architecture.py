@@ -34,6 +34,7 @@ LEVELS = {
     "layers": 3,
     "blocks": 4,
     "generation": 5,
+    "distribution": 5,
 }
 # Leaves outside the chain, and what they may import.
 LEAVES = {"visualization": {"utils", "masks", "ops", "layers"}}
