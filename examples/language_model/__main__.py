@@ -26,6 +26,16 @@ on windows of both lengths, which agree.
 (the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
 PyTorch). The SavedModel export is TensorFlow-only (a SavedModel is a
 TensorFlow graph): on JAX and PyTorch it is skipped, and says so.
+
+--distribution data|model (with --backend jax) trains over all of JAX's
+devices with the Keras distribution API: `DataParallel`, or
+`ModelParallel` on a (devices / 2, 2) ("batch", "model") mesh with the
+weights sharded by `keras_attention.distribution.get_layout_map`
+(--num-heads must be even). Without accelerators, make JAX show 4 CPU
+devices:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 \
+        python -m examples.language_model --backend jax --distribution model
 """
 
 import argparse
@@ -111,6 +121,16 @@ def parse_args(argv=None):
         help="tiny data subset and model, a few steps (smoke test)",
     )
     add_backend_arg(parser)
+    parser.add_argument(
+        "--distribution",
+        choices=("none", "data", "model"),
+        default="none",
+        help="Keras distribution API over all devices (JAX backend only): "
+        "'data' (DataParallel) or 'model' (ModelParallel, weights sharded "
+        "by keras_attention.distribution.get_layout_map on a 2-wide model "
+        "axis); CPU devices: XLA_FLAGS="
+        "--xla_force_host_platform_device_count=4",
+    )
     add_training_args(
         parser,
         epochs=4,
@@ -130,7 +150,27 @@ def parse_args(argv=None):
     check_generation_length(parser, args)
     # Before anything imports Keras: it reads KERAS_BACKEND once.
     select_backend(args.backend, parser.error)
+    check_distribution(parser, args)
     return args
+
+
+def check_distribution(parser, args):
+    """--distribution needs the JAX backend (the Keras distribution API),
+    and an even --num-heads for the 2-wide model axis of 'model'."""
+    if args.distribution == "none":
+        return
+    backend = args.backend or os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend != "jax":
+        parser.error(
+            f"--distribution {args.distribution} uses the Keras distribution "
+            "API, which runs on JAX: pass --backend jax (on TensorFlow, use "
+            f"--strategy). Received: backend={backend!r}"
+        )
+    if args.distribution == "model" and args.num_heads % 2:
+        parser.error(
+            "--distribution model shards the heads over a model axis of 2: "
+            f"--num-heads must be even. Received: {args.num_heads!r}"
+        )
 
 
 def check_generation_length(parser, args):
@@ -200,6 +240,7 @@ def main(argv=None):
     from examples.language_model.model import bits_per_character
     from examples.language_model.model import build_language_model
     from examples.language_model.model import complete
+    from examples.language_model.model import make_distribution
     from examples.language_model.model import make_sampler
     from examples.language_model.model import positional_bits_per_character
 
@@ -220,8 +261,25 @@ def main(argv=None):
     train = data.batches(
         windows[0], args.batch_size, shuffle=True, seed=args.seed
     )
+    distribution = make_distribution(args.distribution)
+    if distribution is not None:
+        # Weights are created sharded (or replicated) from here on.
+        keras.distribution.set_distribution(distribution)
+        logger.info(
+            "distribution: %s over %d devices",
+            type(distribution).__name__,
+            len(keras.distribution.list_devices()),
+        )
+    # Under a distribution every batch must split over the batch axis: the
+    # last, short evaluation batch is dropped.
     val, test = (
-        data.batches(w, args.batch_size, shuffle=False) for w in windows[1:]
+        data.batches(
+            w,
+            args.batch_size,
+            shuffle=False,
+            drop_remainder=distribution is not None,
+        )
+        for w in windows[1:]
     )
 
     max_length = max(args.sequence_length, args.max_length)
@@ -270,6 +328,12 @@ def main(argv=None):
         f"\nbackend: {backend} | train loss per epoch: "
         + " ".join(f"{v:.4f}" for v in losses)
         + f" | {timer.median_ms():.1f} ms/step (median)"
+        + f" | distribution: {args.distribution}"
+        + (
+            f" ({len(keras.distribution.list_devices())} devices)"
+            if distribution is not None
+            else ""
+        )
     )
     print(
         f"test: {bpc:.3f} bits per character (per-character perplexity "
@@ -327,6 +391,7 @@ def main(argv=None):
     print(f"Attention explorer: {explorer}")
     return {
         "backend": backend,
+        "distribution": args.distribution,
         "history": history.history,
         "step_ms": timer.median_ms(),
         "test_bits_per_character": bpc,

@@ -71,8 +71,18 @@ def char_windows(lines, tokenizer, sequence_length):
     )
 
 
-def batches(windows, batch_size, shuffle, seed=0):
-    """Shuffled (training) or ordered batches of equal-length windows."""
+def batches(windows, batch_size, shuffle, seed=0, drop_remainder=None):
+    """Shuffled (training) or ordered batches of equal-length windows.
+
+    `drop_remainder` defaults to `shuffle` (training drops the last, short
+    batch); pass True for evaluation batches under a Keras distribution,
+    whose batch axis must divide every batch."""
+    if drop_remainder is None:
+        drop_remainder = shuffle
     return make_batches(
-        windows, batch_size, shuffle=shuffle, seed=seed, drop_remainder=shuffle
+        windows,
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
     )

@@ -32,11 +32,13 @@ import keras
 import keras_hub
 import numpy as np
 
+from keras_attention import distribution as ka_distribution
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
+DISTRIBUTIONS = ("none", "data", "model")
 POSITIONS = ("rotary", "learned")
 NEWLINE = ord("\n")
 
@@ -131,6 +133,46 @@ def build_language_model(
         jit_compile=False,
     )
     return model, generator
+
+
+def make_distribution(kind, model_axis_size=2):
+    """A Keras distribution (JAX backend) over all devices, or None.
+
+    `"data"`: `keras.distribution.DataParallel` (weights replicated, each
+    batch split over the devices). `"model"`: `ModelParallel` on a
+    `(devices // model_axis_size, model_axis_size)` mesh with axes
+    `("batch", "model")`, the weights sharded by
+    `keras_attention.distribution.get_layout_map` (attention by heads, the
+    feed-forward networks Megatron-style) and the batch split over
+    `"batch"`. `"none"`: None (one device).
+
+    On a CPU-only machine, JAX shows N virtual devices with
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` set before it
+    starts.
+    """
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(
+            f"`kind` must be one of {DISTRIBUTIONS}. Received: kind={kind!r}"
+        )
+    if kind == "none":
+        return None
+    devices = keras.distribution.list_devices()
+    if kind == "data":
+        return keras.distribution.DataParallel(devices=devices)
+    if len(devices) % model_axis_size:
+        raise ValueError(
+            f"`model_axis_size` must divide the number of devices "
+            f"({len(devices)}). Received: model_axis_size={model_axis_size!r}"
+        )
+    mesh = keras.distribution.DeviceMesh(
+        (len(devices) // model_axis_size, model_axis_size),
+        ("batch", "model"),
+        devices,
+    )
+    return keras.distribution.ModelParallel(
+        layout_map=ka_distribution.get_layout_map(mesh),
+        batch_dim_name="batch",
+    )
 
 
 def complete(generator, prompts, sampler, max_length, vocabulary_size):

@@ -436,11 +436,12 @@ def test_python_completions_match_the_served_ones(quick_run):
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
-def _run_example(args, env_backend=None, timeout=240):
+def _run_example(args, env_backend=None, timeout=240, extra_env=None):
     env = dict(os.environ)
     env.pop("KERAS_BACKEND", None)
     if env_backend:
         env["KERAS_BACKEND"] = env_backend
+    env.update(extra_env or {})
     # Two pytest workers share the cores: one OpenMP thread per process
     # keeps PyTorch's threads from waiting on each other (10x slower).
     env["OMP_NUM_THREADS"] = "1"
@@ -524,3 +525,47 @@ def test_backend_other_than_the_imported_keras_is_refused(monkeypatch, capsys):
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     assert parse_args(["--backend", "tensorflow"]).backend == "tensorflow"
     assert parse_args([]).backend is None
+
+
+def test_distribution_needs_the_jax_backend(monkeypatch, capsys):
+    from examples.language_model.__main__ import parse_args
+
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    with pytest.raises(SystemExit):
+        parse_args(["--distribution", "model"])
+    err = capsys.readouterr().err
+    assert "--distribution model uses the Keras distribution API" in err
+    assert "Received: backend='tensorflow'" in err
+    assert parse_args([]).distribution == "none"
+
+
+def test_quick_run_with_model_parallel_on_four_devices(
+    shared_data_dir, tmp_path
+):
+    # 4 virtual CPU devices (fixed before JAX starts), a 2x2 mesh, the
+    # weights sharded by keras_attention.distribution.get_layout_map.
+    pytest.importorskip("jax")
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = _run_example(
+        [
+            "--backend",
+            "jax",
+            "--distribution",
+            "model",
+            "--quick",
+            "--epochs",
+            "1",
+            "--samplers",
+            "greedy",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--data-dir",
+            shared_data_dir,
+        ],
+        extra_env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (report,) = [s for s in out.stdout.splitlines() if s.startswith("backend")]
+    assert report.startswith("backend: jax | ")
+    assert report.endswith("| distribution: model (4 devices)"), report
+    assert "[greedy]" in out.stdout
