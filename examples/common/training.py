@@ -443,6 +443,11 @@ def fit(
         callbacks: extra callbacks.
         verbose: passed to `model.fit` (the progress bar by default).
 
+    Under `MultiWorkerMirroredStrategy` (the model's strategy), the
+    training runs on `examples.common.distributed.fit`'s `strategy.run`
+    loop instead of `model.fit` (keras-team/keras#20585), with the same
+    callbacks.
+
     Returns:
         the `keras.callbacks.History` of this (possibly resumed) run. The
         model ends with the best weights seen (by `monitor`) when a
