@@ -24,6 +24,7 @@ inference latency per sequence and peak memory.
 import argparse
 import datetime
 import gc
+import json
 import logging
 import os
 import platform
@@ -110,6 +111,12 @@ def parse_args(argv=None):
         type=int,
         default=8,
         help="single sentences timed for the latency column",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the runs already saved under "
+        "<out>/runs (skipping missing ones), train nothing",
     )
     args = parser.parse_args(argv)
     mode = "full" if args.full else "quick" if args.quick else "default"
@@ -324,8 +331,8 @@ def header(args, command, seconds):
             "# Attention variants compared",
             f"Command: `{command}`",
             f"Machine: {machine()}.",
-            f"Date: {datetime.date.today().isoformat()}; wall time "
-            f"{seconds / 60:.1f} min.",
+            f"Date: {datetime.date.today().isoformat()}; wall time of the "
+            f"runs: {seconds / 60:.1f} min in all.",
             f"Budget: {args.steps} Adam steps of batch {args.batch_size} "
             f"(learning rate {args.learning_rate}, clipnorm 1) per "
             f"variant, task and seed; seeds {args.seeds}; model size "
@@ -352,6 +359,29 @@ def header(args, command, seconds):
     )
 
 
+def _config(args):
+    """What a saved run must match to be reused."""
+    keys = ("steps", "size", "batch_size", "learning_rate", "window")
+    return {k: getattr(args, k) for k in keys} | {"max_test": args.max_test}
+
+
+def _run_path(args, task, variant, seed):
+    directory = os.path.join(args.out, "runs")
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{task}-{variant}-{seed}.json")
+
+
+def _load_run(path, args):
+    """A run saved by an earlier (or a parallel) invocation with the same
+    budget, or None: a killed study resumes where it stopped, and the
+    tasks can run in separate processes (`--tasks`)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        run = json.load(f)
+    return run if run.get("config") == _config(args) else None
+
+
 def main(argv=None):
     args = parse_args(argv)
     setup_runtime(
@@ -369,13 +399,26 @@ def main(argv=None):
     from examples.compare_attention.tasks import load_task
 
     tf.get_logger().setLevel(logging.ERROR)
-    started = time.time()
     runs = []
     for name in args.tasks:
-        task = load_task(name, quick=args.quick, max_test=args.max_test)
+        task = None
         for variant in args.variants:
             for seed in args.seeds:
-                runs.append(run_one(task, variant, seed, args))
+                path = _run_path(args, name, variant, seed)
+                saved = _load_run(path, args)
+                if saved is None and not args.report_only:
+                    if task is None:
+                        task = load_task(
+                            name, quick=args.quick, max_test=args.max_test
+                        )
+                    started = time.time()
+                    saved = run_one(task, variant, seed, args)
+                    saved["seconds"] = round(time.time() - started, 1)
+                    saved["config"] = _config(args)
+                    with open(path, "w") as f:
+                        json.dump(saved, f)
+                if saved is not None:
+                    runs.append(saved)
     command = "python -m examples.compare_attention " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
@@ -384,7 +427,7 @@ def main(argv=None):
         runs,
         args.tasks,
         args.variants,
-        header(args, command.strip(), time.time() - started),
+        header(args, command.strip(), sum(r["seconds"] for r in runs)),
     )
     print(f"Report: {paths['report']}")
     print("Plots:", *paths["plots"], sep="\n  ")
