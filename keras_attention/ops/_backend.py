@@ -57,6 +57,25 @@ def custom_vjp(forward, backward):
     return lambda q, k, v, aux: forward(q, k, v, aux)[0]
 
 
+def after(tensors, dependencies):
+    """`tensors` (a tuple), computed only after `dependencies` (a list of
+    tensors; None entries ignored).
+
+    A TensorFlow graph runs independent ops in any order: the blockwise
+    path chains its rows of tiles this way so that one row's tiles are
+    alive at a time (memory O(T * tile), not O(T^2) in scattered tiles).
+    Other backends run eagerly or schedule under XLA: `tensors` as they
+    are.
+    """
+    dependencies = [d for d in dependencies if d is not None]
+    if keras.backend.backend() != "tensorflow" or not dependencies:
+        return tuple(tensors)
+    import tensorflow as tf
+
+    with tf.control_dependencies(dependencies):
+        return tuple(tf.identity(t) for t in tensors)
+
+
 def has_gpu():
     """Whether the backend computes on a GPU (for fused attention kernels)."""
     backend = keras.backend.backend()

@@ -50,11 +50,12 @@ def dot_product_attention(
     - "dense": scores `(b, h, i, j)` in memory; the only one that can return
       the weights or apply dropout to them, and the one used for sequence
       lengths unknown at trace time and for small problems;
-    - "blockwise": exact attention over query/key tiles with an online
-      softmax and a backward pass that recomputes each tile (memory
-      O(T * tile), see `blockwise.py`); tiles above the causal diagonal are
-      skipped. Used on CPU with TensorFlow and JAX when the lengths are
-      static and `Tq * Tk > 128 * 256`;
+    - "blockwise": exact attention over query tiles (each against up to
+      8,192 keys in one matmul; an online softmax over longer key ranges)
+      with a backward pass that recomputes each tile (memory O(T * tile),
+      see `blockwise.py`); tiles above the causal diagonal are skipped.
+      Used on CPU with TensorFlow and JAX when the lengths are static and
+      `Tq * Tk > 128 * 256`;
     - "fused": `keras.ops.dot_product_attention` (cuDNN / flash kernels)
       on the JAX and torch backends when a GPU is present, and always on
       the torch backend (PyTorch's `scaled_dot_product_attention` has

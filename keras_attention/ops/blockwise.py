@@ -3,10 +3,14 @@
 `softmax(q k^T) v` computed over query tiles and, within each query tile,
 over key tiles with a running row max `m`, row sum and accumulator (online
 softmax, Milakov & Gimelshein 2018; Rabe & Staats 2021; Dao et al. 2022).
-The backward pass recomputes each tile's probabilities from the saved
-log-sum-exp instead of storing them, so memory is O(T * tile), never
-O(T^2). With a causal structure, tiles entirely above the diagonal are
-neither computed nor differentiated.
+A query tile whose keys fit in one key tile (the usual case: see
+`attention._blockwise_tiles`) takes the softmax directly, one large matmul
+and one softmax op. The backward pass recomputes each tile's probabilities
+(from the saved log-sum-exp, or the softmax of a one-tile row) instead of
+storing them, so memory is O(T * tile), never O(T^2); it runs the query
+tiles last to first and sums each key tile's gradient as it comes. With a
+causal structure, tiles entirely above the diagonal are neither computed
+nor differentiated.
 
 Axes in comments: b - batch, g - key/value heads (groups), r - query heads
 per group, i/j - query/key positions, q - rows of a query tile (r * Bq),
@@ -129,8 +133,10 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     outs, lses, valids = [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
-        q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
-        tile = (plan, q_t, k32, vh, aux, i0, i1, chunks)
+        # One row of tiles at a time (TensorFlow would start them all).
+        q_src, k_src, v_src = _backend.after((qh, k32, vh), outs[-1:])
+        q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
+        tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
         if not chunks:  # Causal row that sees no key at all.
             out, lse = ops.zeros_like(qh[:, :, :, i0:i1, :1]), None
             out = ops.cast(out, "float32") + ops.zeros((e,), "float32")
@@ -217,7 +223,10 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
     k32 = ops.cast(kh, "float32")
     dqs = []
     dks, dvs = {}, {}
-    for (i0, i1, chunks), lse_t, valid in zip(plan.rows, lses, valids):
+    # Last query tile first: with a causal structure each key tile then
+    # gets ever shorter contributions, summed as they come (not kept).
+    rows = list(zip(plan.rows, lses, valids))[::-1]
+    for (i0, i1, chunks), lse_t, valid in rows:
         n = i1 - i0
         if not chunks:
             dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
@@ -232,14 +241,20 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
             axis=-1,
             keepdims=True,
         )
-        q_t = ops.reshape(qh[:, :, :, i0:i1], (-1, g, r * n, d))
+        # One row of tiles at a time (TensorFlow would start them all).
+        previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
+        previous += [x[0] for x in list(dvs.values())[-1:]]
+        q_src, k_src, k32_src, v_src = _backend.after(
+            (qh, kh, k32, vh), previous
+        )
+        q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
         dq_t = None
         for c, j0, j1, needs_causal in chunks:
-            k_c, v_c = kh[:, :, j0:j1], vh[:, :, j0:j1]
+            k_c, v_c = k_src[:, :, j0:j1], v_src[:, :, j0:j1]
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-            s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+            s = _scores(q_t, k32_src[:, :, j0:j1], mask, r, n)
             if lse_t is None:
                 p = ops.softmax(s, axis=-1)
             else:
@@ -250,45 +265,42 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
             dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
             dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
             dq_t = dq_c if dq_t is None else dq_t + dq_c
-            for store, grad in ((dks, dk_c), (dvs, dv_c)):
-                store.setdefault(c, []).append((j1 - j0, grad))
+            _accumulate(dks, c, dk_c)
+            _accumulate(dvs, c, dv_c)
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
-    dq = dqs[0] if len(dqs) == 1 else ops.concatenate(dqs, axis=3)
+    dq = _concat_rows(dqs[::-1])
     return dq, _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
 
 
+def _accumulate(store, c, grad):
+    """Adds the contribution `(b, g, length, .)` of a row of tiles to key
+    tile `c`: it covers the tile's first `length` keys, and arrives no
+    longer than the previous ones, so the keys past it are final and split
+    off (no padding, no list of every contribution kept)."""
+    if c not in store:
+        store[c] = [grad, []]
+        return
+    total, tails = store[c]
+    length = grad.shape[2]
+    if length < total.shape[2]:
+        tails.append(total[:, :, length:])
+        total = total[:, :, :length]
+    store[c][0] = total + grad
+
+
 def _gather_keys(plan, store, like):
-    """Sums per-key-tile contributions and lays them out along `j`."""
+    """The summed contributions of every key tile, laid out along `j`."""
     parts = []
     for c, j0, j1 in _key_chunks(plan.tk, plan.key_block):
-        grads = store.get(c, [])
-        if not grads:
+        if c not in store:
             parts.append(ops.zeros_like(like[:, :, j0:j1]))
             continue
-        total = _sum_prefixes(grads)
-        if total.shape[2] < j1 - j0:
-            total = ops.pad(
-                total, [[0, 0], [0, 0], [0, j1 - j0 - total.shape[2]], [0, 0]]
-            )
-        parts.append(total)
+        total, tails = store[c]
+        parts += [total] + tails[::-1]
+        missing = j1 - j0 - sum(x.shape[2] for x in [total] + tails)
+        if missing:
+            parts.append(ops.zeros_like(like[:, :, j1 - missing : j1]))
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
-
-
-def _sum_prefixes(grads):
-    """Sum of `(length, (b, g, length, .))` contributions that cover the
-    first `length` keys of a tile, as long as the longest: the keys past
-    the next shorter contribution are final and split off, so no
-    contribution is padded (causal rows see ever more keys)."""
-    grads = sorted(grads, key=lambda item: -item[0])
-    total, tails = grads[0][1], []
-    for length, grad in grads[1:]:
-        if length < total.shape[2]:
-            tails.append(total[:, :, length:])
-            total = total[:, :, :length]
-        total = total + grad
-    if not tails:
-        return total
-    return ops.concatenate([total] + tails[::-1], axis=2)
 
 
 def blockwise_attention(
