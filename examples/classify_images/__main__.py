@@ -33,6 +33,7 @@ from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
+from examples.common.distributed import evaluate
 
 logger = logging.getLogger("examples")
 
@@ -291,7 +292,9 @@ def main(argv=None):
         mode="min",
         verbose=2,
     )
-    test_loss, test_accuracy = model.evaluate(test_batches, verbose=0)
+    # `model.evaluate` fails under several workers (keras#20585).
+    test_metrics = evaluate(model, test_batches)
+    test_loss, test_accuracy = test_metrics["loss"], test_metrics["accuracy"]
     baseline = data.majority_baseline(train_y, test_y)
     train_time = time.time() - start
     print(
