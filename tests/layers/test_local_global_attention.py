@@ -152,22 +152,52 @@ def layer_grads(layer, x, d_y, **kwargs):
     return np_(y), np_(gx), {p: np_(g) for p, g in zip(paths, gw)}
 
 
-def _scores(layer, x, **kwargs):
-    """`layer(x, return_attention_scores=True, **kwargs)[1]` (one jit on
-    JAX)."""
-    kwargs = dict(kwargs, return_attention_scores=True)
+def _call(layer, x, **kwargs):
+    """`layer(x, **kwargs)`; on JAX one `jax.jit` compilation (eager JAX
+    compiles every op for every new shape)."""
     if BACKEND != "jax":
-        return layer(x, **kwargs)[1]
+        return layer(x, **kwargs)
     import jax
 
     def run(trainable, frozen, x):
-        return layer.stateless_call(trainable, frozen, x, **kwargs)[0][1]
+        return layer.stateless_call(trainable, frozen, x, **kwargs)[0]
 
     return jax.jit(run)(
         [v.value for v in layer.trainable_variables],
         [v.value for v in layer.non_trainable_variables],
         x,
     )
+
+
+def _dense_scores(layer, x, **kwargs):
+    """Dense `(b, h, t, t)` weights of `layer(x, **kwargs)`: the dict of
+    scores, checked and expanded with `scores_to_dense` (one jit on JAX)."""
+    kwargs = dict(kwargs, return_attention_scores=True)
+
+    def run(trainable, frozen, x):
+        if BACKEND == "jax":
+            outputs = layer.stateless_call(trainable, frozen, x, **kwargs)[0]
+        else:
+            outputs = layer(x, **kwargs)
+        scores = outputs[1]
+        assert set(scores) == {
+            "local",
+            "global_keys",
+            "global_queries",
+            "global_indices",
+        }
+        return layer.scores_to_dense(scores)
+
+    args = (
+        [v.value for v in layer.trainable_variables],
+        [v.value for v in layer.non_trainable_variables],
+        x,
+    )
+    if BACKEND != "jax":
+        return run(*args)
+    import jax
+
+    return jax.jit(run)(*args)
 
 
 def _globals(batch, t, rows):
@@ -224,14 +254,7 @@ def test_outputs_weights_and_gradients_match_numpy(
     assert set(grads) == set(want_grads)
     for path, g in grads.items():
         np.testing.assert_allclose(g, want_grads[path], atol=5e-5, err_msg=path)
-    scores = _scores(layer, x, **kwargs)
-    assert set(scores) == {
-        "local",
-        "global_keys",
-        "global_queries",
-        "global_indices",
-    }
-    dense = np_(layer.scores_to_dense(scores))
+    dense = np_(_dense_scores(layer, x, **kwargs))
     np.testing.assert_allclose(dense, want_w, atol=1e-6)
     bias = np_(layer.output_dense.bias)
     np.testing.assert_allclose(
@@ -245,7 +268,9 @@ def test_same_as_dense_self_attention_with_rotary_positions():
     t = 10
     x = np.random.default_rng(1).normal(size=(2, t, 8)).astype("float32")
     kwargs = dict(num_heads=2, key_dim=4, rotary_max_wavelength=100)
-    local = LocalSelfAttention(window_size=1, block_size=4, **kwargs)
+    local = LocalSelfAttention(
+        window_size=1, block_size=4, max_global_tokens=2, **kwargs
+    )
     local(x)
     dense = SelfAttention(**kwargs)
     dense(x)
@@ -254,8 +279,8 @@ def test_same_as_dense_self_attention_with_rotary_positions():
     valid = np.ones((2, t), bool)
     mask = combined_mask(t, 1, False, is_global, valid)
     np.testing.assert_allclose(
-        np_(local(x, global_mask=is_global)),
-        np_(dense(x, attention_mask=mask)),
+        np_(_call(local, x, global_mask=is_global)),
+        np_(_call(dense, x, attention_mask=mask)),
         atol=2e-5,
     )
 
@@ -286,18 +311,25 @@ def test_dropout():
     t = 9
     x = np.random.default_rng(3).normal(size=(1, t, 8)).astype("float32")
     layer = LocalSelfAttention(
-        num_heads=2, key_dim=4, window_size=1, dropout=0.5, seed=1
+        num_heads=2,
+        key_dim=4,
+        window_size=1,
+        dropout=0.5,
+        seed=1,
+        max_global_tokens=1,
     )
     is_global = _globals(1, t, ([4],))
-    base = LocalSelfAttention(num_heads=2, key_dim=4, window_size=1)
+    base = LocalSelfAttention(
+        num_heads=2, key_dim=4, window_size=1, max_global_tokens=1
+    )
     base(x)
     layer(x)
     layer.set_weights(base.get_weights())
-    off = np_(layer(x, global_mask=is_global, training=False))
+    off = np_(_call(layer, x, global_mask=is_global, training=False))
     np.testing.assert_allclose(
-        off, np_(base(x, global_mask=is_global)), atol=1e-6
+        off, np_(_call(base, x, global_mask=is_global)), atol=1e-6
     )
-    on = np_(layer(x, global_mask=is_global, training=True))
+    on = np_(_call(layer, x, global_mask=is_global, training=True))
     assert np.all(np.isfinite(on)) and not np.allclose(on, off)
 
 
