@@ -10,6 +10,7 @@ from keras import ops
 from references import masked_softmax as np_masked_softmax
 
 from keras_attention.layers import MultiHeadAttention
+from keras_attention.ops.attention import _blockwise_tiles
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.blockwise import _Plan
@@ -214,6 +215,18 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
     assert masked == 8  # only diagonal tiles build a mask
     dynamic = _Plan(1024, 1024, True, ops.convert_to_tensor(0), 128, 128)
     assert pairs(dynamic) == 64
+
+
+def test_blockwise_tiles_keep_every_key_in_one_tile():
+    """Up to 8,192 keys: one key tile per row (one matmul, one softmax op);
+    query tiles sized to 2**21 score elements per batch element, at most
+    128 rows of tiles (tracing time)."""
+    assert _blockwise_tiles(512, 512, 8) == (512, 512)
+    assert _blockwise_tiles(2048, 2048, 8) == (128, 2048)
+    assert _blockwise_tiles(8192, 8192, 8) == (64, 8192)
+    assert _blockwise_tiles(32768, 32768, 8) == (256, 8192)
+    plan = _Plan(2048, 2048, True, 0, 128, 2048)
+    assert all(len(chunks) == 1 for _, _, chunks in plan.rows)
 
 
 def test_automatic_choice_and_errors():
