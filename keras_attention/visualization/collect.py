@@ -329,8 +329,13 @@ class _Recorder:
                 key_mask=_mask(args.get("context_mask"), args.get("context")),
             )
         else:  # MultiHeadAttention
-            weights = _high_rank_to_4d(_numpy(scores), layer.num_heads)
             query, value = args.get("query"), args.get("value")
+            weights = _high_rank_to_4d(
+                _numpy(scores),
+                layer.num_heads,
+                len(query.shape),
+                layer.attention_axes,
+            )
             key = args.get("key")
             causal = bool(args.get("use_causal_mask"))
             is_self = value is query and (key is None or key is query)
@@ -381,14 +386,24 @@ class _Recorder:
         self.records.append((name, weights.astype("float32"), meta))
 
 
-def _high_rank_to_4d(weights, num_heads):
+def _high_rank_to_4d(weights, num_heads, query_rank, attention_axes):
     """Keras's `attention_axes` layout `(b, <others>, heads, <q axes>,
-    <k axes>)` -> `(b * others, heads, Tq, Tk)` (rank 4 unchanged)."""
+    <k axes>)` -> `(b * others, heads, Tq, Tk)` (rank 4 unchanged).
+
+    The heads axis follows from the query's rank and `attention_axes`
+    (`1 + len(others)`), never from matching sizes: another axis may have
+    `num_heads` steps too.
+    """
     if weights.ndim == 4:
         return weights
     shape = weights.shape
-    heads_axis = next(a for a in range(1, len(shape)) if shape[a] == num_heads)
-    axes = (len(shape) - heads_axis - 1) // 2
+    if attention_axes is None:
+        axes = query_rank - 2
+    elif isinstance(attention_axes, int):
+        axes = 1
+    else:
+        axes = len(attention_axes)
+    heads_axis = 1 + (query_rank - 2 - axes)
     lead = int(np.prod(shape[:heads_axis]))
     tq = int(np.prod(shape[heads_axis + 1 : heads_axis + 1 + axes]))
     return weights.reshape(lead, num_heads, tq, -1)

@@ -326,3 +326,25 @@ def test_shared_layer_calls_and_own_scores():
     assert [m["call_index"] for m in maps.metadata.values()] == [0, 1]
     np.testing.assert_allclose(maps["shared"], np_(scores), atol=1e-6)
     assert not np.allclose(maps["shared#2"], maps["shared"])
+
+
+@pytest.mark.parametrize("attention_axes", [1, (2,), None])
+def test_attention_axes_layout_when_a_size_equals_num_heads(attention_axes):
+    """The heads axis comes from the layer's layout, not from matching
+    sizes: here axis 2 has `num_heads` (2) steps as well."""
+    x = keras.Input((5, 2, 8))
+    mha = layers.MultiHeadAttention(
+        2, 4, attention_axes=attention_axes, name="axial"
+    )
+    model = keras.Model(x, mha(x, x))
+    data = RNG.normal(size=(3, 5, 2, 8)).astype("float32")
+    maps = collect_attention(model, data)
+    _, scores = mha(data, data, return_attention_scores=True)
+    scores = np_(scores)
+    if attention_axes is None:  # (b, h, 5, 2, 5, 2): both axes flattened
+        expected = scores.reshape(3, 2, 10, 10)
+    elif attention_axes == 1:  # (b, 2 others, h, 5, 5)
+        expected = scores.reshape(6, 2, 5, 5)
+    else:  # (b, 5 others, h, 2, 2)
+        expected = scores.reshape(15, 2, 2, 2)
+    np.testing.assert_allclose(maps["axial"], expected, atol=ATOL)
