@@ -302,7 +302,7 @@ def _blockwise_tiles(tq, tk, heads):
     stay efficient and each op has few, large operands; the query tile is
     the largest power of two (64 to 512 rows) that keeps a tile's scores
     at `heads * query_block * key_block <= _TILE_ELEMENTS` per batch
-    element (8 MiB in float32: cache-sized, O(T) memory), and at most 256
+    element (8 MiB in float32: cache-sized, O(T) memory), and at most 128
     rows of tiles (tracing time: the tiles are unrolled).
     """
     key_block = min(tk, _MAX_KEY_BLOCK)
@@ -311,7 +311,7 @@ def _blockwise_tiles(tq, tk, heads):
         _TILE_ELEMENTS
     ):
         query_block //= 2
-    return max(query_block, -(-tq // 256)), max(key_block, -(-tk // 16))
+    return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
 
 
 def _fused(

@@ -220,11 +220,11 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
 def test_blockwise_tiles_keep_every_key_in_one_tile():
     """Up to 8,192 keys: one key tile per row (one matmul, one softmax op);
     query tiles sized to 2**21 score elements per batch element, at most
-    256 rows of tiles (tracing time)."""
+    128 rows of tiles (tracing time)."""
     assert _blockwise_tiles(512, 512, 8) == (512, 512)
     assert _blockwise_tiles(2048, 2048, 8) == (128, 2048)
     assert _blockwise_tiles(8192, 8192, 8) == (64, 8192)
-    assert _blockwise_tiles(32768, 32768, 8) == (128, 8192)
+    assert _blockwise_tiles(32768, 32768, 8) == (256, 8192)
     plan = _Plan(2048, 2048, True, 0, 128, 2048)
     assert all(len(chunks) == 1 for _, _, chunks in plan.rows)
 
