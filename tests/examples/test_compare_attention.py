@@ -39,17 +39,16 @@ def _number(cell):
 def test_study_runs_and_writes_a_well_formed_report(tmp_path):
     from examples.compare_attention import __main__ as study
 
-    paths = study.main(
-        [
-            "--quick",
-            "--out",
-            str(tmp_path),
-            "--variants",
-            ",".join(VARIANTS),
-            "--tasks",
-            ",".join(TASKS),
-        ]
-    )
+    flags = [
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--variants",
+        ",".join(VARIANTS),
+        "--tasks",
+        ",".join(TASKS),
+    ]
+    paths = study.main(flags)
     report = open(paths["report"]).read()
     assert "Command: `python -m examples.compare_attention --quick" in report
     assert "Machine: " in report and "Budget: " in report
@@ -84,6 +83,9 @@ def test_study_runs_and_writes_a_well_formed_report(tmp_path):
         width, height = _png_size(plot)
         assert 200 < width < 2000 and 200 < height < 2000
         assert "](" + plot.split("/")[-1] + ")" in report
+    # The runs are saved: the report is written again without training.
+    again = study.main(flags + ["--report-only"])
+    assert _tables(open(again["report"]).read()) == tables
     results = json.load(open(paths["results"]))
     assert len(results["runs"]) == len(VARIANTS) * len(TASKS)
     for run in results["runs"]:
