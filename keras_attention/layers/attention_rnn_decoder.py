@@ -494,7 +494,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         validation.check_padding_mask(
             "memory_mask", memory_mask, memory, "memory"
         )
-        batch, steps = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        batch = ops.shape(inputs)[0]
         states = self.get_initial_state(batch, initial_state)
         prepared = self.prepare_memory(memory)
         x = (
@@ -503,42 +503,57 @@ class AttentionRNNDecoder(keras.layers.Layer):
             else inputs
         )
         x = ops.cast(x, self.compute_dtype)
-        if mask is None:
-            step_mask = ops.ones((batch, steps), "bool")
-        else:
-            step_mask = ops.cast(mask, "bool")
-        # One scanned tensor: the inputs with the target mask as a last
-        # channel, time-major.
-        xs = ops.concatenate(
-            [x, ops.cast(step_mask, x.dtype)[..., None]], axis=-1
-        )
-        xs = ops.transpose(xs, (1, 0, 2))  # t b (e + 1)
+        # The loop carries the states, the step's output and (only when
+        # returned) its attention weights; padded target steps keep the
+        # previous state, and their outputs and weights are zeroed once,
+        # after the loop.
         num_states = len(states)
-        source_steps = ops.shape(memory)[1]
-        init = tuple(states) + (
-            ops.zeros((batch, self.units), self.compute_dtype),
-            ops.zeros((batch, source_steps), self.compute_dtype),
-            ops.zeros((), "int32"),  # t
-        )
+        keep_weights = self.return_attention_scores
+        init = tuple(states) + (ops.zeros((batch, self.units), x.dtype),)
+        if keep_weights:
+            init += (ops.zeros((batch, ops.shape(memory)[1]), x.dtype),)
+        init += (ops.zeros((), "int32"),)  # t
 
-        def body(carry, xs_t):
-            x_t, m_t = xs_t[:, :-1], xs_t[:, -1:] > 0
+        def advance(x_t, carry):
             old, t = list(carry[:num_states]), carry[-1]
             output, new, weights = self._step(
                 x_t, old, prepared, memory, memory_mask, t, training
             )
-            # Padded target steps carry the state and output zeros.
-            new = [ops.where(m_t, n, o) for n, o in zip(new, old)]
-            output = ops.where(m_t, output, ops.zeros_like(output))
-            weights = ops.cast(weights, self.compute_dtype)
-            weights = ops.where(m_t, weights, ops.zeros_like(weights))
-            carry = tuple(new) + (output, weights, t + 1)
-            return carry, carry
+            extra = (ops.cast(weights, x.dtype),) if keep_weights else ()
+            return old, new, (output,) + extra + (t + 1,)
+
+        if mask is None:
+
+            def body(carry, x_t):
+                _, new, rest = advance(x_t, carry)
+                carry = tuple(new) + rest
+                return carry, carry
+
+            xs = ops.transpose(x, (1, 0, 2))  # t b e
+        else:
+
+            def body(carry, xs_t):
+                x_t, m_t = xs_t[:, :-1], xs_t[:, -1:] > 0
+                old, new, rest = advance(x_t, carry)
+                new = [ops.where(m_t, n, o) for n, o in zip(new, old)]
+                carry = tuple(new) + rest
+                return carry, carry
+
+            # One scanned tensor: the inputs with the target mask as a last
+            # channel, time-major.
+            step_mask = ops.cast(mask, x.dtype)[..., None]  # b t 1
+            xs = ops.concatenate([x, step_mask], axis=-1)
+            xs = ops.transpose(xs, (1, 0, 2))  # t b (e + 1)
 
         final, history = scan_carry(body, init, xs)
         outputs = (ops.transpose(history[num_states], (1, 0, 2)),)
-        if self.return_attention_scores:
+        if keep_weights:
             outputs += (ops.transpose(history[num_states + 1], (1, 0, 2)),)
+        if mask is not None:  # zeros at padded target steps
+            outputs = tuple(
+                ops.where(ops.cast(mask, "bool")[..., None], y, 0)
+                for y in outputs
+            )
         if self.return_state:
             outputs += tuple(final[:num_states])
         return outputs[0] if len(outputs) == 1 else outputs
