@@ -147,7 +147,7 @@ def fit(
     Returns:
         the `keras.callbacks.History`.
     """
-    strategy = strategy or model.distribute_strategy
+    strategy = strategy or getattr(model, "distribute_strategy", None)
     if not uses_custom_loop(strategy):
         return model.fit(
             train_ds,
@@ -208,7 +208,7 @@ def evaluate(model, dataset, *, strategy=None, callbacks=(), verbose=0):
         a dict of the metrics (`loss` and the compiled metrics), over the
         whole dataset.
     """
-    strategy = strategy or model.distribute_strategy
+    strategy = strategy or getattr(model, "distribute_strategy", None)
     if not uses_custom_loop(strategy):
         return model.evaluate(
             dataset,

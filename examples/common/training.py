@@ -458,7 +458,8 @@ def fit(
 
     output_dir = args.output_dir or "runs/example"
     os.makedirs(output_dir, exist_ok=True)
-    strategy = model.distribute_strategy
+    # Only TensorFlow models have a `tf.distribute` strategy.
+    strategy = getattr(model, "distribute_strategy", None)
     steps = args.steps_per_epoch or count_batches(train_ds)
     total_steps = args.epochs * steps
     backups = backup_dir(args)

@@ -47,6 +47,7 @@ from examples.common import HelpFormatter
 from examples.common import add_training_args
 from examples.common import fit
 from examples.common import setup_runtime
+from examples.common.distributed import evaluate
 from examples.common.training import add_backend_arg
 from examples.common.training import select_backend
 
@@ -311,7 +312,8 @@ def main(argv=None):
     model.summary(print_fn=logger.info)
     timer = StepTimer()
     history = fit(model, train, val, args, callbacks=[timer])
-    test_loss = float(model.evaluate(test, verbose=0))
+    # `model.evaluate` fails under several workers (keras#20585).
+    test_loss = float(evaluate(model, test)["loss"])
     train_time = time.time() - start
     bpc = bits_per_character(test_loss)
     # Teacher-forced, on test windows as long as the generated texts.
