@@ -87,11 +87,12 @@ def dot_product_attention(
         `(b, i, h, e)` in the query's dtype, and the weights (query dtype) if
         `return_weights`.
 
-    Low-precision inputs: the scores of float16 / bfloat16 inputs are formed
-    in float32 on the dense and blockwise paths (and by the fused kernels of
-    JAX, which accumulate in float32; on TensorFlow, and for float16 on
-    torch, the "fused" path computes in float32), so large queries and keys
-    cannot overflow them.
+    Low-precision inputs: the scores of float16 inputs are formed in float32
+    on the dense and blockwise paths (and by the fused kernels of JAX, which
+    accumulate in float32; on TensorFlow, and for float16 on torch, the
+    "fused" path computes in float32), so large queries and keys cannot
+    overflow them. bfloat16 scores (float32's range: no overflow) stay in
+    bfloat16 on the dense and blockwise paths; the softmax is float32.
 
     Example:
 
@@ -391,7 +392,7 @@ def _fused(
 
 def _fused_in_float32(dtype):
     """Whether the fused path upcasts float16 / bfloat16 inputs."""
-    if score_dtype(dtype) == dtype:
+    if dtype not in ("float16", "bfloat16"):
         return False
     backend = keras.backend.backend()
     return backend == "tensorflow" or (

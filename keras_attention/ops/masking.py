@@ -38,10 +38,15 @@ def mask_fill_value(dtype):
 
 
 def score_dtype(dtype):
-    """The dtype attention scores are formed in: float32 for float16 and
-    bfloat16 inputs (no overflow), the input dtype otherwise."""
+    """The dtype attention scores are formed in: float32 for float16 inputs
+    (whose range, 65,504, scores can overflow), the input dtype otherwise.
+
+    bfloat16 has float32's exponent range, so its scores cannot overflow
+    and stay in bfloat16 (the fast matmuls of CPUs with AVX512_BF16/AMX and
+    of accelerators); the softmax still runs in float32.
+    """
     dtype = keras.backend.standardize_dtype(dtype)
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
+    return "float32" if dtype == "float16" else dtype
 
 
 def masked_softmax(scores, mask=None, axis=-1):
