@@ -32,8 +32,8 @@ import keras
 import keras_hub
 import numpy as np
 
-from keras_attention import distribution as ka_distribution
 from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import TokenAndPositionEmbedding
 
@@ -170,7 +170,7 @@ def make_distribution(kind, model_axis_size=2):
         devices,
     )
     return keras.distribution.ModelParallel(
-        layout_map=ka_distribution.get_layout_map(mesh),
+        layout_map=get_layout_map(mesh),
         batch_dim_name="batch",
     )
 

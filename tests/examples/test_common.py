@@ -324,6 +324,7 @@ def test_examples_use_only_the_public_api():
 
     public = {
         "keras_attention.blocks",
+        "keras_attention.distribution",
         "keras_attention.generation",
         "keras_attention.layers",
         "keras_attention.masks",
