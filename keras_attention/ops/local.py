@@ -569,6 +569,7 @@ def global_local_attention(
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attention
     >>> x = np.random.default_rng(0).normal(size=(1, 10, 2, 4))
@@ -580,7 +581,8 @@ def global_local_attention(
     ...     return_weights=True)
     >>> tuple(out.shape), tuple(w["global_keys"].shape)
     ((1, 10, 2, 4), (1, 2, 10, 1))
-    >>> round(float(np.sum(w["global_queries"][0, 0, 0])), 4)
+    >>> row = keras.ops.convert_to_numpy(w["global_queries"][0, 0, 0])
+    >>> round(float(row.sum()), 4)
     1.0
 
     References:
