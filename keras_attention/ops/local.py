@@ -473,9 +473,9 @@ def _global_rows(
     `queries` `(b, S, h, d)`, `keys`/`values` `(b, t, g, d|e)`; returns
     `(b, S, h, e)` and the weights `(b, g, r, S, t)` (value dtype).
     """
-    count = queries.shape[1]
     queries = ops.multiply(ops.cast(queries, "float32"), scale)
-    queries = ops.reshape(queries, (geo.b, count, geo.groups, geo.r, geo.d))
+    # S (-1): static only once the slots are gathered in eager calls.
+    queries = ops.reshape(queries, (geo.b, -1, geo.groups, geo.r, geo.d))
     scores = ops.einsum("bsgrd,btgd->bgrst", queries, ops.cast(keys, "float32"))
     mask = ops.logical_and(
         row_ok[:, :, None], key_valid[:, None, :]
@@ -489,7 +489,7 @@ def _global_rows(
     weights = ops.cast(weights, values.dtype)
     kept = dropout_fn(weights) if dropout_fn is not None else weights
     rows = ops.einsum("bgrst,btge->bsgre", kept, values)
-    return ops.reshape(rows, (geo.b, count, geo.heads, geo.e)), weights
+    return ops.reshape(rows, (geo.b, -1, geo.heads, geo.e)), weights
 
 
 def global_local_attention(

@@ -11,6 +11,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
 from keras import ops
 from references import masked_softmax as np_masked_softmax
 
@@ -482,4 +483,30 @@ def test_sliding_window_mask_helper_agrees():
     np.testing.assert_array_equal(
         combined_mask(t, (2, 1), False, none, np.ones((1, t), bool))[0],
         np_(masks.sliding_window_mask(t, (2, 1))).reshape(t, t),
+    )
+
+
+def test_harness_with_global_tokens():
+    """The shared harness (config, .keras, SavedModel, fit, mixed
+    precision) with global tokens and separate global projections."""
+    is_global = np.zeros((2, 9), bool)
+    is_global[:, 0] = True
+    is_global[1, 4] = True
+    run_layer_test(
+        LocalSelfAttention,
+        dict(
+            num_heads=2,
+            key_dim=4,
+            window_size=1,
+            max_global_tokens=2,
+            global_projections=True,
+        ),
+        dict(
+            inputs=np.random.default_rng(3)
+            .normal(size=(2, 9, 8))
+            .astype("float32"),
+            global_mask=is_global,
+        ),
+        expected_output_shape=(2, 9, 8),
+        vary_sequence_length=False,
     )
