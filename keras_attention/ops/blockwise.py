@@ -184,6 +184,8 @@ def _online_tiles(plan, q_t, k32, vh, aux, i0, i1, chunks):
     r = q_t.shape[2] // n
     m = row_sum = acc = None
     for _, j0, j1, needs_causal in chunks:
+        # One key tile at a time (TensorFlow would start them all).
+        q_t, k32, vh = _backend.after((q_t, k32, vh), [acc])
         mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
         s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
         m_c = ops.max(s, axis=-1, keepdims=True)
@@ -250,8 +252,12 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
         q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
-        dq_t = None
+        dq_t, last = None, []
         for c, j0, j1, needs_causal in chunks:
+            # One key tile at a time within the row, too.
+            q_t, k_src, k32_src, v_src = _backend.after(
+                (q_t, k_src, k32_src, v_src), last
+            )
             k_c, v_c = k_src[:, :, j0:j1], v_src[:, :, j0:j1]
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
             s = _scores(q_t, k32_src[:, :, j0:j1], mask, r, n)
@@ -265,6 +271,7 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
             dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
             dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
             dq_t = dq_c if dq_t is None else dq_t + dq_c
+            last = [dq_t, dk_c, dv_c]
             _accumulate(dks, c, dk_c)
             _accumulate(dvs, c, dv_c)
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
