@@ -8,6 +8,7 @@ from keras import ops
 from references import masked_softmax as np_masked_softmax
 
 from keras_attention.masks import sliding_window_mask
+from keras_attention.ops import banded
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
@@ -242,10 +243,13 @@ def _grads(fn, args):
     return [g.numpy() for g in tape.gradient(loss, args)]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize(
     "window,causal,groups", [(3, False, 2), ((4, 1), True, 1)]
 )
-def test_gradients_match_dense(window, causal, groups):
+def test_gradients_match_dense(window, causal, groups, chunked, monkeypatch):
+    if chunked:  # One block per chunk: several chunks, run one by one.
+        monkeypatch.setattr(banded, "_CHUNK_ELEMENTS", 1)
     t = 19
     q, k, v, valid = _inputs(
         t, groups=groups, padded=19
@@ -268,6 +272,11 @@ def test_gradients_match_dense(window, causal, groups):
     def dense(q, k, v):
         return dot_product_attention(q, k, v, mask=mask)
 
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(local(q, k, v)),
+        ops.convert_to_numpy(dense(q, k, v)),
+        atol=1e-5,
+    )
     for a, b in zip(_grads(local, [q, k, v]), _grads(dense, [q, k, v])):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, atol=1e-5)
