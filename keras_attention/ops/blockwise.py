@@ -30,6 +30,7 @@ from keras import ops
 from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops.masking import mask_fill_value
+from keras_attention.ops.masking import score_dtype
 
 _FILL = mask_fill_value("float32")
 
@@ -94,9 +95,11 @@ def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
 
 
 def _scores(q_t, k_c, mask, r, rows):
-    """Masked float32 scores `(b, g, q, k)` of one tile, formed in float32
-    (float16 products of large queries and keys would overflow)."""
-    s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, "float32"), k_c)
+    """Masked float32 scores `(b, g, q, k)` of one tile, formed in the
+    keys' dtype `k_c` (`score_dtype`: float32 for float16, whose products
+    of large queries and keys would overflow; bfloat16 stays bfloat16)."""
+    s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, k_c.dtype), k_c)
+    s = ops.cast(s, "float32")
     if mask is None:
         return s
     g, cols = ops.shape(s)[1], ops.shape(s)[3]
@@ -129,12 +132,12 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     of its queries, bool `(b|1, g|1, r|1, Bq, 1)` (None: all valid).
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
-    k32 = ops.cast(kh, "float32")
+    ks = ops.cast(kh, score_dtype(kh.dtype))
     outs, lses, valids = [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
-        q_src, k_src, v_src = _backend.after((qh, k32, vh), outs[-1:])
+        q_src, k_src, v_src = _backend.after((qh, ks, vh), outs[-1:])
         q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
         tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
         if not chunks:  # Causal row that sees no key at all.
@@ -156,7 +159,7 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     return _concat_rows(outs), lses, valids
 
 
-def _one_tile(plan, q_t, k32, vh, aux, i0, i1, chunks):
+def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
     """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)`
     float32; no log-sum-exp; validity from the row max (None when the row
     cannot be empty)."""
@@ -164,7 +167,7 @@ def _one_tile(plan, q_t, k32, vh, aux, i0, i1, chunks):
     r = q_t.shape[2] // n
     ((_, j0, j1, needs_causal),) = chunks
     mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-    s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+    s = _scores(q_t, ks[:, :, j0:j1], mask, r, n)
     p = ops.softmax(s, axis=-1)
     out = ops.einsum("bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1])
     out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
@@ -176,7 +179,7 @@ def _one_tile(plan, q_t, k32, vh, aux, i0, i1, chunks):
     return out, None, valid
 
 
-def _online_tiles(plan, q_t, k32, vh, aux, i0, i1, chunks):
+def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
     """Online softmax over the key tiles of one row: the output
     `(b, g, r, Bq, e)` float32, the log-sum-exp `(b, g, q, 1)` and the
     validity `(b, g, r, Bq, 1)`."""
@@ -185,9 +188,9 @@ def _online_tiles(plan, q_t, k32, vh, aux, i0, i1, chunks):
     m = row_sum = acc = None
     for _, j0, j1, needs_causal in chunks:
         # One key tile at a time (TensorFlow would start them all).
-        q_t, k32, vh = _backend.after((q_t, k32, vh), [acc])
+        q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
         mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-        s = _scores(q_t, k32[:, :, j0:j1], mask, r, n)
+        s = _scores(q_t, ks[:, :, j0:j1], mask, r, n)
         m_c = ops.max(s, axis=-1, keepdims=True)
         m_new = m_c if m is None else ops.maximum(m, m_c)
         p = ops.exp(s - m_new)
@@ -222,7 +225,7 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
     """
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
-    k32 = ops.cast(kh, "float32")
+    ks = ops.cast(kh, score_dtype(kh.dtype))
     dqs = []
     dks, dvs = {}, {}
     # Last query tile first: with a causal structure each key tile then
@@ -246,8 +249,8 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
         # One row of tiles at a time (TensorFlow would start them all).
         previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
         previous += [x[0] for x in list(dvs.values())[-1:]]
-        q_src, k_src, k32_src, v_src = _backend.after(
-            (qh, kh, k32, vh), previous
+        q_src, k_src, ks_src, v_src = _backend.after(
+            (qh, kh, ks, vh), previous
         )
         q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
@@ -255,12 +258,12 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
         dq_t, last = None, []
         for c, j0, j1, needs_causal in chunks:
             # One key tile at a time within the row, too.
-            q_t, k_src, k32_src, v_src = _backend.after(
-                (q_t, k_src, k32_src, v_src), last
+            q_t, k_src, ks_src, v_src = _backend.after(
+                (q_t, k_src, ks_src, v_src), last
             )
             k_c, v_c = k_src[:, :, j0:j1], v_src[:, :, j0:j1]
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-            s = _scores(q_t, k32_src[:, :, j0:j1], mask, r, n)
+            s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
             if lse_t is None:
                 p = ops.softmax(s, axis=-1)
             else:
