@@ -23,6 +23,7 @@ from keras import ops
 from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops.blockwise import blockwise_attention
+from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
@@ -204,6 +205,8 @@ _BLOCKWISE_MIN_PAIRS = 128 * 256
 # length, and scores of at most this many elements per batch element.
 _MAX_KEY_BLOCK = 8192
 _TILE_ELEMENTS = 2**21
+_KEPT_TILE_ELEMENTS = 2**23
+_MAX_QUERY_BLOCK = 512
 
 
 @contextlib.contextmanager
@@ -284,7 +287,9 @@ def _structural_to_dense(
 
 def _blockwise(query, key, value, **structural):
     tq, tk = query.shape[1], key.shape[1]
-    query_block, key_block = _blockwise_tiles(tq, tk, query.shape[2])
+    query_block, key_block = _blockwise_tiles(
+        tq, tk, query.shape[2], causal=bool(structural.get("is_causal"))
+    )
     return blockwise_attention(
         query,
         key,
@@ -295,22 +300,31 @@ def _blockwise(query, key, value, **structural):
     )
 
 
-def _blockwise_tiles(tq, tk, heads):
+def _blockwise_tiles(tq, tk, heads, causal=False):
     """The tile sizes `(query_block, key_block)` of the blockwise path.
 
     Every key up to `_MAX_KEY_BLOCK` in one tile: a row of tiles is then
     one large matmul and one softmax op (no online softmax), the matmuls
-    stay efficient and each op has few, large operands; the query tile is
+    stay efficient and each op has few, large operands. The query tile is
     the largest power of two (64 to 512 rows) that keeps a tile's scores
-    at `heads * query_block * key_block <= _TILE_ELEMENTS` per batch
-    element (8 MiB in float32: cache-sized, O(T) memory), and at most 128
+    at `heads * query_block * key_block` elements per batch element within
+    a budget: `_KEPT_TILE_ELEMENTS` (32 MiB in float32) when the backward
+    pass keeps the probabilities (`blockwise.keeps_probabilities`: short
+    sequences, where fewer, larger tiles were faster on an idle machine),
+    else `_TILE_ELEMENTS` (8 MiB: O(T) memory). A causal call also keeps
+    at least four rows of tiles and at most 256 rows per tile (the tiles
+    above the diagonal are skipped: smaller tiles skip more). At most 128
     rows of tiles (tracing time: the tiles are unrolled).
     """
     key_block = min(tk, _MAX_KEY_BLOCK)
-    query_block = 512
-    while query_block > 64 and heads * query_block * key_block > (
-        _TILE_ELEMENTS
-    ):
+    budget = _TILE_ELEMENTS
+    if tq is not None and keeps_probabilities(tq, key_block, heads):
+        budget = _KEPT_TILE_ELEMENTS
+    query_block = _MAX_QUERY_BLOCK
+    if causal and tq is not None:
+        while query_block > 64 and (query_block > 256 or 4 * query_block > tq):
+            query_block //= 2
+    while query_block > 64 and heads * query_block * key_block > budget:
         query_block //= 2
     return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
 

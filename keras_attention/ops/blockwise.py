@@ -33,6 +33,19 @@ from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import score_dtype
 
 _FILL = mask_fill_value("float32")
+# The backward pass reuses the forward's probabilities of one-tile rows
+# instead of recomputing them (one score matmul and one softmax less per
+# tile) when they hold at most this many elements per batch element
+# (128 MiB in float32: T = 2,048 with 8 heads); longer sequences recompute
+# them, so that memory stays O(T * tile).
+_KEEP_ELEMENTS = 2**25
+
+
+def keeps_probabilities(tq, tk, heads):
+    """Whether the backward pass of `tq x tk` scores per head reuses the
+    forward's probabilities (at most `_KEEP_ELEMENTS` per batch element)
+    instead of recomputing them."""
+    return heads * tq * tk <= _KEEP_ELEMENTS
 
 
 def _tiles(start, stop, size):
@@ -50,7 +63,14 @@ class _Plan:
     """Static tiling of one call: which (query tile, key tile) pairs run."""
 
     def __init__(
-        self, tq, tk, is_causal, causal_offset, query_block, key_block
+        self,
+        tq,
+        tk,
+        is_causal,
+        causal_offset,
+        query_block,
+        key_block,
+        heads=1,
     ):
         self.tq, self.tk = tq, tk
         self.query_block, self.key_block = query_block, key_block
@@ -74,6 +94,14 @@ class _Plan:
                 )
                 chunks.append((c, j0, j1, crosses or self.dynamic_causal))
             self.rows.append((i0, i1, chunks))
+        # Probabilities of one-tile rows kept for the backward pass (not
+        # recomputed) when they are small: see `_KEEP_ELEMENTS`.
+        kept = sum(
+            (i1 - i0) * (chunks[0][2] - chunks[0][1])
+            for i0, i1, chunks in self.rows
+            if len(chunks) == 1
+        )
+        self.keep_probabilities = keeps_probabilities(kept, 1, heads)
 
 
 def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
@@ -133,19 +161,20 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
     ks = ops.cast(kh, score_dtype(kh.dtype))
-    outs, lses, valids = [], [], []
+    outs, lses, valids, probs = [], [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
         q_src, k_src, v_src = _backend.after((qh, ks, vh), outs[-1:])
         q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
         tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
+        p = None
         if not chunks:  # Causal row that sees no key at all.
             out, lse = ops.zeros_like(qh[:, :, :, i0:i1, :1]), None
             out = ops.cast(out, "float32") + ops.zeros((e,), "float32")
             valid = ops.zeros_like(out[..., :1], "bool")
         elif len(chunks) == 1:
-            out, lse, valid = _one_tile(*tile)
+            out, lse, valid, p = _one_tile(*tile)
         else:
             out, lse, valid = _online_tiles(*tile)
         if valid_rows is not None:
@@ -156,13 +185,14 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
         outs.append(ops.cast(out, qh.dtype))
         lses.append(lse)
         valids.append(valid)
-    return _concat_rows(outs), lses, valids
+        probs.append(p if plan.keep_probabilities else None)
+    return _concat_rows(outs), lses, valids, probs
 
 
 def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
     """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)`
     float32; no log-sum-exp; validity from the row max (None when the row
-    cannot be empty)."""
+    cannot be empty); the float32 probabilities `(b, g, q, k)`."""
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
     ((_, j0, j1, needs_causal),) = chunks
@@ -176,7 +206,7 @@ def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
         # A row whose max is the fill value saw only masked keys.
         m = ops.max(s, axis=-1, keepdims=True)
         valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
-    return out, None, valid
+    return out, None, valid, p
 
 
 def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
@@ -219,7 +249,7 @@ def _concat_rows(tiles):
     return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
-def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
+def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
     """Gradients w.r.t. `qh, kh, vh` recomputing each tile's probabilities
     (from the softmax of a one-tile row, else from the saved log-sum-exp).
     """
@@ -230,8 +260,8 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
     dks, dvs = {}, {}
     # Last query tile first: with a causal structure each key tile then
     # gets ever shorter contributions, summed as they come (not kept).
-    rows = list(zip(plan.rows, lses, valids))[::-1]
-    for (i0, i1, chunks), lse_t, valid in rows:
+    rows = list(zip(plan.rows, *saved))[::-1]
+    for (i0, i1, chunks), lse_t, valid, p_t in rows:
         n = i1 - i0
         if not chunks:
             dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
@@ -249,9 +279,7 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
         # One row of tiles at a time (TensorFlow would start them all).
         previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
         previous += [x[0] for x in list(dvs.values())[-1:]]
-        q_src, k_src, ks_src, v_src = _backend.after(
-            (qh, kh, ks, vh), previous
-        )
+        q_src, k_src, ks_src, v_src = _backend.after((qh, kh, ks, vh), previous)
         q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
@@ -263,10 +291,13 @@ def _backward(plan, qh, kh, vh, aux, out, lses, valids, d_out):
             )
             k_c, v_c = k_src[:, :, j0:j1], v_src[:, :, j0:j1]
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-            s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
-            if lse_t is None:
+            if p_t is not None:  # Kept by the forward pass.
+                p = p_t
+            elif lse_t is None:
+                s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
                 p = ops.softmax(s, axis=-1)
             else:
+                s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
                 p = ops.exp(s - lse_t)
             dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
             dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
@@ -347,7 +378,9 @@ def blockwise_attention(
     h, g = query.shape[2], key.shape[2]
     r = h // g
     d, e = query.shape[-1], value.shape[-1]
-    plan = _Plan(b_tq, tk, is_causal, causal_offset, query_block, key_block)
+    plan = _Plan(
+        b_tq, tk, is_causal, causal_offset, query_block, key_block, heads=h
+    )
     if mask is not None:
         mask = ops.cast(mask, "bool")
         mh = mask.shape[1]
@@ -368,21 +401,19 @@ def blockwise_attention(
         kh = ops.transpose(k, (0, 2, 1, 3))
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
-        out, lses, valids = _forward(plan, qh, kh, vh, tile_aux, query_padding)
+        out, *saved = _forward(plan, qh, kh, vh, tile_aux, query_padding)
         result = ops.reshape(
             ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
         )
-        return result, (qh, kh, vh, tile_aux, out, lses, valids)
+        return result, (qh, kh, vh, tile_aux, out, saved)
 
     def backward(residuals, d_result):
-        qh, kh, vh, tile_aux, out, lses, valids = residuals
+        qh, kh, vh, tile_aux, out, saved = residuals
         d_out = ops.transpose(
             ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
             (0, 2, 3, 1, 4),
         )
-        dq, dk, dv = _backward(
-            plan, qh, kh, vh, tile_aux, out, lses, valids, d_out
-        )
+        dq, dk, dv = _backward(plan, qh, kh, vh, tile_aux, out, saved, d_out)
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
         return (
             dq,

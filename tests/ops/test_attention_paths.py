@@ -13,15 +13,31 @@ from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops.attention import _blockwise_tiles
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
+from keras_attention.ops import blockwise
 from keras_attention.ops.blockwise import _Plan
 from keras_attention.ops.blockwise import blockwise_attention
 
-PATHS = ["dense", "blockwise", "fused"]
+# "blockwise-recompute": the blockwise path with its backward recomputing
+# the probabilities (long sequences) instead of reusing the forward's.
+PATHS = ["dense", "blockwise", "blockwise-recompute", "fused"]
 RNG = np.random.default_rng(0)
 
 
 def np_(x):
     return ops.convert_to_numpy(ops.cast(x, "float32"))
+
+
+@pytest.fixture
+def use_path(monkeypatch):
+    """`use_path(path)` -> the `implementation` name to pass."""
+
+    def use(path):
+        if path == "blockwise-recompute":
+            monkeypatch.setattr(blockwise, "_KEEP_ELEMENTS", 0)
+            return "blockwise"
+        return path
+
+    return use
 
 
 def np_attention(q, k, v, mask):
@@ -101,7 +117,10 @@ def grads(fn, args):
 @pytest.mark.parametrize(
     "causal,offset", [(False, 0), (True, 0), (True, 4), (True, -3)]
 )
-def test_structural_masks_match_numpy_and_dense_gradients(path, causal, offset):
+def test_structural_masks_match_numpy_and_dense_gradients(
+    path, causal, offset, use_path
+):
+    path = use_path(path)
     q, k, v = inputs()
     kwargs, dense = structural_masks(2, 13, 17, offset, causal)
 
@@ -121,7 +140,8 @@ def test_structural_masks_match_numpy_and_dense_gradients(path, causal, offset):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)])
-def test_dense_mask_and_grouped_query(path, heads):
+def test_dense_mask_and_grouped_query(path, heads, use_path):
+    path = use_path(path)
     h, g = heads
     q, k, v = inputs(h=h, g=g)
     mask = RNG.random((2, h, 13, 17)) > 0.5
@@ -146,7 +166,10 @@ def test_dense_mask_and_grouped_query(path, heads):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_fully_masked_rows_are_zero_with_finite_gradients(path, dtype):
+def test_fully_masked_rows_are_zero_with_finite_gradients(
+    path, dtype, use_path
+):
+    path = use_path(path)
     q, k, v = (ops.cast(x, dtype) for x in inputs(b=1, tq=6, tk=5))
     key_padding = np.zeros((1, 5), bool)  # no key at all: every row empty
     out, g = grads(
@@ -174,9 +197,15 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(path, dtype):
     "blocks", [(4, 8), (8, 4), (5, 7), (64, 64)], ids=lambda b: f"{b[0]}x{b[1]}"
 )
 @pytest.mark.parametrize("offset_kind", ["int", "tensor"])
-def test_blockwise_tiles_and_online_softmax(blocks, offset_kind):
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_blockwise_tiles_and_online_softmax(
+    blocks, offset_kind, keep, monkeypatch
+):
     """Several key tiles per row (online softmax), ragged last tiles, causal
-    offsets known statically (tiles skipped) or only at run time."""
+    offsets known statically (tiles skipped) or only at run time; one-tile
+    rows' probabilities kept for the backward pass or recomputed."""
+    if not keep:
+        monkeypatch.setattr(blockwise, "_KEEP_ELEMENTS", 0)
     q, k, v = inputs(tq=19, tk=23)
     kwargs, dense = structural_masks(2, 19, 23, 4, True)
     if offset_kind == "tensor":
@@ -219,14 +248,23 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
 
 def test_blockwise_tiles_keep_every_key_in_one_tile():
     """Up to 8,192 keys: one key tile per row (one matmul, one softmax op);
-    query tiles sized to 2**21 score elements per batch element, at most
-    128 rows of tiles (tracing time)."""
+    query tiles sized to 2**23 score elements per batch element while the
+    probabilities are kept for the backward pass (up to 2**25 scores per
+    batch element), else 2**21; causal: at least four rows, at most 256
+    rows per tile; at most 128 rows of tiles (tracing time)."""
     assert _blockwise_tiles(512, 512, 8) == (512, 512)
-    assert _blockwise_tiles(2048, 2048, 8) == (128, 2048)
+    assert _blockwise_tiles(512, 512, 8, causal=True) == (128, 512)
+    assert _blockwise_tiles(2048, 2048, 8) == (512, 2048)
+    assert _blockwise_tiles(2048, 2048, 8, causal=True) == (256, 2048)
+    assert _blockwise_tiles(4096, 4096, 8) == (64, 4096)
     assert _blockwise_tiles(8192, 8192, 8) == (64, 8192)
     assert _blockwise_tiles(32768, 32768, 8) == (256, 8192)
-    plan = _Plan(2048, 2048, True, 0, 128, 2048)
+    plan = _Plan(2048, 2048, True, 0, 128, 2048, heads=8)
     assert all(len(chunks) == 1 for _, _, chunks in plan.rows)
+    assert plan.keep_probabilities
+    assert not _Plan(4096, 4096, True, 0, 64, 4096, heads=8).keep_probabilities
+    assert blockwise.keeps_probabilities(2048, 2048, 8)
+    assert not blockwise.keeps_probabilities(2048, 2049, 8)
 
 
 def test_automatic_choice_and_errors():
@@ -277,7 +315,7 @@ def test_layer_paths_agree_with_keras_masks_and_causal():
     mask = np.ones((2, 11), bool)
     mask[1, 7:] = False
     results = {}
-    for path in PATHS:
+    for path in ("dense", "blockwise", "fused"):
         with implementation_scope(path):
             results[path] = np_(
                 layer(
