@@ -48,6 +48,19 @@ def keeps_probabilities(tq, tk, heads):
     return heads * tq * tk <= _KEEP_ELEMENTS
 
 
+def _part(x, axis, start, stop):
+    """`x[start:stop]` along `axis` through `ops.slice` (TensorFlow's
+    contiguous `Slice`; its strided slice of these rank-5 tensors took a
+    tenth of a causal step's time); `x` itself when that is everything."""
+    if start == 0 and stop == x.shape[axis]:
+        return x
+    size = list(ops.shape(x))
+    size[axis] = stop - start
+    begin = [0] * len(size)
+    begin[axis] = start
+    return ops.slice(x, begin, size)
+
+
 def _tiles(start, stop, size):
     return [(a, min(a + size, stop)) for a in range(start, stop, size)]
 
@@ -166,7 +179,7 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
         q_src, k_src, v_src = _backend.after((qh, ks, vh), outs[-1:])
-        q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, qh.shape[-1]))
+        q_t = ops.reshape(_part(q_src, 3, i0, i1), (-1, g, r * n, qh.shape[-1]))
         tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
         p = None
         if not chunks:  # Causal row that sees no key at all.
@@ -197,9 +210,11 @@ def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
     r = q_t.shape[2] // n
     ((_, j0, j1, needs_causal),) = chunks
     mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-    s = _scores(q_t, ks[:, :, j0:j1], mask, r, n)
+    s = _scores(q_t, _part(ks, 2, j0, j1), mask, r, n)
     p = ops.softmax(s, axis=-1)
-    out = ops.einsum("bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1])
+    out = ops.einsum(
+        "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _part(vh, 2, j0, j1)
+    )
     out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
@@ -220,13 +235,13 @@ def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
         # One key tile at a time (TensorFlow would start them all).
         q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
         mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-        s = _scores(q_t, ks[:, :, j0:j1], mask, r, n)
+        s = _scores(q_t, _part(ks, 2, j0, j1), mask, r, n)
         m_c = ops.max(s, axis=-1, keepdims=True)
         m_new = m_c if m is None else ops.maximum(m, m_c)
         p = ops.exp(s - m_new)
         sum_c = ops.sum(p, axis=-1, keepdims=True)
         pv = ops.einsum(
-            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), vh[:, :, j0:j1]
+            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _part(vh, 2, j0, j1)
         )
         pv = ops.cast(pv, "float32")
         if m is None:
@@ -266,13 +281,13 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
         if not chunks:
             dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
             continue
-        do_t = d_out[:, :, :, i0:i1]
+        do_t = _part(d_out, 3, i0, i1)
         if valid is not None:
             do_t = ops.where(valid, do_t, ops.zeros_like(do_t))
         # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
         dd_t = ops.sum(
             ops.cast(do_t, "float32")
-            * ops.cast(out[:, :, :, i0:i1], "float32"),
+            * ops.cast(_part(out, 3, i0, i1), "float32"),
             axis=-1,
             keepdims=True,
         )
@@ -280,7 +295,7 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
         previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
         previous += [x[0] for x in list(dvs.values())[-1:]]
         q_src, k_src, ks_src, v_src = _backend.after((qh, kh, ks, vh), previous)
-        q_t = ops.reshape(q_src[:, :, :, i0:i1], (-1, g, r * n, d))
+        q_t = ops.reshape(_part(q_src, 3, i0, i1), (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
         dq_t, last = None, []
@@ -289,15 +304,15 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
             q_t, k_src, ks_src, v_src = _backend.after(
                 (q_t, k_src, ks_src, v_src), last
             )
-            k_c, v_c = k_src[:, :, j0:j1], v_src[:, :, j0:j1]
+            k_c, v_c = _part(k_src, 2, j0, j1), _part(v_src, 2, j0, j1)
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
             if p_t is not None:  # Kept by the forward pass.
                 p = p_t
             elif lse_t is None:
-                s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
+                s = _scores(q_t, _part(ks_src, 2, j0, j1), mask, r, n)
                 p = ops.softmax(s, axis=-1)
             else:
-                s = _scores(q_t, ks_src[:, :, j0:j1], mask, r, n)
+                s = _scores(q_t, _part(ks_src, 2, j0, j1), mask, r, n)
                 p = ops.exp(s - lse_t)
             dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
             dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
