@@ -361,7 +361,9 @@ class AttentionRNNDecoder(keras.layers.Layer):
     def _attend(self, query, prepared, memory, memory_mask, position, training):
         """One query `(b, d)` -> context `(b, dc)`, float32 weights
         `(b, Ts)`."""
-        query = query[:, None, :]
+        # expand_dims/squeeze, not slices: their gradients are reshapes
+        # (one step's ops count: the loop is unrolled when short).
+        query = ops.expand_dims(query, 1)
         if self._cross:
             mask_argument = {self._memory_mask_argument: memory_mask}
             context, scores, _ = self.attention(
@@ -385,7 +387,8 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 training=training,
                 positions=position,
             )
-        return ops.cast(context[:, 0], self.compute_dtype), weights[:, 0]
+        context = ops.cast(ops.squeeze(context, 1), self.compute_dtype)
+        return context, ops.squeeze(weights, 1)
 
     def _cell(self, x, states, training):
         output, new_states = self.rnn_cell(x, states, training=training)
@@ -533,17 +536,18 @@ class AttentionRNNDecoder(keras.layers.Layer):
         else:
 
             def body(carry, xs_t):
-                x_t, m_t = xs_t[:, :-1], xs_t[:, -1:] > 0
+                x_t, m_t = xs_t
                 old, new, rest = advance(x_t, carry)
                 new = [ops.where(m_t, n, o) for n, o in zip(new, old)]
                 carry = tuple(new) + rest
                 return carry, carry
 
-            # One scanned tensor: the inputs with the target mask as a last
-            # channel, time-major.
-            step_mask = ops.cast(mask, x.dtype)[..., None]  # b t 1
-            xs = ops.concatenate([x, step_mask], axis=-1)
-            xs = ops.transpose(xs, (1, 0, 2))  # t b (e + 1)
+            # The inputs and the target mask, time-major.
+            step_mask = ops.cast(mask, "bool")[..., None]  # b t 1
+            xs = (
+                ops.transpose(x, (1, 0, 2)),  # t b e
+                ops.transpose(step_mask, (1, 0, 2)),  # t b 1
+            )
 
         final, history = scan_carry(body, init, xs)
         outputs = (ops.transpose(history[num_states], (1, 0, 2)),)

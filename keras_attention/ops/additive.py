@@ -59,7 +59,7 @@ def _from_chunks(x, i):
 
 def _chunk_scores(q, k, v):
     # q: (b, c, u), k: (b, j, u), v: (u,) -> (b, c, j)
-    t = ops.tanh(q[:, :, None, :] + k[:, None, :, :])  # b c j u
+    t = ops.tanh(ops.expand_dims(q, 2) + ops.expand_dims(k, 1))  # b c j u
     return ops.einsum("bcju,u->bcj", t, v)
 
 

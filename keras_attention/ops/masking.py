@@ -76,9 +76,14 @@ def masked_softmax(scores, mask=None, axis=-1):
     if mask is None:
         return ops.softmax(scores, axis=axis)
     mask = ops.cast(mask, "bool")
-    scores = ops.where(mask, scores, mask_fill_value("float32"))
-    weights = ops.softmax(scores, axis=axis)
-    return ops.where(mask, weights, ops.zeros_like(weights))
+    # An additive bias of the mask's own shape (its gradient is the
+    # identity, where a `where` on the scores needs a select), and rows
+    # that see nothing zeroed by a per-row factor (masked entries are
+    # already exactly 0: exp of the fill value underflows).
+    bias = ops.where(mask, 0.0, mask_fill_value("float32"))
+    weights = ops.softmax(scores + bias, axis=axis)
+    valid = ops.any(mask, axis=axis, keepdims=True)
+    return weights * ops.cast(valid, "float32")
 
 
 def as_4d_mask(mask):

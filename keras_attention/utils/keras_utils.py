@@ -4,6 +4,8 @@ Imported as a module (`from keras_attention.utils import keras_utils`),
 never through a layer. Argument checks live in `validation`.
 """
 
+from keras import ops
+
 try:  # Keras >= 3.6
     from keras.src.backend import get_keras_mask as _get_keras_mask
 except ImportError:  # pragma: no cover
@@ -41,5 +43,6 @@ def project(fn, x):
     input runs as `(b, d)`, the plain matmul that XLA differentiates
     inside a decoder's loop."""
     if len(x.shape) == 3 and x.shape[1] == 1:
-        return fn(x[:, 0])[:, None]
+        # squeeze/expand_dims: gradients are reshapes, not strided slices.
+        return ops.expand_dims(fn(ops.squeeze(x, 1)), 1)
     return fn(x)

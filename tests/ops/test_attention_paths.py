@@ -10,10 +10,10 @@ from keras import ops
 from references import masked_softmax as np_masked_softmax
 
 from keras_attention.layers import MultiHeadAttention
+from keras_attention.ops import blockwise
 from keras_attention.ops.attention import _blockwise_tiles
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
-from keras_attention.ops import blockwise
 from keras_attention.ops.blockwise import _Plan
 from keras_attention.ops.blockwise import blockwise_attention
 
