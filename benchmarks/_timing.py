@@ -158,3 +158,38 @@ def load_average():
 def max_rss_mb():
     """Peak RSS of the current process so far, MiB (for child scripts)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def matmul_peak_gflops(n=2048, repeats=5):
+    """Measured float32 matmul throughput of this machine (GFLOP/s)."""
+    import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    a = np.random.default_rng(0).normal(size=(n, n)).astype("float32")
+    if backend == "jax":
+        import jax
+
+        a = jax.numpy.asarray(a)
+        f = jax.jit(lambda a: a @ a)
+
+        def run():
+            return jax.block_until_ready(f(a))
+    elif backend == "torch":
+        import torch
+
+        a = torch.from_numpy(a)
+
+        def run():
+            return float(torch.sum(a @ a))
+    else:
+        import tensorflow as tf
+
+        a = tf.constant(a)
+        f = tf.function(lambda: tf.reduce_sum(tf.matmul(a, a)))
+
+        def run():
+            return f().numpy()
+
+    t = time_interleaved({"matmul": run}, repeats=repeats, warmup=2)["matmul"]
+    return 2 * n**3 / t / 1e9

@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from _timing import load_average  # noqa: E402
 from _timing import machine_summary  # noqa: E402
 from _timing import markdown_table  # noqa: E402
+from _timing import matmul_peak_gflops  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 from _timing import try_peak_rss_mb  # noqa: E402
 
@@ -200,37 +201,6 @@ def make_torch_mha_step(mha, causal, dtype, scores):
         return grads[0].numpy()
 
     return step
-
-
-def matmul_peak_gflops(n=2048, repeats=5):
-    """Measured float32 matmul throughput of this machine (GFLOP/s)."""
-    a = np.random.default_rng(0).normal(size=(n, n)).astype("float32")
-    if BACKEND == "jax":
-        import jax
-
-        a = jax.numpy.asarray(a)
-        f = jax.jit(lambda a: a @ a)
-
-        def run():
-            return jax.block_until_ready(f(a))
-    elif BACKEND == "torch":
-        import torch
-
-        a = torch.from_numpy(a)
-
-        def run():
-            return float(torch.sum(a @ a))
-    else:
-        import tensorflow as tf
-
-        a = tf.constant(a)
-        f = tf.function(lambda: tf.reduce_sum(tf.matmul(a, a)))
-
-        def run():
-            return f().numpy()
-
-    t = time_interleaved({"matmul": run}, repeats=repeats, warmup=2)["matmul"]
-    return 2 * n**3 / t / 1e9
 
 
 def check_same(ours, theirs, x, causal, dtype):

@@ -10,15 +10,22 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 OUT=${1:-/tmp/bench}
 mkdir -p "$OUT"
+# CPU time stolen by the host (virtual machines): "steal total" jiffies.
+cpu_steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 run() {
-  local name=$1
+  local name=$1 rc before after
   shift
   echo "== $name $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
+  before=$(cpu_steal)
   "$@" >"$OUT/$name.out" 2>&1
-  echo "   rc=$? $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
+  rc=$?
+  after=$(cpu_steal)
+  echo "   rc=$rc $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" \
+    "steal $(echo "$before $after" | awk '{d=$4-$2; printf "%.1f", d ? 100*($3-$1)/d : 0}')%" \
+    | tee -a "$OUT/log"
 }
 run core_tf "$PYTHON" benchmarks/attention_core.py --sizes 128,512,2048 \
-  --bf16-max 2048 --scores-max 0 --repeats 3 \
+  --bf16-max 2048 --scores-max 0 --repeats 5 \
   --memory 8192:1:1,32768:1:1 --markdown "$OUT/core_tf.md"
 run global "$PYTHON" benchmarks/global_attention.py --repeats 3 \
   --markdown "$OUT/global.md"

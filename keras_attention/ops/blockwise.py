@@ -5,10 +5,14 @@ over key tiles with a running row max `m`, row sum and accumulator (online
 softmax, Milakov & Gimelshein 2018; Rabe & Staats 2021; Dao et al. 2022).
 A query tile whose keys fit in one key tile (the usual case: see
 `attention._blockwise_tiles`) takes the softmax directly, one large matmul
-and one softmax op. The backward pass recomputes each tile's probabilities
-(from the saved log-sum-exp, or the softmax of a one-tile row) instead of
-storing them, so memory is O(T * tile), never O(T^2); it runs the query
-tiles last to first and sums each key tile's gradient as it comes. With a
+and one softmax op. The backward pass (hand-written:
+`dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`,
+`dQ = dS K`, `dK = dS^T Q`) reuses the probabilities of one-tile rows when
+they are small (`keeps_probabilities`: one score matmul and one softmax
+less per tile), and otherwise recomputes each tile's probabilities (from
+the saved log-sum-exp, or the softmax of a one-tile row), so that memory
+is O(T * tile), never O(T^2), for long sequences; it runs the query tiles
+last to first and sums each key tile's gradient as it comes. With a
 causal structure, tiles entirely above the diagonal are neither computed
 nor differentiated.
 
