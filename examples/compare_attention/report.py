@@ -71,10 +71,16 @@ def markdown_table(rows):
             f"{row['params']:,}",
             f"{row['train_ms_per_step']:.1f}",
             f"{row['latency_ms']:.1f}",
-            f"{row['peak_mib']:.0f}",
+            _peak(row["peak_mib"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _peak(mib):
+    """The peak-memory cell: "n/a" where TensorFlow's allocator keeps no
+    statistics (its CPU allocator with oneDNN off)."""
+    return "n/a" if mib != mib else f"{mib:.0f}"
 
 
 def length_bins(lengths, count=6):
