@@ -318,7 +318,7 @@ def _blockwise_tiles(tq, tk, heads, causal=False):
     """
     key_block = min(tk, _MAX_KEY_BLOCK)
     budget = _TILE_ELEMENTS
-    if tq is not None and keeps_probabilities(tq, key_block, heads):
+    if tq is not None and keeps_probabilities(tq * key_block, heads):
         budget = _KEPT_TILE_ELEMENTS
     query_block = _MAX_QUERY_BLOCK
     if causal and tq is not None:

@@ -18,10 +18,13 @@ block, q - the `r * B` query rows of a group, k - keys of a window (`W`),
 d/e - key/value head dims.
 """
 
+import math
+
 from keras import ops
 
 from keras_attention.ops import _backend
 from keras_attention.ops.masking import mask_fill_value
+from keras_attention.utils import keras_utils
 
 # Band tensors of one chunk: at most this many elements per batch element
 # (64 MiB in float32). Measured at T=8,192, 4 heads, window 128 each side
@@ -45,10 +48,8 @@ def _take(x, n, n0, n1):
     if n0 is None:
         return x
     shape = tuple(x.shape[1:])
-    x = ops.reshape(x, (-1, n, _prod(shape)))
-    # `ops.slice` (TensorFlow's contiguous Slice, not a strided slice).
-    x = ops.slice(x, (0, n0, 0), (ops.shape(x)[0], n1 - n0, _prod(shape)))
-    return ops.reshape(x, (-1,) + shape)
+    x = ops.reshape(x, (-1, n, math.prod(shape)))
+    return ops.reshape(keras_utils.slice_axis(x, 1, n0, n1), (-1,) + shape)
 
 
 def _join(parts, n):
@@ -57,15 +58,8 @@ def _join(parts, n):
     if len(parts) == 1:
         return parts[0][0]
     shape = tuple(parts[0][0].shape[1:])
-    flat = [ops.reshape(p, (-1, p_n, _prod(shape))) for p, p_n in parts]
+    flat = [ops.reshape(p, (-1, p_n, math.prod(shape))) for p, p_n in parts]
     return ops.reshape(ops.concatenate(flat, axis=1), (-1,) + shape)
-
-
-def _prod(shape):
-    total = 1
-    for s in shape:
-        total *= s
-    return total
 
 
 def _probabilities(q, k, mask):
@@ -110,8 +104,7 @@ def window_attention(q, k, v, mask, blocks=None):
     """
     g, rows, width = q.shape[1], q.shape[2], k.shape[2]
     n = blocks
-    per_block = g * rows * width
-    chunks = _chunks(n, per_block)
+    chunks = _chunks(n, g * rows * width)
 
     def forward(q, k, v, aux):
         (mask,) = aux

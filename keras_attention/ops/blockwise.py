@@ -35,8 +35,10 @@ from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import score_dtype
+from keras_attention.utils import keras_utils
 
 _FILL = mask_fill_value("float32")
+_slice = keras_utils.slice_axis
 # The backward pass reuses the forward's probabilities of one-tile rows
 # instead of recomputing them (one score matmul and one softmax less per
 # tile) when they hold at most this many elements per batch element
@@ -45,24 +47,11 @@ _FILL = mask_fill_value("float32")
 _KEEP_ELEMENTS = 2**25
 
 
-def keeps_probabilities(tq, tk, heads):
-    """Whether the backward pass of `tq x tk` scores per head reuses the
-    forward's probabilities (at most `_KEEP_ELEMENTS` per batch element)
-    instead of recomputing them."""
-    return heads * tq * tk <= _KEEP_ELEMENTS
-
-
-def _part(x, axis, start, stop):
-    """`x[start:stop]` along `axis` through `ops.slice` (TensorFlow's
-    contiguous `Slice`; its strided slice of these rank-5 tensors took a
-    tenth of a causal step's time); `x` itself when that is everything."""
-    if start == 0 and stop == x.shape[axis]:
-        return x
-    size = list(ops.shape(x))
-    size[axis] = stop - start
-    begin = [0] * len(size)
-    begin[axis] = start
-    return ops.slice(x, begin, size)
+def keeps_probabilities(scores_per_head, heads):
+    """Whether the backward pass reuses the forward's probabilities of
+    `scores_per_head` scores per head (at most `_KEEP_ELEMENTS` per batch
+    element in all) instead of recomputing them."""
+    return heads * scores_per_head <= _KEEP_ELEMENTS
 
 
 def _tiles(start, stop, size):
@@ -118,7 +107,7 @@ class _Plan:
             for i0, i1, chunks in self.rows
             if len(chunks) == 1
         )
-        self.keep_probabilities = keeps_probabilities(kept, 1, heads)
+        self.keep_probabilities = keeps_probabilities(kept, heads)
 
 
 def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
@@ -183,7 +172,9 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
         q_src, k_src, v_src = _backend.after((qh, ks, vh), outs[-1:])
-        q_t = ops.reshape(_part(q_src, 3, i0, i1), (-1, g, r * n, qh.shape[-1]))
+        q_t = ops.reshape(
+            _slice(q_src, 3, i0, i1), (-1, g, r * n, qh.shape[-1])
+        )
         tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
         p = None
         if not chunks:  # Causal row that sees no key at all.
@@ -214,10 +205,10 @@ def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
     r = q_t.shape[2] // n
     ((_, j0, j1, needs_causal),) = chunks
     mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-    s = _scores(q_t, _part(ks, 2, j0, j1), mask, r, n)
+    s = _scores(q_t, _slice(ks, 2, j0, j1), mask, r, n)
     p = ops.softmax(s, axis=-1)
     out = ops.einsum(
-        "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _part(vh, 2, j0, j1)
+        "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
     )
     out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
     valid = None
@@ -239,13 +230,13 @@ def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
         # One key tile at a time (TensorFlow would start them all).
         q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
         mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-        s = _scores(q_t, _part(ks, 2, j0, j1), mask, r, n)
+        s = _scores(q_t, _slice(ks, 2, j0, j1), mask, r, n)
         m_c = ops.max(s, axis=-1, keepdims=True)
         m_new = m_c if m is None else ops.maximum(m, m_c)
         p = ops.exp(s - m_new)
         sum_c = ops.sum(p, axis=-1, keepdims=True)
         pv = ops.einsum(
-            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _part(vh, 2, j0, j1)
+            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
         )
         pv = ops.cast(pv, "float32")
         if m is None:
@@ -269,9 +260,9 @@ def _concat_rows(tiles):
 
 
 def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
-    """Gradients w.r.t. `qh, kh, vh` recomputing each tile's probabilities
-    (from the softmax of a one-tile row, else from the saved log-sum-exp).
-    """
+    """Gradients w.r.t. `qh, kh, vh` from each tile's probabilities: kept
+    by the forward pass (`plan.keep_probabilities`), else recomputed (the
+    softmax of a one-tile row, or from the saved log-sum-exp)."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
     ks = ops.cast(kh, score_dtype(kh.dtype))
@@ -285,13 +276,13 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
         if not chunks:
             dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
             continue
-        do_t = _part(d_out, 3, i0, i1)
+        do_t = _slice(d_out, 3, i0, i1)
         if valid is not None:
             do_t = ops.where(valid, do_t, ops.zeros_like(do_t))
         # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
         dd_t = ops.sum(
             ops.cast(do_t, "float32")
-            * ops.cast(_part(out, 3, i0, i1), "float32"),
+            * ops.cast(_slice(out, 3, i0, i1), "float32"),
             axis=-1,
             keepdims=True,
         )
@@ -299,7 +290,7 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
         previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
         previous += [x[0] for x in list(dvs.values())[-1:]]
         q_src, k_src, ks_src, v_src = _backend.after((qh, kh, ks, vh), previous)
-        q_t = ops.reshape(_part(q_src, 3, i0, i1), (-1, g, r * n, d))
+        q_t = ops.reshape(_slice(q_src, 3, i0, i1), (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
         dq_t, last = None, []
@@ -308,16 +299,13 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
             q_t, k_src, ks_src, v_src = _backend.after(
                 (q_t, k_src, ks_src, v_src), last
             )
-            k_c, v_c = _part(k_src, 2, j0, j1), _part(v_src, 2, j0, j1)
+            k_c, v_c = _slice(k_src, 2, j0, j1), _slice(v_src, 2, j0, j1)
             mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
             if p_t is not None:  # Kept by the forward pass.
                 p = p_t
-            elif lse_t is None:
-                s = _scores(q_t, _part(ks_src, 2, j0, j1), mask, r, n)
-                p = ops.softmax(s, axis=-1)
             else:
-                s = _scores(q_t, _part(ks_src, 2, j0, j1), mask, r, n)
-                p = ops.exp(s - lse_t)
+                s = _scores(q_t, _slice(ks_src, 2, j0, j1), mask, r, n)
+                p = ops.softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
             dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
             dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
             ds = ops.cast(p * (dp - dd_t), dtype)

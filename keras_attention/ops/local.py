@@ -30,6 +30,7 @@ from keras_attention.ops.banded import window_attention
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.windows import gather_windows
+from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
@@ -58,12 +59,9 @@ def _key_windows(x, block, width, num_blocks):
     shape = ops.shape(x)
     rest = tuple(x.shape[2:])
     blocks = ops.reshape(x, (shape[0], num_blocks + m - 1, block) + rest)
-    # Shifted views: window n = blocks n, n + 1, ..., n + m - 1. Through
-    # `ops.slice`, whose TensorFlow gradient is a pad: the strided slice's
-    # gradient kernel took 60 ms per view at T = 8,192 on rank 5.
-    size = (shape[0], num_blocks, block) + rest
+    # Shifted views: window n = blocks n, n + 1, ..., n + m - 1.
     views = [
-        ops.slice(blocks, (0, o, 0) + (0,) * len(rest), size) for o in range(m)
+        keras_utils.slice_axis(blocks, 1, o, o + num_blocks) for o in range(m)
     ]
     windows = views[0] if m == 1 else ops.concatenate(views, axis=2)
     if m * block != width:

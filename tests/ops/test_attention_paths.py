@@ -263,8 +263,8 @@ def test_blockwise_tiles_keep_every_key_in_one_tile():
     assert all(len(chunks) == 1 for _, _, chunks in plan.rows)
     assert plan.keep_probabilities
     assert not _Plan(4096, 4096, True, 0, 64, 4096, heads=8).keep_probabilities
-    assert blockwise.keeps_probabilities(2048, 2048, 8)
-    assert not blockwise.keeps_probabilities(2048, 2049, 8)
+    assert blockwise.keeps_probabilities(2048 * 2048, 8)
+    assert not blockwise.keeps_probabilities(2048 * 2049, 8)
 
 
 def test_automatic_choice_and_errors():
