@@ -11,6 +11,32 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 import keras  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property-based tests (Hypothesis). "ci" (the default) keeps each property
+# small enough that the property suite stays within ~3 minutes per backend
+# on the 2-core CI machine; "thorough" is for developers' long runs:
+#     python -m pytest tests/properties --hypothesis-profile=thorough
+# Both derandomized in CI (`derandomize=True`: the same examples every run,
+# so a failure is reproducible from the log); "thorough" draws fresh ones.
+_SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=_SLOW_CHECKS,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=500,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_SLOW_CHECKS,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BACKEND = keras.backend.backend()
 
