@@ -1,0 +1,257 @@
+"""Attention scores: formed, modified and masked in one place.
+
+Every attention path of the package (dense, blockwise forward and its
+recomputing backward, the banded windows of local attention, the global
+tokens) forms its scores `q k^T`, applies the user's score function, masks
+them and normalizes them through this module. The rules it keeps:
+
+- dtypes: the scores of float16 inputs are formed in float32 (float16's
+  range, 65,504, overflows); bfloat16 scores stay bfloat16 (float32's
+  exponent range: they cannot overflow); the softmax runs in float32;
+- mask True means "may attend"; a masked score is a large negative
+  *finite* value (`mask_fill_value`), never `-inf`;
+- a query row with no key to attend to gets all-zero weights (so a zero
+  result), never NaN and never uniform weights;
+- the causal rule is `kv_idx <= q_idx` on absolute positions, the window
+  rule `q_idx - left <= kv_idx <= q_idx + right` (`causal`, `in_window`).
+
+Score and mask functions (the signatures of PyTorch's FlexAttention, so
+functions written for it port over):
+
+    score_mod(score, batch, head, q_idx, kv_idx) -> score
+    mask_mod(batch, head, q_idx, kv_idx) -> bool
+
+are called on a block of scores at once, with index tensors (int32)
+broadcastable to the block `(batch, heads, queries, keys)`: write them
+elementwise (`q_idx >= kv_idx`, `score + ops.take(bias, head)`), never
+assuming a rank or a size. `q_idx` and `kv_idx` are absolute positions (a
+cache offset is already added); `batch` is the example's index in the
+batch. The blockwise and banded paths call them once per tile; a mask
+function that only reads the index arguments (NumPy in, NumPy out) is
+evaluated on each tile while tracing, and fully masked tiles are skipped
+(`static_block_mask`).
+
+Axes in comments: b - batch, h - heads, i/j - query/key positions.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+# Fill values and dtypes -------------------------------------------------
+
+
+def mask_fill_value(dtype):
+    """A large negative *finite* score for masked positions of `dtype`.
+
+    Half of the dtype's lowest value: adding a bias to it cannot overflow to
+    `-inf` (as a fixed `-1e9` does in float16).
+
+    Example:
+
+    >>> import keras_attention
+    >>> keras_attention.ops.mask_fill_value("float16")
+    -32752.0
+    """
+    dtype = str(getattr(dtype, "name", dtype))
+    if dtype == "bfloat16":
+        return -1.6e38
+    return float(np.finfo(np.dtype(dtype)).min) / 2.0
+
+
+FILL = mask_fill_value("float32")
+
+
+def score_dtype(dtype):
+    """The dtype attention scores are formed in: float32 for float16 inputs
+    (whose range, 65,504, scores can overflow), the input dtype otherwise.
+
+    bfloat16 has float32's exponent range, so its scores cannot overflow
+    and stay in bfloat16 (the fast matmuls of CPUs with AVX512_BF16/AMX and
+    of accelerators); the softmax still runs in float32.
+    """
+    dtype = keras.backend.standardize_dtype(dtype)
+    return "float32" if dtype == "float16" else dtype
+
+
+# Rules on absolute positions ----------------------------------------------
+
+
+def causal(q_idx, kv_idx):
+    """The causal rule: query `q_idx` may attend to key `kv_idx <= q_idx`.
+
+    Works on NumPy arrays (static tile masks) and on tensors alike.
+    """
+    return kv_idx <= q_idx
+
+
+def in_window(q_idx, kv_idx, left, right):
+    """The window rule of local attention: `q_idx - left <= kv_idx <=
+    q_idx + right` (`left`/`right` keys before/after the query)."""
+    return (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
+
+
+# Index grids ------------------------------------------------------------
+
+
+class Grid:
+    """Absolute indices of a block of scores, for score and mask functions.
+
+    `batch`, `head`, `q_idx`, `kv_idx`: int32 tensors broadcastable to the
+    block's `(batch, heads, queries, keys)` (rank 4). The blockwise path
+    builds one per tile, the banded path one per chunk of windows (its
+    batch axis then holds `batch * blocks`: `batch` still gives each row's
+    example).
+    """
+
+    __slots__ = ("batch", "head", "q_idx", "kv_idx")
+
+    def __init__(self, batch, head, q_idx, kv_idx):
+        self.batch, self.head = batch, head
+        self.q_idx, self.kv_idx = q_idx, kv_idx
+
+    @classmethod
+    def dense(cls, batch_size, heads, q_start, q_stop, kv_start, kv_stop):
+        """The grid of queries `[q_start, q_stop)` over keys
+        `[kv_start, kv_stop)` (absolute positions; `q_start` may be a
+        scalar tensor: a cache offset), every head and example."""
+        q = ops.arange(0, q_stop - q_start, dtype="int32")
+        q = q + ops.cast(q_start, "int32")
+        kv = ops.arange(kv_start, kv_stop, dtype="int32")
+        return cls(
+            ops.reshape(ops.arange(batch_size, dtype="int32"), (-1, 1, 1, 1)),
+            ops.reshape(ops.arange(heads, dtype="int32"), (1, -1, 1, 1)),
+            ops.reshape(q, (1, 1, -1, 1)),
+            ops.reshape(kv, (1, 1, 1, -1)),
+        )
+
+    def __iter__(self):
+        return iter((self.batch, self.head, self.q_idx, self.kv_idx))
+
+
+def modify_scores(scores, grid, score_mod=None, mask_mod=None, mask=None):
+    """The one place scores are modified and masked.
+
+    Args:
+        scores: `(b, h, i, j)` scores of any float dtype (already scaled).
+        grid: the block's `Grid` (needed when a function is given).
+        score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)`.
+        mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`.
+        mask: optional boolean mask broadcastable to `scores`.
+
+    Returns:
+        `(scores, mask)`: float32 scores with the masked entries at the
+        fill value, and the combined boolean mask (None when nothing
+        masks). `mask` is needed by `softmax` to zero empty rows.
+    """
+    scores = ops.cast(scores, "float32")
+    if score_mod is not None:
+        scores = ops.cast(score_mod(scores, *grid), "float32")
+    if mask_mod is not None:
+        mask = combine(mask, evaluate_mask(mask_mod, grid))
+    if mask is None:
+        return scores, None
+    # An additive bias of the mask's own shape: its gradient is the
+    # identity, where a `where` on the scores needs a select.
+    return scores + ops.where(mask, 0.0, FILL), mask
+
+
+def evaluate_mask(mask_mod, grid):
+    """`mask_mod` on `grid` as a boolean tensor."""
+    return ops.cast(ops.convert_to_tensor(mask_mod(*grid)), "bool")
+
+
+def combine(*masks):
+    """Logical and of boolean masks (broadcasting); Nones skipped."""
+    masks = [ops.cast(m, "bool") for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = ops.logical_and(out, m)
+    return out
+
+
+# Softmax ----------------------------------------------------------------
+
+
+def softmax(scores, mask=None, axis=-1):
+    """Softmax in float32 of scores from `modify_scores` (masked entries
+    at the fill value); rows whose `mask` is all False get all-zero
+    weights (a per-row factor: no select in the gradient)."""
+    weights = ops.softmax(ops.cast(scores, "float32"), axis=axis)
+    if mask is None:
+        return weights
+    valid = ops.any(mask, axis=axis, keepdims=True)
+    return weights * ops.cast(valid, "float32")
+
+
+def masked_softmax(scores, mask=None, axis=-1):
+    """Softmax over `axis` in float32 with masked entries set to exactly 0.
+
+    Rows where `mask` is all False get all-zero weights.
+
+    Args:
+        scores: float tensor of any dtype.
+        mask: optional boolean tensor broadcastable to `scores`.
+        axis: the axis to normalize over.
+
+    Returns:
+        float32 tensor shaped like `scores`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> weights = keras_attention.ops.masked_softmax(
+    ...     np.zeros((2, 3), "float32"),
+    ...     mask=np.array([[True, True, False], [False, False, False]]))
+    >>> np.asarray(weights).tolist()
+    [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
+    """
+    scores = ops.cast(scores, "float32")
+    if mask is None:
+        return ops.softmax(scores, axis=axis)
+    mask = ops.cast(mask, "bool")
+    return softmax(scores + ops.where(mask, 0.0, FILL), mask, axis=axis)
+
+
+def rows_valid(row_max):
+    """Which rows saw an unmasked key, from their float32 score maximum
+    (a row whose maximum is the fill value saw only masked keys)."""
+    return row_max > 0.5 * FILL
+
+
+# Static tile masks (block sparsity) ---------------------------------------
+
+
+def static_block_mask(mask_mod, heads, q_start, q_stop, kv_start, kv_stop):
+    """`mask_mod` on one tile, as NumPy, when it reads only the indices.
+
+    The function is called with NumPy index arrays (batch 0, every head);
+    a NumPy (or Python bool) result is the tile's mask `(1|h, i, j)`
+    boolean, the same for every example. A function that reads a tensor
+    (segment ids, a learned table) returns a tensor: None then, and the
+    tile is masked at run time instead.
+
+    Returns:
+        A NumPy bool array broadcast to `(heads, i, j)`, or None.
+    """
+    q = np.arange(q_start, q_stop, dtype="int32")
+    kv = np.arange(kv_start, kv_stop, dtype="int32")
+    try:
+        out = mask_mod(
+            np.zeros((1, 1, 1, 1), "int32"),
+            np.arange(heads, dtype="int32").reshape(1, -1, 1, 1),
+            q.reshape(1, 1, -1, 1),
+            kv.reshape(1, 1, 1, -1),
+        )
+    except Exception:  # noqa: BLE001 - a tensor function refusing NumPy.
+        return None
+    if not isinstance(out, (np.ndarray, np.bool_, bool)):
+        return None
+    shape = (1, heads, q_stop - q_start, kv_stop - kv_start)
+    try:
+        return np.broadcast_to(np.asarray(out, bool), shape)[0]
+    except ValueError:  # Not broadcastable: left to the run-time check.
+        return None
