@@ -4,6 +4,7 @@ import ast
 import pathlib
 
 import pytest
+import serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INITS = sorted(
@@ -46,3 +47,58 @@ def test_init_has_all_listing_exactly_its_imports(path):
     names = _all_names(tree)
     assert names is not None, f"{path} has no __all__"
     assert sorted(names) == sorted(_imported_names(tree)), path
+
+
+# Subpackages for the package's own modules only (not part of the API).
+INTERNAL = {"utils"}
+
+
+def _subpackages():
+    """The package's public subpackages and top-level modules."""
+    package = ROOT / "keras_attention"
+    names = {
+        p.stem if p.is_file() else p.name
+        for p in package.iterdir()
+        if not p.name.startswith("_")
+        and (p.suffix == ".py" or (p / "__init__.py").exists())
+    }
+    return sorted(names - INTERNAL)
+
+
+def test_root_imports_every_subpackage():
+    # `import keras_attention as ka; ka.visualization...` (as the README
+    # writes it) needs the root to import each subpackage (issue 23).
+    tree = ast.parse((ROOT / "keras_attention/__init__.py").read_text())
+    assert sorted(_all_names(tree)) == _subpackages()
+
+
+def test_subpackages_are_attributes_of_a_light_import():
+    # In a fresh process on JAX, without matplotlib: every subpackage is an
+    # attribute of the root, and TensorFlow is not loaded (the TensorBoard
+    # callback imports it when it writes the first image).
+    code = """
+    import keras_attention as ka
+
+    answer({
+        "attributes": [
+            name for name in ka.__all__
+            if getattr(ka, name, None) is not None
+        ],
+        "calls": [
+            callable(ka.visualization.collect_attention),
+            callable(ka.distribution.get_layout_map),
+        ],
+        "tensorflow": "tensorflow" in sys.modules,
+    })
+    """
+    got = serving.answer_in_fresh_process(
+        code,
+        blocked_modules=("matplotlib",),
+        pythonpath=(serving.ROOT,),
+        env={"KERAS_BACKEND": "jax"},
+    )
+    assert got == {
+        "attributes": _subpackages(),
+        "calls": [True, True],
+        "tensorflow": False,
+    }
