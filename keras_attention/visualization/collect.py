@@ -14,7 +14,15 @@ read):
   `"self_attention"` (a top-level layer), `"encoder_block_1/self_attention"`,
   `"decoder_block/cross_attention"`. A layer called more than once in the
   pass (a shared layer) gets one entry per call: `"path"`, `"path#2"`,
-  `"path#3"`, ... Entries are in call order.
+  `"path#3"`, ... (call `k` is `"path#k"`). Keys are unique whatever the
+  layers are named: when `"path#k"` is already taken, by another attention
+  layer of the model that is really named so (Keras allows `#` in names)
+  or by an earlier entry, one more `#` is inserted until it is free
+  (`"path##k"`, `"path###k"`, ...). Two attention sublayers of one layer
+  with the same name (possible in subclassed layers) are told apart the
+  same way by their paths (`"name"`, `"name_2"`, ...). `metadata[key]
+  ["path"]` is the layer's path whatever the key. Entries are in call
+  order.
 - values: `numpy.ndarray` float32 `(batch, heads, Tq, Tk)`: `[b, h, i, j]` is
   how much query position `i` attended to key position `j` in head `h` of
   example `b`. Rows sum to 1 over the attended keys; padded keys, keys
@@ -47,9 +55,13 @@ read):
       `(batch, Tk)`, True on real tokens, or None when the call had no
       padding mask (`"query_mask"` of pooling is None).
     - `"causal"`: bool; `"window"`: `(left, right)` for
-      `LocalSelfAttention`, else None.
-    - `"call_index"`: 0 for a layer's first call in the pass, 1, 2, ...
-      for the following ones.
+      `LocalSelfAttention`, else None; `"global_mask"`: NumPy bool
+      `(batch, T)`, True at the global tokens of a `LocalSelfAttention`
+      called with a `global_mask` (those it gave a global slot: beyond
+      `max_global_tokens` a position stays local), else None.
+    - `"path"`: the layer's path in the model (the key without a call
+      suffix); `"call_index"`: 0 for a layer's first call in the pass, 1,
+      2, ... for the following ones.
 
 Weights are the ones the forward pass used: each attention layer is
 called with `return_attention_scores=True` through a temporary wrapper of
@@ -211,11 +223,15 @@ def _on_target_side(parent):
 class _Recorder:
     """Wraps the attention layers' `call` and records their weights."""
 
-    def __init__(self, layers, max_dense_length):
+    def __init__(self, layers, max_dense_length, reserved=()):
         self.layers = layers
         self.max_dense_length = max_dense_length
-        self.records = []  # (path, weights, metadata)
+        # Keys only a layer's first call may take: every attention
+        # layer's path (also of layers not selected).
+        self.reserved = set(reserved) | {path for path, _, _ in layers}
+        self.records = []  # (key, weights, metadata)
         self.calls = {}
+        self._keys = set()
         self._saved = []
 
     def __enter__(self):
@@ -321,6 +337,10 @@ class _Recorder:
             )
             if isinstance(layer, LocalSelfAttention):
                 meta["window"] = tuple(layer.window_bounds)
+            if isinstance(scores, dict):  # global tokens
+                meta["global_mask"] = _global_mask(
+                    scores["global_indices"], weights.shape[-1]
+                )
         elif isinstance(layer, CrossAttention):
             weights = _numpy(scores)
             meta.update(
@@ -354,12 +374,14 @@ class _Recorder:
         return weights, meta
 
     def _self_weights(self, layer, bound, scores):
-        """Self-attention weights, banded local ones made dense."""
+        """Self-attention weights, banded local ones made dense (the dict
+        of banded and global parts too, with a `global_mask`)."""
         if not isinstance(layer, LocalSelfAttention):
             return _numpy(scores)
         if bound.arguments.get("cache") is not None:
             return _numpy(scores)  # already dense over the cache
-        steps = scores.shape[2]
+        banded = scores["local"] if isinstance(scores, dict) else scores
+        steps = banded.shape[2]
         limit = self.max_dense_length
         if limit is not None and steps > limit:
             raise ValueError(
@@ -372,18 +394,40 @@ class _Recorder:
             )
         return _numpy(layer.scores_to_dense(scores))
 
+    def _key(self, path, index):
+        """The unique key of call `index` (0-based) of the layer at `path`
+        (the rule is in the module docstring)."""
+        if index == 0:
+            return path
+        marks = "#"
+        while (key := f"{path}{marks}{index + 1}") in (
+            self.reserved | self._keys
+        ):
+            marks += "#"
+        return key
+
     def _record(self, path, weights, meta):
         index = self.calls.get(path, 0)
         self.calls[path] = index + 1
-        name = path if index == 0 else f"{path}#{index + 1}"
+        key = self._key(path, index)
+        self._keys.add(key)
         meta.update(
             num_heads=int(weights.shape[1]),
             query_length=int(weights.shape[2]),
             key_length=int(weights.shape[3]),
+            path=path,
             call_index=index,
         )
         meta.setdefault("heads_averaged", False)
-        self.records.append((name, weights.astype("float32"), meta))
+        meta.setdefault("global_mask", None)
+        self.records.append((key, weights.astype("float32"), meta))
+
+
+def _global_mask(indices, steps):
+    """`(b, T)` bool, True at the positions of the used global slots
+    (`global_indices` `(b, S)`, -1 for unused slots)."""
+    indices = _numpy(indices, "int64")
+    return np.any(indices[:, :, None] == np.arange(steps), axis=1)
 
 
 def _high_rank_to_4d(weights, num_heads, query_rank, attention_axes):
@@ -527,8 +571,10 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
         # Layers that create their sublayers in `build` (the blocks) show
         # their attention layers after a first call.
         model(inputs, training=False)
-    found = _select(attention_layers(model), layers)
-    with _Recorder(found, max_dense_length) as recorder:
+    found = attention_layers(model)
+    reserved = [path for path, _, _ in found]
+    found = _select(found, layers)
+    with _Recorder(found, max_dense_length, reserved) as recorder:
         model(inputs, training=False)
     _token_sides(recorder.records)
     return AttentionMaps(

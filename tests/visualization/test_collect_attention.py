@@ -348,3 +348,99 @@ def test_attention_axes_layout_when_a_size_equals_num_heads(attention_axes):
     else:  # (b, 5 others, h, 2, 2)
         expected = scores.reshape(15, 2, 2, 2)
     np.testing.assert_allclose(maps["axial"], expected, atol=ATOL)
+
+
+class GlobalTokens(keras.Model):
+    """`LocalSelfAttention` with global tokens (a `global_mask`): its
+    scores are a dict of banded and global parts."""
+
+    def __init__(self, max_global_tokens=None, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embed("embedding")
+        self.attention = layers.LocalSelfAttention(
+            2,
+            4,
+            window_size=1,
+            global_projections=True,
+            max_global_tokens=max_global_tokens,
+            name="local",
+        )
+
+    def build(self, input_shape):
+        # Built from shapes: a symbolic call with `max_global_tokens=None`
+        # cannot run (the number of global slots must be static).
+        ids_shape = tuple(input_shape[0])
+        self.embedding.build(ids_shape)
+        self.attention.build(ids_shape + (8,))
+
+    def call(self, inputs):
+        ids, is_global = inputs
+        return self.attention(self.embedding(ids), global_mask=is_global)
+
+
+@pytest.mark.parametrize("max_global_tokens", [None, 1])
+def test_local_attention_with_global_tokens(max_global_tokens):
+    is_global = np.zeros(IDS.shape, bool)
+    is_global[:, 0] = True
+    is_global[1, 3] = True  # beyond max_global_tokens=1: stays local
+    model = GlobalTokens(max_global_tokens)
+    maps = collect_attention(model, (IDS, is_global))
+    layer = model.attention
+    x = model.embedding(IDS)
+    _, scores = layer(x, global_mask=is_global, return_attention_scores=True)
+    want = np_(layer.scores_to_dense(scores))
+    assert maps["local"].shape == (2, 2, 5, 5)
+    np.testing.assert_allclose(maps["local"], want, atol=1e-6)
+    sums = maps["local"].sum(-1)
+    np.testing.assert_allclose(
+        sums[np.broadcast_to(VALID[:, None], sums.shape)], 1, atol=1e-5
+    )
+    assert np.all(
+        maps["local"][~np.broadcast_to(VALID[:, None], sums.shape)] == 0
+    )
+    # A global query attends to every real key; the window alone would not.
+    np.testing.assert_array_equal(maps["local"][1, :, 0] > 0, True)
+    meta = maps.metadata["local"]
+    assert meta["window"] == (1, 1)
+    effective = is_global.copy()
+    if max_global_tokens == 1:
+        effective[1, 3] = False
+    np.testing.assert_array_equal(meta["global_mask"], effective)
+
+
+def test_global_mask_is_none_without_global_tokens(mha):
+    _, maps = mha
+    assert all(m["global_mask"] is None for m in maps.metadata.values())
+
+
+class SharedAndNamedLikeASecondCall(keras.Model):
+    """A shared layer "attn" called twice and another layer really named
+    "attn#2": three calls, three entries."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embed("embedding")
+        self.shared = layers.SelfAttention(2, 4, name="attn")
+        self.other = layers.SelfAttention(2, 4, name="attn#2")
+
+    def call(self, ids):
+        x = self.embedding(ids)
+        return self.shared(self.other(self.shared(x)))
+
+
+def test_keys_are_unique_whatever_the_layer_names():
+    model = SharedAndNamedLikeASecondCall()
+    maps = collect_attention(model, IDS)
+    assert len(maps) == 3
+    names = list(maps)
+    assert len(set(names)) == 3
+    layers_ = [maps.metadata[n]["path"] for n in names]
+    assert layers_ == ["attn", "attn#2", "attn"]
+    assert [maps.metadata[n]["call_index"] for n in names] == [0, 0, 1]
+    # Each entry is its own call's weights.
+    x = model.embedding(IDS)
+    y, first = model.shared(x, return_attention_scores=True)
+    z, second = model.other(y, return_attention_scores=True)
+    _, third = model.shared(z, return_attention_scores=True)
+    for name, want in zip(names, (first, second, third)):
+        np.testing.assert_allclose(maps[name], np_(want), atol=1e-6)
