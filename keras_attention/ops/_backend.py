@@ -13,48 +13,111 @@ def custom_vjp(forward, backward):
     """A function with a hand-written backward pass, on any backend.
 
     Args:
-        forward: `forward(q, k, v, aux) -> (output, residuals)`.
-        backward: `backward(residuals, d_output) -> (dq, dk, dv)`.
-            `aux` (masks, offsets: a tuple of tensors or None) gets no
-            gradient.
+        forward: `forward(q, k, v, aux) -> (output, residuals)`, or
+            `forward(q, k, v, aux, params)` when the function is called
+            with `params`.
+        backward: `backward(residuals, d_output) -> (dq, dk, dv)`, or
+            `(dq, dk, dv, dparams)` (a tuple, one per tensor of `params`)
+            when called with `params`. `aux` (masks, offsets: a tuple of
+            tensors or None) gets no gradient.
 
     Returns:
-        `f(q, k, v, aux) -> output` whose gradient is `backward`: the
-        forward's intermediates are not kept for the backward pass
-        (TensorFlow: `tf.custom_gradient`, JAX: `jax.custom_vjp`). Other
-        backends differentiate `forward` as it is.
+        `f(q, k, v, aux, params=()) -> output` whose gradient is
+        `backward`: the forward's intermediates are not kept for the
+        backward pass (TensorFlow: `tf.custom_gradient`, JAX:
+        `jax.custom_vjp`). `params` are further differentiable tensors
+        (a score function's weights), passed explicitly: JAX refuses
+        gradients of values a custom VJP closes over, and TensorFlow
+        would give them none. Other backends differentiate `forward` as
+        it is.
     """
+
+    def fwd(q, k, v, aux, params):
+        if params:
+            return forward(q, k, v, aux, params)
+        return forward(q, k, v, aux)
+
+    def bwd(residuals, d_output):
+        grads = tuple(backward(residuals, d_output))
+        return grads if len(grads) == 4 else grads + ((),)
+
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
-        def f(q, k, v, aux):
+        def f(q, k, v, aux, params=()):
+            params = tuple(params)
+
             @tf.custom_gradient
-            def inner(q, k, v):
-                output, residuals = forward(q, k, v, aux)
+            def inner(q, k, v, *params):
+                output, residuals = fwd(q, k, v, aux, params)
 
                 def grad(d_output):
-                    return backward(residuals, d_output)
+                    dq, dk, dv, dparams = bwd(residuals, d_output)
+                    return (dq, dk, dv) + tuple(dparams)
 
                 return output, grad
 
-            return inner(q, k, v)
+            return inner(q, k, v, *params)
 
         return f
     if backend == "jax":
         import jax
 
         @jax.custom_vjp
-        def f(q, k, v, aux):
-            return forward(q, k, v, aux)[0]
+        def g(q, k, v, aux, params):
+            return fwd(q, k, v, aux, params)[0]
 
-        def f_bwd(residuals, d_output):
-            return tuple(backward(residuals, d_output)) + (None,)
+        def g_bwd(residuals, d_output):
+            dq, dk, dv, dparams = bwd(residuals, d_output)
+            return dq, dk, dv, None, tuple(dparams)
 
-        f.defvjp(forward, f_bwd)
-        return f
+        g.defvjp(lambda *args: fwd(*args), g_bwd)
+        return lambda q, k, v, aux, params=(): g(q, k, v, aux, tuple(params))
 
-    return lambda q, k, v, aux: forward(q, k, v, aux)[0]
+    return lambda q, k, v, aux, params=(): fwd(q, k, v, aux, tuple(params))[0]
+
+
+def vjp(fn, primals, cotangent):
+    """The gradients of `fn(*primals)` (one tensor) w.r.t. each of
+    `primals` given the output's gradient `cotangent` (zeros for a primal
+    `fn` does not use). For hand-written backward passes that must
+    differentiate a user's function (a score function) tile by tile."""
+    backend = keras.backend.backend()
+    primals = tuple(primals)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(primals)
+            out = fn(*primals)
+        return tuple(
+            tape.gradient(
+                out,
+                primals,
+                output_gradients=cotangent,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+        )
+    if backend == "jax":
+        import jax
+
+        _, pull = jax.vjp(fn, *primals)
+        return tuple(pull(cotangent))
+    if backend == "torch":
+        import torch
+
+        with torch.enable_grad():
+            leaves = [p.detach().requires_grad_(True) for p in primals]
+            out = fn(*leaves)
+            grads = torch.autograd.grad(
+                out, leaves, cotangent, allow_unused=True
+            )
+        return tuple(
+            torch.zeros_like(p) if g is None else g
+            for p, g in zip(primals, grads)
+        )
+    raise NotImplementedError(f"vjp on the {backend!r} backend")
 
 
 def after(tensors, dependencies):

@@ -15,6 +15,7 @@ Rules (shared by every layer of the package):
 """
 
 import contextlib
+import warnings
 
 import keras
 import numpy as np
@@ -22,30 +23,72 @@ from keras import ops
 
 from keras_attention import masks
 from keras_attention.ops import _backend
+from keras_attention.ops import scoring
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.masking import as_4d_mask
-from keras_attention.ops.masking import mask_fill_value
-from keras_attention.ops.masking import masked_softmax
-from keras_attention.ops.masking import score_dtype
+from keras_attention.ops.scoring import score_dtype
+
+_RENAMED = {
+    "mask": "attention_mask",
+    "is_causal": "causal",
+    "causal_offset": "query_offset",
+    "key_padding": "key_mask",
+    "query_padding": "query_mask",
+}
+
+
+def renamed_arguments(function, old_kwargs, new_values):
+    """Moves the deprecated names of `old_kwargs` to their new names (with a
+    `DeprecationWarning` naming the new one); `TypeError` for unknown
+    names or for an argument given under both names."""
+    out = dict(new_values)
+    for old, value in old_kwargs.items():
+        if old not in _RENAMED:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {old!r}"
+            )
+        new = _RENAMED[old]
+        warnings.warn(
+            f"{function}(): `{old}` is deprecated and will be removed in the "
+            f"next release; use `{new}`.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        current = out.get(new)
+        if not (current is None or current is False or _is_zero(current)):
+            raise TypeError(
+                f"{function}() got both `{new}` and its deprecated name "
+                f"`{old}`. Received: {new}={out[new]!r}, {old}={value!r}"
+            )
+        out[new] = value
+    return out
+
+
+def _is_zero(value):
+    return isinstance(value, int) and not isinstance(value, bool) and not value
 
 
 def dot_product_attention(
     query,
     key,
     value,
-    mask=None,
+    attention_mask=None,
     scale=None,
     dropout_fn=None,
     return_weights=False,
     *,
-    is_causal=False,
-    causal_offset=0,
-    key_padding=None,
-    query_padding=None,
+    causal=False,
+    query_offset=0,
+    query_mask=None,
+    key_mask=None,
+    score_mod=None,
+    mask_mod=None,
     implementation=None,
+    **deprecated,
 ):
-    """softmax(q k^T * scale) v, per head, with grouped-query support.
+    """softmax(score_mod(q k^T * scale)) v, per head, masked, with
+    grouped-query support.
 
     Three implementations give the same result (up to float rounding):
     - "dense": scores `(b, h, i, j)` in memory; the only one that can return
@@ -54,35 +97,58 @@ def dot_product_attention(
     - "blockwise": exact attention over query tiles (each against up to
       8,192 keys in one matmul; an online softmax over longer key ranges)
       with a backward pass that recomputes each tile (memory O(T * tile),
-      see `blockwise.py`); tiles above the causal diagonal are skipped.
-      Used on CPU with TensorFlow and JAX when the lengths are static and
+      see `blockwise.py`); tiles above the causal diagonal, and tiles a
+      static `mask_mod` masks entirely, are skipped. Used on CPU with
+      TensorFlow and JAX when the lengths are static and
       `Tq * Tk > 128 * 256`;
     - "fused": `keras.ops.dot_product_attention` (cuDNN / flash kernels)
       on the JAX and torch backends when a GPU is present, and always on
       the torch backend (PyTorch's `scaled_dot_product_attention` has
-      fused CPU kernels too: faster than the other two paths there).
+      fused CPU kernels too: faster than the other two paths there) when
+      there is no `score_mod` (a `mask_mod` is then evaluated into the
+      kernel's mask).
     `implementation=None` picks as above; `implementation_scope` or the
     argument forces one ("dense" is always possible; "blockwise" needs
     static lengths; neither "blockwise" nor "fused" returns weights or
-    takes `dropout_fn`).
+    takes `dropout_fn`; "fused" takes no `score_mod`).
 
     Args:
         query: `(b, i, h, d)`.
         key: `(b, j, g, d)` with `h % g == 0` (`g < h`: grouped-query
             attention, query head `n` reads key/value head `n // (h // g)`).
         value: `(b, j, g, e)`.
-        mask: optional boolean, broadcastable to `(b, h, i, j)` (ranks 2-4
-            accepted, see `as_4d_mask`). True means "may attend".
+        attention_mask: optional boolean, broadcastable to `(b, h, i, j)`
+            (ranks 2-4 accepted, see `as_4d_mask`). True means "may
+            attend".
         scale: float; defaults to `1 / sqrt(d)`.
         dropout_fn: optional callable applied to the attention weights.
         return_weights: also return the weights `(b, h, i, j)`.
-        is_causal: query `i` may only attend to keys `j <= i + causal_offset`
-            (given this way, no `(i, j)` mask is built on the blockwise path).
-        causal_offset: int or scalar tensor, position of the first query.
-        key_padding: optional bool `(b, j)`, True on real keys.
-        query_padding: optional bool `(b, i)`, True on real queries; padded
+        causal: query `i` may only attend to keys `j <= i + query_offset`
+            (given this way, no `(i, j)` mask is built on the blockwise
+            path).
+        query_offset: int or scalar tensor, the absolute position of the
+            first query (a cache offset): for `causal` and for the
+            `q_idx` of `score_mod` / `mask_mod`.
+        query_mask: optional bool `(b, i)`, True on real queries; padded
             queries get zero weights and a zero result.
+        key_mask: optional bool `(b, j)`, True on real keys.
+        score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)
+            -> score` (PyTorch FlexAttention's signature), applied to the
+            scaled float32 scores before masking; index arguments are
+            int32 tensors broadcastable to `(b, h, i, j)`, positions
+            absolute. Gradients reach the weights of a
+            `keras_attention.mods.ScoreLayer` on every path; a plain
+            function closing over trainable tensors runs on the dense
+            path (the blockwise backward could not reach them).
+        mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`
+            (True = may attend), and-ed with the other masks. Written with
+            elementwise operators on the indices alone, it is evaluated on
+            NumPy tiles while tracing and fully masked tiles are skipped.
         implementation: None (automatic), "dense", "blockwise" or "fused".
+
+    The names `mask`, `is_causal`, `causal_offset`, `key_padding` and
+    `query_padding` of earlier releases are accepted with a
+    `DeprecationWarning` naming the new one.
 
     Returns:
         `(b, i, h, e)` in the query's dtype, and the weights (query dtype) if
@@ -103,54 +169,114 @@ def dot_product_attention(
     >>> q = rng.normal(size=(2, 5, 4, 8)).astype("float32")  # 4 query heads
     >>> kv = rng.normal(size=(2, 7, 2, 8)).astype("float32")  # 2 k/v heads
     >>> out, weights = keras_attention.ops.dot_product_attention(
-    ...     q, kv, kv, is_causal=True, return_weights=True)
+    ...     q, kv, kv, causal=True, return_weights=True)
     >>> tuple(out.shape), tuple(weights.shape)
     ((2, 5, 4, 8), (2, 4, 5, 7))
     >>> float(np.asarray(weights)[0, 0, 0, 1])  # query 0 sees key 0 only
     0.0
+
+    A mask function (documents of 3 and 4 tokens) and a score function (a
+    linear bias of the distance, ALiBi-like):
+
+    >>> def same_document(batch, head, q_idx, kv_idx):
+    ...     return (q_idx < 3) == (kv_idx < 3)
+    >>> def distance_bias(score, batch, head, q_idx, kv_idx):
+    ...     return score - 0.5 * abs(q_idx - kv_idx)
+    >>> _, weights = keras_attention.ops.dot_product_attention(
+    ...     kv, kv, kv, mask_mod=same_document, score_mod=distance_bias,
+    ...     return_weights=True)
+    >>> float(np.asarray(weights)[0, 0, 0, 3])  # another document
+    0.0
     """
+    if deprecated:
+        given = dict(
+            attention_mask=attention_mask,
+            causal=causal,
+            query_offset=query_offset,
+            key_mask=key_mask,
+            query_mask=query_mask,
+        )
+        given = renamed_arguments("dot_product_attention", deprecated, given)
+        attention_mask, causal = given["attention_mask"], given["causal"]
+        query_offset, key_mask = given["query_offset"], given["key_mask"]
+        query_mask = given["query_mask"]
+    _check_mods(score_mod, mask_mod)
     choice = _choose_implementation(
-        implementation or _FORCED[-1], query, key, dropout_fn, return_weights
+        implementation or _FORCED[-1],
+        query,
+        key,
+        dropout_fn,
+        return_weights,
+        score_mod,
     )
     d = query.shape[-1]
     if scale is None:
         scale = 1.0 / float(np.sqrt(d))
     structural = dict(
-        mask=as_4d_mask(mask),
-        is_causal=is_causal,
-        causal_offset=causal_offset,
-        key_padding=key_padding,
-        query_padding=query_padding,
+        mask=as_4d_mask(attention_mask),
+        is_causal=causal,
+        causal_offset=query_offset,
+        key_padding=key_mask,
+        query_padding=query_mask,
     )
     if choice == "fused":  # The kernel scales (no extra op and gradient).
+        if mask_mod is not None:
+            grid = scoring.Grid.dense(
+                ops.shape(query)[0],
+                query.shape[2],
+                ops.shape(query)[1],
+                ops.shape(key)[1],
+                q_offset=query_offset,
+            )
+            structural["mask"] = scoring.combine(
+                structural["mask"], scoring.evaluate_mask(mask_mod, grid)
+            )
         return _fused(query, key, value, scale=scale, **structural)
     if choice == "blockwise":
         query = ops.multiply(query, ops.cast(scale, query.dtype))
-        return _blockwise(query, key, value, **structural)
+        return _blockwise(
+            query,
+            key,
+            value,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            **structural,
+        )
     # Causal alone with offset >= 0: every query sees key 0, no empty row.
     rows_nonempty = (
-        is_causal
-        and isinstance(causal_offset, int)
-        and causal_offset >= 0
-        and key_padding is None
-        and query_padding is None
-        and as_4d_mask(mask) is None
+        causal
+        and isinstance(query_offset, int)
+        and query_offset >= 0
+        and key_mask is None
+        and query_mask is None
+        and mask_mod is None
+        and as_4d_mask(attention_mask) is None
     )
     mask = _structural_to_dense(
-        mask, query, key, is_causal, causal_offset, key_padding, query_padding
+        attention_mask, query, key, causal, query_offset, key_mask, query_mask
     )
-    softmax = _softmax_no_empty_rows if rows_nonempty else masked_softmax
     return _dense(
-        query, key, value, mask, scale, dropout_fn, return_weights, softmax
+        query,
+        key,
+        value,
+        mask,
+        scale,
+        dropout_fn,
+        return_weights,
+        rows_nonempty=rows_nonempty,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        query_offset=query_offset,
     )
 
 
-def _softmax_no_empty_rows(scores, mask):
-    """`masked_softmax` when no row is fully masked (one pass fewer)."""
-    scores = ops.where(
-        mask, ops.cast(scores, "float32"), mask_fill_value("float32")
-    )
-    return ops.softmax(scores, axis=-1)
+def _check_mods(score_mod, mask_mod):
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is not None and not callable(fn):
+            raise TypeError(
+                f"`{name}` must be a function or a mask/score object of "
+                f"`keras_attention.mods`. Received: {name}={fn!r}"
+            )
 
 
 def _dense(
@@ -161,32 +287,40 @@ def _dense(
     scale,
     dropout_fn,
     return_weights,
-    softmax=masked_softmax,
+    rows_nonempty=False,
+    score_mod=None,
+    mask_mod=None,
+    query_offset=0,
 ):
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
-    # Scores in float32 for low-precision inputs: they cannot overflow.
+    # Scores in float32 for float16 inputs: they cannot overflow.
     dtype = score_dtype(query.dtype)
     query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
     key = ops.cast(key, dtype)
     mask = as_4d_mask(mask)
+    b, i = ops.shape(query)[0], ops.shape(query)[1]
+    j = ops.shape(key)[1]
     if num_groups == num_heads:
         scores = ops.einsum("bihd,bjhd->bhij", query, key)
-        weights = softmax(scores, mask)
-        weights = ops.cast(weights, value.dtype)
-        kept = dropout_fn(weights) if dropout_fn is not None else weights
-        output = ops.einsum("bhij,bjhe->bihe", kept, value)
     else:
         r = num_heads // num_groups
-        b, i = ops.shape(query)[0], ops.shape(query)[1]
-        j = ops.shape(key)[1]
         q = ops.reshape(query, (b, i, num_groups, r, d))
         scores = ops.einsum("bigrd,bjgd->bgrij", q, key)
         scores = ops.reshape(scores, (b, num_heads, i, j))
-        weights = softmax(scores, mask)
-        weights = ops.cast(weights, value.dtype)
-        kept = dropout_fn(weights) if dropout_fn is not None else weights
+    grid = None
+    if score_mod is not None or mask_mod is not None:
+        grid = scoring.Grid.dense(b, num_heads, i, j, q_offset=query_offset)
+    scores, mask = scoring.modify_scores(
+        scores, grid, score_mod, mask_mod, mask
+    )
+    weights = scoring.softmax(scores, None if rows_nonempty else mask)
+    weights = ops.cast(weights, value.dtype)
+    kept = dropout_fn(weights) if dropout_fn is not None else weights
+    if num_groups == num_heads:
+        output = ops.einsum("bhij,bjhe->bihe", kept, value)
+    else:
         kept = ops.reshape(kept, (b, num_groups, r, i, j))
         output = ops.einsum("bgrij,bjge->bigre", kept, value)
         output = ops.reshape(output, (b, i, num_heads, value.shape[-1]))
@@ -207,6 +341,7 @@ _MAX_KEY_BLOCK = 8192
 _TILE_ELEMENTS = 2**21
 _KEPT_TILE_ELEMENTS = 2**23
 _MAX_QUERY_BLOCK = 512
+_SPARSE_KEY_BLOCK = 512
 
 
 @contextlib.contextmanager
@@ -233,7 +368,9 @@ def memory_efficient_implementation():
     return "fused" if _backend.prefers_fused_attention() else "blockwise"
 
 
-def _choose_implementation(name, query, key, dropout_fn, return_weights):
+def _choose_implementation(
+    name, query, key, dropout_fn, return_weights, score_mod=None
+):
     if name is not None and name not in IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
@@ -242,14 +379,31 @@ def _choose_implementation(name, query, key, dropout_fn, return_weights):
     needs_weights = return_weights or dropout_fn is not None
     tq, tk = query.shape[1], key.shape[1]
     static = tq is not None and tk is not None
+    # A plain function closing over trainable tensors: only the dense
+    # path's autodiff reaches them (a ScoreLayer passes its weights).
+    closure = scoring.closes_over_tensors(score_mod)
     if name is None:
-        if needs_weights:
+        if needs_weights or closure:
             return "dense"
-        if _backend.prefers_fused_attention():
+        if _backend.prefers_fused_attention() and score_mod is None:
             return "fused"
         if static and tq * tk > _BLOCKWISE_MIN_PAIRS:
             return "blockwise"
         return "dense"
+    if name == "fused" and score_mod is not None:
+        raise ValueError(
+            "implementation='fused' takes no score function (the kernels "
+            "have no hook for one): use 'blockwise' or 'dense'. Received: "
+            f"score_mod={score_mod!r}"
+        )
+    if name == "blockwise" and closure:
+        raise ValueError(
+            "implementation='blockwise' cannot differentiate a score "
+            "function that closes over trainable tensors (its backward pass "
+            "is hand-written): make it a `keras_attention.mods.ScoreLayer` "
+            "(its weights are passed explicitly) or use 'dense'. Received: "
+            f"score_mod={score_mod!r}"
+        )
     if name != "dense" and needs_weights:
         raise ValueError(
             f"implementation={name!r} computes no attention weights: it cannot "
@@ -264,7 +418,7 @@ def _choose_implementation(name, query, key, dropout_fn, return_weights):
 def _positions_mask(tq, tk, offset):
     i = ops.arange(tq, dtype="int32")[:, None] + ops.cast(offset, "int32")
     j = ops.arange(tk, dtype="int32")[None, :]
-    return (j <= i)[None, None]
+    return scoring.causal(i, j)[None, None]
 
 
 def _structural_to_dense(
@@ -285,22 +439,28 @@ def _structural_to_dense(
     )
 
 
-def _blockwise(query, key, value, **structural):
+def _blockwise(query, key, value, query_block=None, key_block=None, **kw):
+    """The blockwise path with `_blockwise_tiles`' tile sizes unless given
+    (results do not depend on them)."""
     tq, tk = query.shape[1], key.shape[1]
-    query_block, key_block = _blockwise_tiles(
-        tq, tk, query.shape[2], causal=bool(structural.get("is_causal"))
+    auto_q, auto_k = _blockwise_tiles(
+        tq,
+        tk,
+        query.shape[2],
+        causal=bool(kw.get("is_causal")),
+        sparse=kw.get("mask_mod") is not None,
     )
     return blockwise_attention(
         query,
         key,
         value,
-        query_block=query_block,
-        key_block=key_block,
-        **structural,
+        query_block=query_block or auto_q,
+        key_block=key_block or auto_k,
+        **kw,
     )
 
 
-def _blockwise_tiles(tq, tk, heads, causal=False):
+def _blockwise_tiles(tq, tk, heads, causal=False, sparse=False):
     """The tile sizes `(query_block, key_block)` of the blockwise path.
 
     Every key up to `_MAX_KEY_BLOCK` in one tile: a row of tiles is then
@@ -314,9 +474,11 @@ def _blockwise_tiles(tq, tk, heads, causal=False):
     else `_TILE_ELEMENTS` (8 MiB: O(T) memory). A causal call also keeps
     at least four rows of tiles and at most 256 rows per tile (the tiles
     above the diagonal are skipped: smaller tiles skip more). At most 128
-    rows of tiles (tracing time: the tiles are unrolled).
+    rows of tiles (tracing time: the tiles are unrolled). With a mask
+    function (`sparse`), key tiles of at most `_SPARSE_KEY_BLOCK` keys, so
+    that the tiles it masks entirely can be skipped.
     """
-    key_block = min(tk, _MAX_KEY_BLOCK)
+    key_block = min(tk, _SPARSE_KEY_BLOCK if sparse else _MAX_KEY_BLOCK)
     budget = _TILE_ELEMENTS
     if tq is not None and keeps_probabilities(tq * key_block, heads):
         budget = _KEPT_TILE_ELEMENTS

@@ -31,13 +31,11 @@ gradients.
 import numpy as np
 from keras import ops
 
-from keras_attention import masks
 from keras_attention.ops import _backend
-from keras_attention.ops.masking import mask_fill_value
-from keras_attention.ops.masking import score_dtype
+from keras_attention.ops import scoring
+from keras_attention.ops.scoring import score_dtype
 from keras_attention.utils import keras_utils
 
-_FILL = mask_fill_value("float32")
 _slice = keras_utils.slice_axis
 # The backward pass reuses the forward's probabilities of one-tile rows
 # instead of recomputing them (one score matmul and one softmax less per
@@ -66,7 +64,17 @@ def _key_chunks(stop, size):
 
 
 class _Plan:
-    """Static tiling of one call: which (query tile, key tile) pairs run."""
+    """Static tiling of one call: which (query tile, key tile) pairs run.
+
+    `rows` lists, per query tile `[i0, i1)`, its key tiles as
+    `(c, j0, j1, needs_causal, needs_mod)`: `needs_causal` when the tile
+    crosses the causal diagonal (or the offset is a tensor), `needs_mod`
+    when the mask function must be evaluated on it. A static mask
+    function (NumPy in, NumPy out: `scoring.static_block_mask`) is
+    evaluated on every tile while planning: tiles it masks entirely are
+    left out (block sparsity, forward and backward), tiles it allows
+    entirely need no mask.
+    """
 
     def __init__(
         self,
@@ -77,15 +85,22 @@ class _Plan:
         query_block,
         key_block,
         heads=1,
+        mask_mod=None,
+        score_fn=None,
     ):
         self.tq, self.tk = tq, tk
         self.query_block, self.key_block = query_block, key_block
+        self.heads = heads
+        self.mask_mod, self.score_fn = mask_mod, score_fn
         if isinstance(causal_offset, np.integer):
             causal_offset = int(causal_offset)
-        self.static_causal = is_causal and isinstance(causal_offset, int)
+        static_offset = isinstance(causal_offset, int)
+        self.static_causal = is_causal and static_offset
         self.dynamic_causal = is_causal and not self.static_causal
         self.offset = causal_offset
-        self.rows = []  # (i0, i1, [(c, j0, j1, needs_causal_mask), ...])
+        self.skipped_tiles = 0
+        static_mod = mask_mod is not None and static_offset
+        self.rows = []  # (i0, i1, [(c, j0, j1, causal, mod), ...])
         for i0, i1 in _tiles(0, tq, query_block):
             stop = tk
             if self.static_causal:
@@ -98,48 +113,90 @@ class _Plan:
                     if self.static_causal
                     else False
                 )
-                chunks.append((c, j0, j1, crosses or self.dynamic_causal))
+                needs_mod = mask_mod is not None
+                if static_mod:
+                    tile = scoring.static_block_mask(
+                        mask_mod,
+                        heads,
+                        i0 + causal_offset,
+                        i1 + causal_offset,
+                        j0,
+                        j1,
+                    )
+                    if tile is None:  # Reads tensors: masked at run time.
+                        static_mod = False
+                    elif not tile.any():
+                        self.skipped_tiles += 1
+                        continue
+                    else:
+                        needs_mod = not tile.all()
+                chunks.append(
+                    (c, j0, j1, crosses or self.dynamic_causal, needs_mod)
+                )
             self.rows.append((i0, i1, chunks))
         # Probabilities of one-tile rows kept for the backward pass (not
-        # recomputed) when they are small: see `_KEEP_ELEMENTS`.
+        # recomputed) when they are small: see `_KEEP_ELEMENTS`. A score
+        # function's backward needs the raw scores: recomputed then.
         kept = sum(
             (i1 - i0) * (chunks[0][2] - chunks[0][1])
             for i0, i1, chunks in self.rows
             if len(chunks) == 1
         )
-        self.keep_probabilities = keeps_probabilities(kept, heads)
+        self.keep_probabilities = score_fn is None and keeps_probabilities(
+            kept, heads
+        )
 
 
-def _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r):
-    """Boolean mask broadcastable to `(b, g, r, Bq, k)`, or None."""
-    key_padding, dense_mask, offset = aux
-    offset = plan.offset if offset is None else offset
+def _grid(plan, aux, batch, i0, i1, j0, j1):
+    """The `scoring.Grid` of one tile (absolute query positions)."""
+    offset = plan.offset if aux[2] is None else aux[2]
+    if isinstance(offset, int):
+        offset = offset + i0
+    else:
+        offset = ops.cast(offset, "int32") + i0
+    return scoring.Grid.dense(
+        batch, plan.heads, i1 - i0, j1 - j0, q_offset=offset, kv_offset=j0
+    )
+
+
+def _tile_mask(plan, aux, grid, i0, i1, chunk):
+    """Boolean mask broadcastable to `(b, h, Bq, k)`, or None."""
+    _, j0, j1, needs_causal, needs_mod = chunk
+    key_padding, dense_mask, _ = aux
     causal = None
     if needs_causal:
-        qpos = ops.arange(i0, i1, dtype="int32")[:, None] + ops.cast(
-            offset, "int32"
-        )
-        kpos = ops.arange(j0, j1, dtype="int32")[None, :]
-        causal = (kpos <= qpos)[None, None, None]
+        causal = scoring.causal(grid.q_idx, grid.kv_idx)
     if key_padding is not None:
-        key_padding = key_padding[:, None, None, None, j0:j1]
+        key_padding = key_padding[:, None, None, j0:j1]
     if dense_mask is not None:
-        dense_mask = dense_mask[:, :, :, i0:i1, j0:j1]
-    return masks.combine_masks(causal, key_padding, dense_mask)
+        dense_mask = dense_mask[:, :, i0:i1, j0:j1]
+    mod = None
+    if needs_mod:
+        mod = scoring.evaluate_mask(plan.mask_mod, grid)
+    return scoring.combine(causal, key_padding, dense_mask, mod)
 
 
-def _scores(q_t, k_c, mask, r, rows):
-    """Masked float32 scores `(b, g, q, k)` of one tile, formed in the
-    keys' dtype `k_c` (`score_dtype`: float32 for float16, whose products
-    of large queries and keys would overflow; bfloat16 stays bfloat16)."""
+def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk):
+    """Scores of one tile, formed in the keys' dtype `k_c` (`score_dtype`:
+    float32 for float16, whose products of large queries and keys would
+    overflow; bfloat16 stays bfloat16), then modified and masked by
+    `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
+    unmodified float32 scores `(b, h, Bq, k)` and the tile's grid (for a
+    score function's backward)."""
+    g, rows, cols = q_t.shape[1], q_t.shape[2], k_c.shape[2]
     s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, k_c.dtype), k_c)
-    s = ops.cast(s, "float32")
-    if mask is None:
-        return s
-    g, cols = ops.shape(s)[1], ops.shape(s)[3]
-    s = ops.reshape(s, (-1, g, r, rows, cols))
-    s = ops.where(mask, s, _FILL)
-    return ops.reshape(s, (-1, g, r * rows, cols))
+    # (b, g, r Bq, k) -> (b, h, Bq, k): query head g r + r'.
+    s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+    grid = _grid(plan, aux, ops.shape(s)[0], i0, i1, chunk[1], chunk[2])
+    mask = _tile_mask(plan, aux, grid, i0, i1, chunk)
+    score_mod = None
+    if plan.score_fn is not None:
+
+        def score_mod(*args):
+            return plan.score_fn(params, *args)
+
+    masked, _ = scoring.modify_scores(s, grid, score_mod, None, mask)
+    return ops.reshape(masked, (-1, g, rows, cols)), s, grid
 
 
 def _never_empty(plan, aux, i0, chunks):
@@ -149,12 +206,14 @@ def _never_empty(plan, aux, i0, chunks):
     key_padding, dense_mask, _ = aux
     if key_padding is not None or dense_mask is not None:
         return False
+    if plan.mask_mod is not None:
+        return False
     if plan.dynamic_causal:
         return False
     return not plan.static_causal or (bool(chunks) and i0 + plan.offset >= 0)
 
 
-def _forward(plan, qh, kh, vh, aux, valid_rows):
+def _forward(plan, qh, kh, vh, aux, params, valid_rows):
     """Softmax attention for every row of tiles (query tile).
 
     A row with one key tile takes the softmax in one op and keeps no
@@ -162,8 +221,9 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     runs the online softmax over them and keeps its log-sum-exp.
 
     Returns the output `(b, g, r, i, e)` and, per row of tiles, the
-    log-sum-exp `(b, g, q, 1)` (None for one-tile rows) and the validity
-    of its queries, bool `(b|1, g|1, r|1, Bq, 1)` (None: all valid).
+    log-sum-exp `(b, g, q, 1)` (None for one-tile rows), the validity
+    of its queries, bool `(b|1, g|1, r|1, Bq, 1)` (None: all valid), and
+    the kept probabilities (None: recomputed).
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
     ks = ops.cast(kh, score_dtype(kh.dtype))
@@ -175,9 +235,9 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
         q_t = ops.reshape(
             _slice(q_src, 3, i0, i1), (-1, g, r * n, qh.shape[-1])
         )
-        tile = (plan, q_t, k_src, v_src, aux, i0, i1, chunks)
+        tile = (plan, q_t, k_src, v_src, aux, params, i0, i1, chunks)
         p = None
-        if not chunks:  # Causal row that sees no key at all.
+        if not chunks:  # A row that sees no key at all.
             out, lse = ops.zeros_like(qh[:, :, :, i0:i1, :1]), None
             out = ops.cast(out, "float32") + ops.zeros((e,), "float32")
             valid = ops.zeros_like(out[..., :1], "bool")
@@ -197,15 +257,17 @@ def _forward(plan, qh, kh, vh, aux, valid_rows):
     return _concat_rows(outs), lses, valids, probs
 
 
-def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
+def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)`
     float32; no log-sum-exp; validity from the row max (None when the row
     cannot be empty); the float32 probabilities `(b, g, q, k)`."""
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
-    ((_, j0, j1, needs_causal),) = chunks
-    mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-    s = _scores(q_t, _slice(ks, 2, j0, j1), mask, r, n)
+    (chunk,) = chunks
+    _, j0, j1, _, _ = chunk
+    s, _, _ = _scores(
+        plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
+    )
     p = ops.softmax(s, axis=-1)
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
@@ -213,24 +275,25 @@ def _one_tile(plan, q_t, ks, vh, aux, i0, i1, chunks):
     out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
-        # A row whose max is the fill value saw only masked keys.
         m = ops.max(s, axis=-1, keepdims=True)
-        valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
+        valid = ops.reshape(scoring.rows_valid(m), (-1, g, r, n, 1))
     return out, None, valid, p
 
 
-def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
+def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     """Online softmax over the key tiles of one row: the output
     `(b, g, r, Bq, e)` float32, the log-sum-exp `(b, g, q, 1)` and the
     validity `(b, g, r, Bq, 1)`."""
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
     m = row_sum = acc = None
-    for _, j0, j1, needs_causal in chunks:
+    for chunk in chunks:
+        _, j0, j1, _, _ = chunk
         # One key tile at a time (TensorFlow would start them all).
         q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
-        mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
-        s = _scores(q_t, _slice(ks, 2, j0, j1), mask, r, n)
+        s, _, _ = _scores(
+            plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
+        )
         m_c = ops.max(s, axis=-1, keepdims=True)
         m_new = m_c if m is None else ops.maximum(m, m_c)
         p = ops.exp(s - m_new)
@@ -249,8 +312,7 @@ def _online_tiles(plan, q_t, ks, vh, aux, i0, i1, chunks):
     out = ops.reshape(acc / row_sum, (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
-        # A row whose max is the fill value saw only masked keys.
-        valid = ops.reshape(m > 0.5 * _FILL, (-1, g, r, n, 1))
+        valid = ops.reshape(scoring.rows_valid(m), (-1, g, r, n, 1))
     return out, m + ops.log(row_sum), valid
 
 
@@ -259,15 +321,18 @@ def _concat_rows(tiles):
     return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
-def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
-    """Gradients w.r.t. `qh, kh, vh` from each tile's probabilities: kept
-    by the forward pass (`plan.keep_probabilities`), else recomputed (the
-    softmax of a one-tile row, or from the saved log-sum-exp)."""
+def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
+    """Gradients w.r.t. `qh, kh, vh` (and a score function's `params`)
+    from each tile's probabilities: kept by the forward pass
+    (`plan.keep_probabilities`), else recomputed (the softmax of a
+    one-tile row, or from the saved log-sum-exp). A score function is
+    differentiated tile by tile (`_backend.vjp`)."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
     ks = ops.cast(kh, score_dtype(kh.dtype))
     dqs = []
     dks, dvs = {}, {}
+    dparams = [ops.zeros_like(p) for p in params]
     # Last query tile first: with a causal structure each key tile then
     # gets ever shorter contributions, summed as they come (not kept).
     rows = list(zip(plan.rows, *saved))[::-1]
@@ -294,21 +359,34 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
         dq_t, last = None, []
-        for c, j0, j1, needs_causal in chunks:
+        for chunk in chunks:
+            c, j0, j1, _, _ = chunk
             # One key tile at a time within the row, too.
             q_t, k_src, ks_src, v_src = _backend.after(
                 (q_t, k_src, ks_src, v_src), last
             )
             k_c, v_c = _slice(k_src, 2, j0, j1), _slice(v_src, 2, j0, j1)
-            mask = _tile_mask(plan, aux, i0, i1, j0, j1, needs_causal, r)
             if p_t is not None:  # Kept by the forward pass.
                 p = p_t
             else:
-                s = _scores(q_t, _slice(ks_src, 2, j0, j1), mask, r, n)
+                s, raw, grid = _scores(
+                    plan,
+                    aux,
+                    params,
+                    q_t,
+                    _slice(ks_src, 2, j0, j1),
+                    i0,
+                    i1,
+                    chunk,
+                )
                 p = ops.softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
             dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
             dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
-            ds = ops.cast(p * (dp - dd_t), dtype)
+            ds = p * (dp - dd_t)
+            if plan.score_fn is not None:
+                ds, grads = _score_vjp(plan, params, raw, grid, ds)
+                dparams = [a + b for a, b in zip(dparams, grads)]
+            ds = ops.cast(ds, dtype)
             dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
             dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
             dq_t = dq_c if dq_t is None else dq_t + dq_c
@@ -317,7 +395,22 @@ def _backward(plan, qh, kh, vh, aux, out, saved, d_out):
             _accumulate(dvs, c, dv_c)
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
     dq = _concat_rows(dqs[::-1])
-    return dq, _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
+    dk, dv = _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
+    return dq, dk, dv, tuple(dparams)
+
+
+def _score_vjp(plan, params, raw, grid, ds):
+    """The gradient `ds` `(b, g, q, k)` w.r.t. the modified scores taken
+    back through the score function: w.r.t. the raw scores (same layout)
+    and its `params`."""
+    shape = ops.shape(ds)
+    ds4 = ops.reshape(ds, ops.shape(raw))
+
+    def fn(scores, *p):
+        return plan.score_fn(p, scores, *grid)
+
+    grads = _backend.vjp(fn, (raw,) + tuple(params), ds4)
+    return ops.reshape(grads[0], shape), grads[1:]
 
 
 def _accumulate(store, c, grad):
@@ -362,6 +455,8 @@ def blockwise_attention(
     mask=None,
     query_block=128,
     key_block=1024,
+    score_mod=None,
+    mask_mod=None,
 ):
     """Exact attention in O(T * tile) memory, forward and backward.
 
@@ -371,12 +466,20 @@ def blockwise_attention(
         value: `(b, j, g, e)`.
         is_causal: query `i` may only attend to keys `j <= i + causal_offset`.
         causal_offset: int (tiles above the diagonal are skipped) or scalar
-            tensor (then the causal mask is applied on every tile).
+            tensor (then the causal mask is applied on every tile): the
+            absolute position of the first query (also for `score_mod` and
+            `mask_mod`).
         key_padding: optional bool `(b, j)`, True on real keys.
         query_padding: optional bool `(b, i)`, True on real queries (padded
             queries get zeros).
         mask: optional bool `(b|1, h|1, i, j)` (rank 4), True = may attend.
-        query_block, key_block: static tile sizes (Bq, Bk).
+        query_block, key_block: static tile sizes (Bq, Bk); results do not
+            depend on them.
+        score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)`
+            (see `scoring`); a Keras layer's trainable weights get
+            gradients (passed to the backward pass explicitly).
+        mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx)`; tiles a
+            static one masks entirely are skipped.
 
     Returns:
         `(b, i, h, e)` in the query's dtype.
@@ -385,48 +488,58 @@ def blockwise_attention(
     h, g = query.shape[2], key.shape[2]
     r = h // g
     d, e = query.shape[-1], value.shape[-1]
+    score_fn, params = scoring.split_score_mod(score_mod)
     plan = _Plan(
-        b_tq, tk, is_causal, causal_offset, query_block, key_block, heads=h
+        b_tq,
+        tk,
+        is_causal,
+        causal_offset,
+        query_block,
+        key_block,
+        heads=h,
+        mask_mod=mask_mod,
+        score_fn=score_fn,
     )
     if mask is not None:
         mask = ops.cast(mask, "bool")
-        mh = mask.shape[1]
-        mask = ops.reshape(
-            mask,
-            (ops.shape(mask)[0], g if mh == h else 1, r if mh == h else 1)
-            + tuple(ops.shape(mask)[2:]),
-        )
     if key_padding is not None:
         key_padding = ops.cast(key_padding, "bool")
     if query_padding is not None:
         query_padding = ops.cast(query_padding, "bool")
-    offset = causal_offset if plan.dynamic_causal else None
+    offset = causal_offset if not isinstance(plan.offset, int) else None
 
-    def forward(q, k, v, aux):
+    def forward(q, k, v, aux, params=()):
         key_padding, query_padding, mask, offset = aux
         qh = ops.transpose(ops.reshape(q, (-1, b_tq, g, r, d)), (0, 2, 3, 1, 4))
         kh = ops.transpose(k, (0, 2, 1, 3))
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
-        out, *saved = _forward(plan, qh, kh, vh, tile_aux, query_padding)
+        out, *saved = _forward(
+            plan, qh, kh, vh, tile_aux, params, query_padding
+        )
         result = ops.reshape(
             ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
         )
-        return result, (qh, kh, vh, tile_aux, out, saved)
+        return result, (qh, kh, vh, tile_aux, params, out, saved)
 
     def backward(residuals, d_result):
-        qh, kh, vh, tile_aux, out, saved = residuals
+        qh, kh, vh, tile_aux, params, out, saved = residuals
         d_out = ops.transpose(
             ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
             (0, 2, 3, 1, 4),
         )
-        dq, dk, dv = _backward(plan, qh, kh, vh, tile_aux, out, saved, d_out)
+        dq, dk, dv, dparams = _backward(
+            plan, qh, kh, vh, tile_aux, params, out, saved, d_out
+        )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
-        return (
+        grads = (
             dq,
             ops.transpose(dk, (0, 2, 1, 3)),
             ops.transpose(dv, (0, 2, 1, 3)),
         )
+        return grads + (dparams,) if params else grads
 
     aux = (key_padding, query_padding, mask, offset)
-    return _backend.custom_vjp(forward, backward)(query, key, value, aux)
+    return _backend.custom_vjp(forward, backward)(
+        query, key, value, aux, params
+    )

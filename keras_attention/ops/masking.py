@@ -1,4 +1,5 @@
-"""Masked softmax, fill values, score dtypes and mask shaping.
+"""Mask shaping (and, re-exported from `scoring`, the masked softmax,
+fill values and score dtypes).
 
 The rules every attention computation of the package shares (dense,
 blockwise, local and the layers' own scorers):
@@ -14,76 +15,13 @@ blockwise, local and the layers' own scorers):
 Axes in comments: b - batch, h - heads, i/j - query/key positions.
 """
 
-import keras
-import numpy as np
 from keras import ops
 
-
-def mask_fill_value(dtype):
-    """A large negative *finite* score for masked positions of `dtype`.
-
-    Half of the dtype's lowest value: adding a bias to it cannot overflow to
-    `-inf` (as a fixed `-1e9` does in float16).
-
-    Example:
-
-    >>> import keras_attention
-    >>> keras_attention.ops.mask_fill_value("float16")
-    -32752.0
-    """
-    dtype = str(getattr(dtype, "name", dtype))
-    if dtype == "bfloat16":
-        return -1.6e38
-    return float(np.finfo(np.dtype(dtype)).min) / 2.0
-
-
-def score_dtype(dtype):
-    """The dtype attention scores are formed in: float32 for float16 inputs
-    (whose range, 65,504, scores can overflow), the input dtype otherwise.
-
-    bfloat16 has float32's exponent range, so its scores cannot overflow
-    and stay in bfloat16 (the fast matmuls of CPUs with AVX512_BF16/AMX and
-    of accelerators); the softmax still runs in float32.
-    """
-    dtype = keras.backend.standardize_dtype(dtype)
-    return "float32" if dtype == "float16" else dtype
-
-
-def masked_softmax(scores, mask=None, axis=-1):
-    """Softmax over `axis` in float32 with masked entries set to exactly 0.
-
-    Rows where `mask` is all False get all-zero weights.
-
-    Args:
-        scores: float tensor of any dtype.
-        mask: optional boolean tensor broadcastable to `scores`.
-        axis: the axis to normalize over.
-
-    Returns:
-        float32 tensor shaped like `scores`.
-
-    Example:
-
-    >>> import numpy as np
-    >>> import keras_attention
-    >>> weights = keras_attention.ops.masked_softmax(
-    ...     np.zeros((2, 3), "float32"),
-    ...     mask=np.array([[True, True, False], [False, False, False]]))
-    >>> np.asarray(weights).tolist()
-    [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
-    """
-    scores = ops.cast(scores, "float32")
-    if mask is None:
-        return ops.softmax(scores, axis=axis)
-    mask = ops.cast(mask, "bool")
-    # An additive bias of the mask's own shape (its gradient is the
-    # identity, where a `where` on the scores needs a select), and rows
-    # that see nothing zeroed by a per-row factor (masked entries are
-    # already exactly 0: exp of the fill value underflows).
-    bias = ops.where(mask, 0.0, mask_fill_value("float32"))
-    weights = ops.softmax(scores + bias, axis=axis)
-    valid = ops.any(mask, axis=axis, keepdims=True)
-    return weights * ops.cast(valid, "float32")
+# The rules live in `scoring`, the one module that forms and masks scores;
+# these names stay importable from here.
+from keras_attention.ops.scoring import mask_fill_value  # noqa: F401
+from keras_attention.ops.scoring import masked_softmax  # noqa: F401
+from keras_attention.ops.scoring import score_dtype  # noqa: F401
 
 
 def as_4d_mask(mask):

@@ -111,13 +111,18 @@ class Grid:
         self.q_idx, self.kv_idx = q_idx, kv_idx
 
     @classmethod
-    def dense(cls, batch_size, heads, q_start, q_stop, kv_start, kv_stop):
-        """The grid of queries `[q_start, q_stop)` over keys
-        `[kv_start, kv_stop)` (absolute positions; `q_start` may be a
-        scalar tensor: a cache offset), every head and example."""
-        q = ops.arange(0, q_stop - q_start, dtype="int32")
-        q = q + ops.cast(q_start, "int32")
-        kv = ops.arange(kv_start, kv_stop, dtype="int32")
+    def dense(
+        cls, batch_size, heads, q_length, kv_length, q_offset=0, kv_offset=0
+    ):
+        """The grid of `q_length` queries from absolute position
+        `q_offset` (an int or a scalar tensor: a cache offset) over
+        `kv_length` keys from `kv_offset`, every head and example."""
+        q = ops.arange(q_length, dtype="int32")
+        if not (isinstance(q_offset, int) and q_offset == 0):
+            q = q + ops.cast(q_offset, "int32")
+        kv = ops.arange(kv_length, dtype="int32")
+        if kv_offset:
+            kv = kv + kv_offset
         return cls(
             ops.reshape(ops.arange(batch_size, dtype="int32"), (-1, 1, 1, 1)),
             ops.reshape(ops.arange(heads, dtype="int32"), (1, -1, 1, 1)),
@@ -255,3 +260,58 @@ def static_block_mask(mask_mod, heads, q_start, q_stop, kv_start, kv_stop):
         return np.broadcast_to(np.asarray(out, bool), shape)[0]
     except ValueError:  # Not broadcastable: left to the run-time check.
         return None
+
+
+# Score functions with weights ---------------------------------------------
+
+
+def split_score_mod(score_mod):
+    """A score function as `(fn, params)`: `fn(params, score, batch, head,
+    q_idx, kv_idx)` reads its trainable tensors from `params` (a tuple),
+    so that hand-written backward passes can differentiate them.
+
+    A Keras layer (`keras_attention.mods.ScoreLayer`) gives its trainable
+    variables' values as `params` and runs in a `keras.StatelessScope`
+    mapping the variables to them; any other callable gets `params=()`.
+    """
+    if score_mod is None:
+        return None, ()
+    variables = list(getattr(score_mod, "trainable_variables", ()) or ())
+    if not isinstance(score_mod, keras.layers.Layer) or not variables:
+        return (lambda params, *args: score_mod(*args)), ()
+
+    def fn(params, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, params))):
+            return score_mod(*args)
+
+    # `ops.copy`: a read of the variable (on TensorFlow the value of a
+    # Keras variable is the `tf.Variable` itself, which a custom gradient
+    # would see as a variable it must differentiate).
+    return fn, tuple(ops.copy(v) for v in variables)
+
+
+def closes_over_tensors(fn):
+    """Whether a plain function `fn` holds a tensor or variable in its
+    closure (or is a bound method of an object holding one among its
+    attributes): its gradients would not reach them through a hand-
+    written backward pass. Layers (`ScoreLayer`) pass their weights
+    explicitly and are not such functions."""
+    if fn is None or isinstance(fn, keras.layers.Layer):
+        return False
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        cells += list(getattr(owner, "__dict__", {}).values())
+    if getattr(fn, "__code__", None) is None and hasattr(fn, "__dict__"):
+        cells += list(fn.__dict__.values())  # a callable object
+    return any(_is_tensor_like(c) for c in cells)
+
+
+def _is_tensor_like(x):
+    if isinstance(x, keras.Variable):
+        return x.trainable
+    if isinstance(x, keras.layers.Layer):
+        return bool(x.trainable_variables)
+    return keras.backend.is_tensor(x) and keras.backend.is_float_dtype(
+        keras.backend.standardize_dtype(x.dtype)
+    )

@@ -240,7 +240,7 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
 
     assert pairs(full) == 64
     assert pairs(causal) == 36  # (n + 1) n / 2 with n = 8
-    masked = sum(m for _, _, chunks in causal.rows for *_, m in chunks)
+    masked = sum(c[3] for _, _, chunks in causal.rows for c in chunks)
     assert masked == 8  # only diagonal tiles build a mask
     dynamic = _Plan(1024, 1024, True, ops.convert_to_tensor(0), 128, 128)
     assert pairs(dynamic) == 64
