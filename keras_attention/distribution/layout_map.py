@@ -13,18 +13,20 @@ from keras_attention.utils import validation
 # Every pattern starts with `.*/`: `LayoutMap` uses `re.fullmatch`, and a
 # pattern without it matches no weight at all.
 
-# Queries (and the gate of `use_gate=True`): kernel (d, h, k), bias (h, k);
-# `BahdanauAttention`'s query kernel (d, u): sharded over units u.
+# Queries (and the gate of `use_gate=True`, and the global queries of
+# `LocalSelfAttention(global_projections=True)`): kernel (d, h, k), bias
+# (h, k); `BahdanauAttention`'s query kernel (d, u): sharded over units u.
 _QUERY = (
-    (r".*/(query|gate)/kernel", (None, "model")),
-    (r".*/(query|gate)/bias", ("model",)),
+    (r".*/(query|query_global|gate)/kernel", (None, "model")),
+    (r".*/(query|query_global|gate)/bias", ("model",)),
 )
-# Keys and values: kernel (d, h_kv, k), bias (h_kv, k); `BahdanauAttention`
-# key kernel (d, u) and `LuongAttention(score_mode="general")` key kernel
-# (d_v, d_q): sharded over their last axis.
+# Keys and values (and the global ones of `LocalSelfAttention(
+# global_projections=True)`): kernel (d, h_kv, k), bias (h_kv, k);
+# `BahdanauAttention` key kernel (d, u) and `LuongAttention(score_mode=
+# "general")` key kernel (d_v, d_q): sharded over their last axis.
 _KEY_VALUE = (
-    (r".*/(key|value)/kernel", (None, "model")),
-    (r".*/(key|value)/bias", ("model",)),
+    (r".*/(key|value|key_global|value_global)/kernel", (None, "model")),
+    (r".*/(key|value|key_global|value_global)/bias", ("model",)),
 )
 _REST = (
     # Output projection (h, k, d): row-parallel over the heads.
@@ -55,6 +57,7 @@ def get_layout_map(
     | weights | shape | sharded over |
     | --- | --- | --- |
     | `query`, `key`, `value`, `gate` kernels | `(d, heads, head_dim)` | heads |
+    | `query_global`, `key_global`, `value_global` kernels | same | heads |
     | their biases | `(heads, head_dim)` | heads |
     | `attention_output` kernel | `(heads, head_dim, d)` | heads |
     | `FeedForward` `intermediate_dense` kernel, bias | `(d, f)`, `(f,)` | f |
@@ -66,7 +69,8 @@ def get_layout_map(
     | `LuongAttention` `attention_v` (`"concat"`) | `(u,)` | u |
 
     This covers `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
-    `CrossAttention`, `LocalSelfAttention`, `FeedForward`, the
+    `CrossAttention`, `LocalSelfAttention` (with Longformer's global
+    projections, `global_projections=True`), `FeedForward`, the
     `TransformerEncoderBlock`/`TransformerDecoderBlock` (their
     `self_attention`, `cross_attention` and `feed_forward` sublayers),
     `BahdanauAttention` and `LuongAttention`, whatever their names and
@@ -94,8 +98,9 @@ def get_layout_map(
     the key/value heads of its query heads, and the result is exact. When
     `num_key_value_heads` is not a multiple of the model axis size (e.g.
     one or two key/value heads on a model axis of 4), pass
-    `shard_key_value=False`: key and value projections (kernels and biases)
-    are then replicated on every device, as Megatron-LM and vLLM do when the
+    `shard_key_value=False`: key and value projections (kernels and
+    biases, the global ones of `LocalSelfAttention` too) are then
+    replicated on every device, as Megatron-LM and vLLM do when the
     tensor-parallel size exceeds the number of key/value heads; queries and
     output stay sharded by heads.
 

@@ -23,6 +23,7 @@ from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import BahdanauAttention
 from keras_attention.layers import CrossAttention
 from keras_attention.layers import FeedForward
+from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import LuongAttention
 from keras_attention.layers import MultiHeadAttention
 
@@ -237,6 +238,35 @@ def main():
         except Exception as e:  # noqa: BLE001 - reported to the test
             one_kv[str(shard_key_value)] = f"{type(e).__name__}: {e}"[:300]
     report["one_kv_head"] = one_kv
+
+    # Global tokens with Longformer's own projections: sharded by heads,
+    # and the same result as on one device.
+    def build_global():
+        return LocalSelfAttention(
+            HEADS,
+            4,
+            window_size=1,
+            global_projections=True,
+            max_global_tokens=1,
+            name="global_local",
+        )
+
+    x = np.random.default_rng(3).normal(size=(BATCH, 6, HIDDEN))
+    x = x.astype("float32")
+    is_global = np.zeros((BATCH, 6), bool)
+    is_global[:, 0] = True
+    keras.utils.set_random_seed(3)
+    one = build_global()
+    reference = np.asarray(one(x, global_mask=is_global))
+    with distributions["model"].scope():
+        layer = build_global()
+        layer(x, global_mask=is_global)
+        layer.set_weights(one.get_weights())
+        output = np.asarray(layer(x, global_mask=is_global))
+    report["global_projections"] = {
+        "shards": shard_shapes(layer),
+        "diff": max_diff([output], [reference]),
+    }
     print("RESULT " + json.dumps(report))
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from keras_attention.distribution import get_layout_map
+from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import MultiHeadAttention
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -56,6 +58,47 @@ def test_patterns_match_the_library_weight_paths():
     # Names of the mesh are used as given.
     renamed = get_layout_map(_mesh(names=("data", "tp")), "tp", "data")
     assert renamed["a/query/kernel"].axes == (None, "tp")
+
+
+def _attention_layers():
+    """Attention layers with every projection they can have."""
+    return [
+        MultiHeadAttention(4, 2, num_key_value_heads=2, use_gate=True),
+        LocalSelfAttention(
+            4,
+            2,
+            window_size=1,
+            num_key_value_heads=2,
+            use_gate=True,
+            global_projections=True,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("shard_key_value", [True, False])
+def test_every_attention_projection_is_sharded_by_heads(shard_key_value):
+    # Every weight with a heads axis (projection kernels (d, h, k), their
+    # biases (h, k), the output kernel (h, k, d)) is sharded over it, also
+    # Longformer's global projections (issue 23); key/value-side ones
+    # follow `shard_key_value`. Only the output bias (d,) is replicated.
+    layout_map = get_layout_map(_mesh(), shard_key_value=shard_key_value)
+    x = np.zeros((1, 5, 8), "float32")
+    for layer in _attention_layers():
+        layer(x) if isinstance(layer, LocalSelfAttention) else layer(x, x)
+        for w in layer.weights:
+            name = w.path.split("/", 1)[1]
+            if len(w.shape) == 1:
+                expected = None
+            elif name == "attention_output/kernel":
+                expected = ("model",)
+            elif not shard_key_value and name.startswith(("key", "value")):
+                expected = None
+            elif name.endswith("/kernel"):
+                expected = (None, "model")
+            else:
+                expected = ("model",)
+            layout = layout_map[w.path]
+            assert (layout and layout.axes) == expected, w.path
 
 
 def test_key_value_can_be_replicated():
@@ -179,6 +222,19 @@ def test_fewer_key_value_heads_than_the_model_axis(sharded):
     assert shards["mqa/value/bias"] == [[1, 4], [1, 4]]
     assert shards["mqa/query/kernel"] == [[16, 4, 4], [16, 2, 4]]
     assert shards["mqa/attention_output/kernel"] == [[4, 4, 16], [2, 4, 16]]
+
+
+@SUBPROCESS
+def test_global_projections_are_sharded_by_heads(sharded):
+    # LocalSelfAttention(global_projections=True), 4 heads on a model axis
+    # of 2: every global projection holds 2 heads per device (issue 23).
+    run = sharded["global_projections"]
+    for name in ("query_global", "key_global", "value_global"):
+        kernel = run["shards"][f"global_local/{name}/kernel"]
+        bias = run["shards"][f"global_local/{name}/bias"]
+        assert kernel == [[16, 4, 4], [16, 2, 4]], name
+        assert bias == [[4, 4], [2, 4]], name
+    assert run["diff"] < TOLERANCE
 
 
 def _free_port():
