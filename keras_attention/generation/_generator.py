@@ -10,14 +10,14 @@ extra inputs its loop takes (`_input_names`), how its cache is built
 (`build_cache`), and exposes its own `generate`.
 
 The helpers below (`position_capacity`, `check_length_fits`,
-`mask_after_stop`) are shared by both generators.
+`mask_after_stop`) are shared by both generators; the argument checks are
+in `_checks`.
 """
-
-import inspect
 
 import keras
 from keras import ops
 
+from keras_attention.generation import _checks
 from keras_attention.generation.cache import init_cache
 from keras_attention.generation.cache import stack_caches
 from keras_attention.layers.position_embedding import PositionEmbedding
@@ -36,12 +36,23 @@ def as_list(x):
 
 
 def get_sampler(sampler):
-    """A `keras_hub` sampler from its name, or the sampler itself."""
-    if not isinstance(sampler, str):
-        return sampler
+    """A `keras_hub` sampler from its name, or the sampler itself; raises
+    `ValueError` for anything else (an unknown name, None, ...)."""
     import keras_hub  # an optional extra, needed only to generate
 
-    return keras_hub.samplers.get(sampler)
+    resolved = sampler
+    if isinstance(sampler, str):
+        try:
+            resolved = keras_hub.samplers.get(sampler)
+        except (KeyError, ValueError):  # "Greedy": names are lowercase
+            resolved = None
+    if not isinstance(resolved, keras_hub.samplers.Sampler):
+        raise ValueError(
+            "`sampler` must be a `keras_hub.samplers.Sampler` or the name "
+            'of one ("greedy", "beam", "top_k", "top_p", "random", '
+            f'"contrastive"). Received: sampler={sampler!r}'
+        )
+    return resolved
 
 
 def sampler_key(sampler):
@@ -110,16 +121,24 @@ class Generator:
     and may pass extra arguments to the blocks (`_block_kwargs`).
 
     Args:
-        embedding: layer mapping token ids `(batch, T)` to `(batch, T, d)`.
-            If its `call` takes `start_index` (e.g.
-            `TokenAndPositionEmbedding`, or your own layer), decoding passes
-            the absolute position.
+        embedding: layer (or callable) mapping token ids `(batch, T)` to
+            `(batch, T, d)`. If its `call` (a callable: itself) takes
+            `start_index` (e.g. `TokenAndPositionEmbedding`, or your own
+            layer), decoding passes the absolute position. Token ids are
+            checked against its vocabulary when it is a
+            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`.
         blocks: list of built `TransformerDecoderBlock`s with the same
             attention head shape.
         head: layer (or list of layers applied in order) mapping the last
             block's output to logits `(batch, T, vocabulary_size)`.
-        pad_token_id: int, the padding id of prompts and outputs.
+        pad_token_id: int (Python or NumPy), the padding id of prompts and
+            outputs, a token id of the embedding's vocabulary.
         jit_compile: bool, compile `generate` with XLA (TensorFlow backend).
+
+    The constructor raises `ValueError`, naming the argument, for pieces
+    that are not callables, `blocks` that are not a non-empty list of
+    decoder blocks of the right kind, and a `pad_token_id` that is not a
+    token id.
     """
 
     _cross_attention = False
@@ -128,30 +147,62 @@ class Generator:
     def __init__(
         self, embedding, blocks, head, pad_token_id=0, jit_compile=True
     ):
-        self.embedding = embedding
-        self.blocks = list(blocks)
-        self._check_blocks(blocks)
-        self.head = as_list(head)
-        self.pad_token_id = pad_token_id
-        self.jit_compile = validation.check_bool("jit_compile", jit_compile)
-        self._embedding_takes_start = (
-            "start_index" in inspect.signature(embedding.call).parameters
+        self.embedding = _checks.check_callable("embedding", embedding)
+        self.blocks = self._check_blocks(blocks)
+        self.head = self._check_head(head)
+        self.pad_token_id = _checks.check_token_id(
+            "pad_token_id", pad_token_id, self._vocabulary_size
         )
+        self.jit_compile = validation.check_bool("jit_compile", jit_compile)
+        self._embedding_takes_start = _checks.takes_start_index(embedding)
         self._compiled = {}
 
+    @property
+    def _vocabulary_size(self):
+        """The token ids the embedding can look up, or None when unknown
+        (an embedding layer of another kind): prompts, `pad_token_id` and
+        `stop_token_ids` are checked against it."""
+        return _checks.vocabulary_size(self.embedding)
+
     def _check_blocks(self, blocks):
-        if not self.blocks:
+        """`blocks` as a non-empty list of decoder blocks with the
+        `cross_attention` of this generator."""
+        if not isinstance(blocks, (list, tuple)) or not blocks:
             raise ValueError(
-                f"`blocks` must not be empty. Received: blocks={blocks!r}"
+                "`blocks` must be a non-empty list of "
+                f"`TransformerDecoderBlock`s. Received: blocks={blocks!r}"
             )
-        for block in self.blocks:
+        for block in blocks:
             cross_attention = getattr(block, "cross_attention", None)
             if cross_attention is not self._cross_attention:
                 raise ValueError(
-                    f"`{type(self).__name__}` needs `TransformerDecoderBlock`s "
-                    f"with cross_attention={self._cross_attention}. "
-                    f"Received: {block!r}"
+                    f"`{type(self).__name__}` needs `blocks` of "
+                    "`TransformerDecoderBlock`s with "
+                    f"cross_attention={self._cross_attention}. "
+                    f"Received: {block!r} in blocks={blocks!r}"
                 )
+        return list(blocks)
+
+    def _check_head(self, head):
+        """`head` as a non-empty list of callables."""
+        layers = as_list(head)
+        if not layers or not all(callable(layer) for layer in layers):
+            raise ValueError(
+                "`head` must be a layer, or a non-empty list of layers, "
+                f"mapping hidden states to logits. Received: head={head!r}"
+            )
+        return layers
+
+    def _check_built(self):
+        """Raises `ValueError` unless every block is built (the cache's
+        shape is read from the blocks' weights)."""
+        unbuilt = [i for i, block in enumerate(self.blocks) if not block.built]
+        if unbuilt:
+            raise ValueError(
+                "`blocks` must be built before generating: call the model "
+                "(or each block) once. Received: unbuilt blocks at "
+                f"positions {unbuilt!r} of blocks={self.blocks!r}"
+            )
 
     # The model pieces.
 
@@ -220,19 +271,48 @@ class Generator:
 
     # Generation.
 
-    def _prepare(self, token_ids, padding_mask, max_length):
-        """Right-pads the prompts (and their mask) to `max_length`."""
+    def _prepare(self, token_ids, padding_mask, max_length, name):
+        """Checks the prompts `token_ids` (the argument `name`), their
+        `padding_mask` and `max_length`, and right-pads the prompts and
+        their mask to `max_length`.
+
+        Returns `(token_ids, padding_mask, unbatched)`: both `(batch,
+        max_length)`, and whether the prompt was one `(T,)` sequence (a
+        batch of one here).
+        """
+        if _checks.is_integer(max_length):  # np.int64(6) -> 6
+            max_length = int(max_length)
         validation.check_positive_int("max_length", max_length, allow_none=True)
-        token_ids = ops.convert_to_tensor(token_ids, "int32")
-        length = token_ids.shape[1]
-        if max_length is None or max_length <= length:
-            # Outputs keep the prompts' length.
-            self._check_fits(length, "token_ids.shape[1]")
+        self._check_built()
+        token_ids, values = _checks.check_token_ids(
+            name, token_ids, self._vocabulary_size
+        )
+        shape = tuple(token_ids.shape)
+        unbatched = len(shape) == 1
+        length = shape[-1]
+        length_name = f"{name}.shape[{len(shape) - 1}]"
+        self._check_max_length(max_length, length, length_name)
+        explicit_mask = padding_mask is not None
+        if explicit_mask:
+            padding_mask, mask_values = _checks.check_prompt_mask(
+                padding_mask, shape, name
+            )
         else:
-            self._check_fits(max_length, "max_length")
-        if padding_mask is None:
             padding_mask = ops.not_equal(token_ids, self.pad_token_id)
-        padding_mask = ops.cast(padding_mask, "bool")
+            mask_values = None
+            if values is not None:
+                mask_values = values != self.pad_token_id
+        if unbatched:
+            token_ids = ops.expand_dims(token_ids, 0)
+            padding_mask = ops.expand_dims(padding_mask, 0)
+        if mask_values is not None:
+            _checks.check_right_padded(
+                mask_values[None] if unbatched else mask_values,
+                name,
+                token_ids if values is None else values,
+                padding_mask=mask_values if explicit_mask else None,
+                pad=self.pad_token_id,
+            )
         if max_length is not None and max_length > length:
             extra = max_length - length
             token_ids = ops.pad(
@@ -241,7 +321,29 @@ class Generator:
                 constant_values=self.pad_token_id,
             )
             padding_mask = ops.pad(padding_mask, ((0, 0), (0, extra)))
-        return token_ids, padding_mask
+        return token_ids, padding_mask, unbatched
+
+    def _check_max_length(self, max_length, length, length_name):
+        """Raises `ValueError` unless the outputs, `max_length` long (the
+        prompts' `length` when None), hold the prompts and fit the
+        embedding's positions."""
+        if length is None and max_length is not None:
+            raise ValueError(
+                "With `max_length`, symbolic prompts need a static length "
+                f"(the outputs are padded to it). Received: {length_name}="
+                f"None, max_length={max_length!r}"
+            )
+        if max_length is not None and max_length < length:
+            raise ValueError(
+                "`max_length` is the length of the outputs, prompts "
+                "included: it must be at least the prompts' length "
+                f"`{length_name}`. Received: max_length={max_length!r}, "
+                f"{length_name}={length!r}"
+            )
+        if max_length is None:
+            self._check_fits(length, length_name)
+        else:
+            self._check_fits(max_length, "max_length")
 
     def _check_fits(self, length, name):
         check_length_fits(self.embedding, length, name, "decoder embedding")
@@ -267,12 +369,25 @@ class Generator:
             result, padding_mask, stop_token_ids, self.pad_token_id
         )
 
+    def _generate(
+        self, sampler, stop_ids, token_ids, padding_mask, unbatched, *inputs
+    ):
+        """Runs the compiled loop on prepared prompts (`_prepare`); one
+        `(T,)` prompt (`unbatched`) gives `(max_length,)` outputs."""
+        stop_token_ids = _checks.check_stop_token_ids(
+            stop_ids, self._vocabulary_size
+        )
+        step = self._compile(sampler, stop_token_ids)
+        outputs = step(token_ids, padding_mask, *inputs)
+        if unbatched:
+            return tuple(output[0] for output in outputs)
+        return outputs
+
     def _compile(self, sampler, stop_token_ids):
-        """One compiled generation loop per sampler and stop tokens (and,
-        through tf.function, per input shape): `step(token_ids,
-        padding_mask, *inputs)`, `inputs` named by `_input_names`."""
-        if stop_token_ids is not None:
-            stop_token_ids = tuple(stop_token_ids)
+        """One compiled generation loop per sampler and stop tokens (a
+        tuple of ints, or None) (and, through tf.function, per input
+        shape): `step(token_ids, padding_mask, *inputs)`, `inputs` named by
+        `_input_names`."""
         key = (sampler_key(sampler), stop_token_ids)
         if key not in self._compiled:
             sampler = get_sampler(sampler)

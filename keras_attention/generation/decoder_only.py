@@ -17,15 +17,18 @@ class CausalLMGenerator(Generator):
     share a private base).
 
     Args:
-        embedding: layer mapping token ids `(batch, T)` to `(batch, T, d)`.
-            If its `call` takes `start_index` (e.g.
-            `TokenAndPositionEmbedding`, or your own layer), decoding passes
-            the absolute position.
+        embedding: layer (or callable) mapping token ids `(batch, T)` to
+            `(batch, T, d)`. If its `call` (a callable: itself) takes
+            `start_index` (e.g. `TokenAndPositionEmbedding`, or your own
+            layer), decoding passes the absolute position. Token ids are
+            checked against its vocabulary when it is a
+            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`.
         blocks: list of built `TransformerDecoderBlock(cross_attention=False)`
             with the same attention head shape.
         head: layer (or list of layers applied in order) mapping the last
             block's output to logits `(batch, T, vocabulary_size)`.
-        pad_token_id: int, the padding id of prompts and outputs.
+        pad_token_id: int (Python or NumPy), the padding id of prompts and
+            outputs, a token id of the embedding's vocabulary.
         jit_compile: bool, compile `generate` with XLA (TensorFlow backend).
 
     Example:
@@ -83,21 +86,37 @@ class CausalLMGenerator(Generator):
 
         Args:
             token_ids: int `(batch, T)` prompts, right-padded with
-                `pad_token_id`; every prompt needs at least one token.
-            max_length: int, total length of the outputs (prompt included);
-                defaults to `T`.
+                `pad_token_id`, or one `(T,)` prompt. Every prompt needs at
+                least one token, and no padding before its last token.
+            max_length: int >= `T`, total length of the outputs (prompt
+                included); defaults to `T`.
             sampler: a `keras_hub.samplers.Sampler` or its name ("greedy",
                 "beam", "top_k", "top_p", ...).
             stop_token_ids: optional tuple of end token ids: generation stops
                 once every sequence produced one; later tokens are padding.
-            padding_mask: optional boolean `(batch, T)`; defaults to
-                `token_ids != pad_token_id`.
+            padding_mask: optional boolean `(batch, T)` (`(T,)` for one
+                prompt); defaults to `token_ids != pad_token_id`.
 
         Returns:
-            `(token_ids, padding_mask)`, both `(batch, max_length)`.
+            `(token_ids, padding_mask)`, both `(batch, max_length)`, or
+            both `(max_length,)` for one `(T,)` prompt.
+
+        Raises:
+            ValueError: before anything runs, for an argument out of its
+                domain, named in the message: prompts that are not integer
+                token ids of rank 1 or 2 (or hold ids outside the
+                embedding's vocabulary), a prompt with no token or with
+                padding before a token, `max_length` below `T` or beyond
+                the position embedding, a `padding_mask` of another shape,
+                an unknown `sampler`, `stop_token_ids` that are not a tuple
+                of token ids. Prompts given as symbolic tensors (inside a
+                `tf.function` or `jax.jit`) are checked for rank, dtype and
+                length only: their values are unknown there, and a prompt
+                with no token then gives unspecified tokens.
         """
-        token_ids, padding_mask = self._prepare(
-            token_ids, padding_mask, max_length
+        token_ids, padding_mask, unbatched = self._prepare(
+            token_ids, padding_mask, max_length, "token_ids"
         )
-        step = self._compile(sampler, stop_token_ids)
-        return step(token_ids, padding_mask)
+        return self._generate(
+            sampler, stop_token_ids, token_ids, padding_mask, unbatched
+        )

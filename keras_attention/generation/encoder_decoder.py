@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_attention.generation import _checks
 from keras_attention.generation._generator import Generator
 from keras_attention.generation._generator import check_length_fits
 from keras_attention.generation.cache import stack_caches
@@ -28,8 +29,9 @@ class Seq2SeqGenerator(Generator):
             takes one, gets the absolute position).
         blocks: list of built `TransformerDecoderBlock(cross_attention=True)`.
         head: layer or list of layers mapping decoder outputs to logits.
-        pad_token_id: int, padding id of source and target sequences
-            (encoder positions holding it are masked out).
+        pad_token_id: int (Python or NumPy), padding id of source and
+            target sequences (encoder positions holding it are masked
+            out), a token id of the decoder embedding's vocabulary.
         jit_compile: bool, compile `generate` with XLA (TensorFlow backend).
 
     Example:
@@ -66,7 +68,7 @@ class Seq2SeqGenerator(Generator):
         self, encoder, embedding, blocks, head, pad_token_id=0, jit_compile=True
     ):
         super().__init__(embedding, blocks, head, pad_token_id, jit_compile)
-        self.encoder = encoder
+        self.encoder = _checks.check_callable("encoder", encoder)
 
     def encode(self, encoder_token_ids):
         """Returns `(context, cross_cache, context_mask)` for the sources."""
@@ -119,11 +121,12 @@ class Seq2SeqGenerator(Generator):
 
         Args:
             encoder_token_ids: int `(batch, S)` sources, padded with
-                `pad_token_id`.
+                `pad_token_id`, or one `(S,)` source for one `(T,)` prompt.
             decoder_token_ids: int `(batch, T)` target prompts (at least a
-                start token each), right-padded with `pad_token_id`.
-            max_length: int, total length of the outputs (prompt included);
-                defaults to `T`.
+                start token each), right-padded with `pad_token_id`, or one
+                `(T,)` prompt.
+            max_length: int >= `T`, total length of the outputs (prompt
+                included); defaults to `T`.
             sampler: a `keras_hub.samplers.Sampler` or its name ("greedy",
                 "beam", "top_k", "top_p", ...).
             stop_token_ids: optional tuple of end token ids: generation stops
@@ -132,17 +135,61 @@ class Seq2SeqGenerator(Generator):
                 prompts; defaults to `decoder_token_ids != pad_token_id`.
 
         Returns:
-            `(token_ids, padding_mask)`, both `(batch, max_length)`.
+            `(token_ids, padding_mask)`, both `(batch, max_length)`, or
+            both `(max_length,)` for one `(T,)` prompt.
+
+        Raises:
+            ValueError: before anything runs, for an argument out of its
+                domain, named in the message (as
+                `CausalLMGenerator.generate`), and for sources of another
+                rank or batch size than the prompts or longer than the
+                encoder's position embedding. Symbolic tensors (inside a
+                `tf.function` or `jax.jit`) are checked for rank, dtype and
+                length only.
         """
-        token_ids, padding_mask = self._prepare(
-            decoder_token_ids, padding_mask, max_length
+        token_ids, padding_mask, unbatched = self._prepare(
+            decoder_token_ids, padding_mask, max_length, "decoder_token_ids"
         )
-        encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
+        encoder_token_ids = self._check_sources(
+            encoder_token_ids, token_ids.shape[0], unbatched
+        )
+        return self._generate(
+            sampler,
+            stop_token_ids,
+            token_ids,
+            padding_mask,
+            unbatched,
+            encoder_token_ids,
+        )
+
+    def _check_sources(self, encoder_token_ids, batch, unbatched):
+        """The sources as `(batch, S)` int32 ids: one `(S,)` source with
+        one `(T,)` prompt (`unbatched`), else one source per prompt of the
+        `batch` (None when unknown)."""
+        encoder_token_ids, _ = _checks.check_token_ids(
+            "encoder_token_ids", encoder_token_ids
+        )
+        shape = tuple(encoder_token_ids.shape)
+        if unbatched:
+            ok, prompts = len(shape) == 1, "one `(T,)` prompt"
+        else:
+            ok = len(shape) == 2 and (
+                None in (shape[0], batch) or shape[0] == batch
+            )
+            prompts = f"a batch of {batch!r} prompts"
+        if not ok:
+            raise ValueError(
+                "`encoder_token_ids` must hold one source per target prompt: "
+                "`(batch, S)` sources for `(batch, T)` prompts, or one "
+                f"`(S,)` source for one `(T,)` prompt; here {prompts}. "
+                f"Received: encoder_token_ids.shape={shape!r}"
+            )
         check_length_fits(
             self.encoder,
-            encoder_token_ids.shape[1],
-            "encoder_token_ids.shape[1]",
+            shape[-1],
+            f"encoder_token_ids.shape[{len(shape) - 1}]",
             "encoder",
         )
-        step = self._compile(sampler, stop_token_ids)
-        return step(token_ids, padding_mask, encoder_token_ids)
+        if unbatched:
+            encoder_token_ids = ops.expand_dims(encoder_token_ids, 0)
+        return encoder_token_ids
