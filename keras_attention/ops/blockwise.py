@@ -100,6 +100,9 @@ class _Plan:
         self.offset = causal_offset
         self.skipped_tiles = 0
         static_mod = mask_mod is not None and static_offset
+        # A mask function that reads tensors (segment ids): its tiles are
+        # tested at run time, and skipped when no example attends in them.
+        self.dynamic_mod = mask_mod is not None and not static_offset
         self.rows = []  # (i0, i1, [(c, j0, j1, causal, mod), ...])
         for i0, i1 in _tiles(0, tq, query_block):
             stop = tk
@@ -125,6 +128,7 @@ class _Plan:
                     )
                     if tile is None:  # Reads tensors: masked at run time.
                         static_mod = False
+                        self.dynamic_mod = True
                     elif not tile.any():
                         self.skipped_tiles += 1
                         continue
@@ -176,7 +180,21 @@ def _tile_mask(plan, aux, grid, i0, i1, chunk):
     return scoring.combine(causal, key_padding, dense_mask, mod)
 
 
-def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk):
+def _grid_and_mask(plan, aux, batch, i0, i1, chunk):
+    """The tile's grid and its boolean mask (None: nothing masks)."""
+    grid = _grid(plan, aux, batch, i0, i1, chunk[1], chunk[2])
+    return grid, _tile_mask(plan, aux, grid, i0, i1, chunk)
+
+
+def _live(plan, chunk, mask):
+    """Whether a tile may hold an allowed pair: None when known to (run
+    it unconditionally), else a scalar boolean tensor (any example)."""
+    if not (plan.dynamic_mod and chunk[4]) or mask is None:
+        return None
+    return ops.any(mask)
+
+
+def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
     """Scores of one tile, formed in the keys' dtype `k_c` (`score_dtype`:
     float32 for float16, whose products of large queries and keys would
     overflow; bfloat16 stays bfloat16), then modified and masked by
@@ -187,8 +205,9 @@ def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk):
     s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, k_c.dtype), k_c)
     # (b, g, r Bq, k) -> (b, h, Bq, k): query head g r + r'.
     s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
-    grid = _grid(plan, aux, ops.shape(s)[0], i0, i1, chunk[1], chunk[2])
-    mask = _tile_mask(plan, aux, grid, i0, i1, chunk)
+    if tile is None:
+        tile = _grid_and_mask(plan, aux, ops.shape(s)[0], i0, i1, chunk)
+    grid, mask = tile
     score_mod = None
     if plan.score_fn is not None:
 
@@ -287,33 +306,53 @@ def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
     m = row_sum = acc = None
+    if plan.dynamic_mod:  # Tiles may be skipped: start from an empty row.
+        m = ops.zeros_like(q_t[..., :1], "float32") + scoring.FILL
+        row_sum = ops.zeros_like(m)
+        acc = ops.zeros_like(m) + ops.zeros((e,), "float32")
     for chunk in chunks:
         _, j0, j1, _, _ = chunk
         # One key tile at a time (TensorFlow would start them all).
         q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
-        s, _, _ = _scores(
-            plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
-        )
-        m_c = ops.max(s, axis=-1, keepdims=True)
-        m_new = m_c if m is None else ops.maximum(m, m_c)
-        p = ops.exp(s - m_new)
-        sum_c = ops.sum(p, axis=-1, keepdims=True)
-        pv = ops.einsum(
-            "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
-        )
-        pv = ops.cast(pv, "float32")
-        if m is None:
-            row_sum, acc = sum_c, pv
-        else:
+        tile = _grid_and_mask(plan, aux, ops.shape(q_t)[0], i0, i1, chunk)
+
+        def update(m=m, row_sum=row_sum, acc=acc, j0=j0, j1=j1, tile=tile):
+            s, _, _ = _scores(
+                plan,
+                aux,
+                params,
+                q_t,
+                _slice(ks, 2, j0, j1),
+                i0,
+                i1,
+                chunk,
+                tile,
+            )
+            m_c = ops.max(s, axis=-1, keepdims=True)
+            m_new = m_c if m is None else ops.maximum(m, m_c)
+            p = ops.exp(s - m_new)
+            sum_c = ops.sum(p, axis=-1, keepdims=True)
+            pv = ops.einsum(
+                "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
+            )
+            pv = ops.cast(pv, "float32")
+            if m is None:
+                return m_new, sum_c, pv
             alpha = ops.exp(m - m_new)
-            row_sum = row_sum * alpha + sum_c
-            acc = acc * alpha + pv
-        m = m_new
-    out = ops.reshape(acc / row_sum, (-1, g, r, n, e))
+            return m_new, row_sum * alpha + sum_c, acc * alpha + pv
+
+        live = _live(plan, chunk, tile[1])
+        if live is None:
+            m, row_sum, acc = update()
+        else:  # Block sparsity decided at run time.
+            state = (m, row_sum, acc)
+            m, row_sum, acc = ops.cond(live, update, lambda s=state: s)
+    # An empty row (every tile skipped) has a zero sum and a zero result.
+    out = ops.reshape(acc / ops.maximum(row_sum, 1e-30), (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
         valid = ops.reshape(scoring.rows_valid(m), (-1, g, r, n, 1))
-    return out, m + ops.log(row_sum), valid
+    return out, m + ops.log(ops.maximum(row_sum, 1e-30)), valid
 
 
 def _concat_rows(tiles):
@@ -366,29 +405,62 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                 (q_t, k_src, ks_src, v_src), last
             )
             k_c, v_c = _slice(k_src, 2, j0, j1), _slice(v_src, 2, j0, j1)
-            if p_t is not None:  # Kept by the forward pass.
-                p = p_t
-            else:
-                s, raw, grid = _scores(
-                    plan,
-                    aux,
-                    params,
-                    q_t,
-                    _slice(ks_src, 2, j0, j1),
-                    i0,
-                    i1,
-                    chunk,
+            tile = _grid_and_mask(plan, aux, ops.shape(q_t)[0], i0, i1, chunk)
+
+            def grads(
+                q_t=q_t,
+                k_c=k_c,
+                v_c=v_c,
+                ks_src=ks_src,
+                j0=j0,
+                j1=j1,
+                chunk=chunk,
+                tile=tile,
+            ):
+                raw = None
+                if p_t is not None:  # Kept by the forward pass.
+                    p = p_t
+                else:
+                    s, raw, _ = _scores(
+                        plan,
+                        aux,
+                        params,
+                        q_t,
+                        _slice(ks_src, 2, j0, j1),
+                        i0,
+                        i1,
+                        chunk,
+                        tile,
+                    )
+                    p = (
+                        ops.softmax(s, -1)
+                        if lse_t is None
+                        else ops.exp(s - lse_t)
+                    )
+                dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
+                dp = ops.einsum("bgqe,bgke->bgqk", do_t, v_c)
+                ds = p * (ops.cast(dp, "float32") - dd_t)
+                d_params = ()
+                if plan.score_fn is not None:
+                    ds, d_params = _score_vjp(plan, params, raw, tile[0], ds)
+                ds = ops.cast(ds, dtype)
+                dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
+                dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
+                return (dq_c, dk_c, dv_c) + tuple(d_params)
+
+            live = _live(plan, chunk, tile[1])
+            if live is None:
+                dq_c, dk_c, dv_c, *d_params = grads()
+            else:  # Block sparsity decided at run time.
+                zeros = (
+                    ops.zeros_like(q_t),
+                    ops.zeros_like(k_c),
+                    ops.zeros_like(v_c),
+                ) + tuple(ops.zeros_like(p) for p in params)
+                dq_c, dk_c, dv_c, *d_params = ops.cond(
+                    live, grads, lambda z=zeros: z
                 )
-                p = ops.softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
-            dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
-            dp = ops.cast(ops.einsum("bgqe,bgke->bgqk", do_t, v_c), "float32")
-            ds = p * (dp - dd_t)
-            if plan.score_fn is not None:
-                ds, grads = _score_vjp(plan, params, raw, grid, ds)
-                dparams = [a + b for a, b in zip(dparams, grads)]
-            ds = ops.cast(ds, dtype)
-            dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
-            dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
+            dparams = [a + b for a, b in zip(dparams, d_params)]
             dq_t = dq_c if dq_t is None else dq_t + dq_c
             last = [dq_t, dk_c, dv_c]
             _accumulate(dks, c, dk_c)

@@ -361,3 +361,32 @@ def test_mask_objects_round_trip_through_keras_serialization():
             continue
         again = keras.saving.deserialize_keras_object(config)
         assert again == mask_mod and again is not mask_mod
+
+
+@pytest.mark.skipif(
+    BACKEND == "jax", reason="lax.cond traces both branches: nothing to count"
+)
+def test_tensor_masks_skip_empty_tiles_at_run_time():
+    # Four documents of 10 tokens, aligned with 10 x 10 tiles: of the 16
+    # tiles only the 4 on the diagonal hold allowed pairs.
+    ids = np.repeat(np.arange(4), 10)[None].repeat(B, 0)
+    calls = []
+
+    def counting_bias(score, batch, head, q_idx, kv_idx):
+        calls.append(1)
+        return score
+
+    out = blockwise_attention(
+        Q * (1 / np.sqrt(D)),
+        K,
+        V,
+        query_block=10,
+        key_block=10,
+        score_mod=counting_bias,
+        mask_mod=mods.DocumentMask().bind(segment_ids=ids),
+    )
+    assert len(calls) == 4
+    np_mask = (ids[:, :, None] == ids[:, None, :])[:, None]
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(out), np_attention(Q, K, V, np_mask), atol=2e-5
+    )
