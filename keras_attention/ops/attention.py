@@ -136,7 +136,9 @@ def dot_product_attention(
             -> score` (PyTorch FlexAttention's signature), applied to the
             scaled float32 scores before masking; index arguments are
             int32 tensors broadcastable to `(b, h, i, j)`, positions
-            absolute. Gradients reach the weights of a
+            absolute (cast them before mixing with floats:
+            TensorFlow does not promote int32). Gradients reach the
+            weights of a
             `keras_attention.mods.ScoreLayer` on every path; a plain
             function closing over trainable tensors runs on the dense
             path (the blockwise backward could not reach them).
@@ -180,8 +182,10 @@ def dot_product_attention(
 
     >>> def same_document(batch, head, q_idx, kv_idx):
     ...     return (q_idx < 3) == (kv_idx < 3)
+    >>> from keras import ops
     >>> def distance_bias(score, batch, head, q_idx, kv_idx):
-    ...     return score - 0.5 * abs(q_idx - kv_idx)
+    ...     distance = ops.cast(ops.abs(q_idx - kv_idx), "float32")
+    ...     return score - 0.5 * distance
     >>> _, weights = keras_attention.ops.dot_product_attention(
     ...     kv, kv, kv, mask_mod=same_document, score_mod=distance_bias,
     ...     return_weights=True)
