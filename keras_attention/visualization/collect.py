@@ -472,25 +472,74 @@ def _token_sides(records):
         meta["query_tokens"], meta["key_tokens"] = sides
 
 
-def _select(found, layers):
-    """The attention layers named (or under a path named) in `layers`."""
+def layer_names(layers):
+    """`layers` (a name, a list of names or None) as a list of names, or
+    None for all layers.
+
+    Raises:
+        TypeError: when `layers` or one of its items is not a string.
+        ValueError: when `layers` is an empty list.
+    """
     if layers is None:
-        return found
+        return None
     if isinstance(layers, str):
-        layers = [layers]
-    wanted = list(layers)
+        return [layers]
+    if not isinstance(layers, (list, tuple)) or not all(
+        isinstance(name, str) for name in layers
+    ):
+        raise TypeError(
+            "`layers` must be a layer name, a list of layer names or None. "
+            f"Received: layers={layers!r}"
+        )
+    if not layers:
+        raise ValueError(
+            "`layers` must name at least one layer (None selects all "
+            f"attention layers). Received: layers={layers!r}"
+        )
+    return list(layers)
+
+
+def select_attention_layers(model, layers=None, inputs=None):
+    """The attention layers of `model` that `layers` selects.
+
+    Args:
+        model: a Keras model or layer.
+        layers: a name or list of names of attention layers or of layers
+            holding them (paths as `attention_layers` gives them), or None
+            for all.
+        inputs: optional inputs of `model`: when some of its layers are
+            not built yet (blocks create their sublayers in `build`), the
+            model is called on them once so that every attention layer
+            exists.
+
+    Returns:
+        A list of `(path, layer, parent)`, as `attention_layers`.
+
+    Raises:
+        TypeError, ValueError: when `layers` is not a name or a list of
+            names, or when a name matches no attention layer (the message
+            lists the model's attention layers).
+    """
+    wanted = layer_names(layers)
+    if inputs is not None and not _all_built(model):
+        model(inputs, training=False)
+    found = attention_layers(model)
+    if wanted is None:
+        return found
     paths = [path for path, _, _ in found]
+
+    def selected(path, name):
+        return path == name or path.startswith(f"{name}/")
+
     for name in wanted:
-        if not any(p == name or p.startswith(f"{name}/") for p in paths):
+        if not any(selected(path, name) for path in paths):
             raise ValueError(
-                f"No attention layer at or under {name!r}. The model's "
-                f"attention layers: {paths!r}. Received: layers={layers!r}"
+                "`layers` must name attention layers of the model, or "
+                f"layers holding them: none is at or under {name!r}. The "
+                f"model's attention layers: {paths!r}. Received: "
+                f"layers={layers!r}"
             )
-    return [
-        item
-        for item in found
-        if any(item[0] == n or item[0].startswith(f"{n}/") for n in wanted)
-    ]
+    return [item for item in found if any(selected(item[0], n) for n in wanted)]
 
 
 def collect_attention(model, inputs, layers=None, max_dense_length=2048):
@@ -530,10 +579,11 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
         padding masks, ...), as described in the module docstring.
 
     Raises:
-        ValueError: for a name in `layers` that matches no attention layer,
-            a `LocalSelfAttention` longer than `max_dense_length`, or a
-            layer built with `flash_attention=True` (it computes no
-            weights).
+        ValueError: for a name in `layers` that matches no attention layer
+            (or an empty list), a `LocalSelfAttention` longer than
+            `max_dense_length`, or a layer built with
+            `flash_attention=True` (it computes no weights).
+        TypeError: when `layers` is not a name, a list of names or None.
 
     Example:
 
@@ -567,13 +617,10 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
     validation.check_positive_int(
         "max_dense_length", max_dense_length, allow_none=True
     )
-    if not _all_built(model):
-        # Layers that create their sublayers in `build` (the blocks) show
-        # their attention layers after a first call.
-        model(inputs, training=False)
-    found = attention_layers(model)
-    reserved = [path for path, _, _ in found]
-    found = _select(found, layers)
+    # Layers that create their sublayers in `build` (the blocks) show
+    # their attention layers after a first call.
+    found = select_attention_layers(model, layers, inputs)
+    reserved = [path for path, _, _ in attention_layers(model)]
     with _Recorder(found, max_dense_length, reserved) as recorder:
         model(inputs, training=False)
     _token_sides(recorder.records)

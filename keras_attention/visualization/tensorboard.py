@@ -7,6 +7,8 @@ import numpy as np
 
 from keras_attention.utils import validation
 from keras_attention.visualization.collect import collect_attention
+from keras_attention.visualization.collect import layer_names
+from keras_attention.visualization.collect import select_attention_layers
 from keras_attention.visualization.plot_attention import plot_attention
 
 
@@ -78,7 +80,9 @@ class AttentionTensorBoard(keras.callbacks.Callback):
             encoder-decoder model, one list per probe example.
         layers: optional name or list of names of attention layers (or of
             enclosing layers) to log; all by default (see
-            `collect_attention`).
+            `collect_attention`). Checked when training starts: a name
+            that matches no attention layer of the model raises a
+            `ValueError` before the first batch.
         max_examples: int, log at most the first this many probe examples.
         heads: `"mean"` (one image per layer and example, heads averaged)
             or `"each"` (also one image per head).
@@ -138,6 +142,7 @@ class AttentionTensorBoard(keras.callbacks.Callback):
         self.every_n_epochs = every_n_epochs
         self.tokens = tokens
         self.target_tokens = target_tokens
+        layer_names(layers)  # its type now; the names at on_train_begin
         self.layers = layers
         self.max_examples = max_examples
         self.heads = heads
@@ -156,6 +161,12 @@ class AttentionTensorBoard(keras.callbacks.Callback):
                 f"{self.log_dir}/attention"
             )
         return self._writer
+
+    def on_train_begin(self, logs=None):
+        # The names in `layers` are checked against the model's attention
+        # layers now, not after a whole epoch (the probe builds a model
+        # whose blocks create their attention layers in `build`).
+        select_attention_layers(self.model, self.layers, self.probe_inputs)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs:

@@ -2,6 +2,8 @@
 NumPy references (tests/references.py) under padding, causal and window
 masks, for functional, Sequential, subclassed and reloaded models."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -444,3 +446,13 @@ def test_keys_are_unique_whatever_the_layer_names():
     _, third = model.shared(z, return_attention_scores=True)
     for name, want in zip(names, (first, second, third)):
         np.testing.assert_allclose(maps[name], np_(want), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layers_, error",
+    [(5, TypeError), ([], ValueError), (("cross", 3), TypeError)],
+)
+def test_layers_of_the_wrong_type_name_the_argument(mha, layers_, error):
+    model, _ = mha
+    with pytest.raises(error, match=re.escape(f"layers={layers_!r}")):
+        collect_attention(model, [IDS, SRC], layers=layers_)

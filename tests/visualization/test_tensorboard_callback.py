@@ -1,6 +1,8 @@
 """AttentionTensorBoard: attention heatmaps written as TensorBoard images
 during `fit`, read back from the event files."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -77,3 +79,40 @@ def test_errors(tmp_path):
     callback.set_model(tiny_model())
     with pytest.raises(ValueError, match="one token list per probe"):
         callback.log_attention(0)
+
+
+@pytest.mark.parametrize("layers_", ["typo", ["pool", "typo"]])
+def test_unknown_layer_is_refused_when_training_starts(tmp_path, layers_):
+    # Before any batch (issue 23: it was found at the end of the first
+    # epoch), naming the argument, the value and the known names.
+    model = tiny_model()
+    batches = []
+    counter = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: batches.append(batch)
+    )
+    callback = AttentionTensorBoard(tmp_path, PROBE, layers=layers_)
+    x = np.random.default_rng(2).integers(1, 12, (4, 4))
+    with pytest.raises(ValueError) as info:
+        model.fit(
+            x,
+            np.zeros((4, 1)),
+            epochs=1,
+            verbose=0,
+            callbacks=[callback, counter],
+        )
+    message = str(info.value)
+    assert "`layers`" in message
+    assert f"layers={layers_!r}" in message
+    assert "'encoder_block_1/self_attention', 'pool'" in message
+    assert batches == []
+
+
+@pytest.mark.parametrize(
+    "layers_, error",
+    [(5, TypeError), ([], ValueError), (["pool", None], TypeError)],
+)
+def test_layers_of_the_wrong_type_are_refused_at_construction(
+    tmp_path, layers_, error
+):
+    with pytest.raises(error, match=re.escape(f"layers={layers_!r}")):
+        AttentionTensorBoard(tmp_path, PROBE, layers=layers_)
