@@ -22,7 +22,7 @@ def load_splits(dataset, data_dir=None, download=False, tiny=False):
     """`(train, validation, test, class_names)`: datasets of (text, label)."""
     builder = datasets.prepared_builder(dataset, data_dir, download, tiny)
     splits = [
-        builder.as_dataset(split=s, as_supervised=True)
+        datasets.as_dataset(builder, s, as_supervised=True)
         for s in datasets.split_names(builder, holdout_percent=10)
     ]
     label_key = builder.info.supervised_keys[1]

@@ -92,7 +92,7 @@ def load_tfds(dataset, image_size, data_dir=None, download=False):
     builder = datasets.prepared_builder(dataset, data_dir, download)
     splits = []
     for split in datasets.split_names(builder, holdout_percent=10):
-        ds = builder.as_dataset(split=split, as_supervised=True)
+        ds = datasets.as_dataset(builder, split, as_supervised=True)
         images, labels = zip(*tfds.as_numpy(ds.batch(4096)))
         images = np.concatenate(images).astype("float32") / 255.0
         labels = np.concatenate(labels).astype("int32")

@@ -146,6 +146,21 @@ def prepared_builder(dataset, data_dir=None, download=False, tiny=False):
     return builder
 
 
+def as_dataset(builder, split, **kwargs):
+    """`builder.as_dataset(split=split, **kwargs)` without TFDS's automatic
+    in-memory cache.
+
+    TFDS caches a small dataset's examples when first read; the examples
+    cache their tokenized pipelines themselves (`text.make_batches`), so
+    TFDS's copy of the raw strings only takes memory, and reading part of
+    it (a batch to build a model, a few examples to plot) discards it with
+    TensorFlow's warning "The calling iterator did not fully read the
+    dataset being cached".
+    """
+    read_config = tfds.ReadConfig(try_autocache=False)
+    return builder.as_dataset(split=split, read_config=read_config, **kwargs)
+
+
 def split_names(builder, holdout_percent):
     """`[train, validation, test]` split names of a prepared builder.
 

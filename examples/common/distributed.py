@@ -157,6 +157,9 @@ def fit(
             steps_per_epoch=steps_per_epoch,
             callbacks=list(callbacks),
             verbose=verbose,
+            # The pipeline shuffles (seeded); Keras cannot shuffle a
+            # tf.data.Dataset and warns that it ignores its default True.
+            shuffle=False,
         )
     import keras
 
@@ -200,6 +203,26 @@ def fit(
     return model.history
 
 
+def with_known_size(dataset):
+    """`dataset` with its number of elements known to `tf.data`.
+
+    Batches by length (`bucket_by_sequence_length`) have an unknown
+    cardinality, and Keras, reaching the end of such a dataset in
+    `evaluate` or in `fit`'s validation, warns "Your input ran out of
+    data; interrupting training" although the whole set was read. Counting
+    the batches reads the dataset once (and completes its in-memory cache,
+    which the evaluation then reads).
+    """
+    tf = _tf()
+    if int(dataset.cardinality()) >= 0:
+        return dataset
+    from examples.common.training import count_batches
+
+    return dataset.apply(
+        tf.data.experimental.assert_cardinality(count_batches(dataset))
+    )
+
+
 def evaluate(model, dataset, *, strategy=None, callbacks=(), verbose=0):
     """`model.evaluate(dataset, return_dict=True)`, or a `strategy.run`
     loop under `MultiWorkerMirroredStrategy` (module docstring).
@@ -209,6 +232,7 @@ def evaluate(model, dataset, *, strategy=None, callbacks=(), verbose=0):
         whole dataset.
     """
     strategy = strategy or getattr(model, "distribute_strategy", None)
+    dataset = with_known_size(dataset)
     if not uses_custom_loop(strategy):
         return model.evaluate(
             dataset,

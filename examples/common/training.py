@@ -250,6 +250,27 @@ def mixed_precision_policy(args):
     return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
 
 
+def setup_logging():
+    """Prints the examples' own messages (the `examples` logger, from INFO
+    up) and leaves every other logger at Python's default, WARNING.
+
+    The root logger at INFO (`logging.basicConfig(level=logging.INFO)`, as
+    the examples had it) also printed the INFO messages of TensorFlow, TFDS
+    and absl, none of them for a user to act on: the SavedModel export's
+    "Function `_translate` contains input name(s) resource, input_9, ...
+    with unsupported characters which will be renamed to ..." (TensorFlow
+    names the captured variables and loop inputs of the serving function
+    in the file; the signature's own input keeps its name) and "Assets
+    written to" (twice: TensorFlow's own handler, then the root's), TFDS's
+    "Constructing tf.data.Dataset ..." for every split read.
+
+    Adds a handler to the root logger only when it has none (a fresh
+    `python -m examples.<name>`), so a caller's logging setup is kept.
+    """
+    logging.basicConfig(format="%(message)s")
+    logger.setLevel(logging.INFO)
+
+
 def setup_runtime(args):
     """Devices, precision and seeds; returns the `tf.distribute.Strategy`.
 
@@ -269,7 +290,7 @@ def setup_runtime(args):
     import keras
     import tensorflow as tf
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging()
     backend = keras.backend.backend()
     if backend != "tensorflow":
         if args.strategy != "default":
@@ -454,7 +475,6 @@ def fit(
         validation set is given.
     """
     import keras
-    import tensorflow as tf
 
     output_dir = args.output_dir or "runs/example"
     os.makedirs(output_dir, exist_ok=True)
@@ -478,11 +498,8 @@ def fit(
     checkpoint_path = os.path.join(output_dir, "checkpoints", "best.weights.h5")
     os.makedirs(os.path.dirname(checkpoint_path), exist_ok=True)
     has_val = val_ds is not None
-    if has_val and int(val_ds.cardinality()) < 0:
-        # A known size keeps Keras from warning that the data "ran out".
-        val_ds = val_ds.apply(
-            tf.data.experimental.assert_cardinality(count_batches(val_ds))
-        )
+    if has_val:
+        val_ds = distributed.with_known_size(val_ds)
     if not has_val and monitor.startswith("val_"):
         monitor = monitor[len("val_") :]
     all_callbacks = [

@@ -238,6 +238,7 @@ def run_one(task, variant, seed, args):
             steps_per_epoch=args.steps,
             callbacks=[timer],
             verbose=0,
+            shuffle=False,  # the pipeline shuffles (Keras would warn)
         )
         train_seconds = time.perf_counter() - started
         serve = StringTranslator(

@@ -144,7 +144,13 @@ class NoAttentionTranslator(Translator):
 
     def _next(self, prompt, cache, index):
         token = ops.take(prompt, index - 1, axis=1)  # b
-        output, state = self.decoder.cell(self.embedding(token), [cache])
+        # The embedding's rows, not the layer: its output carries a padding
+        # mask, which the GRU cell (no masking) would drop with a warning.
+        embedded = ops.cast(
+            ops.take(self.embedding.embeddings, token, axis=0),
+            self.embedding.compute_dtype,
+        )
+        output, state = self.decoder.cell(embedded, [cache])
         return self.head(output), output, state[0]
 
     def generate(self, encoder_ids):

@@ -47,7 +47,7 @@ def load_text_splits(
         return _read_text_file(text_file)
     builder = datasets.prepared_builder(dataset, data_dir, download, tiny)
     return [
-        builder.as_dataset(split=s).map(lambda ex: ex["text"])
+        datasets.as_dataset(builder, s).map(lambda ex: ex["text"])
         for s in datasets.split_names(builder, holdout_percent=5)
     ]
 

@@ -25,6 +25,8 @@ import os
 import time
 
 from examples.common import HelpFormatter
+from examples.common.distributed import evaluate
+from examples.common.training import setup_logging
 
 logger = logging.getLogger("examples")
 
@@ -146,10 +148,9 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         epochs=chunks,
         steps_per_epoch=args.pretrain_steps // chunks,
         verbose=2,
+        shuffle=False,  # the pipeline shuffles (Keras would warn)
     )
-    metrics = model.evaluate(
-        batches(val_ids, False), return_dict=True, verbose=0
-    )
+    metrics = evaluate(model, batches(val_ids, False))
     return model, float(metrics["token_loss"])
 
 
@@ -176,11 +177,12 @@ def finetune(backbone, num_classes, train, test, args):
         epochs=1,
         steps_per_epoch=args.finetune_steps,
         verbose=2,
+        shuffle=False,  # the pipeline shuffles (Keras would warn)
     )
     test_batches = data.classify_batches(
         test, 256, args.max_length, False, args.seed
     )
-    metrics = model.evaluate(test_batches, return_dict=True, verbose=0)
+    metrics = evaluate(model, test_batches)
     return float(metrics["accuracy"])
 
 
@@ -243,7 +245,7 @@ def markdown_table(rows):
 
 def main(argv=None):
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging()
     clock = CpuClock()
 
     import keras

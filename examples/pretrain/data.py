@@ -36,7 +36,7 @@ def corpus_texts(corpus, data_dir=None, tiny=False):
     builder = datasets.prepared_builder(corpus, data_dir, tiny=tiny)
     train, validation, _ = datasets.split_names(builder, holdout_percent=5)
     return tuple(
-        builder.as_dataset(split=s).map(lambda ex: ex["text"])
+        datasets.as_dataset(builder, s).map(lambda ex: ex["text"])
         for s in (train, validation)
     )
 

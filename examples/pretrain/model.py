@@ -44,6 +44,28 @@ class PrefixLMMask(keras.layers.Layer):
         return keras.KerasTensor((batch, length, length), dtype="bool")
 
 
+@keras.saving.register_keras_serializable(package="examples_pretrain")
+class DropPaddingMask(keras.layers.Layer):
+    """The identity, without the padding mask Keras attaches to its input.
+
+    `keras_hub.layers.MaskedLMHead` takes no mask (it reads the positions
+    `mask_positions` names, all of them real tokens), and Keras warns that
+    it "does not support masking and will therefore destroy the mask
+    information" when its input carries the backbone's padding mask.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs):
+        # A new tensor: Keras keeps the mask attached to the input tensor.
+        return ops.copy(inputs)
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+
 class Backbone:
     """The layers of the transformer encoder (no weights until called)."""
 
@@ -97,6 +119,7 @@ def build_pretraining_model(backbone, objective):
             shape=(None,), dtype="int32", name="mask_positions"
         )
         x = backbone(ids)  # (b, t, d), bidirectional
+        x = DropPaddingMask(name="drop_padding_mask")(x)
         logits = keras_hub.layers.MaskedLMHead(
             vocabulary_size=backbone.vocabulary_size,
             intermediate_activation="gelu",

@@ -204,7 +204,7 @@ def tensorboard_images(data, output_dir, count=3):
     from examples.common import attention_outputs
     from examples.common.text import id_to_tokens
 
-    features, _ = next(iter(data.validation))
+    features, _ = next(iter(data.probe))
     probe = {k: v[:count].numpy() for k, v in features.items()}
     return attention_outputs.tensorboard_images(
         output_dir,
@@ -316,7 +316,7 @@ def main(argv=None):
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             jit_compile=bool(args.jit_compile),
         )
-        features, _ = next(iter(data.train))
+        features, _ = next(iter(data.probe))
         model(features)  # build: the backup restores into existing weights
     model.summary(print_fn=logger.info)
     history = fit(

@@ -29,6 +29,11 @@ class TranslationData:
 
     train: tf.data.Dataset  # batches ({"encoder_ids", "decoder_ids"}, labels)
     validation: tf.data.Dataset
+    # The first validation batch, read without the in-memory cache of
+    # `validation`: reading part of a cached dataset discards what it
+    # cached, with TensorFlow's warning "The calling iterator did not
+    # fully read the dataset being cached".
+    probe: tf.data.Dataset
     test_pairs: list  # [(source, reference)] raw strings
     source_tokenizer: object
     target_tokenizer: object
@@ -54,7 +59,7 @@ def load_pairs(name, data_dir=None, quick=False):
     splits = list(datasets.SPLITS)
     if quick and getattr(builder.builder_config, "name", None) != "tiny":
         splits = ["train[:3000]", "validation[:200]", "test[:200]"]
-    return [builder.as_dataset(split=s, as_supervised=True) for s in splits]
+    return [datasets.as_dataset(builder, s, as_supervised=True) for s in splits]
 
 
 def build_tokenizers(name, train_pairs, vocabulary_size=8000):
@@ -118,7 +123,7 @@ def make_pipelines(
         }
         return features, target_ids[1:]
 
-    def batches(ds, shuffle):
+    def batches(ds, shuffle, cache=True):
         ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
         return text.make_batches(
             ds,
@@ -127,6 +132,7 @@ def make_pipelines(
             bucket_boundaries=[8, 16, 24, 32],
             shuffle=shuffle,
             seed=seed,
+            cache=cache,
         )
 
     test_pairs = [
@@ -136,6 +142,7 @@ def make_pipelines(
     return TranslationData(
         train=batches(train, True),
         validation=batches(validation, False),
+        probe=batches(validation, False, cache=False).take(1),
         test_pairs=test_pairs,
         source_tokenizer=source_tokenizer,
         target_tokenizer=target_tokenizer,
