@@ -193,17 +193,9 @@ def window_bounds(window_size, causal=False):
     ((3, 3), (2, 0))
     """
     causal = validation.check_bool("causal", causal)
-    pair = isinstance(window_size, (tuple, list))
-    parts = tuple(window_size) if pair else (window_size, window_size)
-    if len(parts) != 2 or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
-    ):
-        raise ValueError(
-            "`window_size` must be a non-negative int or a pair (left, right) "
-            f"of non-negative ints. Received: window_size={window_size!r}"
-        )
-    left, right = parts
-    return (int(left), 0 if causal else int(right))
+    window = validation.check_window_size("window_size", window_size)
+    left, right = window if isinstance(window, tuple) else (window, window)
+    return (left, 0 if causal else right)
 
 
 def sliding_window_mask(
@@ -239,7 +231,16 @@ def sliding_window_mask(
     _check_integer("offset", offset, allow_negative=True)
     i = _positions(query_length, offset)[:, None]
     j = _positions(key_length)[None, :]
-    return ops.expand_dims(ops.logical_and(j >= i - left, j <= i + right), 0)
+    # Compared as offsets j - i (small), against the bounds clipped to
+    # int32: `i + right` would overflow for a huge window.
+    limit = np.iinfo("int32").max
+    offset_ji = j - i
+    return ops.expand_dims(
+        ops.logical_and(
+            offset_ji >= -min(left, limit), offset_ji <= min(right, limit)
+        ),
+        0,
+    )
 
 
 def combine_masks(*masks):

@@ -15,7 +15,6 @@ do not rename them.
 
 import keras
 
-from keras_attention import masks as masks_lib
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
@@ -45,9 +44,10 @@ class TransformerBlock(keras.layers.Layer):
             feed-forward hidden layer and the residual branches.
         activation: activation of the feed-forward network.
         norm_first: bool, pre-norm instead of post-norm.
-        layer_norm_epsilon: float, epsilon of the layer norms.
-        rotary_max_wavelength: optional number; rotary position embeddings
-            in the self-attention (None: off).
+        layer_norm_epsilon: finite positive float, epsilon of the layer
+            norms.
+        rotary_max_wavelength: optional finite number >= 1; rotary
+            position embeddings in the self-attention (None: off).
         kernel_initializer: initializer of all dense kernels.
         bias_initializer: initializer of all dense biases.
         window_size: optional int or pair `(left, right)`: local
@@ -75,19 +75,26 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if window_size is not None:
-            masks_lib.window_bounds(window_size)  # validates
-            if isinstance(window_size, list):
-                window_size = tuple(window_size)
-        validation.check_positive_int("num_heads", num_heads)
-        validation.check_positive_int("intermediate_dim", intermediate_dim)
-        _check_head_shape(num_heads, key_dim, num_key_value_heads)
-        validation.check_rate("dropout", dropout)
-        validation.check_positive_number(
+            window_size = validation.check_window_size(
+                "window_size", window_size
+            )
+        num_heads = validation.check_positive_int("num_heads", num_heads)
+        intermediate_dim = validation.check_positive_int(
+            "intermediate_dim", intermediate_dim
+        )
+        key_dim, num_key_value_heads = _check_head_shape(
+            num_heads, key_dim, num_key_value_heads
+        )
+        dropout = validation.check_rate("dropout", dropout)
+        layer_norm_epsilon = validation.check_positive_number(
             "layer_norm_epsilon", layer_norm_epsilon
         )
         norm_first = validation.check_bool("norm_first", norm_first)
-        validation.check_positive_number(
-            "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
+        rotary_max_wavelength = validation.check_positive_number(
+            "rotary_max_wavelength",
+            rotary_max_wavelength,
+            allow_none=True,
+            minimum=1,
         )
         if key_dim is not None:
             validation.check_rotary_head_size(
@@ -290,8 +297,9 @@ class TransformerBlock(keras.layers.Layer):
 
 
 def _check_head_shape(num_heads, key_dim, num_key_value_heads):
-    validation.check_positive_int("key_dim", key_dim, allow_none=True)
-    validation.check_positive_int(
+    """`(key_dim, num_key_value_heads)` checked, as Python ints or None."""
+    key_dim = validation.check_positive_int("key_dim", key_dim, allow_none=True)
+    num_key_value_heads = validation.check_positive_int(
         "num_key_value_heads", num_key_value_heads, allow_none=True
     )
     if num_key_value_heads is not None and num_heads % num_key_value_heads:
@@ -300,3 +308,4 @@ def _check_head_shape(num_heads, key_dim, num_key_value_heads):
             f"num_key_value_heads={num_key_value_heads!r}, "
             f"num_heads={num_heads!r}"
         )
+    return key_dim, num_key_value_heads

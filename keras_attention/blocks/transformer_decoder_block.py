@@ -40,9 +40,10 @@ class TransformerDecoderBlock(TransformerBlock):
             feed-forward hidden layer and the residual branches.
         activation: activation of the feed-forward network.
         norm_first: bool, pre-norm instead of post-norm.
-        layer_norm_epsilon: float, epsilon of the layer norms.
-        rotary_max_wavelength: optional number; rotary position embeddings
-            in the self-attention only (None: off).
+        layer_norm_epsilon: finite positive float, epsilon of the layer
+            norms.
+        rotary_max_wavelength: optional finite number >= 1; rotary
+            position embeddings in the self-attention only (None: off).
         kernel_initializer: initializer of all dense kernels.
         bias_initializer: initializer of all dense biases.
         window_size: optional int or pair `(left, right)`: local causal

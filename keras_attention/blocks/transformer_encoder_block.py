@@ -40,16 +40,18 @@ class TransformerEncoderBlock(TransformerBlock):
             feed-forward hidden layer and both residual branches.
         activation: activation of the feed-forward network.
         norm_first: bool, pre-norm instead of post-norm.
-        layer_norm_epsilon: float, epsilon of the layer norms.
+        layer_norm_epsilon: finite positive float, epsilon of the layer
+            norms.
         causal: bool, causal self-attention (position `i` sees `<= i`).
-        rotary_max_wavelength: optional number; rotary position embeddings
-            in the self-attention (None: off).
+        rotary_max_wavelength: optional finite number >= 1; rotary
+            position embeddings in the self-attention (None: off).
         window_size: optional int or pair `(left, right)`; when set, the
             self-attention is local (`LocalSelfAttention`: position `i`
             sees `i - left .. i + right`, in `O(T * window)` time and
             memory, Longformer-style) and returned attention weights are
-            banded `(batch, heads, T, left + right + 1)`. None: full
-            attention.
+            banded `(batch, heads, T, left + right + 1)`, the window
+            capped at `T - 1` each side (see `LocalSelfAttention`). None:
+            full attention.
         kernel_initializer: initializer of all dense kernels.
         bias_initializer: initializer of all dense biases.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -130,10 +132,9 @@ class TransformerEncoderBlock(TransformerBlock):
         self.global_projections = validation.check_bool(
             "global_projections", global_projections
         )
-        validation.check_positive_int(
+        self.max_global_tokens = validation.check_positive_int(
             "max_global_tokens", max_global_tokens, allow_none=True
         )
-        self.max_global_tokens = max_global_tokens
         if window_size is None and (global_projections or max_global_tokens):
             raise ValueError(
                 "`global_projections` and `max_global_tokens` need "

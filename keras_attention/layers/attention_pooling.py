@@ -67,8 +67,9 @@ class AttentionPooling(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("units", units, allow_none=True)
-        self.units = units
+        self.units = validation.check_positive_int(
+            "units", units, allow_none=True
+        )
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

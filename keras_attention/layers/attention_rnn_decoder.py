@@ -177,7 +177,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("units", units)
+        units = validation.check_positive_int("units", units)
         if isinstance(attention, dict):
             attention = keras.saving.deserialize_keras_object(attention)
         # The memory-mask keyword of a multi-head attention, looked up once
@@ -226,12 +226,15 @@ class AttentionRNNDecoder(keras.layers.Layer):
                     f"output size {output_size!r} and state_size="
                     f"{cell.state_size!r}"
                 )
-        if attention_style not in STYLES:
+        is_style = (
+            isinstance(attention_style, str) and attention_style in STYLES
+        )
+        if not is_style:
             raise ValueError(
                 f"`attention_style` must be one of {STYLES}. "
                 f"Received: attention_style={attention_style!r}"
             )
-        validation.check_rate("dropout", dropout)
+        dropout = validation.check_rate("dropout", dropout)
         self.units = units
         self.attention = attention
         self.cell = cell
@@ -245,10 +248,10 @@ class AttentionRNNDecoder(keras.layers.Layer):
         self.return_state = validation.check_bool("return_state", return_state)
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
+        self.seed = validation.check_seed("seed", seed)
         self.supports_masking = True
         self._dropout_layer = keras.layers.Dropout(
-            dropout, seed=seed, dtype=self.dtype_policy
+            dropout, seed=self.seed, dtype=self.dtype_policy
         )
 
     # Structure.
@@ -337,7 +340,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if self._cross:
             return self.attention.compute_cache(memory)
         memory = ops.cast(memory, self.attention.compute_dtype)
-        return self.attention.prepare_memory(memory, memory)
+        return self.attention._run_prepare_memory(memory, memory)
 
     def get_initial_state(self, batch_size, initial_state=None):
         """The state list `step` takes: the cell state(s) (`initial_state`,
@@ -379,7 +382,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
             # `attend` is not a Keras call: bring the inputs to the
             # attention's own compute dtype (it may differ from ours).
             dtype = self.attention.compute_dtype
-            context, weights = self.attention.attend(
+            context, weights = self.attention._run_attend(
                 ops.cast(query, dtype),
                 prepared,
                 ops.cast(memory, dtype),

@@ -116,8 +116,7 @@ class BahdanauAttention(Seq2SeqAttention):
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        validation.check_positive_int("units", units)
-        self.units = units
+        self.units = validation.check_positive_int("units", units)
         self.normalize = validation.check_bool("normalize", normalize)
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)

@@ -63,8 +63,8 @@ class EncoderBridge(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("units", units)
-        if cell not in CELLS:
+        units = validation.check_positive_int("units", units)
+        if not isinstance(cell, str) or cell not in CELLS:
             raise ValueError(
                 f"`cell` must be one of {CELLS}. Received: cell={cell!r}"
             )

@@ -51,11 +51,11 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("intermediate_dim", intermediate_dim)
-        validation.check_rate("dropout", dropout)
-        self.intermediate_dim = intermediate_dim
+        self.intermediate_dim = validation.check_positive_int(
+            "intermediate_dim", intermediate_dim
+        )
+        self.dropout = validation.check_rate("dropout", dropout)
         self.activation = keras.activations.get(activation)
-        self.dropout = dropout
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

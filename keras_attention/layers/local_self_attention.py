@@ -4,6 +4,7 @@ from keras import ops
 from keras_attention import masks as masks_lib
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.ops.local import banded_to_dense
+from keras_attention.ops.local import effective_window
 from keras_attention.ops.local import global_local_attention
 from keras_attention.ops.local import global_local_weights_to_dense
 from keras_attention.ops.local import local_attention
@@ -76,7 +77,11 @@ class LocalSelfAttention(SelfAttention):
             is itself `O(T^2)`: prefer padding masks for long sequences.
         return_attention_scores: bool, also return the banded attention
             weights `(batch, heads, T, left + right + 1)`, where
-            `[..., i, k]` is the weight of query `i` on key `i - left + k`;
+            `[..., i, k]` is the weight of query `i` on key `i - left + k`
+            and the window is capped at the sequence: `left = min(left,
+            T - 1)`, `right = min(right, T - 1)`
+            (`keras_attention.ops.effective_window`; a window of 100,000
+            on 8 steps computes and returns 15 columns, not 200,001);
             expand them with `scores_to_dense` for plotting.
         training: bool, dropout on or off.
         cache, cache_update_index: incremental decoding as in
@@ -150,18 +155,18 @@ class LocalSelfAttention(SelfAttention):
         self._left, self._right = masks_lib.window_bounds(
             window_size, self.causal
         )
-        validation.check_positive_int("block_size", block_size, allow_none=True)
-        if isinstance(window_size, list):
-            window_size = tuple(window_size)
-        self.window_size = window_size
-        self.block_size = block_size
+        self.window_size = validation.check_window_size(
+            "window_size", window_size
+        )
+        self.block_size = validation.check_positive_int(
+            "block_size", block_size, allow_none=True
+        )
         self.global_projections = validation.check_bool(
             "global_projections", global_projections
         )
-        validation.check_positive_int(
+        self.max_global_tokens = validation.check_positive_int(
             "max_global_tokens", max_global_tokens, allow_none=True
         )
-        self.max_global_tokens = max_global_tokens
 
     def build(self, inputs_shape):
         super().build(inputs_shape)
@@ -178,6 +183,15 @@ class LocalSelfAttention(SelfAttention):
             dense = self._projection(name, heads, dim)
             dense.build(inputs_shape)
             setattr(self, f"_{name}_dense", dense)
+
+    def _band(self, steps):
+        """Columns of the banded scores for `steps` queries: the window
+        capped at the sequence (`effective_window`); None when `steps` is
+        not static and the cap could apply."""
+        if steps is None:
+            return 1 if self._left + self._right == 0 else None
+        left, right = effective_window(self.window_bounds, steps)
+        return left + right + 1
 
     @property
     def window_bounds(self):
@@ -335,9 +349,9 @@ class LocalSelfAttention(SelfAttention):
         )
         if not return_attention_scores:
             return output
-        band = self._left + self._right + 1
         scores = keras.KerasTensor(
-            (batch, self.num_heads, steps, band), dtype=self.compute_dtype
+            (batch, self.num_heads, steps, self._band(steps)),
+            dtype=self.compute_dtype,
         )
         if global_mask is None:
             return output, scores

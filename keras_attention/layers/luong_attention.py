@@ -1,6 +1,7 @@
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
@@ -131,24 +132,26 @@ class LuongAttention(Seq2SeqAttention):
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        if score_mode not in SCORE_MODES:
+        if not isinstance(score_mode, str) or score_mode not in SCORE_MODES:
             raise ValueError(
                 f"`score_mode` must be one of {SCORE_MODES}. "
                 f"Received: score_mode={score_mode!r}"
             )
         if score_mode == "concat":
-            validation.check_positive_int("units", units)
+            units = validation.check_positive_int("units", units)
         elif units is not None:
             raise ValueError(
                 "`units` is only used by `score_mode='concat'`. "
                 f"Received: units={units!r}, score_mode={score_mode!r}"
             )
-        if not (scale is False or scale is True or scale == "learned"):
+        if isinstance(scale, (bool, np.bool_)):
+            scale = bool(scale)
+        elif not (isinstance(scale, str) and scale == "learned"):
             raise ValueError(
                 "`scale` must be False, True or 'learned'. "
                 f"Received: scale={scale!r}"
             )
-        if alignment not in ALIGNMENTS:
+        if not isinstance(alignment, str) or alignment not in ALIGNMENTS:
             raise ValueError(
                 f"`alignment` must be one of {ALIGNMENTS}. "
                 f"Received: alignment={alignment!r}"
@@ -159,11 +162,7 @@ class LuongAttention(Seq2SeqAttention):
                     "`window` is only used by local alignments. "
                     f"Received: window={window!r}, alignment='global'"
                 )
-        elif (
-            not isinstance(window, int)
-            or isinstance(window, bool)
-            or window < 0
-        ):
+        elif not validation.is_int(window) or window < 0:
             raise ValueError(
                 f"`alignment={alignment!r}` needs `window`, a non-negative "
                 "int D (the window is [p_t - D, p_t + D]). "
@@ -173,7 +172,7 @@ class LuongAttention(Seq2SeqAttention):
         self.units = units
         self.scale = scale
         self.alignment = alignment
-        self.window = window
+        self.window = None if window is None else int(window)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 

@@ -33,38 +33,39 @@ def _check_output_shape(output_shape):
     """`None`, an int or a tuple of ints -> `None` or a tuple of ints."""
     if output_shape is None:
         return None
-    shape = (output_shape,) if isinstance(output_shape, int) else output_shape
+    if validation.is_int(output_shape):
+        shape = (output_shape,)
+    else:
+        shape = output_shape
     if (
         not isinstance(shape, (tuple, list))
-        or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0
-            for d in shape
-        )
+        or not all(validation.is_int(d) and d > 0 for d in shape)
         or not shape
     ):
         raise ValueError(
             "Invalid `output_shape`: it must be a positive int or a non-empty "
             f"tuple of positive ints. Received: output_shape={output_shape!r}"
         )
-    return tuple(shape)
+    return tuple(int(d) for d in shape)
 
 
 def _check_attention_axes(attention_axes):
     if attention_axes is None:
         return None
-    axes = (
-        (attention_axes,) if isinstance(attention_axes, int) else attention_axes
-    )
+    if validation.is_int(attention_axes):
+        axes = (attention_axes,)
+    else:
+        axes = attention_axes
     if (
         not isinstance(axes, (tuple, list))
         or not axes
-        or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes)
+        or not all(validation.is_int(a) for a in axes)
     ):
         raise ValueError(
             "`attention_axes` must be None, an int, or a non-empty list or "
             f"tuple of ints. Received: attention_axes={attention_axes!r}"
         )
-    return tuple(axes)
+    return tuple(int(a) for a in axes)
 
 
 def _check_key_value_shapes(value_shape, key_shape):
@@ -183,7 +184,7 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads: keyword-only int dividing `num_heads`, number
             of key/value heads (`1`: multi-query attention). Defaults to
             `num_heads`.
-        rotary_max_wavelength: keyword-only optional positive number; when
+        rotary_max_wavelength: keyword-only optional finite number >= 1; when
             set, rotary position embeddings (`RotaryEmbedding`) rotate the
             projected queries and keys (`key_dim` must be even). Query
             positions start at `cache_update_index` (else 0); keys are
@@ -278,10 +279,12 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("num_heads", num_heads)
-        validation.check_positive_int("key_dim", key_dim)
-        validation.check_positive_int("value_dim", value_dim, allow_none=True)
-        validation.check_positive_int(
+        num_heads = validation.check_positive_int("num_heads", num_heads)
+        key_dim = validation.check_positive_int("key_dim", key_dim)
+        value_dim = validation.check_positive_int(
+            "value_dim", value_dim, allow_none=True
+        )
+        num_key_value_heads = validation.check_positive_int(
             "num_key_value_heads", num_key_value_heads, allow_none=True
         )
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
@@ -290,16 +293,19 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"num_key_value_heads={num_key_value_heads!r}, "
                 f"num_heads={num_heads!r}"
             )
-        validation.check_rate("dropout", dropout)
-        validation.check_positive_int(
+        dropout = validation.check_rate("dropout", dropout)
+        sliding_window = validation.check_positive_int(
             "sliding_window", sliding_window, allow_none=True
         )
         if flash_attention is not None:
             flash_attention = validation.check_bool(
                 "flash_attention", flash_attention
             )
-        validation.check_positive_number(
-            "rotary_max_wavelength", rotary_max_wavelength, allow_none=True
+        rotary_max_wavelength = validation.check_positive_number(
+            "rotary_max_wavelength",
+            rotary_max_wavelength,
+            allow_none=True,
+            minimum=1,
         )
         validation.check_rotary_head_size(
             rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
@@ -341,7 +347,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.projection_activity_regularizer = keras.regularizers.get(
             activity_regularizer
         )
-        self.seed = seed
+        self.seed = validation.check_seed("seed", seed)
         self.rotary_max_wavelength = rotary_max_wavelength
         self._rotary = None
         if rotary_max_wavelength is not None:
@@ -351,7 +357,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 name="rotary_embedding",
             )
         self._dropout_layer = keras.layers.Dropout(
-            rate=dropout, seed=seed, dtype=self.dtype_policy
+            rate=dropout, seed=self.seed, dtype=self.dtype_policy
         )
 
     @property
@@ -465,8 +471,10 @@ class MultiHeadAttention(keras.layers.Layer):
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
         key_shape = tuple(key_shape)
         self._check_shapes(query_shape, value_shape, key_shape)
-        if len(query_shape) > 3:
-            self._layout(len(query_shape))  # Validates attention_axes.
+        if self.attention_axes is not None or len(query_shape) > 3:
+            # Validates attention_axes, also on rank-3 inputs (where only
+            # 1 / -2, the time axis, is an attention axis).
+            self._layout(len(query_shape))
         q3, v3, k3 = map(
             self._flat_shape, (query_shape, value_shape, key_shape)
         )

@@ -42,8 +42,9 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        validation.check_positive_int("sequence_length", sequence_length)
-        self.sequence_length = sequence_length
+        self.sequence_length = validation.check_positive_int(
+            "sequence_length", sequence_length
+        )
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 

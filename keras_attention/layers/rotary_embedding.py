@@ -22,8 +22,9 @@ class RotaryEmbedding(keras.layers.Layer):
     dtype. The layer has no weights.
 
     Args:
-        max_wavelength: positive number, the longest wavelength `10000` of
-            the paper.
+        max_wavelength: finite number >= 1, the longest wavelength `10000`
+            of the paper (below 1 the frequencies grow with the feature
+            index, and tiny values overflow float32 into NaN angles).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -51,8 +52,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        validation.check_positive_number("max_wavelength", max_wavelength)
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = validation.check_positive_number(
+            "max_wavelength", max_wavelength, minimum=1
+        )
         self.supports_masking = True
 
     def build(self, inputs_shape):

@@ -60,7 +60,10 @@ class Seq2SeqAttention(keras.layers.Layer):
     naming `query`, `value` or `key`, at build and again at call time);
     the mask checks (a `ValueError` naming `query_mask` or
     `value_mask`); Keras masks of `query` and `value` (read into
-    `query_mask` and `value_mask`); dropout on the weights (in
+    `query_mask` and `value_mask`); what the hooks return (`attend` a
+    pair `(context, weights)` of shapes `(b, Tq, dv)` and `(b, Tq, Tv)`,
+    `prepare_memory` anything but None; else a `TypeError` or
+    `ValueError` names the hook and the rule); dropout on the weights (in
     `apply_scores`); `return_attention_scores` (the weights cast to the
     compute dtype); the output specs for symbolic (functional) calls;
     and `dropout` and `seed` in the config. A subclass that creates
@@ -143,12 +146,11 @@ class Seq2SeqAttention(keras.layers.Layer):
 
     def __init__(self, dropout=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
-        validation.check_rate("dropout", dropout)
+        self.dropout = validation.check_rate("dropout", dropout)
+        self.seed = validation.check_seed("seed", seed)
         self.supports_masking = True
-        self.dropout = dropout
-        self.seed = seed
         self._dropout_layer = keras.layers.Dropout(
-            rate=dropout, seed=seed, dtype=self.dtype_policy
+            rate=self.dropout, seed=self.seed, dtype=self.dtype_policy
         )
 
     def build(self, query_shape, value_shape, key_shape=None):
@@ -255,6 +257,56 @@ class Seq2SeqAttention(keras.layers.Layer):
             "queries and returns `(context, weights)`."
         )
 
+    def _run_prepare_memory(self, value, key):
+        """`prepare_memory(value, key)`, checked: `TypeError` naming the
+        hook when it returns None (a forgotten `return`)."""
+        memory = self.prepare_memory(value, key)
+        if memory is None:
+            raise TypeError(
+                f"`{type(self).__name__}.prepare_memory` returned None. The "
+                "`Seq2SeqAttention` hook must return the memory (a tensor or "
+                "a nest of tensors) that `attend` reads; return `key` "
+                "unchanged when there is nothing to precompute."
+            )
+        return memory
+
+    def _run_attend(self, query, memory, value, return_weights=True, **kwargs):
+        """`attend(query, memory, value, ...)`, with what it returns
+        checked against the hook's contract: a pair `(context, weights)`,
+        the context `(b, Tq, dv)` and, when `return_weights`, the weights
+        `(b, Tq, Tv)` (`query` is rank 3 here). A `TypeError` (not a pair)
+        or `ValueError` (a wrong shape) names the hook and the rule;
+        dimensions unknown at trace time are not compared."""
+        result = self.attend(
+            query, memory, value, return_weights=return_weights, **kwargs
+        )
+        name = f"`{type(self).__name__}.attend`"
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise TypeError(
+                f"{name} must return a pair `(context, weights)` (the "
+                "`Seq2SeqAttention` hook contract; `apply_scores` returns "
+                f"one). It returned {_describe(result)}."
+            )
+        context, weights = result
+        batch, steps = query.shape[0], query.shape[1]
+        expected = {
+            "context": ((batch, steps, value.shape[-1]), "(batch, Tq, dv)"),
+            "weights": ((batch, steps, value.shape[1]), "(batch, Tq, Tv)"),
+        }
+        for part, tensor in (("context", context), ("weights", weights)):
+            if part == "weights" and not return_weights:
+                continue
+            want, layout = expected[part]
+            shape = getattr(tensor, "shape", None)
+            if shape is None or not _shape_matches(tuple(shape), want):
+                raise ValueError(
+                    f"{name} returned {part} {_describe(tensor)}; the hook "
+                    f"must return {part} of shape {layout} = {want!r} for "
+                    f"query.shape={tuple(query.shape)!r} and "
+                    f"value.shape={tuple(value.shape)!r}."
+                )
+        return context, weights
+
     def _call(
         self,
         query,
@@ -282,8 +334,8 @@ class Seq2SeqAttention(keras.layers.Layer):
         if single:
             query = query[:, None, :]
             query_mask = None if query_mask is None else query_mask[:, None]
-        memory = self.prepare_memory(value, key)
-        context, weights = self.attend(
+        memory = self._run_prepare_memory(value, key)
+        context, weights = self._run_attend(
             query,
             memory,
             value,
@@ -338,3 +390,19 @@ class Seq2SeqAttention(keras.layers.Layer):
         config = super().get_config()
         config.update({"dropout": self.dropout, "seed": self.seed})
         return config
+
+
+def _describe(value):
+    """`value` in an error message: its type, and its shape if it has one."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return f"a {type(value).__name__}"
+    return f"a {type(value).__name__} of shape {tuple(shape)!r}"
+
+
+def _shape_matches(shape, want):
+    """`shape` has `want`'s rank and agrees on every dimension known in
+    both (None: unknown)."""
+    return len(shape) == len(want) and all(
+        s is None or w is None or s == w for s, w in zip(shape, want)
+    )

@@ -19,7 +19,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     in the compute dtype.
 
     Args:
-        max_wavelength: positive number, `10000` in the paper.
+        max_wavelength: finite number >= 1, `10000` in the paper (below 1
+            the rates grow with the feature index, and tiny values overflow
+            float32 into NaN angles).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -45,8 +47,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        validation.check_positive_number("max_wavelength", max_wavelength)
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = validation.check_positive_number(
+            "max_wavelength", max_wavelength, minimum=1
+        )
         self.supports_masking = True
 
     def build(self, inputs_shape):

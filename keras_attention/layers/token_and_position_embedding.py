@@ -57,12 +57,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        validation.check_positive_int("vocabulary_size", vocabulary_size)
-        validation.check_positive_int("sequence_length", sequence_length)
-        validation.check_positive_int("embedding_dim", embedding_dim)
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
+        self.vocabulary_size = validation.check_positive_int(
+            "vocabulary_size", vocabulary_size
+        )
+        self.sequence_length = validation.check_positive_int(
+            "sequence_length", sequence_length
+        )
+        self.embedding_dim = validation.check_positive_int(
+            "embedding_dim", embedding_dim
+        )
         self.mask_zero = validation.check_bool("mask_zero", mask_zero)
         self.embeddings_initializer = keras.initializers.get(
             embeddings_initializer

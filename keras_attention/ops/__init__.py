@@ -7,6 +7,7 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
+from keras_attention.ops.local import effective_window
 from keras_attention.ops.local import global_local_attention
 from keras_attention.ops.local import global_local_weights_to_dense
 from keras_attention.ops.local import local_attention
@@ -22,6 +23,7 @@ __all__ = [
     "masked_softmax",
     "banded_to_dense",
     "dense_to_banded",
+    "effective_window",
     "global_local_attention",
     "global_local_weights_to_dense",
     "local_attention",

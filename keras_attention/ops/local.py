@@ -20,6 +20,14 @@ dims.
 Banded weights: `banded[..., i, k]` is the weight of query `i` on key
 `i - left + k` (zero where that key does not exist); `banded_to_dense` and
 `dense_to_banded` convert to and from `(..., T, T)`.
+
+A window wider than the sequence is capped at it: with a static length
+`T`, the ops run with `left = min(left, T - 1)` and `right = min(right,
+T - 1)` (`effective_window`), which changes no result (no key lies
+further away) but bounds the cost by `O(T^2)`, and the banded weights
+have `min(left, T - 1) + min(right, T - 1) + 1` columns. A length known
+only at run time (a TensorFlow graph with an unknown time axis) keeps the
+window as given.
 """
 
 import numpy as np
@@ -43,6 +51,32 @@ def default_block_size(left, right):
     `[16, 128]`, balances the two on CPU.
     """
     return int(min(128, max(16, (left + right) // 2)))
+
+
+def effective_window(window_size, length, causal=False):
+    """`(left, right)` of `window_size` capped at a sequence of `length`
+    steps: `min(left, length - 1)`, `min(right, length - 1)` (0 for an
+    empty sequence). The band of `local_attention`'s weights has
+    `left + right + 1` of these columns. `length` None (not static): the
+    window as given.
+
+    Example:
+
+    >>> from keras_attention.ops import effective_window
+    >>> effective_window(100_000, 8), effective_window((2, 1), 8)
+    ((7, 7), (2, 1))
+    """
+    left, right = window_bounds(window_size, causal)
+    if length is None:
+        return left, right
+    reach = max(int(length) - 1, 0)
+    return min(left, reach), min(right, reach)
+
+
+def _static_length(x, axis):
+    """`x.shape[axis]` as an int, or None when not static."""
+    n = x.shape[axis]
+    return None if n is None else int(n)
 
 
 def _pad_axis(x, axis, before, after, value=0):
@@ -100,6 +134,8 @@ def banded_to_dense(weights, window_size, causal=False):
 
     `dense[..., i, j] = weights[..., i, j - i + left]` inside the window,
     zero outside. `O(T^2)`: meant for plotting or checking short sequences.
+    `L` and `R` are the window capped at `T` (`effective_window`), as the
+    banded weights of `local_attention` have them.
 
     Args:
         weights: banded tensor, as returned by `local_attention` or
@@ -107,7 +143,9 @@ def banded_to_dense(weights, window_size, causal=False):
         window_size: int or `(left, right)`, as given to the layer.
         causal: bool, as given to the layer.
     """
-    left, right = window_bounds(window_size, causal)
+    left, right = effective_window(
+        window_size, _static_length(weights, -2), causal
+    )
     band = left + right + 1
     if weights.shape[-1] is not None and weights.shape[-1] != band:
         raise ValueError(
@@ -128,9 +166,12 @@ def banded_to_dense(weights, window_size, causal=False):
 def dense_to_banded(dense, window_size, causal=False):
     """Reads the band of a dense `(..., T, T)` tensor: `(..., T, L + R + 1)`
     with `banded[..., i, k] = dense[..., i, i - left + k]` (zero where that
-    key is outside `0 .. T - 1`). Inverse of `banded_to_dense` on the band.
+    key is outside `0 .. T - 1`). Inverse of `banded_to_dense` on the band;
+    `L` and `R` are the window capped at `T` (`effective_window`).
     """
-    left, right = window_bounds(window_size, causal)
+    left, right = effective_window(
+        window_size, _static_length(dense, -1), causal
+    )
     t = dense.shape[-1] if dense.shape[-1] is not None else ops.shape(dense)[-1]
     padded = _pad_axis(dense, -1, left, right)  # column c holds key c - left
     return _unskew(padded, width=t + left + right, keep=left + right + 1)
@@ -216,9 +257,8 @@ class _Geometry:
         self.block = (
             default_block_size(left, right)
             if block_size is None
-            else block_size
+            else validation.check_positive_int("block_size", block_size)
         )
-        validation.check_positive_int("block_size", self.block)
         self.width = self.block + left + right  # W: keys of a query block
         self.heads, self.groups = query.shape[2], key.shape[2]
         self.r = self.heads // self.groups
@@ -337,7 +377,8 @@ def local_attention(
         scale: float; defaults to `1 / sqrt(d)`.
         dropout_fn: optional callable applied to the attention weights
             (given as `(b * n, g, r * B, W)`: blocks folded into the batch).
-        return_weights: also return the banded weights `(b, h, t, L+R+1)`.
+        return_weights: also return the banded weights `(b, h, t, L+R+1)`,
+            `L`, `R` capped at `t` (`effective_window`).
 
     Returns:
         `(b, t, h, e)` in the query's dtype, and the banded weights (value
@@ -354,7 +395,9 @@ def local_attention(
     >>> tuple(out.shape), tuple(banded.shape)
     ((1, 10, 2, 4), (1, 2, 10, 5))
     """
-    left, right = window_bounds(window_size, causal)
+    left, right = effective_window(
+        window_size, _static_length(query, 1), causal
+    )
     geo = _Geometry(query, key, value, left, right, block_size, causal)
     if scale is None:
         scale = 1.0 / float(np.sqrt(geo.d))
@@ -382,8 +425,7 @@ def _global_count(global_mask, max_global):
     """Static number `S` of global slots: `max_global`, or (eagerly) the
     largest number of global positions of a batch row (at least 1)."""
     if max_global is not None:
-        validation.check_positive_int("max_global", max_global)
-        return int(max_global)
+        return validation.check_positive_int("max_global", max_global)
     counts = ops.sum(ops.cast(global_mask, "int32"), axis=1)
     try:
         counts = ops.convert_to_numpy(counts)
@@ -565,7 +607,8 @@ def global_local_attention(
             (window and global keys together, then the global rows).
         return_weights: also return a dict of weights (value dtype):
             `"local"` `(b, h, t, L + R + 1)` banded weights on the window
-            keys, `"global_keys"` `(b, h, t, S)` weights on the global keys,
+            keys (`L`, `R` capped at `t`: `effective_window`),
+            `"global_keys"` `(b, h, t, S)` weights on the global keys,
             `"global_queries"` `(b, h, S, t)` rows of the global queries,
             `"global_indices"` `(b, S)` int32 positions of the slots (-1 for
             unused slots). The rows of global queries are zero in the first
@@ -596,7 +639,9 @@ def global_local_attention(
     References:
         - Beltagy et al., 2020, "Longformer: The Long-Document Transformer".
     """
-    left, right = window_bounds(window_size, causal)
+    left, right = effective_window(
+        window_size, _static_length(query, 1), causal
+    )
     geo = _Geometry(query, key, value, left, right, block_size, causal)
     if scale is None:
         scale = 1.0 / float(np.sqrt(geo.d))

@@ -4,6 +4,7 @@ Imported as a module (`from keras_attention.utils import keras_utils`),
 never through a layer. Argument checks live in `validation`.
 """
 
+import keras
 from keras import ops
 
 try:  # Keras >= 3.6
@@ -26,7 +27,13 @@ def keras_mask(x):
 
 def clone_initializer(initializer):
     """A fresh copy, so sublayers do not share one (stateless) initializer
-    object (Keras would draw the same values for each of them)."""
+    object (Keras would draw the same values for each of them).
+
+    Anything else `keras.initializers.get` accepts, a plain function
+    `fn(shape, dtype=None)` (as keras-hub takes), has no config to copy
+    and is returned as it is."""
+    if not isinstance(initializer, keras.initializers.Initializer):
+        return initializer
     return initializer.__class__.from_config(initializer.get_config())
 
 

@@ -6,40 +6,89 @@ check raises `ValueError` naming the argument and showing the value
 with `repr` (so `"2"` and `2` read differently).
 """
 
+import math
+
 import numpy as np
 
 
+def is_int(value):
+    """Whether `value` is a Python or NumPy integer (bools are not: `True`
+    is no count of heads)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def _is_real(value):
+    """Whether `value` is a Python or NumPy int or float (not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and (
+        not isinstance(value, (bool, np.bool_))
+    )
+
+
+def _finite(value):
+    """Whether the number `value` is finite as a float (an int too large
+    for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _plain(value):
+    """A NumPy scalar as the Python number it holds (`np.int64(2)` -> `2`),
+    so that configs stay JSON-serializable; other values unchanged."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_positive_int(name, value, allow_none=False):
-    """Raises `ValueError` naming `name` unless `value` is a positive int."""
+    """Raises `ValueError` naming `name` unless `value` is a positive
+    integer (Python or NumPy; not a bool). Returns it as a Python int
+    (None stays None)."""
     if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return None
+    if not is_int(value) or value <= 0:
         raise ValueError(
             f"`{name}` must be a positive integer. Received: {name}={value!r}"
         )
+    return int(value)
 
 
 def check_non_negative_int(name, value, allow_none=False):
-    """Raises `ValueError` naming `name` unless `value` is an int >= 0."""
+    """Raises `ValueError` naming `name` unless `value` is an integer
+    >= 0 (Python or NumPy; not a bool). Returns it as a Python int (None
+    stays None)."""
     if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return None
+    if not is_int(value) or value < 0:
         raise ValueError(
             f"`{name}` must be a non-negative integer. "
             f"Received: {name}={value!r}"
         )
+    return int(value)
+
+
+def check_seed(name, value):
+    """Raises `ValueError` naming `name` unless `value` is None or an
+    integer (Python or NumPy; not a bool), as Keras's seeds. Returns it as
+    a Python int (None stays None)."""
+    if value is None:
+        return None
+    if not is_int(value):
+        raise ValueError(
+            f"`{name}` must be None or an integer. Received: {name}={value!r}"
+        )
+    return int(value)
 
 
 def check_rate(name, value):
-    """Raises `ValueError` naming `name` unless `0 <= value < 1`."""
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not 0.0 <= value < 1.0
-    ):
+    """Raises `ValueError` naming `name` unless `0 <= value < 1` (NaN is
+    refused). Returns it as a Python number."""
+    if not _is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )
+    return _plain(value)
 
 
 def check_bool(name, value):
@@ -55,18 +104,41 @@ def check_bool(name, value):
     )
 
 
-def check_positive_number(name, value, allow_none=False):
-    """Raises `ValueError` naming `name` unless `value` is a number > 0."""
+def check_positive_number(name, value, allow_none=False, minimum=None):
+    """Raises `ValueError` naming `name` unless `value` is a finite number
+    > 0 (and >= `minimum` when given). NaN and infinities are refused:
+    every output computed from them would be NaN or constant. Returns it as
+    a Python number (None stays None)."""
     if value is None and allow_none:
-        return
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or value <= 0
+        return None
+    ok = _is_real(value) and _finite(value) and value > 0
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if not ok:
+        what = "a finite positive number"
+        if minimum is not None:
+            what = f"a finite number >= {minimum!r}"
+        raise ValueError(f"`{name}` must be {what}. Received: {name}={value!r}")
+    return _plain(value)
+
+
+def check_window_size(name, value):
+    """Raises `ValueError` naming `name` unless `value` is a non-negative
+    integer or a pair `(left, right)` of them (Python or NumPy integers).
+    Returns it in plain Python types, for a layer's config: an int, or a
+    tuple of two ints (`np.int64(2)` -> `2`, `[2, np.int64(1)]` ->
+    `(2, 1)`)."""
+    pair = isinstance(value, (tuple, list))
+    parts = tuple(value) if pair else (value,)
+    if len(parts) != (2 if pair else 1) or not all(
+        is_int(v) and v >= 0 for v in parts
     ):
         raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value!r}"
+            f"`{name}` must be a non-negative int or a pair (left, right) "
+            f"of non-negative ints. Received: {name}={value!r}"
         )
+    parts = tuple(int(v) for v in parts)
+    return parts if pair else parts[0]
 
 
 def check_padding_mask(name, mask, inputs, inputs_name="inputs", trailing=1):

@@ -10,6 +10,7 @@ from references import multi_head_attention as np_mha
 
 from keras_attention import masks
 from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import SelfAttention
 
 RNG = np.random.default_rng(0)
@@ -351,3 +352,76 @@ def test_gated_attention_matches_dense():
 def test_multi_head_options_without_meaning_here_are_refused(kwargs, name):
     with pytest.raises(ValueError, match=re.escape(f"{name}=")):
         LocalSelfAttention(2, 4, window_size=2, **kwargs)
+
+
+# Issue 23, item 12: a window wider than the sequence was not capped: on
+# T=8, `window_size=100_000` computed and returned banded scores of shape
+# (1, 1, 8, 200001) (~288 MiB more than window_size=8).
+@pytest.mark.parametrize(
+    "window,causal,band",
+    [
+        (100_000, False, 15),
+        ((100_000, 2), False, 10),
+        ((1, 100_000), False, 9),
+        (100_000, True, 8),
+        (7, False, 15),
+        (3, False, 7),
+    ],
+)
+def test_window_is_capped_at_the_sequence_length(window, causal, band):
+    x = RNG.normal(size=(1, 8, 4)).astype("float32")
+    layer = LocalSelfAttention(1, 2, window_size=window, causal=causal)
+    out, scores = layer(x, return_attention_scores=True)
+    assert tuple(scores.shape) == (1, 1, 8, band)
+    spec = layer.compute_output_spec(
+        keras.KerasTensor((1, 8, 4)), return_attention_scores=True
+    )[1]
+    assert tuple(spec.shape) == (1, 1, 8, band)
+    # The same results as the window capped by hand.
+    left, right = masks.window_bounds(window, causal)
+    capped = LocalSelfAttention(
+        1, 2, window_size=(min(left, 7), min(right, 7)), causal=causal
+    )
+    capped(x)
+    capped.set_weights(layer.get_weights())
+    want_out, want_scores = capped(x, return_attention_scores=True)
+    np.testing.assert_allclose(np_(out), np_(want_out), atol=1e-6)
+    np.testing.assert_allclose(
+        np_(layer.scores_to_dense(scores)),
+        np_(capped.scores_to_dense(want_scores)),
+        atol=1e-6,
+    )
+    dense = np_(layer.scores_to_dense(scores))
+    np.testing.assert_allclose(dense.sum(-1), 1.0, atol=1e-5)
+
+
+def test_capped_window_with_global_tokens():
+    x = RNG.normal(size=(1, 8, 4)).astype("float32")
+    is_global = np.zeros((1, 8), bool)
+    is_global[0, 3] = True
+    layer = LocalSelfAttention(1, 2, window_size=100_000)
+    out, scores = layer(x, global_mask=is_global, return_attention_scores=True)
+    assert tuple(scores["local"].shape) == (1, 1, 8, 15)
+    full = SelfAttention(1, 2)
+    full(x)
+    full.set_weights(layer.get_weights())
+    want, want_scores = full(x, return_attention_scores=True)
+    np.testing.assert_allclose(np_(out), np_(want), atol=1e-5)
+    np.testing.assert_allclose(
+        np_(layer.scores_to_dense(scores)), np_(want_scores), atol=1e-5
+    )
+
+
+def test_multi_head_sliding_window_wider_than_the_sequence():
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    wide = MultiHeadAttention(2, 4, sliding_window=10**12)
+    plain = MultiHeadAttention(2, 4)
+    wide(x, x)
+    plain(x, x)
+    plain.set_weights(wide.get_weights())
+    np.testing.assert_allclose(np_(wide(x, x)), np_(plain(x, x)), atol=1e-5)
+    # The dense path (scores requested) with the window as a mask.
+    got = wide(x, x, return_attention_scores=True, use_causal_mask=True)
+    want = plain(x, x, return_attention_scores=True, use_causal_mask=True)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)

@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -366,3 +368,31 @@ def test_new_options_in_a_functional_model_with_unknown_lengths(kwargs, shape):
         np_(layer(data, data, use_causal_mask=True)),
         atol=1e-5,
     )
+
+
+# Issue 23, item 11: on rank-3 inputs a wrong `attention_axes` was silently
+# ignored (attention ran over the time axis), while the same mistakes on
+# rank-4 inputs raised.
+@pytest.mark.parametrize("axes", [(0,), (2,), (5,), (1, 1), -1, (-3,), (1, 2)])
+def test_attention_axes_are_checked_on_rank_3_inputs(axes):
+    layer = MultiHeadAttention(2, 4, attention_axes=axes)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"attention_axes={layer.attention_axes!r}")
+        + ".*rank 3",
+    ):
+        layer(Q, Q)
+    with pytest.raises(ValueError, match="attention_axes"):
+        MultiHeadAttention(2, 4, attention_axes=axes)(
+            keras.KerasTensor((None, 5, 8)), keras.KerasTensor((None, 7, 8))
+        )
+
+
+@pytest.mark.parametrize("axes", [1, (1,), -2, (-2,)])
+def test_time_axis_is_the_rank_3_attention_axis(axes):
+    layer = MultiHeadAttention(2, 4, attention_axes=axes)
+    out = layer(Q, V)
+    plain = MultiHeadAttention(2, 4)
+    plain(Q, V)
+    plain.set_weights(layer.get_weights())
+    np.testing.assert_allclose(np_(out), np_(plain(Q, V)), atol=1e-6)

@@ -230,3 +230,88 @@ def test_bad_arguments_name_the_argument():
         ScaledDot()(Q, V, key=K, value_mask=VALUE_MASK[:, :5])
     with pytest.raises(ValueError, match=r"query_mask.*one-step"):
         ScaledDot()(Q[:, 0], V, key=K, query_mask=QUERY_MASK)
+
+
+# Hooks that break their contract (issue 23, item 9): the base class checks
+# what `attend` and `prepare_memory` return and names the hook and rule.
+
+
+class ShortContext(ScaledDot):
+    """`attend` drops the last query: a context of the wrong length."""
+
+    def attend(self, query, memory, value, **kwargs):
+        context, weights = super().attend(query, memory, value, **kwargs)
+        return context[:, :-1], weights
+
+
+class BareContext(ScaledDot):
+    """`attend` returns the context alone, not `(context, weights)`."""
+
+    def attend(self, query, memory, value, **kwargs):
+        return super().attend(query, memory, value, **kwargs)[0]
+
+
+class WideWeights(ScaledDot):
+    """`attend` returns weights over one source step too many."""
+
+    def attend(self, query, memory, value, **kwargs):
+        context, weights = super().attend(query, memory, value, **kwargs)
+        return context, ops.pad(weights, [[0, 0], [0, 0], [0, 1]])
+
+
+class NoMemory(ScaledDot):
+    """`prepare_memory` forgets to return."""
+
+    def prepare_memory(self, value, key=None):
+        super().prepare_memory(value, key)
+
+
+def test_attend_with_a_context_of_the_wrong_length_is_refused():
+    # Was passed through: (2, 3, 5) where compute_output_spec said (2, 4, 5).
+    with pytest.raises(
+        ValueError,
+        match=r"ShortContext\.attend` returned context .*\(2, 3, 5\).*"
+        r"\(batch, Tq, dv\) = \(2, 4, 5\)",
+    ):
+        ShortContext()(Q, V, key=K)
+
+
+def test_attend_returning_a_bare_tensor_is_refused():
+    # Was unpacked along the batch axis: a (2, 4, 6) query gave (4, 5).
+    with pytest.raises(
+        TypeError,
+        match=r"BareContext\.attend` must return a pair `\(context, "
+        r"weights\)`.*returned a .* of shape \(2, 4, 5\)",
+    ):
+        BareContext()(Q, V, key=K)
+    with pytest.raises(TypeError, match=r"BareContext\.attend"):
+        BareContext()(Q[:, 0], V, key=K, return_attention_scores=True)
+
+
+def test_attend_returning_weights_of_the_wrong_shape_is_refused():
+    with pytest.raises(
+        ValueError,
+        match=r"WideWeights\.attend` returned weights .*\(2, 4, 8\).*"
+        r"\(batch, Tq, Tv\) = \(2, 4, 7\)",
+    ):
+        WideWeights()(Q, V, key=K, return_attention_scores=True)
+    # Weights that are not returned are not checked.
+    assert tuple(WideWeights()(Q, V, key=K).shape) == (2, 4, 5)
+
+
+def test_prepare_memory_returning_none_is_refused():
+    with pytest.raises(TypeError, match=r"NoMemory\.prepare_memory` returned"):
+        NoMemory()(Q, V, key=K)
+
+
+def test_the_decoder_checks_the_hooks_too():
+    targets = RNG.normal(size=(2, 4, 3)).astype("float32")
+    with pytest.raises(TypeError, match=r"BareContext\.attend"):
+        AttentionRNNDecoder(5, BareContext())(targets, V)
+    decoder = AttentionRNNDecoder(
+        5, ShortContext(), return_attention_scores=True
+    )
+    with pytest.raises(ValueError, match=r"ShortContext\.attend` returned"):
+        decoder(targets, V)
+    with pytest.raises(TypeError, match=r"NoMemory\.prepare_memory"):
+        AttentionRNNDecoder(5, NoMemory())(targets, V)

@@ -12,6 +12,7 @@ from keras_attention.ops import banded
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
+from keras_attention.ops.local import effective_window
 from keras_attention.ops.local import local_attention
 
 BACKEND = keras.backend.backend()
@@ -103,7 +104,8 @@ def test_matches_reference_and_dense(t, window, causal, block, groups):
     ref_out, ref_w = _np_local(q, k, v, left, right, valid)
     np.testing.assert_allclose(_np(out), ref_out, atol=1e-5)
     np.testing.assert_allclose(_np(dense_w), ref_w, atol=1e-6)
-    assert banded.shape[-1] == left + right + 1
+    # The window is capped at the sequence (issue 23, item 12).
+    assert banded.shape[-1] == min(left, t - 1) + min(right, t - 1) + 1
     np.testing.assert_allclose(_np(out), _np(dense_out), atol=1e-5)
 
 
@@ -322,3 +324,28 @@ def test_no_quadratic_tensor_and_dynamic_length():
             loss.numpy(), np.sum(_np(expected) ** 2), rtol=1e-5
         )
         assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+
+
+# Issue 23, item 12: the window is capped at the sequence inside the ops,
+# so a huge window costs O(T^2) at most (it was O(T * window)).
+@pytest.mark.parametrize("causal", [False, True])
+def test_huge_window_is_capped_at_the_sequence(causal):
+    q, k, v, valid = _inputs(5)
+    assert effective_window(10**9, 5, causal) == (4, 0 if causal else 4)
+    assert effective_window((10**9, 1), None) == (10**9, 1)
+    assert effective_window(3, 0) == (0, 0)
+    out, banded = local_attention(
+        q, k, v, 10**9, causal, key_mask=valid, return_weights=True
+    )
+    want, want_banded = local_attention(
+        q, k, v, 4, causal, key_mask=valid, return_weights=True
+    )
+    assert tuple(banded.shape) == (2, 2, 5, 5 if causal else 9)
+    np.testing.assert_allclose(_np(out), _np(want), atol=1e-6)
+    np.testing.assert_allclose(_np(banded), _np(want_banded), atol=1e-6)
+    dense = banded_to_dense(banded, 10**9, causal)
+    np.testing.assert_allclose(
+        _np(dense), _np(banded_to_dense(want_banded, 4, causal)), atol=1e-6
+    )
+    again = dense_to_banded(dense, 10**9, causal)
+    np.testing.assert_allclose(_np(again), _np(banded), atol=1e-6)
