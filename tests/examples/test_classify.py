@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 
+import example_output
 import numpy as np
 import pytest
 import serving
@@ -160,15 +161,17 @@ def quick_run(tmp_path_factory):
     from examples.classify import __main__ as classify
 
     tmp = tmp_path_factory.mktemp("classify")
-    results = classify.main(
-        [
-            "--quick",
-            "--output-dir",
-            str(tmp / "run"),
-            "--data-dir",
-            str(tmp / "tfds"),
-        ]
-    )
+    with example_output.captured() as output:
+        results = classify.main(
+            [
+                "--quick",
+                "--output-dir",
+                str(tmp / "run"),
+                "--data-dir",
+                str(tmp / "tfds"),
+            ]
+        )
+    results["output"] = output
     return results
 
 
@@ -184,6 +187,17 @@ def test_quick_run_learns(quick_run):
             "best.weights.h5",
         )
     )
+
+
+def test_quick_run_prints_no_warnings(quick_run):
+    # It used to print Keras's "`shuffle=True` was passed, but will be ignored",
+    # "Your input ran out of data" (evaluate) and the SavedModel export's INFO
+    # "Function `classify` contains input name(s) ... with unsupported
+    # characters".
+    output = quick_run["output"]
+    assert "backend: tensorflow" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
 
 
 def test_quick_run_plots_valid_pngs(quick_run):

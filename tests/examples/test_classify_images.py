@@ -6,6 +6,7 @@ metrics JSON, attention PNGs, explorer)."""
 import json
 import struct
 
+import example_output
 import numpy as np
 import pytest
 
@@ -179,7 +180,12 @@ def quick_run(tmp_path_factory):
     from examples.classify_images import __main__ as classify_images
 
     tmp = tmp_path_factory.mktemp("classify_images")
-    return classify_images.main(["--quick", "--output-dir", str(tmp / "run")])
+    with example_output.captured() as output:
+        results = classify_images.main(
+            ["--quick", "--output-dir", str(tmp / "run")]
+        )
+    results["output"] = output
+    return results
 
 
 @pytest.mark.tf_only(reason=TRAINS)
@@ -191,6 +197,15 @@ def test_quick_run_reports_accuracy(quick_run):
         metrics = json.load(f)
     assert metrics["test_accuracy"] == pytest.approx(accuracy)
     assert metrics["dataset"] == "digits" and metrics["test_images"] == 60
+
+
+@pytest.mark.tf_only(reason=TRAINS)
+def test_quick_run_prints_no_warnings(quick_run):
+    # It used to print Keras's "`shuffle=True` was passed, but will be ignored".
+    output = quick_run["output"]
+    assert "backend: tensorflow" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.tf_only(reason=TRAINS)

@@ -6,6 +6,7 @@ import random
 import re
 import struct
 
+import example_output
 import pytest
 
 VARIANTS = ["rnn-none", "rnn-bahdanau-norm", "transformer-local"]
@@ -62,7 +63,14 @@ def test_study_runs_and_writes_a_well_formed_report(tmp_path):
         "--tasks",
         ",".join(TASKS),
     ]
-    paths = study.main(flags)
+    with example_output.captured() as output:
+        paths = study.main(flags)
+    # It used to print Keras's "`shuffle=True` was passed, but will be
+    # ignored" and, for rnn-none, "Layer 'gru_cell' (of type GRUCell) was
+    # passed an input with a mask attached to it".
+    assert "long_dates  rnn-none" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
     report = open(paths["report"]).read()
     assert "Command: `python -m examples.compare_attention --quick" in report
     assert "Machine: " in report and "Budget: " in report

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import example_output
 import numpy as np
 import pytest
 import serving
@@ -340,19 +341,33 @@ def quick_run(tmp_path_factory):
     from examples.language_model import __main__ as language_model
 
     tmp = tmp_path_factory.mktemp("language_model")
-    return language_model.main(
-        [
-            "--backend",
-            "tensorflow",
-            "--quick",
-            "--samplers",
-            "greedy,beam",
-            "--output-dir",
-            str(tmp / "run"),
-            "--data-dir",
-            str(tmp / "tfds"),
-        ]
-    )
+    with example_output.captured() as output:
+        results = language_model.main(
+            [
+                "--backend",
+                "tensorflow",
+                "--quick",
+                "--samplers",
+                "greedy,beam",
+                "--output-dir",
+                str(tmp / "run"),
+                "--data-dir",
+                str(tmp / "tfds"),
+            ]
+        )
+    results["output"] = output
+    return results
+
+
+def test_quick_run_prints_no_warnings(quick_run):
+    # It used to print Keras's "`shuffle=True` was passed, but will be ignored",
+    # "Your input ran out of data" (evaluate) and, five times, the SavedModel
+    # export's INFO "Function `<lambda>` contains input name(s) 13752, ...
+    # with unsupported characters".
+    output = quick_run["output"]
+    assert "backend: tensorflow" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
 
 
 def test_quick_run_learns(quick_run):

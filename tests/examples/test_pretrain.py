@@ -5,6 +5,7 @@ table and the attention explorer)."""
 import os
 import re
 
+import example_output
 import numpy as np
 import pytest
 
@@ -101,15 +102,29 @@ def quick_run(tmp_path_factory):
     from examples.pretrain import __main__ as pretrain
 
     tmp = tmp_path_factory.mktemp("pretrain")
-    return pretrain.main(
-        [
-            "--quick",
-            "--output-dir",
-            str(tmp / "run"),
-            "--data-dir",
-            str(tmp / "tfds"),
-        ]
-    )
+    with example_output.captured() as output:
+        results = pretrain.main(
+            [
+                "--quick",
+                "--output-dir",
+                str(tmp / "run"),
+                "--data-dir",
+                str(tmp / "tfds"),
+            ]
+        )
+    results["output"] = output
+    return results
+
+
+def test_quick_run_prints_no_warnings(quick_run):
+    # It used to print Keras's "`shuffle=True` was passed, but will be ignored",
+    # "Your input ran out of data" (evaluate), "Layer 'mlm_head' (of type
+    # MaskedLMHead) was passed an input with a mask attached to it. However,
+    # this layer does not support masking" and TFDS's INFO logs.
+    output = quick_run["output"]
+    assert "corpus wordnet_glosses" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
 
 
 def test_quick_run_prints_one_well_formed_table(quick_run):

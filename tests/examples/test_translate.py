@@ -6,11 +6,13 @@ import struct
 import subprocess
 import sys
 
+import example_output
 import pytest
 import serving
 from tensorboard_events import attention_image_tags
 
 pytestmark = pytest.mark.tf_only
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def _png_size(path):
@@ -68,6 +70,34 @@ def _run(tmp_path, *flags):
     return results
 
 
+def _run_as_a_user(tmp_path, *flags):
+    """`python -m examples.translate --quick ...` in a new process, with
+    TensorFlow's C++ logs on (the test process silences them): the results
+    and everything the run printed."""
+    out = tmp_path / "run"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.translate",
+            "--quick",
+            "--output-dir",
+            str(out),
+            "--data-dir",
+            str(tmp_path / "tfds"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(out / "results.json") as f:
+        return json.load(f), run.stdout + run.stderr
+
+
 def _check(results):
     # Training did something: the loss fell over the few steps.
     assert results["final_loss"] < results["first_loss"]
@@ -107,7 +137,12 @@ def _check_explorer(path):
 
 
 def test_transformer_quick(tmp_path):
-    _check(_run(tmp_path, "--model", "transformer"))
+    with example_output.captured() as output:
+        results = _run(tmp_path, "--model", "transformer")
+    _check(results)
+    assert "backend: tensorflow" in output.log  # the run's own messages
+    found = output.problems()
+    assert not found, "\n".join(found)
 
 
 def test_help():
@@ -116,7 +151,7 @@ def test_help():
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
     for flag in (
@@ -135,8 +170,19 @@ def test_help():
         assert flag in out.stdout
 
 
-def test_rnn_bahdanau_quick(tmp_path):
-    _check(_run(tmp_path))  # the default model: RNN + Bahdanau, greedy
+def test_rnn_bahdanau_quick_prints_no_warnings(tmp_path):
+    # The default model (RNN + Bahdanau, greedy), run as a user runs it. It
+    # used to print tf.data's "The calling iterator did not fully read the
+    # dataset being cached" twice (a batch read from the cached pipelines
+    # to build the model and as the TensorBoard probe; TFDS's own cache of
+    # the splits), Keras's "`shuffle=True` was passed, but will be ignored"
+    # and the SavedModel export's INFO "Function `_translate` contains
+    # input name(s) resource, input_9, ... with unsupported characters".
+    results, printed = _run_as_a_user(tmp_path)
+    _check(results)
+    assert "backend: tensorflow" in printed  # the run's own messages
+    found = example_output.problems(printed)
+    assert not found, "\n".join(found)
 
 
 def _tiny(kind, **kwargs):
