@@ -387,6 +387,67 @@ def check_mixed_precision(
         check_sublayer_policies(layer)
 
 
+def _cut(input_data, length):
+    """`input_data` with every sequence axis (the dynamic axes of
+    `_input_spec_shape`) cut to its first `length` steps."""
+    out = {}
+    for k, v in input_data.items():
+        index = [slice(None)] + [
+            slice(0, length) if d is None else slice(None)
+            for d in _input_spec_shape(v)
+        ]
+        out[k] = v[tuple(index)]
+    return out
+
+
+def check_extreme_lengths(layer_cls, init_kwargs, input_data, call_kwargs):
+    """The documented return shapes hold for sequences of length 1 and 0.
+
+    Every sequence axis of the inputs is cut to 1, then to 0 steps; a
+    fresh layer is called eagerly and each output must have the shape
+    `compute_output_spec` announces for those inputs and be finite. At
+    length 0 a layer that cannot take empty sequences must raise a clear
+    `ValueError` (the package's `... Received: ...` message), never crash
+    with another exception. Inputs without a sequence axis: nothing to
+    check.
+    """
+    for length in (1, 0):
+        data = _cut(input_data, length)
+        if all(data[k].shape == v.shape for k, v in input_data.items()):
+            return
+        shapes = {k: v.shape for k, v in data.items()}
+        layer = layer_cls(**init_kwargs)
+        try:
+            outputs = keras.tree.flatten(layer(**data, **call_kwargs))
+        except ValueError as error:
+            assert length == 0 and "Received" in str(error), (
+                f"{layer_cls.__name__} on inputs of length {length} "
+                f"{shapes}: {type(error).__name__}: {error}"
+            )
+            continue
+        except Exception as error:
+            raise AssertionError(
+                f"{layer_cls.__name__} on inputs of length {length} "
+                f"{shapes} crashed (a ValueError naming the argument was "
+                f"due, if anything): {type(error).__name__}: {error}"
+            ) from error
+        specs = keras.tree.flatten(
+            layer.compute_output_spec(**_symbolic(data), **call_kwargs)
+        )
+        assert len(specs) == len(outputs), (len(specs), len(outputs))
+        for i, (o, spec) in enumerate(zip(outputs, specs)):
+            assert tuple(o.shape) == tuple(spec.shape), (
+                f"{layer_cls.__name__} on inputs of length {length} "
+                f"{shapes}: output {i} has shape {tuple(o.shape)}, "
+                f"compute_output_spec says {tuple(spec.shape)}"
+            )
+            values = _np(keras.ops.cast(o, "float32"))
+            assert np.all(np.isfinite(values)), (
+                f"{layer_cls.__name__} on inputs of length {length} "
+                f"{shapes}: output {i} is not finite"
+            )
+
+
 # The checks `run_layer_test(skip_checks={name: reason})` may skip, each
 # only with the reason it cannot apply to the layer.
 SKIPPABLE_CHECKS = (
@@ -394,6 +455,7 @@ SKIPPABLE_CHECKS = (
     "build_from_shapes",  # build(**shapes) alone creates all the state
     "output_spec_dtypes",  # mixed precision: outputs as compute_output_spec
     "sublayer_policies",  # mixed precision: sublayers in the layer's policy
+    "extreme_lengths",  # return shapes at lengths 1 and 0
 )
 
 
@@ -434,7 +496,9 @@ def run_layer_test(
        `expected_num_*` given; a symbolic call and `build(**shapes)` alone
        create the same state; after `build` from shapes and the first
        call's weights, a call reproduces its outputs. Symbolic output
-       shapes/dtypes equal eager.
+       shapes/dtypes equal eager. The outputs have the shapes
+       `compute_output_spec` announces also on sequences of length 1 and
+       0 (or, at 0, a clear `ValueError`): `check_extreme_lengths`.
     3. `.keras` save -> `load_model` -> identical outputs.
     4. TensorFlow SavedModel in a fresh process (no keras_attention, no
        Keras import), also with another batch size and a shorter sequence
@@ -485,6 +549,8 @@ def run_layer_test(
         check_build_from_shapes(
             layer_cls, init_kwargs, input_data, call_kwargs, layer, eager, atol
         )
+    if "extreme_lengths" not in skipped:
+        check_extreme_lengths(layer_cls, init_kwargs, input_data, call_kwargs)
 
     model = _make_model(layer_cls(**init_kwargs), input_data, call_kwargs)
     expected = _predict(model, input_data)

@@ -115,6 +115,40 @@ class Float32Scores(Scale):
 
 
 @_register
+class FirstStepBias(Scale):
+    """Defect: reads the first step of every sequence (adds it as a bias),
+    which an empty sequence does not have: an indexing crash, not a
+    `ValueError` naming the argument."""
+
+    def call(self, inputs, training=None):
+        y = super().call(inputs, training=training)
+        return y + y[:, :1] * 0 + ops.expand_dims(y[:, 0], 1) * 0
+
+
+@_register
+class SqueezesOneStep(Scale):
+    """Defect: a one-step sequence loses its time axis (`ops.squeeze`),
+    where `compute_output_shape` keeps it."""
+
+    def call(self, inputs, training=None):
+        y = super().call(inputs, training=training)
+        return ops.squeeze(y, 1) if y.shape[1] == 1 else y
+
+
+@_register
+class RefusesEmpty(Scale):
+    """Correct: an empty sequence is refused with a clear `ValueError`."""
+
+    def call(self, inputs, training=None):
+        if inputs.shape[1] == 0:
+            raise ValueError(
+                "`inputs` must have at least one step. Received: "
+                f"inputs.shape={tuple(inputs.shape)!r}"
+            )
+        return super().call(inputs, training=training)
+
+
+@_register
 class Wrapper(keras.layers.Layer):
     """Calls the layer it is given (as a decoder calls its `attention`)."""
 
@@ -203,6 +237,32 @@ def test_wrong_state_counts_fail():
             expected_num_non_trainable_weights=1,
             run_mixed_precision=False,
         )
+
+
+def test_crash_on_an_empty_sequence_fails():
+    with pytest.raises(AssertionError, match="length 0 .* crashed"):
+        _run(FirstStepBias, run_mixed_precision=False)
+
+
+def test_wrong_shape_on_a_one_step_sequence_fails():
+    with pytest.raises(
+        AssertionError,
+        match=r"length 1 .*output 0 has shape \(2, 5\), "
+        r"compute_output_spec says \(2, 1, 5\)",
+    ):
+        _run(SqueezesOneStep, run_mixed_precision=False)
+
+
+def test_clear_value_error_on_an_empty_sequence_passes():
+    _run(RefusesEmpty, run_mixed_precision=False)
+    with pytest.raises(AssertionError, match="length 0"):
+        harness.check_extreme_lengths(
+            FirstStepBias, dict(units=5), dict(inputs=X), {}
+        )
+    # Inputs without a sequence axis: nothing to check.
+    harness.check_extreme_lengths(
+        FirstStepBias, dict(units=5), dict(inputs=X[:, 0]), {}
+    )
 
 
 def test_output_dtype_unlike_compute_output_spec_fails():

@@ -205,6 +205,8 @@ def dot_product_attention(
         query_offset, key_mask = given["query_offset"], given["key_mask"]
         query_mask = given["query_mask"]
     _check_mods(score_mod, mask_mod)
+    if 0 in (query.shape[1], key.shape[1]):
+        return _empty(query, key, value, return_weights)
     choice = _choose_implementation(
         implementation or _FORCED[-1],
         query,
@@ -281,6 +283,20 @@ def _check_mods(score_mod, mask_mod):
                 f"`{name}` must be a function or a mask/score object of "
                 f"`keras_attention.mods`. Received: {name}={fn!r}"
             )
+
+
+def _empty(query, key, value, return_weights):
+    """The result when the query or the key length is statically 0: no
+    rows, or rows with nothing to attend to (zeros, as a fully masked
+    row). TensorFlow's einsum mixes up the batch axes of the grouped-query
+    products on empty sequences, so they are not formed."""
+    b, i = ops.shape(query)[0], ops.shape(query)[1]
+    heads = query.shape[2]
+    out = ops.zeros((b, i, heads, value.shape[-1]), query.dtype)
+    if not return_weights:
+        return out
+    weights = ops.zeros((b, heads, i, ops.shape(key)[1]), query.dtype)
+    return out, weights
 
 
 def _dense(

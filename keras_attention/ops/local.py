@@ -398,6 +398,9 @@ def local_attention(
     left, right = effective_window(
         window_size, _static_length(query, 1), causal
     )
+    if _static_length(query, 1) == 0:
+        out, band = _empty(query, value, left + right + 1)
+        return (out, band) if return_weights else out
     geo = _Geometry(query, key, value, left, right, block_size, causal)
     if scale is None:
         scale = 1.0 / float(np.sqrt(geo.d))
@@ -419,6 +422,29 @@ def local_attention(
     if not return_weights:
         return out
     return out, _banded(geo, weights)
+
+
+def _empty(query, value, band):
+    """Output `(b, 0, h, e)` and banded weights `(b, h, 0, band)` of an
+    empty sequence (no blocks to compute)."""
+    b, heads = ops.shape(query)[0], query.shape[2]
+    out = ops.zeros((b, 0, heads, value.shape[-1]), query.dtype)
+    return out, ops.zeros((b, heads, 0, band), value.dtype)
+
+
+def _empty_global(query, value, band, count, return_weights):
+    """`global_local_attention` on an empty sequence: `_empty`, and the
+    global weights with `count` unused slots."""
+    out, local = _empty(query, value, band)
+    if not return_weights:
+        return out
+    b, heads = ops.shape(query)[0], query.shape[2]
+    return out, {
+        "local": local,
+        "global_keys": ops.zeros((b, heads, 0, count), value.dtype),
+        "global_queries": ops.zeros((b, heads, count, 0), value.dtype),
+        "global_indices": ops.full((b, count), -1, "int32"),
+    }
 
 
 def _global_count(global_mask, max_global):
@@ -642,6 +668,12 @@ def global_local_attention(
     left, right = effective_window(
         window_size, _static_length(query, 1), causal
     )
+    if _static_length(query, 1) == 0:
+        global_mask = _check_global_mask(global_mask, query)
+        count = _global_count(global_mask, max_global)
+        return _empty_global(
+            query, value, left + right + 1, count, return_weights
+        )
     geo = _Geometry(query, key, value, left, right, block_size, causal)
     if scale is None:
         scale = 1.0 / float(np.sqrt(geo.d))

@@ -74,3 +74,19 @@ def test_gradients_finite_with_fully_masked_rows():
     grads = tape.gradient(loss, [q, k])
     for g in grads:
         assert np.all(np.isfinite(g.numpy()))
+
+
+# Issue 23 (the harness's length-0 check): on TensorFlow the grouped-query
+# einsum of empty sequences mixed up its batch axes (InvalidArgumentError:
+# "[4,2,0,4] vs. [2,2,4,0]").
+@pytest.mark.parametrize("tq,tk", [(0, 0), (0, 3), (3, 0)])
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_empty_sequences(tq, tk, groups):
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, tq, 4, 8)).astype("float32")
+    k = rng.normal(size=(2, tk, groups, 8)).astype("float32")
+    v = rng.normal(size=(2, tk, groups, 3)).astype("float32")
+    out, w = dot_product_attention(q, k, v, causal=True, return_weights=True)
+    assert tuple(out.shape) == (2, tq, 4, 3)
+    assert tuple(w.shape) == (2, 4, tq, tk)
+    assert np.all(np_(out) == 0)  # nothing to attend to: zeros

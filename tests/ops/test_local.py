@@ -13,6 +13,7 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
 from keras_attention.ops.local import effective_window
+from keras_attention.ops.local import global_local_attention
 from keras_attention.ops.local import local_attention
 
 BACKEND = keras.backend.backend()
@@ -349,3 +350,20 @@ def test_huge_window_is_capped_at_the_sequence(causal):
     )
     again = dense_to_banded(dense, 10**9, causal)
     np.testing.assert_allclose(_np(again), _np(banded), atol=1e-6)
+
+
+def test_empty_sequence():
+    q, k, v, valid = _inputs(0)
+    out, banded = local_attention(q, k, v, 3, return_weights=True)
+    assert tuple(out.shape) == (2, 0, 2, 3)
+    assert tuple(banded.shape) == (2, 2, 0, 1)
+    out, weights = global_local_attention(
+        q, k, v, 3, np.zeros((2, 0), bool), max_global=2, return_weights=True
+    )
+    assert tuple(out.shape) == (2, 0, 2, 3)
+    assert {k: tuple(w.shape) for k, w in weights.items()} == {
+        "local": (2, 2, 0, 1),
+        "global_keys": (2, 2, 0, 2),
+        "global_queries": (2, 2, 2, 0),
+        "global_indices": (2, 2),
+    }
