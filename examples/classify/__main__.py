@@ -4,12 +4,13 @@ Default task (shipped, no network): read a WordNet noun definition, e.g.
 "a person who writes poems", and predict its supersense among 25 classes
 (`person`, `animal`, `artifact`, `plant`, ...). The encoder (transformer
 encoder blocks by default, or a bidirectional GRU with `--encoder gru`) feeds
-`AttentionPooling`, whose weights show which tokens decided the class: the
-example plots them as PNG heatmaps and writes every attention layer's
-weights on a few definitions to an interactive explorer
-(`runs/classify/attention.html`). Reports test accuracy (and the
-majority-class baseline) and exports a SavedModel that classifies raw
-strings:
+`AttentionPooling`. The example plots, per word piece of a few test
+definitions, the pooling weights beside the attention rollout of the
+encoder into the pooling (what the prediction rests on; `explain.py`),
+writes every attention layer's weights on a few definitions to an
+interactive explorer (`runs/classify/attention.html`), reports test
+accuracy (and the majority-class baseline) and exports a SavedModel that
+classifies raw strings:
 
     python -m examples.classify                # minutes on 2 CPU cores
     python -m examples.classify --encoder gru  # bidirectional GRU
@@ -111,41 +112,51 @@ def parse_args(argv=None):
 
 
 def plot_pooling(attention_model, tokenizer, texts, labels, class_names, args):
-    """One PNG per text: the pooling weight of each token.
+    """One PNG per text: what the prediction rests on, per word piece.
 
-    Returns a list of `(path, (width, height))`, the image sizes in pixels.
+    Two panels (`explain.py`): the `AttentionPooling` weights, and the
+    attention rollout of the encoder blocks into the pooling query (the
+    share of each input word piece in the pooled vector).
+
+    Returns:
+        `(plots, measures)`: `plots` a list of `(path, (width, height))`,
+        the image sizes in pixels; `measures` the dict of `explain` on the
+        texts' ids (`(len(texts), max_length)`).
     """
     import numpy as np
     import tensorflow as tf
 
+    from examples.classify.explain import explain
+    from examples.classify.explain import explanation_figure
     from examples.classify.model import pad_ids
     from examples.common.text import id_to_tokens
-    from keras_attention.visualization import plot_attention
 
     ids = pad_ids(tokenizer(tf.constant(list(texts))), args.max_length)
-    probabilities, weights = attention_model(ids, training=False)
-    paths = []
-    for i, text in enumerate(texts):
-        n = int(np.sum(ids[i].numpy() != 0))
-        tokens = id_to_tokens(tokenizer, ids[i, :n].numpy())
-        predicted = class_names[int(np.argmax(probabilities[i]))]
-        row = f"pred: {predicted}" + (f" / true: {labels[i]}" if labels else "")
+    ids = ids.numpy()
+    measures = explain(attention_model, ids)
+    plots = []
+    for i in range(len(texts)):
+        n = int(np.sum(ids[i] != 0))
+        tokens = id_to_tokens(tokenizer, ids[i, :n])
+        probabilities = measures["probabilities"][i]
+        best = int(np.argmax(probabilities))
+        title = f"predicted: {class_names[best]} ({probabilities[best]:.2f})"
+        if labels:
+            title += f", true: {labels[i]}"
         path = os.path.join(
             args.output_dir, "plots", f"pooling_attention_{i}.png"
         )
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        figure = plot_attention(
-            np.asarray(weights[i : i + 1, :n], "float32"),
+        figure = explanation_figure(
             tokens,
-            [row],
-            path=path,
-            title="AttentionPooling weights",
-            show_values=True,
-            dpi=100,
+            measures["pooling"][i, :n],
+            measures["rollout"][i, :n],
+            title=title,
         )
+        figure.savefig(path, format="png", dpi=100)
         width, height = (figure.get_size_inches() * 100).round().astype(int)
-        paths.append((path, (int(width), int(height))))
-    return paths
+        plots.append((path, (int(width), int(height))))
+    return plots, measures
 
 
 def probe(tokenizer, texts, max_length):
@@ -271,10 +282,14 @@ def main(argv=None):
     examples = list(test_raw.take(args.num_plots).as_numpy_iterator())
     texts = np.array([t for t, _ in examples], dtype=object)
     labels = [class_names[int(y)] for _, y in examples]
-    plots = plot_pooling(
+    plots, measures = plot_pooling(
         attention_model, tokenizer, texts, labels, class_names, args
     )
-    print("attention plots:", *(path for path, _ in plots), sep="\n  ")
+    print(
+        "pooling weights and attention rollout:",
+        *(path for path, _ in plots),
+        sep="\n  ",
+    )
     explorer = write_explorer(model, tokenizer, DEMO_TEXTS, args)
     print(f"attention explorer: {explorer}")
     return {
@@ -283,6 +298,8 @@ def main(argv=None):
         "baseline_accuracy": baseline,
         "export_path": export_path,
         "plots": plots,
+        "plotted_texts": [t.decode("utf-8") for t in texts],
+        "measures": measures,
         "explorer": explorer,
         "server": server,
         "train_time_s": train_time,

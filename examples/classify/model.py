@@ -2,8 +2,8 @@
 
 The classifier reads token ids, encodes them (a bidirectional GRU, or
 transformer encoder blocks), pools the sequence with `AttentionPooling`
-(Yang et al., 2016) and predicts a class. The pooling weights say which
-tokens the prediction rests on; `__main__.py` plots them.
+(Yang et al., 2016) and predicts a class. `__main__.py` plots the pooling
+weights beside the attention rollout into the pooling (`explain.py`).
 """
 
 import keras

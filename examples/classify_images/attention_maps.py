@@ -17,36 +17,7 @@ import os
 
 import numpy as np
 
-
-def attention_rollout(attentions, residual=True):
-    """Attention rollout across layers.
-
-    Args:
-        attentions: list of `(batch, heads, T, T)` attention weights, first
-            layer first (rows sum to 1).
-        residual: bool, add the identity for the residual connections
-            (`A / 2 + I / 2`, rows renormalized), as in the paper.
-
-    Returns:
-        NumPy float32 `(batch, T, T)`, `R = Â_L ... Â_1`; every row sums
-        to 1 when the input rows do.
-    """
-    if not attentions:
-        raise ValueError(
-            "`attentions` must hold at least one layer's weights. "
-            f"Received: attentions={attentions!r}"
-        )
-    rollout = None
-    for weights in attentions:
-        # b - batch, i/j/k - tokens
-        a = np.asarray(weights, "float64").mean(axis=1)  # (b, T, T)
-        if residual:
-            a = 0.5 * a + 0.5 * np.eye(a.shape[-1])[None]
-            a = a / a.sum(axis=-1, keepdims=True)
-        rollout = (
-            a if rollout is None else np.einsum("bij,bjk->bik", a, rollout)
-        )
-    return rollout.astype("float32")
+from examples.common.rollout import attention_rollout
 
 
 def to_grid(values, grid):

@@ -125,6 +125,138 @@ def test_classifier_attention_model_matches_numpy_pooling():
     )
 
 
+def _tiny_transformer(num_layers=2):
+    import keras
+
+    from examples.classify.model import build_classifier
+
+    keras.utils.set_random_seed(3)
+    model, attention_model = build_classifier(
+        30,
+        4,
+        encoder="transformer",
+        max_length=8,
+        hidden_dim=8,
+        num_layers=num_layers,
+        num_heads=2,
+        dropout=0.0,
+    )
+    ids = np.array([[5, 7, 9, 4, 0, 0], [3, 6, 0, 0, 0, 0]], "int32")
+    model(ids)
+    return model, attention_model, ids
+
+
+def test_rollout_into_the_pooling_matches_numpy():
+    """`explain`'s rollout is `w · Â_2 · Â_1` with `Â_l` the heads'
+    mean attention of block `l`, halved and given half the identity
+    (residual), and `w` the pooling weights: recomputed here with NumPy
+    loops from the attention weights of the encoder blocks."""
+    from examples.classify.explain import explain
+    from keras_attention.visualization import collect_attention
+
+    model, attention_model, ids = _tiny_transformer()
+    measures = explain(attention_model, ids)
+    maps = collect_attention(model, ids)
+    blocks = [maps[f"encoder_block_{i}/self_attention"] for i in (0, 1)]
+    probabilities, pooling = (np.asarray(t) for t in attention_model(ids))
+    np.testing.assert_allclose(measures["pooling"], pooling, atol=1e-6)
+    np.testing.assert_allclose(
+        measures["probabilities"], probabilities, atol=1e-6
+    )
+    for b in range(len(ids)):
+        n = int((ids[b] != 0).sum())
+        # R = Â_2 Â_1, so w · R = (w · Â_2) · Â_1: the top block first.
+        flow = pooling[b, :n].astype("float64")
+        for weights in reversed(blocks):
+            a = weights[b, :, :n, :n].astype("float64").mean(axis=0)
+            a_hat = np.zeros((n, n))
+            for i in range(n):
+                row = a[i] / 2
+                row[i] += 0.5
+                a_hat[i] = row / row.sum()
+            flow = np.array(
+                [sum(flow[i] * a_hat[i, j] for i in range(n)) for j in range(n)]
+            )
+        np.testing.assert_allclose(
+            measures["rollout"][b, :n], flow, rtol=1e-5, atol=1e-6
+        )
+        assert np.all(measures["rollout"][b, n:] == 0)
+        assert measures["rollout"][b].sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_rollout_of_uniform_attention_has_a_closed_form():
+    """With the query projections zeroed every block attends uniformly
+    (`U`, 1/n over the n real tokens), `Â = (U + I) / 2` and, U being
+    idempotent, `Â² = (3U + I) / 4`: two blocks give `w / 4 + 3 / (4n)`."""
+    from examples.classify.explain import explain
+
+    model, attention_model, ids = _tiny_transformer()
+    for variable in model.weights:
+        if "/query/" in variable.path:
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+    measures = explain(attention_model, ids)
+    for b in range(len(ids)):
+        n = int((ids[b] != 0).sum())
+        w = measures["pooling"][b, :n]
+        np.testing.assert_allclose(
+            measures["rollout"][b, :n], w / 4 + 3 / (4 * n), atol=1e-6
+        )
+        assert np.all(measures["rollout"][b, n:] == 0)
+    # One block: Â = (U + I) / 2, so w / 2 + 1 / (2n).
+    model, attention_model, ids = _tiny_transformer(num_layers=1)
+    for variable in model.weights:
+        if "/query/" in variable.path:
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+    measures = explain(attention_model, ids)
+    n = int((ids[0] != 0).sum())
+    np.testing.assert_allclose(
+        measures["rollout"][0, :n],
+        measures["pooling"][0, :n] / 2 + 1 / (2 * n),
+        atol=1e-6,
+    )
+
+
+def test_rollout_without_self_attention_is_the_pooling_weights():
+    from examples.classify.explain import explain
+    from examples.classify.model import build_classifier
+
+    _, attention_model = build_classifier(
+        50, 3, encoder="gru", embedding_dim=8, hidden_dim=8
+    )
+    measures = explain(
+        attention_model, np.array([[5, 7, 9, 0], [3, 0, 0, 0]], "int32")
+    )
+    np.testing.assert_array_equal(measures["rollout"], measures["pooling"])
+
+
+def test_explanation_figure_labels_its_axes():
+    # The pooling plots used plot_attention's axis names of a translation,
+    # "generated" and "source".
+    from examples.classify.explain import explanation_figure
+
+    tokens = ["a", "person", "who", "writes", "poems"]
+    pooling = np.array([0.18, 0.22, 0.2, 0.2, 0.2])
+    rollout = np.array([0.05, 0.5, 0.25, 0.1, 0.1])
+    figure = explanation_figure(tokens, pooling, rollout, title="person")
+    top, bottom = figure.axes
+    assert top.get_ylabel() == "pooling weight"
+    assert bottom.get_ylabel() == "attention rollout\ninto the pooling"
+    assert bottom.get_xlabel() == "word pieces of the definition"
+    labels = [a.get_xlabel() + a.get_ylabel() for a in figure.axes]
+    assert not any(
+        word in label
+        for label in labels
+        for word in ("generated", "source", "target")
+    )
+    assert [t.get_text() for t in bottom.get_xticklabels()] == tokens
+    for axis, values in ((top, pooling), (bottom, rollout)):
+        heights = [bar.get_height() for bar in axis.patches]
+        np.testing.assert_allclose(heights, values, rtol=1e-6)
+        # The dashed line: the uniform share.
+        (line,) = axis.get_lines()
+        assert line.get_ydata()[0] == pytest.approx(1 / len(tokens))
+
+
 def test_unknown_encoder_is_rejected():
     from examples.classify.model import build_classifier
 
@@ -205,6 +337,11 @@ def test_quick_run_plots_valid_pngs(quick_run):
     for path, (width, height) in quick_run["plots"]:
         assert _png_size(path) == (width, height)
         assert width > 100 and height > 100
+    # The measures plotted: both distributions over each text's tokens.
+    measures = quick_run["measures"]
+    assert len(quick_run["plotted_texts"]) == 2
+    for name in ("pooling", "rollout"):
+        np.testing.assert_allclose(measures[name].sum(-1), 1.0, atol=1e-5)
 
 
 def test_quick_run_writes_the_attention_explorer(quick_run):
