@@ -12,10 +12,11 @@ each definition, both summing to 1 over the definition:
   self-attention (Abnar & Zuidema, 2020; `examples.common.rollout`)
   carried on into the pooling query: how much of input word piece `t`
   reaches the pooled vector through the attention, the residual
-  connections counted. On the default run it singles out the words of
-  the definition that name its kind ("writer" in "Irish writer and wit",
-  "who" and "emperor" in "French general who became emperor of the
-  French").
+  connections counted. On the default run it singles out the words that
+  name the kind of thing defined: "writer" (0.26; pooling weights
+  0.06-0.10) in "Irish writer and wit (1854-1900)", "aquatic" and
+  "animal" in the Loch Ness monster's definition, which the model calls
+  an animal (its label is `person`).
 
 Gradient x input (`x_t · ∂z/∂x_t` for the embedding `x_t` of a token) is
 not used: in these pre-norm blocks each token's vector is layer-
