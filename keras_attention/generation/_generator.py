@@ -110,6 +110,15 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
     return token_ids, valid
 
 
+def free_id(pad_token_id, stop_token_ids):
+    """`pad_token_id`, or the smallest id that is no stop token when it is
+    one: what the positions still to generate hold."""
+    token = pad_token_id
+    if token in stop_token_ids:
+        token = min(set(range(len(stop_token_ids) + 1)) - set(stop_token_ids))
+    return token
+
+
 class Generator:
     """Base of the generators: a decoder (embedding, blocks, head) run with
     a fixed-size key/value cache and driven by a `keras_hub` sampler.
@@ -351,6 +360,16 @@ class Generator:
     def _generate_step(
         self, sampler, stop_token_ids, token_ids, padding_mask, **inputs
     ):
+        if stop_token_ids is not None:
+            # The samplers stop once every row holds a stop token at a
+            # position it generates: the positions still to generate must
+            # not hold one already (a `pad_token_id` that is also the end
+            # token; anything under an explicit `padding_mask`).
+            token_ids = ops.where(
+                padding_mask,
+                token_ids,
+                free_id(self.pad_token_id, stop_token_ids),
+            )
         hidden, cache = self.build_cache(token_ids, padding_mask, **inputs)
         lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
         index = ops.min(lengths)

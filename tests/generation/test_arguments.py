@@ -334,3 +334,39 @@ def test_plain_callables_are_accepted_as_embedding_and_head():
     np.testing.assert_array_equal(
         to_numpy(plain.generate(prompt)[0]), to_numpy(lm.generate(prompt)[0])
     )
+
+
+def after_first_stop(tokens, prompt_length, stop, pad):
+    """`tokens` (one row, stop tokens not applied) padded after the first
+    stop token generated after the prompt; and the mask."""
+    tokens, mask = np.array(tokens), np.ones(len(tokens), bool)
+    stops = np.flatnonzero(np.isin(tokens[prompt_length:], stop))
+    if stops.size:
+        tokens[prompt_length + stops[0] + 1 :] = pad
+        mask[prompt_length + stops[0] + 1 :] = False
+    return tokens, mask
+
+
+@pytest.mark.parametrize("explicit_mask", [False, True])
+def test_a_stop_token_in_the_padding_does_not_stop_generation(explicit_mask):
+    # The keras_hub samplers stop once every row holds a stop token at a
+    # position it generates: a buffer padded with a stop token (the
+    # pad_token_id, often the end token too; or anything under an explicit
+    # padding_mask) used to stop before the first step, returning the
+    # prompt (found by tests/properties/test_generation_properties.py).
+    pad = 4
+    lm = causal_lm(pad_token_id=pad)
+    prompt = np.array([[1, 3, pad, pad, pad, pad]])
+    full = to_numpy(lm.generate(prompt)[0])[0]
+    assert full[2] != pad  # else the test would prove nothing
+    kwargs = {}
+    if explicit_mask:
+        stop = (9, 5)
+        prompt = np.where(prompt == pad, 9, prompt)
+        kwargs["padding_mask"] = prompt != 9
+    else:
+        stop = (pad, 5)
+    tokens, mask = lm.generate(prompt, stop_token_ids=stop, **kwargs)
+    expected, expected_mask = after_first_stop(full, 2, stop, pad)
+    np.testing.assert_array_equal(to_numpy(tokens)[0], expected)
+    np.testing.assert_array_equal(to_numpy(mask)[0], expected_mask)
