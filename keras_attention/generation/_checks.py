@@ -135,18 +135,23 @@ def _values(name, x):
     return values
 
 
-def _is_integer_dtype(dtype):
+def _dtype_name(dtype):
+    """`dtype` by Keras's name (`"float32"`), or as it is (`<U3`)."""
     try:
-        dtype = keras.backend.standardize_dtype(dtype)
+        return keras.backend.standardize_dtype(dtype)
     except ValueError:  # strings, objects
-        return False
-    return dtype.startswith(("int", "uint"))
+        return str(dtype)
+
+
+def _is_integer_dtype(dtype):
+    return _dtype_name(dtype).startswith(("int", "uint"))
 
 
 def _shown(x, values, dtype):
     """How to show a refused `x` after `name`: an array's values (up to 64
     of them), shape and dtype; a tensor's shape and dtype; anything else
     (a string, None, a number) as it is."""
+    dtype = _dtype_name(dtype)
     if isinstance(x, (np.ndarray, list, tuple)) or ops.is_tensor(x):
         shape = tuple(x.shape) if values is None else values.shape
         if values is not None and values.size <= 64:

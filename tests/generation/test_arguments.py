@@ -370,3 +370,35 @@ def test_a_stop_token_in_the_padding_does_not_stop_generation(explicit_mask):
     expected, expected_mask = after_first_stop(full, 2, stop, pad)
     np.testing.assert_array_equal(to_numpy(tokens)[0], expected)
     np.testing.assert_array_equal(to_numpy(mask)[0], expected_mask)
+
+
+@pytest.mark.tf_only("tf.function: prompts as symbolic tensors")
+def test_symbolic_prompts_are_checked_for_rank_dtype_and_length():
+    # As the language-model export calls it: the batch unknown.
+    import tensorflow as tf
+
+    lm = causal_lm()
+    prompt = np.array([[1, 2, 0, 0], [3, 0, 0, 0]], "int32")
+    eager = [to_numpy(x) for x in lm.generate(prompt, stop_token_ids=(5,))]
+    traced = tf.function(
+        lambda ids: lm.generate(ids, stop_token_ids=(5,)),
+        input_signature=[tf.TensorSpec([None, 4], tf.int32)],
+    )
+    for got, want in zip(traced(prompt), eager):
+        np.testing.assert_array_equal(to_numpy(got), want)
+
+    def trace(spec, **kwargs):
+        return tf.function(
+            lambda ids: lm.generate(ids, **kwargs), input_signature=[spec]
+        ).get_concrete_function()
+
+    unknown_length = tf.TensorSpec([None, None], tf.int32)
+    with pytest.raises(ValueError, match=r"max_length=6"):
+        trace(unknown_length, max_length=6)
+    trace(unknown_length)  # no max_length: the outputs keep the length
+    with pytest.raises(ValueError, match="(?s)`token_ids`.*dtype float32"):
+        trace(tf.TensorSpec([None, 4], tf.float32))
+    with pytest.raises(ValueError, match=r"(?s)`token_ids`.*\(None, 4, 2\)"):
+        trace(tf.TensorSpec([None, 4, 2], tf.int32))
+    with pytest.raises(ValueError, match=r"max_length=3, token_ids.shape"):
+        trace(tf.TensorSpec([None, 4], tf.int32), max_length=3)
