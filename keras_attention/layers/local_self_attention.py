@@ -1,8 +1,9 @@
 import keras
-from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.mods.base import and_masks
+from keras_attention.mods.masks import SlidingWindowMask
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import effective_window
 from keras_attention.ops.local import global_local_attention
@@ -217,83 +218,127 @@ class LocalSelfAttention(SelfAttention):
         cache_update_index=None,
         global_mask=None,
     ):
-        mask = self._padding_mask(inputs, mask)
         if global_mask is not None:
-            return self._call_global(
-                inputs,
-                mask,
-                global_mask,
-                attention_mask,
-                return_attention_scores,
-                training,
-                cache,
-            )
-        if cache is not None:
-            # Decoding: attention over the cache, the window as a mask.
-            window = masks_lib.sliding_window_mask(
-                ops.shape(inputs)[1],
-                self.window_bounds,
-                key_length=ops.shape(cache)[2],
-                offset=0 if cache_update_index is None else cache_update_index,
-            )
-            if attention_mask is not None:
-                self._check_attention_mask(attention_mask, inputs, cache[:, 0])
-            return super().call(
-                inputs,
-                mask=mask,
-                attention_mask=masks_lib.combine_masks(window, attention_mask),
-                return_attention_scores=return_attention_scores,
-                training=training,
-                cache=cache,
-                cache_update_index=cache_update_index,
-            )
-        if attention_mask is not None:
-            self._check_attention_mask(attention_mask, inputs, inputs)
-
-        def dropout_fn(weights):
-            return self._dropout_layer(weights, training=training)
-
-        result = local_attention(
-            self._rotate(self._query_dense(inputs), 0),
-            self._rotate(self._key_dense(inputs), 0),
-            self._value_dense(inputs),
-            self.window_bounds,
-            query_mask=mask,
-            key_mask=mask,
+            for name, value in (
+                ("cache", cache),
+                ("attention_mask", attention_mask),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"`global_mask` cannot be combined with `{name}` "
+                        "(global tokens run on the banded path only). "
+                        f"Received: {name} of shape {tuple(value.shape)!r}"
+                    )
+        return super().call(
+            inputs,
+            mask=mask,
             attention_mask=attention_mask,
-            block_size=self.block_size,
-            dropout_fn=dropout_fn if self.dropout > 0 else None,
-            return_weights=return_attention_scores,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            cache=cache,
+            cache_update_index=cache_update_index,
+            step_inputs={
+                "global_mask": global_mask,
+                "inputs": inputs,
+                "decoding": cache is not None,
+            },
         )
-        if return_attention_scores:
-            result, scores = result
-        if self.use_gate:  # (b, t, h, e) * sigmoid(inputs W_g + b_g)
-            gate = self._gate_dense(inputs)
-            result = ops.multiply(result, ops.cast(gate, result.dtype))
-        output = self._output_dense(result)
-        return (output, scores) if return_attention_scores else output
 
-    def _call_global(
+    def _compute_attention(
         self,
-        inputs,
-        mask,
-        global_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        cache,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+        *,
+        query_mask=None,
+        key_mask=None,
+        query_offset=0,
+        score_mod=None,
+        mask_mod=None,
+        global_mask=None,
+        inputs=None,
+        decoding=False,
     ):
-        """`call` with global tokens (`global_local_attention`)."""
-        for name, value in (
-            ("cache", cache),
-            ("attention_mask", attention_mask),
-        ):
-            if value is not None:
+        """The attention step of `MultiHeadAttention`, on the band: every
+        query attends to its window (`local_attention`), or with global
+        tokens (`global_local_attention`). A step over a cache (decoding:
+        queries and keys of other lengths, or an offset) attends densely
+        with the window as a mask function (`decoding`). Returns banded
+        weights `(b, heads, T, left + right + 1)` (a dict with global
+        tokens).
+
+        `global_mask`, `inputs` (for the global projections) and
+        `decoding` come from `call` through `step_inputs`."""
+        if decoding:
+            window = SlidingWindowMask(self.window_bounds)
+            both = window if mask_mod is None else and_masks(mask_mod, window)
+            return super()._compute_attention(
+                query,
+                key,
+                value,
+                attention_mask=attention_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                use_causal_mask=use_causal_mask,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                query_offset=query_offset,
+                score_mod=score_mod,
+                mask_mod=both,
+            )
+        for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+            if fn is not None:
                 raise ValueError(
-                    f"`global_mask` cannot be combined with `{name}` "
-                    "(global tokens run on the banded path only). "
-                    f"Received: {name} of shape {tuple(value.shape)!r}"
+                    f"`LocalSelfAttention` does not take `{name}` yet (its "
+                    "banded path has no hook for one): use "
+                    "`MultiHeadAttention` with a `SlidingWindowMask` and "
+                    f"`{name}` (the blockwise path skips the tiles outside "
+                    f"the window). Received: {name}={fn!r}"
                 )
+        dropout_fn = self._dropout_fn(training)
+        if global_mask is not None:
+            result = self._global_attention(
+                query,
+                key,
+                value,
+                inputs,
+                global_mask,
+                query_mask,
+                dropout_fn,
+                return_attention_scores,
+            )
+        else:
+            result = local_attention(
+                query,
+                key,
+                value,
+                self.window_bounds,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                block_size=self.block_size,
+                dropout_fn=dropout_fn,
+                return_weights=return_attention_scores,
+            )
+        return result if return_attention_scores else (result, None)
+
+    def _global_attention(
+        self,
+        query,
+        key,
+        value,
+        inputs,
+        global_mask,
+        padding,
+        dropout_fn,
+        return_weights,
+    ):
+        """`global_local_attention`, with Longformer's separate global
+        projections of `inputs` when `global_projections`."""
         globals_ = {}
         if self.global_projections:
             globals_ = dict(
@@ -301,32 +346,21 @@ class LocalSelfAttention(SelfAttention):
                 global_key=self._rotate(self._key_global_dense(inputs), 0),
                 global_value=self._value_global_dense(inputs),
             )
-
-        def dropout_fn(weights):
-            return self._dropout_layer(weights, training=training)
-
-        result = global_local_attention(
-            self._rotate(self._query_dense(inputs), 0),
-            self._rotate(self._key_dense(inputs), 0),
-            self._value_dense(inputs),
+        return global_local_attention(
+            query,
+            key,
+            value,
             self.window_bounds,
             global_mask,
             causal=self.causal,
-            query_mask=mask,
-            key_mask=mask,
+            query_mask=padding,
+            key_mask=padding,
             max_global=self.max_global_tokens,
             block_size=self.block_size,
-            dropout_fn=dropout_fn if self.dropout > 0 else None,
-            return_weights=return_attention_scores,
+            dropout_fn=dropout_fn,
+            return_weights=return_weights,
             **globals_,
         )
-        if return_attention_scores:
-            result, scores = result
-        if self.use_gate:
-            gate = self._gate_dense(inputs)
-            result = ops.multiply(result, ops.cast(gate, result.dtype))
-        output = self._output_dense(result)
-        return (output, scores) if return_attention_scores else output
 
     def compute_output_spec(
         self,

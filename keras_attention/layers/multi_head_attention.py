@@ -1,8 +1,12 @@
+import inspect
+
 import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.mods import base as mods_base
+from keras_attention.mods.masks import KerasSlidingWindowMask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.local import local_attention
@@ -276,6 +280,8 @@ class MultiHeadAttention(keras.layers.Layer):
         *,
         num_key_value_heads=None,
         rotary_max_wavelength=None,
+        score_mod=None,
+        mask_mod=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -359,6 +365,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self._dropout_layer = keras.layers.Dropout(
             rate=dropout, seed=self.seed, dtype=self.dtype_policy
         )
+        self.score_mod = mods_base.check_mod(score_mod, "score_mod")
+        self.mask_mod = mods_base.check_mod(mask_mod, "mask_mod")
 
     @property
     def output_dim(self):
@@ -504,6 +512,9 @@ class MultiHeadAttention(keras.layers.Layer):
             **self._sublayer_kwargs(),
         )
         self._output_dense.build((q3[0], q3[1], self.num_heads, self.value_dim))
+        if isinstance(self.score_mod, keras.layers.Layer):
+            if not self.score_mod.built:
+                self.score_mod.build(self.num_heads)
         self.built = True
 
     # Projections and the attention core, usable on their own (blocks,
@@ -577,22 +588,22 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         query_offset=0,
     ):
-        """The masks as `dot_product_attention` keyword arguments.
+        """The masks as `_compute_attention` keyword arguments.
 
-        Causal and padding masks stay structural (`is_causal`,
-        `key_padding`, `query_padding`) so that the memory-efficient path
-        never builds a `(Tq, Tk)` mask; only `attention_mask` is dense.
+        Causal and padding masks stay structural (`use_causal_mask`,
+        `key_mask`, `query_mask`) so that the memory-efficient path never
+        builds a `(Tq, Tk)` mask; only `attention_mask` is dense.
         """
         mask = None
         if attention_mask is not None:
             self._check_attention_mask(attention_mask, query, key)
             mask = as_4d_mask(attention_mask)
         return dict(
-            mask=mask,
-            is_causal=bool(use_causal_mask),
-            causal_offset=query_offset,
-            key_padding=masks_lib.combine_masks(value_mask, key_mask),
-            query_padding=masks_lib.combine_masks(query_mask),
+            attention_mask=mask,
+            use_causal_mask=bool(use_causal_mask),
+            query_offset=query_offset,
+            key_mask=masks_lib.combine_masks(value_mask, key_mask),
+            query_mask=masks_lib.combine_masks(query_mask),
         )
 
     def _implementation(self):
@@ -610,33 +621,123 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         return None
 
-    def _attend(
-        self, query, key, value, mask, return_scores, training, **masks
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+        *,
+        query_mask=None,
+        key_mask=None,
+        query_offset=0,
+        score_mod=None,
+        mask_mod=None,
     ):
-        """Core on projected `(b, T, heads, dim)` tensors.
+        """The attention step on projected heads: the one place a subclass
+        changes how attention is computed (projections, rotary positions,
+        the gate and the output projection stay in `call`).
 
-        `masks`: optional structural masks (`is_causal`, `causal_offset`,
-        `key_padding`, `query_padding`) of `dot_product_attention`.
+        Keras's `MultiHeadAttention._compute_attention` semantics, so
+        subclasses written for Keras's layer port over; the keyword-only
+        arguments carry what this library keeps structural (never a dense
+        `(Tq, Tk)` mask). An override that does not take them (Keras's
+        signature) gets them folded into `attention_mask` by `call`.
+
+        Args:
+            query: projected queries `(b, Tq, heads, key_dim)`.
+            key: projected keys `(b, Tk, kv_heads, key_dim)`.
+            value: projected values `(b, Tk, kv_heads, value_dim)`.
+            attention_mask: optional bool, `(b, Tq, Tk)` or
+                `(b|1, heads|1, Tq, Tk)`; True = may attend.
+            training: Python bool (dropout on the weights).
+            return_attention_scores: also compute the weights.
+            use_causal_mask: query `i` sees keys `j <= i + query_offset`.
+            query_mask: optional bool `(b, Tq)`: padded queries give 0.
+            key_mask: optional bool `(b, Tk)`: padded keys are not seen.
+            query_offset: position of the first query (a cache offset).
+            score_mod, mask_mod: bound score and mask functions (see
+                `keras_attention.ops.dot_product_attention`).
+
+        Returns:
+            `(attention_output, attention_scores)`: `(b, Tq, heads,
+            value_dim)` and the weights `(b, heads, Tq, Tk)` (None unless
+            `return_attention_scores`).
         """
+        if return_attention_scores and self._flash_attention:
+            raise ValueError(_FLASH_SCORES_ERROR)
         dropout_fn = self._dropout_fn(training)
         implementation = self._implementation()
-        if return_scores or dropout_fn is not None:
+        if return_attention_scores or dropout_fn is not None:
             implementation = "dense"
-        return dot_product_attention(
+        if implementation in ("fused", "blockwise") and score_mod is not None:
+            implementation = None if implementation == "fused" else "blockwise"
+        result = dot_product_attention(
             query,
             key,
             value,
-            mask=mask,
+            attention_mask=attention_mask,
             dropout_fn=dropout_fn,
-            return_weights=return_scores,
+            return_weights=return_attention_scores,
             implementation=implementation,
-            **masks,
+            causal=use_causal_mask,
+            query_offset=query_offset,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
         )
+        if return_attention_scores:
+            return result
+        return result, None
+
+    def _attention_step(self, q, k, v, return_scores, training, **kwargs):
+        """Calls `_compute_attention`, or a Keras-style override of it
+        (without the structural keyword arguments) with every mask folded
+        into a dense `attention_mask`."""
+        step = self._compute_attention
+        if _takes_structure(type(self)._compute_attention):
+            return step(
+                q,
+                k,
+                v,
+                training=training,
+                return_attention_scores=return_scores,
+                **kwargs,
+            )
+        if kwargs.get("score_mod") is not None:
+            raise ValueError(
+                f"{type(self).__name__}._compute_attention does not take "
+                "`score_mod` (Keras's signature), so the layer's score "
+                "function cannot reach it. Accept keyword arguments "
+                "(`**kwargs`) and pass them on to "
+                "`super()._compute_attention`."
+            )
+        mask = _fold_masks(q, k, **kwargs)
+        params = inspect.signature(step).parameters
+        extra = {}
+        if "return_attention_scores" in params:
+            extra["return_attention_scores"] = return_scores
+        else:  # Keras's GroupedQueryAttention reads the attribute.
+            self._return_attention_scores = return_scores
+        return step(q, k, v, attention_mask=mask, training=training, **extra)
 
     def _use_local_path(self, q, k, query, key, return_scores, cache):
-        """Whether `sliding_window` can run banded (`local_attention`)."""
+        """Whether `sliding_window` can run banded (`local_attention`):
+        not with score or mask functions (the blockwise path skips the
+        tiles outside the window then)."""
         if self.sliding_window is None or return_scores or cache is not None:
             return False
+        if self.score_mod is not None or self.mask_mod is not None:
+            return False
+        if (
+            type(self)._compute_attention
+            is not MultiHeadAttention._compute_attention
+        ):
+            return False  # An overridden attention step runs on every call.
         if self._flash_attention is False:
             return False
         tq, tk = q.shape[1], k.shape[1]
@@ -664,6 +765,8 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         cache=None,
         cache_update_index=None,
+        mod_inputs=None,
+        step_inputs=None,
     ):
         key = value if key is None else key
         if value is not None and (
@@ -697,11 +800,26 @@ class MultiHeadAttention(keras.layers.Layer):
                 use_causal_mask,
                 cache,
                 cache_update_index,
+                mod_inputs=mod_inputs,
+                step_inputs=step_inputs,
             )
         if cache is not None:
             raise ValueError(
                 "A key/value `cache` needs inputs of shape (batch, steps, "
                 f"features). Received: query.shape={tuple(query.shape)!r}"
+            )
+        if step_inputs:
+            raise ValueError(
+                "`step_inputs` need inputs of shape (batch, steps, "
+                f"features). Received: query.shape={tuple(query.shape)!r}"
+            )
+        if self.score_mod is not None or self.mask_mod is not None:
+            raise ValueError(
+                "`score_mod` and `mask_mod` need inputs of shape (batch, "
+                "steps, features): their positions are those of one sequence "
+                "axis. Received: "
+                f"query.shape={tuple(query.shape)!r}, "
+                f"attention_axes={self.attention_axes!r}"
             )
         return self._call_high_rank(
             query,
@@ -730,8 +848,14 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask,
         cache,
         cache_update_index,
+        mod_inputs=None,
+        step_inputs=None,
     ):
-        """Attention on `(b, T, features)` inputs (the rank-3 core)."""
+        """Attention on `(b, T, features)` inputs (the rank-3 core).
+
+        `step_inputs`: extra keyword arguments of this call for an
+        overridden `_compute_attention` (a subclass's own inputs, such as
+        `LocalSelfAttention`'s global tokens)."""
         offset = 0 if cache_update_index is None else cache_update_index
         gate = self._gate_dense(query) if self.use_gate else None
         q = self._rotate(self._query_dense(query), offset)
@@ -776,18 +900,28 @@ class MultiHeadAttention(keras.layers.Layer):
                 use_causal_mask=use_causal_mask,
                 query_offset=offset,
             )
-            mask = masks.pop("mask")
-            if self.sliding_window is not None:
-                window = masks_lib.sliding_window_mask(
-                    ops.shape(query)[1],
-                    self.sliding_window - 1,
-                    key_length=ops.shape(k)[1],
-                    offset=offset,
-                )
-                mask = masks_lib.combine_masks(mask, window[:, None])
-            result = self._attend(
-                q, k, v, mask, return_attention_scores, training, **masks
+            score_mod, mask_mod = mods_base.bind_all(
+                self.score_mod, self.mask_mod, mod_inputs
             )
+            if self.sliding_window is not None:
+                window = KerasSlidingWindowMask(self.sliding_window)
+                mask_mod = (
+                    mods_base.and_masks(mask_mod, window)
+                    if mask_mod
+                    else window
+                )
+            result = self._attention_step(
+                q,
+                k,
+                v,
+                return_attention_scores,
+                training,
+                score_mod=score_mod,
+                mask_mod=mask_mod,
+                **masks,
+                **(step_inputs or {}),
+            )
+            result = result if return_attention_scores else result[0]
         if return_attention_scores:
             result, scores = result
         if gate is not None:
@@ -1014,4 +1148,65 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rotary_max_wavelength": self.rotary_max_wavelength,
             }
         )
+        for name in ("score_mod", "mask_mod"):
+            fn = getattr(self, name)
+            if fn is not None:  # Keras's own config keys otherwise.
+                config[name] = mods_base.serialize(fn, name, self.name)
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for name in ("score_mod", "mask_mod"):
+            if config.get(name) is not None:
+                config[name] = mods_base.deserialize(config[name])
+        return cls(**config)
+
+
+def _takes_structure(method):
+    """Whether a `_compute_attention` takes this library's structural
+    keyword arguments (ours does; a Keras-style override may not)."""
+    params = inspect.signature(method).parameters.values()
+    names = {p.name for p in params}
+    return (
+        any(p.kind is p.VAR_KEYWORD for p in params)
+        or {
+            "query_mask",
+            "key_mask",
+            "mask_mod",
+        }
+        <= names
+    )
+
+
+def _fold_masks(
+    q,
+    k,
+    attention_mask=None,
+    use_causal_mask=False,
+    query_offset=0,
+    query_mask=None,
+    key_mask=None,
+    score_mod=None,
+    mask_mod=None,
+):
+    """Every mask of a call as one dense bool `(b|1, h|1, Tq, Tk)` (None
+    when nothing masks): for `_compute_attention` overrides with Keras's
+    signature, which take `attention_mask` only."""
+    from keras_attention.ops import scoring
+
+    tq, tk = ops.shape(q)[1], ops.shape(k)[1]
+    grid = scoring.Grid.dense(
+        ops.shape(q)[0], q.shape[2], tq, tk, q_offset=query_offset
+    )
+    causal = None
+    if use_causal_mask:
+        causal = scoring.causal(grid.q_idx, grid.kv_idx)
+    if key_mask is not None:
+        key_mask = ops.cast(key_mask, "bool")[:, None, None, :]
+    if query_mask is not None:
+        query_mask = ops.cast(query_mask, "bool")[:, None, :, None]
+    mod = None if mask_mod is None else scoring.evaluate_mask(mask_mod, grid)
+    return scoring.combine(
+        as_4d_mask(attention_mask), causal, key_mask, query_mask, mod
+    )

@@ -78,6 +78,8 @@ class SelfAttention(MultiHeadAttention):
         training=None,
         cache=None,
         cache_update_index=None,
+        mod_inputs=None,
+        step_inputs=None,
     ):
         mask = self._padding_mask(inputs, mask)
         return super().call(
@@ -91,6 +93,8 @@ class SelfAttention(MultiHeadAttention):
             use_causal_mask=self.causal,
             cache=cache,
             cache_update_index=cache_update_index,
+            mod_inputs=mod_inputs,
+            step_inputs=step_inputs,
         )
 
     def _padding_mask(self, inputs, mask):

@@ -16,9 +16,25 @@ function for one call. A score object with weights (a learned bias) is a
 saves its weights.
 """
 
+import contextlib
+
 import keras
 
+try:  # Keras >= 3.0: the scope layers use for mixed precision.
+    from keras.src.backend.common.variables import AutocastScope
+except ImportError:  # pragma: no cover
+    AutocastScope = None
+
 _PACKAGE = "keras_attention"
+
+
+def _full_precision_variables():
+    """Variables read at their own dtype (float32), not autocast to the
+    attention layer's compute dtype: scores are float32 under every
+    policy, so a learned bias must be too."""
+    if AutocastScope is None:  # pragma: no cover
+        return contextlib.nullcontext()
+    return AutocastScope(None)
 
 
 class _Bindable:
@@ -120,7 +136,8 @@ class ScoreLayer(keras.layers.Layer, _Bindable):
     def __call__(self, score, batch, head, q_idx, kv_idx):
         # Not Layer.__call__: scores and index grids are no layer inputs
         # (no masks, no autocasting of the int indices).
-        return self.score_fn(score, batch, head, q_idx, kv_idx)
+        with _full_precision_variables():
+            return self.score_fn(score, batch, head, q_idx, kv_idx)
 
     def get_config(self):
         return keras.layers.Layer.get_config(self)
@@ -294,3 +311,26 @@ def bind(obj, inputs, argument):
             f"inputs. Received: mod_inputs keys={sorted(inputs)!r}"
         )
     return obj
+
+
+def bind_all(score_mod, mask_mod, mod_inputs):
+    """`(score_mod, mask_mod)` bound for one call: `mod_inputs` (a dict or
+    None) split by the names each declares in `inputs`; a name neither
+    uses is refused (it would be silently ignored)."""
+    mod_inputs = dict(mod_inputs or {})
+    used = set()
+    bound = []
+    for obj, argument in ((score_mod, "score_mod"), (mask_mod, "mask_mod")):
+        names = tuple(getattr(obj, "inputs", ()) or ())
+        used.update(names)
+        mine = {n: mod_inputs[n] for n in names if n in mod_inputs}
+        bound.append(bind(obj, mine, argument))
+    unused = sorted(set(mod_inputs) - used)
+    if unused:
+        raise ValueError(
+            f"`mod_inputs` has entries no score or mask function of the layer "
+            f"uses: {unused!r} (score_mod={score_mod!r}, "
+            f"mask_mod={mask_mod!r}). Received: mod_inputs keys="
+            f"{sorted(mod_inputs)!r}"
+        )
+    return tuple(bound)

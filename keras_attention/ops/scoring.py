@@ -87,8 +87,16 @@ def causal(q_idx, kv_idx):
 
 def in_window(q_idx, kv_idx, left, right):
     """The window rule of local attention: `q_idx - left <= kv_idx <=
-    q_idx + right` (`left`/`right` keys before/after the query)."""
-    return (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
+    q_idx + right` (`left`/`right` keys before/after the query).
+
+    Written on differences of positions, with `left`/`right` capped at
+    the int32 range: a window wider than any sequence (`10**12`) cannot
+    overflow int32 indices."""
+    left, right = min(int(left), _INT32_MAX), min(int(right), _INT32_MAX)
+    return (q_idx - kv_idx <= left) & (kv_idx - q_idx <= right)
+
+
+_INT32_MAX = 2**31 - 1
 
 
 # Index grids ------------------------------------------------------------

@@ -27,33 +27,37 @@ K = RNG.normal(size=(B, T, G, D)).astype("float32")
 V = RNG.normal(size=(B, T, G, D)).astype("float32")
 SEGMENTS = np.array([[0] * 13 + [1] * 20 + [2] * 7, [0] * 30 + [1] * 10])
 PREFIX = np.array([5, 17])
-I = np.arange(T)[:, None]
-J = np.arange(T)[None, :]
+QI = np.arange(T)[:, None]
+KJ = np.arange(T)[None, :]
 SLOPES = np.array([0.05, 0.1, 0.2, 0.4], "float32")
 
 # name -> (mask object, call-time inputs, NumPy mask (B|1, H|1, T, T))
 MASKS = {
-    "causal": (mods.CausalMask(), {}, (J <= I)[None, None]),
+    "causal": (mods.CausalMask(), {}, (KJ <= QI)[None, None]),
     "window": (
         mods.SlidingWindowMask((5, 2)),
         {},
-        ((J >= I - 5) & (J <= I + 2))[None, None],
+        ((KJ >= QI - 5) & (KJ <= QI + 2))[None, None],
     ),
     "keras_window": (
         mods.KerasSlidingWindowMask(4),
         {},
-        (np.abs(I - J) < 4)[None, None],
+        (np.abs(QI - KJ) < 4)[None, None],
     ),
     "chunked": (
         mods.ChunkedCausalMask(8),
         {},
-        ((J <= I) & (I // 8 == J // 8))[None, None],
+        ((KJ <= QI) & (QI // 8 == KJ // 8))[None, None],
     ),
-    "prefix_lm": (mods.PrefixLMMask(6), {}, ((J <= I) | (J < 6))[None, None]),
+    "prefix_lm": (
+        mods.PrefixLMMask(6),
+        {},
+        ((KJ <= QI) | (KJ < 6))[None, None],
+    ),
     "prefix_lm_per_example": (
         mods.PrefixLMMask(),
         {"prefix_length": PREFIX},
-        ((J <= I)[None] | (J[None] < PREFIX[:, None, None]))[:, None],
+        ((KJ <= QI)[None] | (KJ[None] < PREFIX[:, None, None]))[:, None],
     ),
     "document": (
         mods.DocumentMask(),
@@ -63,14 +67,14 @@ MASKS = {
     "causal_documents": (
         mods.and_masks(mods.CausalMask(), mods.DocumentMask()),
         {"segment_ids": SEGMENTS},
-        ((J <= I)[None] & (SEGMENTS[:, :, None] == SEGMENTS[:, None, :]))[
+        ((KJ <= QI)[None] & (SEGMENTS[:, :, None] == SEGMENTS[:, None, :]))[
             :, None
         ],
     ),
     "window_or_first": (
         mods.or_masks(mods.SlidingWindowMask(2), lambda b, h, q, kv: kv < 1),
         {},
-        ((np.abs(I - J) <= 2) | (J < 1))[None, None],
+        ((np.abs(QI - KJ) <= 2) | (KJ < 1))[None, None],
     ),
 }
 
@@ -96,7 +100,7 @@ def distance_bias(score, batch, head, q_idx, kv_idx):
     )
 
 
-NP_BIAS = -SLOPES[None, :, None, None] * np.abs(I - J)[None, None]
+NP_BIAS = -SLOPES[None, :, None, None] * np.abs(QI - KJ)[None, None]
 
 
 class LearnedDistanceBias(mods.ScoreLayer):
