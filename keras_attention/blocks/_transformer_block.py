@@ -18,6 +18,7 @@ import keras
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.mods import base as mods_base
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -52,6 +53,11 @@ class TransformerBlock(keras.layers.Layer):
         bias_initializer: initializer of all dense biases.
         window_size: optional int or pair `(left, right)`: local
             self-attention (`LocalSelfAttention`); None: full attention.
+        score_mod: optional score object or function of the
+            self-attention (`keras_attention.mods`; see the guide
+            "Programmable attention"); not with `window_size`.
+        mask_mod: optional mask object or function of the self-attention,
+            and-ed with its other masks; not with `window_size`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -71,9 +77,19 @@ class TransformerBlock(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         window_size=None,
+        score_mod=None,
+        mask_mod=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # Not tracked by the block itself (a ScoreLayer's weights belong to
+        # the self-attention layer that uses it, once).
+        object.__setattr__(
+            self, "score_mod", mods_base.check_mod(score_mod, "score_mod")
+        )
+        object.__setattr__(
+            self, "mask_mod", mods_base.check_mod(mask_mod, "mask_mod")
+        )
         if window_size is not None:
             window_size = validation.check_window_size(
                 "window_size", window_size
@@ -155,6 +171,8 @@ class TransformerBlock(keras.layers.Layer):
         """Arguments shared by every self-attention variant of the block."""
         return dict(
             rotary_max_wavelength=self.rotary_max_wavelength,
+            score_mod=self.score_mod,
+            mask_mod=self.mask_mod,
             **self._attention_kwargs(hidden_dim, "self_attention"),
         )
 
@@ -293,7 +311,19 @@ class TransformerBlock(keras.layers.Layer):
                 ),
             }
         )
+        for name in ("score_mod", "mask_mod"):
+            fn = getattr(self, name)
+            if fn is not None:
+                config[name] = mods_base.serialize(fn, name, self.name)
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for name in ("score_mod", "mask_mod"):
+            if config.get(name) is not None:
+                config[name] = mods_base.deserialize(config[name])
+        return cls(**config)
 
 
 def _check_head_shape(num_heads, key_dim, num_key_value_heads):

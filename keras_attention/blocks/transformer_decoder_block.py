@@ -207,6 +207,7 @@ class TransformerDecoderBlock(TransformerBlock):
         mask=None,
         inputs_mask=None,
         context_mask=None,
+        mod_inputs=None,
     ):
         self._check_context(context, cross_attention_cache)
         padding_mask = keras_utils.first_not_none(
@@ -230,6 +231,7 @@ class TransformerDecoderBlock(TransformerBlock):
             return_attention_scores=return_attention_scores,
             cache=self_attention_cache,
             cache_update_index=self_attention_cache_update_index,
+            **({} if mod_inputs is None else {"mod_inputs": mod_inputs}),
         )
         cross_extra = ()
         if self.cross_attention:

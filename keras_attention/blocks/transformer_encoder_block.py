@@ -159,11 +159,14 @@ class TransformerEncoderBlock(TransformerBlock):
         mask=None,
         inputs_mask=None,
         global_mask=None,
+        mod_inputs=None,
     ):
         padding_mask = keras_utils.first_not_none(
             padding_mask, inputs_mask, mask
         )
         extra_kwargs = {}
+        if mod_inputs is not None:
+            extra_kwargs["mod_inputs"] = mod_inputs
         if global_mask is not None:
             if self.window_size is None:
                 raise ValueError(

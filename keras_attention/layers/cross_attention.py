@@ -70,6 +70,7 @@ class CrossAttention(MultiHeadAttention):
         return_attention_scores=False,
         training=None,
         cache=None,
+        mod_inputs=None,
     ):
         # Keras fills `query_mask`/`context_mask` from the inputs' Keras
         # masks only when they are passed as tensors to `__call__`; read
@@ -100,6 +101,7 @@ class CrossAttention(MultiHeadAttention):
             return_attention_scores=return_attention_scores,
             training=training,
             cache=cache,
+            mod_inputs=mod_inputs,
         )
 
     def compute_output_spec(

@@ -217,6 +217,7 @@ class LocalSelfAttention(SelfAttention):
         cache=None,
         cache_update_index=None,
         global_mask=None,
+        mod_inputs=None,
     ):
         if global_mask is not None:
             for name, value in (
@@ -237,6 +238,7 @@ class LocalSelfAttention(SelfAttention):
             training=training,
             cache=cache,
             cache_update_index=cache_update_index,
+            mod_inputs=mod_inputs,
             step_inputs={
                 "global_mask": global_mask,
                 "inputs": inputs,

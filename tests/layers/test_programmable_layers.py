@@ -343,3 +343,41 @@ def test_an_override_sees_every_mask_and_changes_the_result():
     assert np.all(np_(weights)[~np.broadcast_to(allowed, weights.shape)] == 0)
     with pytest.raises(ValueError, match="score_mod"):
         Sharper(2, 4, score_mod=HeadDistanceBias())(X, X)
+
+
+def test_blocks_pass_objects_and_call_time_inputs_to_their_self_attention():
+    from keras_attention import blocks
+
+    ids = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]], "int32")
+    dense = ids[:, :, None] == ids[:, None, :]
+    for cls, extra in (
+        (blocks.TransformerEncoderBlock, {}),
+        (blocks.TransformerDecoderBlock, {"cross_attention": False}),
+    ):
+        block = cls(2, 16, mask_mod=mods.DocumentMask(), **extra)
+        plain = cls(2, 16, **extra)
+        kwargs = {}
+        got = block(X, mod_inputs={"segment_ids": ids}, **kwargs)
+        plain(X)
+        plain.set_weights(block.get_weights())
+        want = plain(X, attention_mask=dense)
+        np.testing.assert_allclose(np_(got), np_(want), atol=1e-5)
+        again = cls.from_config(block.get_config())
+        assert again.mask_mod == block.mask_mod
+
+
+def test_harness_on_a_block_with_a_score_layer():
+    from keras_attention import blocks
+
+    run_layer_test(
+        blocks.TransformerEncoderBlock,
+        dict(
+            num_heads=2,
+            intermediate_dim=16,
+            score_mod=HeadDistanceBias(),
+            mask_mod=mods.ChunkedCausalMask(3),
+        ),
+        dict(inputs=X),
+        expected_output_shape=(B, T, F),
+        expected_num_trainable_weights=17,
+    )
