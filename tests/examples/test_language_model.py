@@ -237,6 +237,7 @@ def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
         steps_per_epoch=500,
         epochs=1,
         verbose=0,
+        shuffle=False,  # the pipeline shuffles (Keras would warn)
     )
     held_out = lm_data.char_windows(
         val.concatenate(test), tokenizer, GENERATION_LENGTH
