@@ -246,6 +246,7 @@ def dot_product_attention(
             value,
             score_mod=score_mod,
             mask_mod=mask_mod,
+            **_OPTIONS[-1],
             **structural,
         )
     # Causal alone with offset >= 0: every query sees key 0, no empty row.
@@ -353,6 +354,8 @@ def _dense(
 
 IMPLEMENTATIONS = ("dense", "blockwise", "fused")
 _FORCED = [None]
+# Tuning options of the blockwise path forced by `implementation_scope`.
+_OPTIONS = [{}]
 # Below this many (query, key) pairs the dense path is as fast (one tile).
 _BLOCKWISE_MIN_PAIRS = 128 * 256
 # Blockwise tiles (`_blockwise_tiles`): every key in one tile up to this
@@ -365,19 +368,36 @@ _SPARSE_KEY_BLOCK = 512
 
 
 @contextlib.contextmanager
-def implementation_scope(name):
+def implementation_scope(name, **options):
     """Forces the implementation of `dot_product_attention` (for tests and
-    benchmarks): "dense", "blockwise", "fused" or None (automatic)."""
+    benchmarks): "dense", "blockwise", "fused" or None (automatic).
+
+    `options` tune the blockwise path (results do not depend on them):
+    `query_block`, `key_block` (tile sizes) and `keep_probabilities`
+    (reuse the forward's probabilities in the backward pass, or
+    recompute them).
+    """
     if name is not None and name not in IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
             f"Received: implementation={name!r}"
         )
+    unknown = sorted(set(options) - set(_BLOCKWISE_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"implementation_scope() options must be among "
+            f"{_BLOCKWISE_OPTIONS}. Received: {unknown!r}"
+        )
     _FORCED.append(name)
+    _OPTIONS.append(options)
     try:
         yield
     finally:
         _FORCED.pop()
+        _OPTIONS.pop()
+
+
+_BLOCKWISE_OPTIONS = ("query_block", "key_block", "keep_probabilities")
 
 
 def memory_efficient_implementation():

@@ -34,12 +34,13 @@ from keras_attention.utils import keras_utils
 _CHUNK_ELEMENTS = 2**24
 
 
-def _chunks(n, per_block):
+def _chunks(n, per_block, chunk_blocks=None):
     """Static `[n0, n1)` ranges of blocks computed together (one range
-    when the number of blocks `n` is not static)."""
+    when the number of blocks `n` is not static): `chunk_blocks` blocks,
+    or as many as fit in `_CHUNK_ELEMENTS` band elements."""
     if not isinstance(n, int):
         return [(None, None)]
-    size = max(1, _CHUNK_ELEMENTS // max(1, per_block))
+    size = chunk_blocks or max(1, _CHUNK_ELEMENTS // max(1, per_block))
     return [(n0, min(n, n0 + size)) for n0 in range(0, n, size)]
 
 
@@ -86,7 +87,7 @@ def _rows_where(valid, x):
     return ops.reshape(x5, (-1, g, rows, last))
 
 
-def window_attention(q, k, v, mask, blocks=None):
+def window_attention(q, k, v, mask, blocks=None, chunk_blocks=None):
     """`softmax(q k^T, masked) v` per query block on its key window.
 
     Args:
@@ -97,6 +98,8 @@ def window_attention(q, k, v, mask, blocks=None):
             the full `b * n` (no broadcasting over blocks).
         blocks: the number of blocks per batch element `n` when static
             (then the blocks are computed in chunks), else None.
+        chunk_blocks: blocks per chunk (None: as many as fit in
+            `_CHUNK_ELEMENTS` band elements); results do not depend on it.
 
     Returns:
         `(z, g, r B, e)` in the value's dtype; queries with nothing to
@@ -104,7 +107,7 @@ def window_attention(q, k, v, mask, blocks=None):
     """
     g, rows, width = q.shape[1], q.shape[2], k.shape[2]
     n = blocks
-    chunks = _chunks(n, g * rows * width)
+    chunks = _chunks(n, g * rows * width, chunk_blocks)
 
     def forward(q, k, v, aux):
         (mask,) = aux

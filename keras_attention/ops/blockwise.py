@@ -87,6 +87,7 @@ class _Plan:
         heads=1,
         mask_mod=None,
         score_fn=None,
+        keep_probabilities=None,
     ):
         self.tq, self.tk = tq, tk
         self.query_block, self.key_block = query_block, key_block
@@ -146,9 +147,9 @@ class _Plan:
             for i0, i1, chunks in self.rows
             if len(chunks) == 1
         )
-        self.keep_probabilities = score_fn is None and keeps_probabilities(
-            kept, heads
-        )
+        if keep_probabilities is None:
+            keep_probabilities = keeps_probabilities(kept, heads)
+        self.keep_probabilities = score_fn is None and keep_probabilities
 
 
 def _grid(plan, aux, batch, i0, i1, j0, j1):
@@ -529,6 +530,7 @@ def blockwise_attention(
     key_block=1024,
     score_mod=None,
     mask_mod=None,
+    keep_probabilities=None,
 ):
     """Exact attention in O(T * tile) memory, forward and backward.
 
@@ -552,6 +554,10 @@ def blockwise_attention(
             gradients (passed to the backward pass explicitly).
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx)`; tiles a
             static one masks entirely are skipped.
+        keep_probabilities: whether the backward pass reuses the forward's
+            probabilities of one-tile rows (True) or recomputes them
+            (False); None: `keeps_probabilities` decides (small problems
+            keep them). Results do not depend on it.
 
     Returns:
         `(b, i, h, e)` in the query's dtype.
@@ -571,6 +577,7 @@ def blockwise_attention(
         heads=h,
         mask_mod=mask_mod,
         score_fn=score_fn,
+        keep_probabilities=keep_probabilities,
     )
     if mask is not None:
         mask = ops.cast(mask, "bool")

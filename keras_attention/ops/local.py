@@ -352,6 +352,7 @@ def local_attention(
     scale=None,
     dropout_fn=None,
     return_weights=False,
+    chunk_blocks=None,
 ):
     """Sliding-window softmax(q k^T * scale) v in `O(T * window)`.
 
@@ -379,6 +380,9 @@ def local_attention(
             (given as `(b * n, g, r * B, W)`: blocks folded into the batch).
         return_weights: also return the banded weights `(b, h, t, L+R+1)`,
             `L`, `R` capped at `t` (`effective_window`).
+        chunk_blocks: query blocks computed together (memory vs. speed;
+            None: as many as fit in a fixed budget); results do not
+            depend on it.
 
     Returns:
         `(b, t, h, e)` in the query's dtype, and the banded weights (value
@@ -409,7 +413,9 @@ def local_attention(
     )
     if dropout_fn is None and not return_weights:
         blocks = geo.n if isinstance(geo.n, int) else None
-        out = window_attention(q, k, v, mask, blocks=blocks)
+        out = window_attention(
+            q, k, v, mask, blocks=blocks, chunk_blocks=chunk_blocks
+        )
         return _unblock(geo, out, query.dtype)
     weights = masked_softmax(_window_scores(geo, q, k), mask)  # float32
     weights = ops.reshape(

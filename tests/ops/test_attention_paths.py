@@ -28,16 +28,23 @@ def np_(x):
 
 
 @pytest.fixture
-def use_path(monkeypatch):
-    """`use_path(path)` -> the `implementation` name to pass."""
+def use_path():
+    """`use_path(path)` -> the `implementation` name to pass (the
+    recomputing blockwise path is forced by an `implementation_scope`
+    option for the rest of the test)."""
+    scopes = []
 
     def use(path):
         if path == "blockwise-recompute":
-            monkeypatch.setattr(blockwise, "_KEEP_ELEMENTS", 0)
+            scope = implementation_scope(None, keep_probabilities=False)
+            scope.__enter__()
+            scopes.append(scope)
             return "blockwise"
         return path
 
-    return use
+    yield use
+    for scope in scopes:
+        scope.__exit__(None, None, None)
 
 
 def np_attention(q, k, v, mask):
@@ -198,14 +205,10 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(
 )
 @pytest.mark.parametrize("offset_kind", ["int", "tensor"])
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
-def test_blockwise_tiles_and_online_softmax(
-    blocks, offset_kind, keep, monkeypatch
-):
+def test_blockwise_tiles_and_online_softmax(blocks, offset_kind, keep):
     """Several key tiles per row (online softmax), ragged last tiles, causal
     offsets known statically (tiles skipped) or only at run time; one-tile
     rows' probabilities kept for the backward pass or recomputed."""
-    if not keep:
-        monkeypatch.setattr(blockwise, "_KEEP_ELEMENTS", 0)
     q, k, v = inputs(tq=19, tk=23)
     kwargs, dense = structural_masks(2, 19, 23, 4, True)
     if offset_kind == "tensor":
@@ -215,7 +218,13 @@ def test_blockwise_tiles_and_online_softmax(
 
     def fn(a, b, c):
         return blockwise_attention(
-            a * scale, b, c, query_block=qb, key_block=kb, **kwargs
+            a * scale,
+            b,
+            c,
+            query_block=qb,
+            key_block=kb,
+            keep_probabilities=keep,
+            **kwargs,
         )
 
     out, g = grads(fn, (q, k, v))
@@ -246,25 +255,41 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
     assert pairs(dynamic) == 64
 
 
-def test_blockwise_tiles_keep_every_key_in_one_tile():
-    """Up to 8,192 keys: one key tile per row (one matmul, one softmax op);
-    query tiles sized to 2**23 score elements per batch element while the
-    probabilities are kept for the backward pass (up to 2**25 scores per
-    batch element), else 2**21; causal: at least four rows, at most 256
-    rows per tile; at most 128 rows of tiles (tracing time)."""
-    assert _blockwise_tiles(512, 512, 8) == (512, 512)
-    assert _blockwise_tiles(512, 512, 8, causal=True) == (128, 512)
-    assert _blockwise_tiles(2048, 2048, 8) == (512, 2048)
-    assert _blockwise_tiles(2048, 2048, 8, causal=True) == (256, 2048)
-    assert _blockwise_tiles(4096, 4096, 8) == (64, 4096)
-    assert _blockwise_tiles(8192, 8192, 8) == (64, 8192)
-    assert _blockwise_tiles(32768, 32768, 8) == (256, 8192)
-    plan = _Plan(2048, 2048, True, 0, 128, 2048, heads=8)
-    assert all(len(chunks) == 1 for _, _, chunks in plan.rows)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [1, 8])
+@pytest.mark.parametrize("t", [512, 2048, 4096, 32768])
+def test_blockwise_tiles_follow_their_rules(t, heads, causal):
+    """The rules of `_blockwise_tiles` (not its numbers, which are tuned):
+    every key in one tile up to the key-tile limit; a query tile within
+    the score budget unless at its floor; a causal call keeps at least
+    four rows of tiles; at most 128 rows of tiles (tracing time)."""
+    from keras_attention.ops import attention as attention_lib
+
+    qb, kb = _blockwise_tiles(t, t, heads, causal=causal)
+    assert kb == min(t, attention_lib._MAX_KEY_BLOCK)
+    kept = blockwise.keeps_probabilities(t * kb, heads)
+    budget = (
+        attention_lib._KEPT_TILE_ELEMENTS
+        if kept
+        else attention_lib._TILE_ELEMENTS
+    )
+    floor = max(64, -(-t // 128))
+    assert heads * qb * kb <= budget or qb == floor
+    assert -(-t // qb) <= 128
+    if causal and t >= 4 * 64:
+        assert -(-t // qb) >= 4 or qb == floor
+    qs, ks = _blockwise_tiles(t, t, heads, sparse=True)
+    assert ks < kb or t <= ks  # Smaller key tiles: something to skip.
+
+
+def test_plan_keeps_probabilities_only_when_asked_or_small():
+    plan = _Plan(256, 256, True, 0, 64, 256, heads=2)
     assert plan.keep_probabilities
-    assert not _Plan(4096, 4096, True, 0, 64, 4096, heads=8).keep_probabilities
-    assert blockwise.keeps_probabilities(2048 * 2048, 8)
-    assert not blockwise.keeps_probabilities(2048 * 2049, 8)
+    assert not _Plan(
+        256, 256, True, 0, 64, 256, heads=2, keep_probabilities=False
+    ).keep_probabilities
+    big = blockwise._KEEP_ELEMENTS + 1
+    assert not blockwise.keeps_probabilities(big, 1)
 
 
 def test_automatic_choice_and_errors():

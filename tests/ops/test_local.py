@@ -8,7 +8,6 @@ from keras import ops
 from references import masked_softmax as np_masked_softmax
 
 from keras_attention.masks import sliding_window_mask
-from keras_attention.ops import banded
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.local import banded_to_dense
 from keras_attention.ops.local import dense_to_banded
@@ -250,9 +249,9 @@ def _grads(fn, args):
 @pytest.mark.parametrize(
     "window,causal,groups", [(3, False, 2), ((4, 1), True, 1)]
 )
-def test_gradients_match_dense(window, causal, groups, chunked, monkeypatch):
-    if chunked:  # One block per chunk: several chunks, run one by one.
-        monkeypatch.setattr(banded, "_CHUNK_ELEMENTS", 1)
+def test_gradients_match_dense(window, causal, groups, chunked):
+    # chunked: one block per chunk (several chunks, run one by one).
+    chunk_blocks = 1 if chunked else None
     t = 19
     q, k, v, valid = _inputs(
         t, groups=groups, padded=19
@@ -270,10 +269,11 @@ def test_gradients_match_dense(window, causal, groups, chunked, monkeypatch):
             query_mask=valid,
             key_mask=valid,
             block_size=4,
+            chunk_blocks=chunk_blocks,
         )
 
     def dense(q, k, v):
-        return dot_product_attention(q, k, v, mask=mask)
+        return dot_product_attention(q, k, v, attention_mask=mask)
 
     np.testing.assert_allclose(
         ops.convert_to_numpy(local(q, k, v)),
