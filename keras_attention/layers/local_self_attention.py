@@ -292,15 +292,14 @@ class LocalSelfAttention(SelfAttention):
                 score_mod=score_mod,
                 mask_mod=both,
             )
-        for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
-            if fn is not None:
-                raise ValueError(
-                    f"`LocalSelfAttention` does not take `{name}` yet (its "
-                    "banded path has no hook for one): use "
-                    "`MultiHeadAttention` with a `SlidingWindowMask` and "
-                    f"`{name}` (the blockwise path skips the tiles outside "
-                    f"the window). Received: {name}={fn!r}"
-                )
+        if global_mask is not None:
+            for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+                if fn is not None:
+                    raise ValueError(
+                        f"`{name}` cannot be combined with `global_mask` "
+                        "(the global-token path has no hook for it). "
+                        f"Received: {name}={fn!r}"
+                    )
         dropout_fn = self._dropout_fn(training)
         if global_mask is not None:
             result = self._global_attention(
@@ -325,6 +324,8 @@ class LocalSelfAttention(SelfAttention):
                 block_size=self.block_size,
                 dropout_fn=dropout_fn,
                 return_weights=return_attention_scores,
+                score_mod=score_mod,
+                mask_mod=mask_mod,
             )
         return result if return_attention_scores else (result, None)
 

@@ -23,7 +23,7 @@ import math
 from keras import ops
 
 from keras_attention.ops import _backend
-from keras_attention.ops.masking import mask_fill_value
+from keras_attention.ops import scoring
 from keras_attention.utils import keras_utils
 
 # Band tensors of one chunk: at most this many elements per batch element
@@ -66,13 +66,13 @@ def _join(parts, n):
 def _probabilities(q, k, mask):
     """Masked float32 probabilities `(z, g, q, k)` and the queries'
     validity `(z, g|1, r|1, B, 1)` (a query whose window is all masked gets
-    zeros)."""
+    zeros); scores masked by `scoring.modify_scores`."""
     g, rows, width = q.shape[1], q.shape[2], k.shape[2]
     block = mask.shape[3]
     r = rows // block
     s = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, "float32"))
     s = ops.reshape(s, (-1, g, r, block, width))
-    s = ops.where(mask, s, mask_fill_value("float32"))
+    s, _ = scoring.modify_scores(s, None, mask=mask)
     p = ops.reshape(ops.softmax(s, axis=-1), (-1, g, rows, width))
     return p, ops.any(mask, axis=-1, keepdims=True)
 

@@ -34,6 +34,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.masks import window_bounds
+from keras_attention.ops import scoring
 from keras_attention.ops.banded import window_attention
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
@@ -353,6 +354,8 @@ def local_attention(
     dropout_fn=None,
     return_weights=False,
     chunk_blocks=None,
+    score_mod=None,
+    mask_mod=None,
 ):
     """Sliding-window softmax(q k^T * scale) v in `O(T * window)`.
 
@@ -383,6 +386,12 @@ def local_attention(
         chunk_blocks: query blocks computed together (memory vs. speed;
             None: as many as fit in a fixed budget); results do not
             depend on it.
+        score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)`
+            on the window's scores (absolute positions; see
+            `dot_product_attention`); differentiated by autodiff on the
+            band (memory `O(T * window)` still).
+        mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx)`:
+            restricts the window further (and-ed with it).
 
     Returns:
         `(b, t, h, e)` in the query's dtype, and the banded weights (value
@@ -411,13 +420,46 @@ def local_attention(
     q, k, v, mask = _blocked(
         geo, query, key, value, scale, query_mask, key_mask, attention_mask
     )
+    grid = None
+    if score_mod is not None or mask_mod is not None:
+        grid = _band_grid(geo)
+    if mask_mod is not None:
+        mask = ops.logical_and(mask, _band_mask(geo, mask_mod, grid))
+    if score_mod is not None:
+        # Autodiff on the band: a score function's own tensors get their
+        # gradients (the hand-written backward has no hook for them).
+        scores = ops.reshape(
+            _window_scores(geo, q, k), (geo.z, geo.heads, geo.block, -1)
+        )
+        scores, _ = scoring.modify_scores(scores, grid, score_mod)
+        scores = ops.reshape(
+            scores, (geo.z, geo.groups, geo.r, geo.block, geo.width)
+        )
+        return _weighted(
+            geo, scores, mask, v, query, value, dropout_fn, return_weights
+        )
     if dropout_fn is None and not return_weights:
         blocks = geo.n if isinstance(geo.n, int) else None
         out = window_attention(
             q, k, v, mask, blocks=blocks, chunk_blocks=chunk_blocks
         )
         return _unblock(geo, out, query.dtype)
-    weights = masked_softmax(_window_scores(geo, q, k), mask)  # float32
+    return _weighted(
+        geo,
+        _window_scores(geo, q, k),
+        mask,
+        v,
+        query,
+        value,
+        dropout_fn,
+        return_weights,
+    )
+
+
+def _weighted(geo, scores, mask, v, query, value, dropout_fn, return_weights):
+    """Softmax of the window scores `(z, g, r, B, W)`, dropout, the
+    weighted values; the output and the banded weights if asked."""
+    weights = masked_softmax(scores, mask)  # float32
     weights = ops.reshape(
         ops.cast(weights, value.dtype),
         (geo.z, geo.groups, geo.r * geo.block, geo.width),
@@ -428,6 +470,34 @@ def local_attention(
     if not return_weights:
         return out
     return out, _banded(geo, weights)
+
+
+def _band_grid(geo):
+    """The `scoring.Grid` of every query block's window: batch axis `z =
+    b n` (example `z // n`, block `z % n`), query `nB + i`, key
+    `nB - left + j` (absolute positions)."""
+    z = ops.arange(geo.z, dtype="int32")
+    blocks = ops.reshape((z % geo.n) * geo.block, (-1, 1, 1, 1))
+    q = ops.reshape(ops.arange(geo.block, dtype="int32"), (1, 1, -1, 1))
+    kv = ops.reshape(ops.arange(geo.width, dtype="int32"), (1, 1, 1, -1))
+    return scoring.Grid(
+        ops.reshape(z // geo.n, (-1, 1, 1, 1)),
+        ops.reshape(ops.arange(geo.heads, dtype="int32"), (1, -1, 1, 1)),
+        blocks + q,
+        blocks - geo.left + kv,
+    )
+
+
+def _band_mask(geo, mask_mod, grid):
+    """`mask_mod` on every window, `(z, g|1, r|1, B, W)` boolean."""
+    mod = scoring.evaluate_mask(mask_mod, grid)
+    if mod.shape[1] == geo.heads and geo.heads > 1:
+        mod = ops.broadcast_to(mod, (geo.z, geo.heads, geo.block, geo.width))
+        return ops.reshape(
+            mod, (geo.z, geo.groups, geo.r, geo.block, geo.width)
+        )
+    mod = ops.broadcast_to(mod, (geo.z, 1, geo.block, geo.width))
+    return ops.reshape(mod, (geo.z, 1, 1, geo.block, geo.width))
 
 
 def _empty(query, value, band):

@@ -381,3 +381,26 @@ def test_harness_on_a_block_with_a_score_layer():
         expected_output_shape=(B, T, F),
         expected_num_trainable_weights=17,
     )
+
+
+def test_local_self_attention_takes_objects_on_its_banded_path():
+    layer = ka.LocalSelfAttention(
+        2,
+        4,
+        window_size=2,
+        mask_mod=mods.DocumentMask(),
+        score_mod=HeadDistanceBias(),
+    )
+    ids = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]], "int32")
+    out = layer(X, mod_inputs={"segment_ids": ids})
+    slopes = np_(layer.score_mod.slopes)
+    bias = -slopes[None, :, None, None] * np.abs(QI - KJ)[None, None]
+    allowed = (np.abs(QI - KJ) <= 2)[None] & (ids[:, :, None] == ids[:, None])
+    want = _np_mha(layer, X, bias, allowed[:, None])
+    np.testing.assert_allclose(np_(out), want, atol=1e-5)
+    with pytest.raises(ValueError, match="global_mask"):
+        layer(
+            X,
+            mod_inputs={"segment_ids": ids},
+            global_mask=np.zeros((B, T), bool),
+        )
