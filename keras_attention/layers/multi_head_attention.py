@@ -7,6 +7,7 @@ from keras_attention import masks as masks_lib
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import KerasSlidingWindowMask
+from keras_attention.ops import scoring
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.local import local_attention
@@ -474,11 +475,37 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"value_shape={tuple(value_shape)!r}"
                 )
 
+    def _check_call_inputs(
+        self, query, value, key, names=("query", "value", "key")
+    ):
+        """At call time: numeric inputs, of the rank and feature sizes the
+        layer was built for (its projections are); `ValueError` or
+        `TypeError` naming the input (`names`, as the caller's arguments
+        are called). `value` and `key` may be None (a precomputed
+        cache)."""
+        rank, features = getattr(self, "_built_inputs", (None, None))
+        inputs = tuple(zip(names, (query, value, key)))
+        for (name, x), size in zip(inputs, features or (None,) * 3):
+            if x is None:
+                continue
+            validation.check_numeric_input(name, x)
+            if rank is not None and len(x.shape) != rank:
+                raise ValueError(
+                    f"`{name}` must have rank {rank}, as the inputs the "
+                    "layer was built for: (batch, <axes>, features). "
+                    f"Received: {name}_shape={tuple(x.shape)!r}"
+                )
+            validation.check_built_features(name, x.shape, size)
+
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
         key_shape = tuple(key_shape)
         self._check_shapes(query_shape, value_shape, key_shape)
+        self._built_inputs = (
+            len(query_shape),
+            (query_shape[-1], value_shape[-1], key_shape[-1]),
+        )
         if self.attention_axes is not None or len(query_shape) > 3:
             # Validates attention_axes, also on rank-3 inputs (where only
             # 1 / -2, the time axis, is an attention axis).
@@ -769,6 +796,7 @@ class MultiHeadAttention(keras.layers.Layer):
         step_inputs=None,
     ):
         key = value if key is None else key
+        self._check_call_inputs(query, value, key)
         if value is not None and (
             cache is None or cache_update_index is not None
         ):
@@ -1193,8 +1221,6 @@ def _fold_masks(
     """Every mask of a call as one dense bool `(b|1, h|1, Tq, Tk)` (None
     when nothing masks): for `_compute_attention` overrides with Keras's
     signature, which take `attention_mask` only."""
-    from keras_attention.ops import scoring
-
     tq, tk = ops.shape(q)[1], ops.shape(k)[1]
     grid = scoring.Grid.dense(
         ops.shape(q)[0], q.shape[2], tq, tk, q_offset=query_offset

@@ -25,7 +25,8 @@ try:  # Keras >= 3.0: the scope layers use for mixed precision.
 except ImportError:  # pragma: no cover
     AutocastScope = None
 
-_PACKAGE = "keras_attention"
+#: The package name mask and score objects are registered under.
+PACKAGE = "keras_attention"
 
 
 def _full_precision_variables():
@@ -88,7 +89,7 @@ def _check_inputs(obj, inputs):
         )
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class MaskMod(_Bindable):
     """Base class of mask objects: `mask(batch, head, q_idx, kv_idx)`.
 
@@ -108,7 +109,7 @@ class MaskMod(_Bindable):
         return or_masks(self, other)
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class ScoreMod(_Bindable):
     """Base class of score objects without weights:
     `score(score, batch, head, q_idx, kv_idx) -> score` (float32 scores
@@ -199,7 +200,7 @@ class _Composed(MaskMod):
         return f"{type(self).__name__}{self.mods!r}"
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class AndMask(_Composed):
     """May attend where every one of `mods` allows (logical and)."""
 
@@ -210,7 +211,7 @@ class AndMask(_Composed):
         return out
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class OrMask(_Composed):
     """May attend where any one of `mods` allows (logical or)."""
 

@@ -9,7 +9,8 @@ query may attend to the key, on absolute positions.
 import keras
 from keras import ops
 
-from keras_attention.mods.base import _PACKAGE
+from keras_attention.masks import window_bounds
+from keras_attention.mods.base import PACKAGE
 from keras_attention.mods.base import MaskMod
 from keras_attention.ops import scoring
 from keras_attention.utils import validation
@@ -26,7 +27,7 @@ def _gather(table, batch, position):
     return ops.take(flat, batch * length + position)
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class CausalMask(MaskMod):
     """Query `i` may attend to keys `j <= i` (absolute positions).
 
@@ -45,7 +46,7 @@ class CausalMask(MaskMod):
         return scoring.causal(q_idx, kv_idx)
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class SlidingWindowMask(MaskMod):
     """This library's window rule: query `i` may attend to keys
     `i - left <= j <= i + right` (`LocalSelfAttention`'s `window_size`).
@@ -60,8 +61,6 @@ class SlidingWindowMask(MaskMod):
     """
 
     def __init__(self, window_size, causal=False):
-        from keras_attention.masks import window_bounds
-
         self.left, self.right = window_bounds(window_size, causal)
         self.window_size = window_size
         self.causal = bool(causal)
@@ -75,7 +74,7 @@ class SlidingWindowMask(MaskMod):
         return {"window_size": size, "causal": self.causal}
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class KerasSlidingWindowMask(MaskMod):
     """Keras's `MultiHeadAttention(sliding_window=w)` rule: query `i` may
     attend to keys with `|i - j| < w` (`w - 1` keys each side, the query
@@ -97,7 +96,7 @@ class KerasSlidingWindowMask(MaskMod):
         return {"sliding_window": self.sliding_window}
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class ChunkedCausalMask(MaskMod):
     """Causal attention inside fixed chunks of `chunk_size` positions:
     query `i` may attend to keys `j <= i` with `j // chunk_size ==
@@ -119,7 +118,7 @@ class ChunkedCausalMask(MaskMod):
         return {"chunk_size": self.chunk_size}
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class PrefixLMMask(MaskMod):
     """Prefix-LM: bidirectional inside a prefix, causal after it: query
     `i` may attend to key `j` when `j <= i` or `j < prefix_length`.
@@ -168,7 +167,7 @@ class _PrefixLMPerExample:
         return scoring.causal(q_idx, kv_idx) | (kv_idx < prefix)
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class DocumentMask(MaskMod):
     """Packed sequences: a query may attend only to keys of its own
     document, given per token by integer segment ids `(batch, T)` at call
