@@ -2,8 +2,8 @@
 
 - One-way dependency order: utils <- masks <- ops <- mods <- layers <-
   blocks <- generation; `visualization` (a leaf) may import utils, masks,
-  ops, mods and layers. No module imports from a later level (nor from the package
-  root, which imports everything).
+  ops, mods and layers. No module imports from a later level (nor from
+  the package root, which imports everything).
 - No module imports a private (`_x`) name from another module. A private
   *module* may be imported by the modules of its own subpackage only
   (`keras_attention.ops._backend` from `keras_attention.ops.*`).
