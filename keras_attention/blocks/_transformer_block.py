@@ -220,6 +220,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def build(self, inputs_shape):
         hidden_dim = validation.check_sequence_shape("inputs", inputs_shape)
+        self._features = hidden_dim
         self.self_attention = self._make_self_attention(hidden_dim)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._make_norm("self_attention_norm")
@@ -256,7 +257,14 @@ class TransformerBlock(keras.layers.Layer):
 
     def _self_attention_residual(self, x, training, **attention_kwargs):
         """The self-attention sublayer; `attention_kwargs` go to the
-        attention layer (`mask`, `attention_mask`, `cache`, ...)."""
+        attention layer (`mask`, `attention_mask`, `cache`, ...). `x` (the
+        block's `inputs`) is checked first, and integer inputs computed in
+        the compute dtype (the residual sums would mix dtypes)."""
+        validation.check_call_input(
+            "inputs", x, getattr(self, "_features", None)
+        )
+        if not keras.backend.is_float_dtype(x.dtype):
+            x = keras.ops.cast(x, self.compute_dtype)
 
         def attend(y):
             return self.self_attention(y, training=training, **attention_kwargs)
@@ -311,18 +319,12 @@ class TransformerBlock(keras.layers.Layer):
                 ),
             }
         )
-        for name in ("score_mod", "mask_mod"):
-            fn = getattr(self, name)
-            if fn is not None:
-                config[name] = mods_base.serialize(fn, name, self.name)
+        config.update(mods_base.config_entries(self))
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        for name in ("score_mod", "mask_mod"):
-            if config.get(name) is not None:
-                config[name] = mods_base.deserialize(config[name])
+        config = mods_base.from_config_entries(config)
         return cls(**config)
 
 

@@ -1176,18 +1176,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rotary_max_wavelength": self.rotary_max_wavelength,
             }
         )
-        for name in ("score_mod", "mask_mod"):
-            fn = getattr(self, name)
-            if fn is not None:  # Keras's own config keys otherwise.
-                config[name] = mods_base.serialize(fn, name, self.name)
+        config.update(mods_base.config_entries(self))
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        for name in ("score_mod", "mask_mod"):
-            if config.get(name) is not None:
-                config[name] = mods_base.deserialize(config[name])
+        config = mods_base.from_config_entries(config)
         return cls(**config)
 
 

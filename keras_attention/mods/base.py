@@ -289,6 +289,29 @@ def deserialize(config):
     return keras.saving.deserialize_keras_object(config)
 
 
+_MOD_ARGUMENTS = ("score_mod", "mask_mod")
+
+
+def config_entries(owner):
+    """`{"score_mod": ..., "mask_mod": ...}` of a layer holding them, for
+    its `get_config` (only those that are set: a layer without them keeps
+    Keras's config keys)."""
+    return {
+        name: serialize(getattr(owner, name), name, owner.name)
+        for name in _MOD_ARGUMENTS
+        if getattr(owner, name) is not None
+    }
+
+
+def from_config_entries(config):
+    """A copy of a layer config with its mask and score objects
+    deserialized (for `from_config`)."""
+    config = dict(config)
+    for name in _MOD_ARGUMENTS:
+        config[name] = deserialize(config.get(name))
+    return config
+
+
 def check_mod(obj, argument):
     """`TypeError` naming `argument` unless `obj` is None or callable."""
     if obj is not None and not callable(obj):

@@ -38,6 +38,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.masks import combine_masks
+
 # Fill values and dtypes -------------------------------------------------
 
 
@@ -175,14 +177,9 @@ def evaluate_mask(mask_mod, grid):
 
 
 def combine(*masks):
-    """Logical and of boolean masks (broadcasting); Nones skipped."""
-    masks = [ops.cast(m, "bool") for m in masks if m is not None]
-    if not masks:
-        return None
-    out = masks[0]
-    for m in masks[1:]:
-        out = ops.logical_and(out, m)
-    return out
+    """Logical and of boolean masks (broadcasting); Nones skipped
+    (`masks.combine_masks`)."""
+    return combine_masks(*masks)
 
 
 # Softmax ----------------------------------------------------------------
