@@ -156,7 +156,11 @@ def attention_html(
         Transformer Model](https://arxiv.org/abs/1906.05714) (BertViz,
         whose head and model views this explorer follows).
     """
-    validation.check_positive_int("top_k", top_k, allow_none=True)
+    top_k = validation.check_positive_int("top_k", top_k, allow_none=True)
+    if title is not None and not isinstance(title, str):
+        raise TypeError(
+            f"`title` must be a string or None. Received: title={title!r}"
+        )
     layers = _layers_of(attentions, kinds)
     batch = _batch_size(layers)
     items = _batch_items(batch_index, batch)
@@ -217,22 +221,35 @@ def _layers_of(attentions, kinds):
         if hasattr(value, "items") and "weights" in value:
             record = dict(value)
             value = record.pop("weights")
+        source = f"attentions[{name!r}]['kind']"
         if name in kinds:  # the user's kind; its sides are guessed
             record = {"kind": kinds[name]}
+            source = f"kinds[{name!r}]"
         kind = record.get("kind")
-        if kind is not None and kind not in KINDS:
+        if kind is not None and (
+            not isinstance(kind, str) or kind not in KINDS
+        ):
             raise ValueError(
-                f"The kind of layer {name!r} must be one of {KINDS!r}. "
-                f"Received: kind={kind!r}"
+                f"`{source}`, the kind of layer {name!r}, must be one of "
+                f"{KINDS!r}. Received: {source}={kind!r}"
             )
         layers.append((str(name), record, _as_weights(name, value)))
     return layers
 
 
 def _as_weights(name, value):
-    weights = np.asarray(
-        value.numpy() if hasattr(value, "numpy") else value, dtype="float32"
-    )
+    try:
+        with np.errstate(over="ignore"):  # beyond float32: inf, refused
+            weights = np.asarray(
+                value.numpy() if hasattr(value, "numpy") else value,
+                dtype="float32",
+            )
+    except (TypeError, ValueError) as e:  # strings, ragged lists, ...
+        raise TypeError(
+            f"`attentions[{name!r}]` must be an array of numbers (batch, "
+            f"heads, T_query, T_key). Received: attentions[{name!r}]="
+            f"{_short(value)} ({e})"
+        ) from None
     if weights.ndim in (2, 3):  # one head / one batch item
         weights = weights.reshape((1,) * (4 - weights.ndim) + weights.shape)
     if weights.ndim != 4 or 0 in weights.shape:
@@ -250,8 +267,9 @@ def _as_weights(name, value):
     if any(bad):
         raise ValueError(
             f"`attentions[{name!r}]` must be finite and non-negative "
-            f"(attention weights). Received: {bad[0]} non-finite and "
-            f"{bad[1]} negative values in attentions[{name!r}]"
+            f"(attention weights). Received: {bad[0]} non-finite (or beyond "
+            f"float32's range) and {bad[1]} negative values in "
+            f"attentions[{name!r}]"
         )
     return weights
 
@@ -271,9 +289,17 @@ def _batch_size(layers):
 def _batch_items(batch_index, batch):
     if batch_index is None:
         return list(range(batch))
-    indices = [batch_index] if np.ndim(batch_index) == 0 else list(batch_index)
+    array = isinstance(batch_index, np.ndarray)
+    if isinstance(batch_index, (list, tuple)) or (
+        array and batch_index.ndim == 1
+    ):
+        indices = list(batch_index)
+    elif array and batch_index.ndim == 0:  # a 0-d NumPy integer array
+        indices = [batch_index[()]]
+    else:
+        indices = [batch_index]
     for i in indices:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+        if not validation.is_int(i):
             raise ValueError(
                 "`batch_index` must be an int or a list of ints. "
                 f"Received: batch_index={batch_index!r}"

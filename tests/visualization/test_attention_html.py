@@ -7,6 +7,7 @@ import io
 import json
 import re
 import time
+import warnings
 
 import browser
 import numpy as np
@@ -242,6 +243,66 @@ def test_bad_arguments_raise_naming_them(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         attention_html(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        # Found by tests/properties/test_visualization_properties.py:
+        # an AttributeError from html.escape, NumPy's errors without the
+        # argument, and a record's kind named as a bare `kind`.
+        ({"title": 5}, TypeError, "title=5"),
+        ({"title": b"x"}, TypeError, "title=b'x'"),
+        (
+            {"attentions": {"l": np.full((6, 6), "a")}},
+            TypeError,
+            r"attentions\['l'\]",
+        ),
+        (
+            {"attentions": {"l": [[0.1], [0.2, 0.3]]}},
+            TypeError,
+            r"attentions\['l'\]",
+        ),
+        (
+            {"attentions": {"l": {"weights": np.eye(6), "kind": "x"}}},
+            ValueError,
+            r"attentions\['l'\]\['kind'\]='x'",
+        ),
+        ({"kinds": {"encoder/0": 3}}, ValueError, r"kinds\['encoder/0'\]=3"),
+        ({"batch_index": [[0]]}, ValueError, "batch_index"),
+        ({"batch_index": np.array([0.5])}, ValueError, "batch_index"),
+    ],
+)
+def test_wrong_types_raise_naming_them(kwargs, error, match):
+    args = {"attentions": _seq2seq(), "tokens": SOURCE, "target_tokens": TARGET}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        attention_html(**args)
+
+
+def test_numpy_integers_are_taken():
+    # `top_k=np.int64(2)` reached the page's JSON as a NumPy integer
+    # (TypeError: Object of type int64 is not JSON serializable); a 0-d
+    # integer array was refused as a batch index.
+    page = attention_html(
+        _seq2seq(),
+        SOURCE,
+        TARGET,
+        top_k=np.int64(2),
+        batch_index=np.array(1),
+    )
+    data = _embedded(page)
+    assert data["batch"] == [1]
+    assert {layer["k"] for layer in data["layers"]} == {2}
+    page = attention_html(_seq2seq(), SOURCE, TARGET, batch_index=np.int64(-1))
+    assert _embedded(page)["batch"] == [1]
+
+
+def test_weights_beyond_float32_are_refused_quietly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow RuntimeWarning
+        with pytest.raises(ValueError, match="beyond float32"):
+            attention_html({"l": np.full((6, 6), 1e300)}, SOURCE)
 
 
 # ------------------------------------------------------------------ browser
