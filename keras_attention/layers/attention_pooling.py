@@ -76,7 +76,7 @@ class AttentionPooling(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        validation.check_sequence_shape("inputs", inputs_shape)
+        self._features = validation.check_sequence_shape("inputs", inputs_shape)
         if self.units is not None:
             self._hidden = keras.layers.Dense(
                 self.units,
@@ -109,6 +109,7 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, return_attention_scores=False):
         # b - batch, t - steps, d - features
+        validation.check_call_input("inputs", inputs, self._features)
         validation.check_padding_mask("mask", mask, inputs)
         # Integer inputs are pooled in the compute dtype (cast to an int
         # dtype, the weights would round to zero).

@@ -10,6 +10,8 @@ from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 STYLES = ("bahdanau", "luong")
+_TARGET_LAYOUT = "(batch, Tt, features)"
+_MEMORY_LAYOUT = "(batch, Ts, features)"
 CELLS = {"gru": keras.layers.GRUCell, "lstm": keras.layers.LSTMCell}
 
 
@@ -273,11 +275,13 @@ class AttentionRNNDecoder(keras.layers.Layer):
         return self._cell_state_sizes() + ([self.units] if self._feeds else [])
 
     def build(self, inputs_shape, memory_shape, initial_state_shape=None):
-        validation.check_sequence_shape(
-            "inputs", inputs_shape, layout="(batch, Tt, features)"
-        )
-        validation.check_sequence_shape(
-            "memory", memory_shape, layout="(batch, Ts, features)"
+        self._built_features = (
+            validation.check_sequence_shape(
+                "inputs", inputs_shape, layout=_TARGET_LAYOUT
+            ),
+            validation.check_sequence_shape(
+                "memory", memory_shape, layout=_MEMORY_LAYOUT
+            ),
         )
         if isinstance(self.cell, str):
             self.rnn_cell = CELLS[self.cell](
@@ -331,6 +335,17 @@ class AttentionRNNDecoder(keras.layers.Layer):
         if not self.rnn_cell.built:
             self.rnn_cell.build((None, cell_input))
         self.built = True
+
+    def _check_call_inputs(self, inputs, memory):
+        """At call time: numeric `(batch, T, features)` inputs and memory
+        of the feature sizes the decoder was built for."""
+        features = getattr(self, "_built_features", (None, None))
+        validation.check_call_input(
+            "inputs", inputs, features[0], layout=_TARGET_LAYOUT
+        )
+        validation.check_call_input(
+            "memory", memory, features[1], layout=_MEMORY_LAYOUT
+        )
 
     # Step-by-step decoding.
 
@@ -466,6 +481,13 @@ class AttentionRNNDecoder(keras.layers.Layer):
         )
         if not self.built:
             self.build((None, 1, inputs.shape[-1]), tuple(memory.shape))
+        features = getattr(self, "_built_features", (None, None))
+        validation.check_call_input(
+            "inputs", inputs, features[0], ranks=(2,), layout="(batch, e)"
+        )
+        validation.check_call_input(
+            "memory", memory, features[1], layout=_MEMORY_LAYOUT
+        )
         if prepared_memory is None:
             prepared_memory = self.prepare_memory(memory)
         states = [ops.cast(s, self.compute_dtype) for s in _as_list(states)]
@@ -492,6 +514,7 @@ class AttentionRNNDecoder(keras.layers.Layer):
         memory_mask=None,
         training=None,
     ):
+        self._check_call_inputs(inputs, memory)
         if mask is None:
             # Keras fills `mask` only for one-tensor calls: read the target
             # sequence's own Keras mask.

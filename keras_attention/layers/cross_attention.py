@@ -72,6 +72,9 @@ class CrossAttention(MultiHeadAttention):
         cache=None,
         mod_inputs=None,
     ):
+        self._check_call_inputs(
+            query, context, context, ("query", "context", "context")
+        )
         # Keras fills `query_mask`/`context_mask` from the inputs' Keras
         # masks only when they are passed as tensors to `__call__`; read
         # them here too (direct `call`, nested layers).

@@ -112,6 +112,9 @@ class EncoderBridge(keras.layers.Layer):
                     f"{self.cell!r}). Received: {name}="
                     f"{None if shape is None else tuple(shape)}"
                 )
+        self._built_features = {
+            name[:-6]: shape[-1] for name, shape in shapes.items()
+        }
         width = forward_h_shape[-1] + backward_h_shape[-1]
         self.state_dense = self._dense("state", width)  # W_s, b_s
         if self.cell == "lstm":
@@ -120,6 +123,21 @@ class EncoderBridge(keras.layers.Layer):
         self.built = True
 
     def call(self, forward_h, backward_h, forward_c=None, backward_c=None):
+        given = dict(
+            forward_h=forward_h,
+            backward_h=backward_h,
+            forward_c=forward_c,
+            backward_c=backward_c,
+        )
+        for name, features in self._built_features.items():
+            if given[name] is None:
+                raise ValueError(
+                    f"`{name}` is required (cell={self.cell!r}). "
+                    f"Received: {name}=None"
+                )
+            validation.check_call_input(
+                name, given[name], features, (2,), "(batch, features)"
+            )
         s0 = self.state_dense(ops.concatenate([forward_h, backward_h], -1))
         if self.cell == "gru":
             return s0

@@ -3,6 +3,9 @@ import keras
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
+_RANKS = (2, 3, 4, 5)
+_LAYOUT = "(batch, ..., features)"
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class FeedForward(keras.layers.Layer):
@@ -74,11 +77,11 @@ class FeedForward(keras.layers.Layer):
         )
 
     def build(self, inputs_shape):
-        validation.check_sequence_shape(
+        self._features = validation.check_sequence_shape(
             "inputs",
             inputs_shape,
-            ranks=range(2, 6),
-            layout="(batch, ..., features)",
+            ranks=_RANKS,
+            layout=_LAYOUT,
         )
         hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
         self.intermediate_dense = self._dense(
@@ -93,6 +96,9 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
+        validation.check_call_input(
+            "inputs", inputs, self._features, _RANKS, _LAYOUT
+        )
         hidden = self.intermediate_dense(inputs)
         hidden = self.dropout_layer(hidden, training=training)
         return self.output_dense(hidden)

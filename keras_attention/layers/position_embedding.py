@@ -5,6 +5,29 @@ from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
+def _check_positions(length, start_index, sequence_length):
+    """`start_index` checked (`validation.check_index`: a non-negative
+    integer or an integer tensor) and, when it and the number of steps
+    `length` are static, `start_index + length <= sequence_length`: the
+    table has no row beyond (TensorFlow's slice fails, JAX's clamps into
+    the wrong rows). Returns `start_index` (a Python int when static)."""
+    start_index = validation.check_index("start_index", start_index)
+    start = keras_utils.concrete_int(start_index)
+    if start is not None and start < 0:
+        validation.check_index("start_index", start)  # names the value
+    if (
+        start is not None
+        and length is not None
+        and start + length > sequence_length
+    ):
+        raise ValueError(
+            "Positions `start_index` .. `start_index + steps - 1` must be "
+            f"below `sequence_length`. Received: start_index={start!r}"
+            f", steps={length!r}, sequence_length={sequence_length!r}"
+        )
+    return start_index
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class PositionEmbedding(keras.layers.Layer):
     """Learned position embedding: one trainable vector per position.
@@ -68,6 +91,13 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        validation.check_sequence_shape("inputs", inputs.shape)
+        validation.check_built_features(
+            "inputs", inputs.shape, self.position_embeddings.shape[-1]
+        )
+        start_index = _check_positions(
+            inputs.shape[1], start_index, self.sequence_length
+        )
         length = ops.shape(inputs)[1]
         table = ops.convert_to_tensor(self.position_embeddings)
         # p - positions, d - features

@@ -1,7 +1,22 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.utils import validation
+
+
+def _check_inputs(shape):
+    validation.check_sequence_shape(
+        "inputs",
+        shape,
+        ranks=(3, 4, 5),
+        layout="(batch, steps, ..., features)",
+    )
+    if shape[-1] % 2:
+        raise ValueError(
+            "`inputs` must have an even (rotated) feature size. "
+            f"Received: inputs_shape={tuple(shape)!r}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -58,17 +73,7 @@ class RotaryEmbedding(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        validation.check_sequence_shape(
-            "inputs",
-            inputs_shape,
-            ranks=(3, 4, 5),
-            layout="(batch, steps, ..., features)",
-        )
-        if inputs_shape[-1] % 2:
-            raise ValueError(
-                "The rotated feature size must be even. "
-                f"Received: inputs_shape={tuple(inputs_shape)!r}"
-            )
+        _check_inputs(inputs_shape)
         self.built = True
 
     def _cos_sin(self, length, dim, rank, start_index):
@@ -76,10 +81,12 @@ class RotaryEmbedding(keras.layers.Layer):
         m = ops.cast(ops.arange(length), "float32") + ops.cast(
             start_index, "float32"
         )
-        k = ops.cast(ops.arange(dim // 2), "float32")
-        theta = ops.power(
-            ops.cast(self.max_wavelength, "float32"), -2.0 * k / float(dim)
+        # Frequencies in float64 on the host, then float32: a huge
+        # `max_wavelength` (1e300) has no float32 value, its powers do.
+        theta = np.power(
+            float(self.max_wavelength), -2.0 * np.arange(dim // 2) / dim
         )
+        theta = ops.convert_to_tensor(theta.astype("float32"))
         angles = ops.einsum("m,k->mk", m, theta)  # (T, d/2)
         shape = (1, length) + (1,) * (rank - 3) + (dim // 2,)
         return ops.reshape(ops.cos(angles), shape), ops.reshape(
@@ -87,6 +94,11 @@ class RotaryEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, start_index=0):
+        _check_inputs(inputs.shape)
+        validation.check_numeric_input("inputs", inputs)
+        start_index = validation.check_index(
+            "start_index", start_index, allow_negative=True
+        )
         dim = inputs.shape[-1]
         cos, sin = self._cos_sin(
             ops.shape(inputs)[1], dim, len(inputs.shape), start_index

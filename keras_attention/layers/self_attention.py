@@ -81,6 +81,7 @@ class SelfAttention(MultiHeadAttention):
         mod_inputs=None,
         step_inputs=None,
     ):
+        self._check_call_inputs(inputs, inputs, inputs, ("inputs",) * 3)
         mask = self._padding_mask(inputs, mask)
         return super().call(
             query=inputs,

@@ -157,10 +157,43 @@ class Seq2SeqAttention(keras.layers.Layer):
         """Checks the shapes (see the class docstring); a subclass that
         creates weights calls it first."""
         key_shape = value_shape if key_shape is None else key_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
+        self._query_features = self._check_shapes(
+            query_shape, value_shape, key_shape
+        )
+        # The feature sizes the subclass's weights are built for (checked
+        # again at every call).
+        self._built_features = (
+            query_shape[-1],
+            value_shape[-1],
+            key_shape[-1],
+        )
+
+    def _check_call_inputs(self, query, value, key):
+        """At call time: the build-time checks again (a layer built on
+        `(None, None, d)` inputs could not compare the lengths then), the
+        feature sizes of the build and numeric dtypes; `ValueError` or
+        `TypeError` naming `query`, `value` or `key`."""
+        inputs = (("query", query), ("value", value), ("key", key))
+        for name, x in inputs:
+            if x is not None:
+                validation.check_numeric_input(name, x)
+        key_shape = value.shape if key is None else key.shape
+        self._check_shapes(query.shape, value.shape, key_shape)
+        built = getattr(self, "_built_features", None)
+        if built is None:
+            return
+        for (name, x), size in zip(inputs, built):
+            if x is not None:
+                validation.check_built_features(name, x.shape, size)
+        if key is None:  # `key` defaults to `value`.
+            validation.check_built_features(
+                "key", value.shape, built[2], "value"
+            )
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
-        self._query_features = validation.check_sequence_shape(
+        """`ValueError` naming the input unless the shapes fit; returns the
+        query's feature size."""
+        query_features = validation.check_sequence_shape(
             "query",
             query_shape,
             ranks=(2, 3),
@@ -179,6 +212,7 @@ class Seq2SeqAttention(keras.layers.Layer):
                 f"Received: key_shape={tuple(key_shape)}, "
                 f"value_shape={tuple(value_shape)}"
             )
+        return query_features
 
     def _check_masks(self, query, value, query_mask, value_mask):
         """`ValueError` naming the mask unless it fits its input's axes
@@ -319,11 +353,8 @@ class Seq2SeqAttention(keras.layers.Layer):
         **kwargs,
     ):
         """The work of `call`; `kwargs` go to `attend`."""
+        self._check_call_inputs(query, value, key)
         self._check_masks(query, value, query_mask, value_mask)
-        if key is not None:
-            # Again at call time: a layer built on `(None, None, d)` inputs
-            # could not compare the lengths then.
-            self._check_shapes(query.shape, value.shape, key.shape)
         # Integer (or any non-compute-dtype) inputs are computed in the
         # layer's compute dtype: cast to an int dtype, the weights would
         # round to zero.

@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.utils import validation
@@ -57,6 +58,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        validation.check_sequence_shape("inputs", inputs.shape)
+        start_index = validation.check_index(
+            "start_index", start_index, allow_negative=True
+        )
         d = inputs.shape[-1]
         length = ops.shape(inputs)[1]
         # pos - positions, i - features
@@ -64,10 +69,11 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             start_index, "float32"
         )
         i = ops.arange(d)
-        even = ops.cast(2 * (i // 2), "float32")
-        rate = ops.power(
-            ops.cast(self.max_wavelength, "float32"), -even / float(d)
-        )
+        # Rates in float64 on the host, then float32: a huge
+        # `max_wavelength` (1e300) has no float32 value, its powers do.
+        even = 2 * (np.arange(d) // 2)
+        rate = np.power(float(self.max_wavelength), -even / d)
+        rate = ops.convert_to_tensor(rate.astype("float32"))
         angle = pos[:, None] * rate[None, :]
         pe = ops.where(i % 2 == 0, ops.sin(angle), ops.cos(angle))
         pe = ops.broadcast_to(pe[None], ops.shape(inputs))

@@ -6,6 +6,14 @@ from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
+def _check_ids_shape(shape):
+    if len(shape) != 2:
+        raise ValueError(
+            "`inputs` must be token ids of shape (batch, steps). "
+            f"Received: inputs_shape={tuple(shape)!r}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus learned position embedding.
@@ -73,11 +81,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.supports_masking = self.mask_zero
 
     def build(self, inputs_shape):
-        if len(inputs_shape) != 2:
-            raise ValueError(
-                "`inputs` must be token ids of shape (batch, steps). "
-                f"Received: inputs_shape={tuple(inputs_shape)!r}"
-            )
+        _check_ids_shape(inputs_shape)
         self.token_embedding = keras.layers.Embedding(
             self.vocabulary_size,
             self.embedding_dim,
@@ -102,6 +106,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        validation.check_numeric_input("inputs", inputs)
+        _check_ids_shape(inputs.shape)
         tokens = self.token_embedding(inputs)
         return tokens + self.position_embedding(tokens, start_index=start_index)
 

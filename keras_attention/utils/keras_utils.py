@@ -5,6 +5,7 @@ never through a layer. Argument checks live in `validation`.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 try:  # Keras >= 3.6
@@ -35,6 +36,24 @@ def clone_initializer(initializer):
     if not isinstance(initializer, keras.initializers.Initializer):
         return initializer
     return initializer.__class__.from_config(initializer.get_config())
+
+
+def concrete_int(value):
+    """`value` as a Python int when it is known now: a Python or NumPy
+    integer, or a scalar eager tensor (Keras turns a NumPy scalar call
+    argument into one); None for symbolic tensors (traced functions,
+    functional models) and anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if getattr(value, "shape", None) is None or len(value.shape):
+        return None
+    try:
+        number = np.asarray(ops.convert_to_numpy(value))
+    except Exception:  # noqa: BLE001 - symbolic: no value before it runs.
+        return None
+    return int(number) if number.dtype.kind in "iu" else None
 
 
 def first_not_none(*values):

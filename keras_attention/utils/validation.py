@@ -165,6 +165,73 @@ def check_padding_mask(name, mask, inputs, inputs_name="inputs", trailing=1):
         )
 
 
+def check_built_features(name, shape, expected, inputs_name=None):
+    """Raises `ValueError` unless the last axis of `shape` (a call's input)
+    is `expected`, the feature size the layer was built for (its weights
+    are shaped by it). An unknown size (None, either one) is not compared.
+    `inputs_name` is the argument's name in the message's shape
+    (`name` by default)."""
+    shape = tuple(shape)
+    got = shape[-1] if shape else None
+    if expected is None or got is None or got == expected:
+        return
+    inputs_name = inputs_name or name
+    raise ValueError(
+        f"`{name}` must have {expected!r} features (its last axis), as "
+        f"when the layer was built. Received: {inputs_name}_shape={shape!r}"
+    )
+
+
+def check_numeric_input(name, value):
+    """Raises `TypeError` naming `name` unless the tensor `value` holds
+    numbers (a float, int or bool dtype): strings (a NumPy array of
+    `str`, a `tf.string` tensor) are refused before they reach a cast or a
+    matrix product. Returns nothing."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return
+    kind = getattr(dtype, "kind", None)
+    text = str(dtype).lower()
+    if kind in ("U", "S", "O") or "str" in text or "object" in text:
+        raise TypeError(
+            f"`{name}` must hold numbers. Received: {name} of dtype "
+            f"{str(dtype)!r}"
+        )
+
+
+def check_call_input(name, value, features=None, ranks=(3,), layout=None):
+    """At call time: `value` holds numbers (`check_numeric_input`), has
+    one of the ranks `ranks` (`check_sequence_shape`) and the feature size
+    `features` the layer was built for (None: any). Returns nothing."""
+    check_numeric_input(name, value)
+    check_sequence_shape(name, value.shape, ranks=ranks, layout=layout)
+    check_built_features(name, value.shape, features)
+
+
+def check_index(name, value, allow_negative=False):
+    """Raises `ValueError` naming `name` unless `value` is a scalar
+    integer position: a Python or NumPy integer (>= 0 unless
+    `allow_negative`; bools and floats refused), returned as a Python
+    int, or a scalar tensor of an integer dtype, returned as it is (its
+    value is not read: it may be symbolic)."""
+    if isinstance(value, (bool, int, float, str, np.generic, np.ndarray)):
+        if np.ndim(value) != 0:
+            raise ValueError(
+                f"`{name}` must be a scalar integer. Received: {name}={value!r}"
+            )
+        check_integer_values(name, value, allow_negative)
+        return int(value)
+    dtype = str(getattr(value, "dtype", type(value).__name__))
+    shape = getattr(value, "shape", None)
+    if "int" not in dtype.lower() or (shape is not None and len(shape)):
+        raise ValueError(
+            f"`{name}` must be a scalar integer (or a scalar integer "
+            f"tensor). Received: {name} of dtype {dtype!r} and shape "
+            f"{None if shape is None else tuple(shape)!r}"
+        )
+    return value
+
+
 def check_rotary_head_size(rotary_max_wavelength, head_size, source):
     """Raises `ValueError` when rotary positions are on
     (`rotary_max_wavelength` not None) and the attention head size is odd:
