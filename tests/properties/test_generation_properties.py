@@ -265,7 +265,8 @@ def prompts(draw, pad, wrong=(), max_rows=ROWS, max_length=6):
     through_mask = ["empty row", "left padding", "length 0"]
     if "token_ids" in wrong:
         flaws = ["out of vocabulary", "dtype", "rank", "not an array"]
-        flaws += ["batch 0", "ragged"] + ([] if explicit else through_mask)
+        flaws += ["batch 0"] + ([] if explicit else through_mask)
+        flaws += ["ragged"] if batch > 1 else []
         flaw = draw(st.sampled_from(flaws))
     elif "padding_mask" in wrong:
         flaw = draw(st.sampled_from(through_mask + ["not a mask"]))
