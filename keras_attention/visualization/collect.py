@@ -25,8 +25,10 @@ read):
   order.
 - values: `numpy.ndarray` float32 `(batch, heads, Tq, Tk)`: `[b, h, i, j]` is
   how much query position `i` attended to key position `j` in head `h` of
-  example `b`. Rows sum to 1 over the attended keys; padded keys, keys
-  outside a causal or local window, and padded queries (whole rows) are 0.
+  example `b`. Rows sum to 1 over the attended keys (less under
+  `LuongAttention(alignment="local-p")`, whose Gaussian scales them, as
+  in the paper); padded keys, keys outside a causal or local window, and
+  padded queries (whole rows) are 0.
 - `metadata[key]`: a plain `dict` with
     - `"kind"`: `"self"` (queries and keys are one sequence: encoder or
       decoder self-attention), `"cross"` (queries from the target
