@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _attention_axes
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import KerasSlidingWindowMask
@@ -19,19 +20,6 @@ _FLASH_SCORES_ERROR = (
     "Returning attention scores is not supported when flash attention is "
     "enabled. Please disable flash attention to access attention scores."
 )
-
-
-def _prod(dims):
-    """Product of dimensions (ints, or scalar tensors when not static)."""
-    out = 1
-    for d in dims:
-        out = out * d
-    return out
-
-
-def _static_prod(dims):
-    """Product of static dimensions, None if one of them is unknown."""
-    return None if None in dims else _prod(dims)
 
 
 def _check_output_shape(output_shape):
@@ -54,25 +42,6 @@ def _check_output_shape(output_shape):
     return tuple(int(d) for d in shape)
 
 
-def _check_attention_axes(attention_axes):
-    if attention_axes is None:
-        return None
-    if validation.is_int(attention_axes):
-        axes = (attention_axes,)
-    else:
-        axes = attention_axes
-    if (
-        not isinstance(axes, (tuple, list))
-        or not axes
-        or not all(validation.is_int(a) for a in axes)
-    ):
-        raise ValueError(
-            "`attention_axes` must be None, an int, or a non-empty list or "
-            f"tuple of ints. Received: attention_axes={attention_axes!r}"
-        )
-    return tuple(int(a) for a in axes)
-
-
 def _check_key_value_shapes(value_shape, key_shape):
     """Keras's rule: `key` and `value` agree on every axis but the last."""
     v, k = tuple(value_shape)[1:-1], tuple(key_shape)[1:-1]
@@ -88,7 +57,9 @@ def _check_key_value_shapes(value_shape, key_shape):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(
+    _attention_axes.AttentionAxesLayout, keras.layers.Layer
+):
     """Multi-head (and grouped-query) scaled dot-product attention.
 
     A drop-in replacement for Keras 3.15's `keras.layers.MultiHeadAttention`:
@@ -331,7 +302,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self._output_shape = self._output_shapes
         if self._output_shapes is not None and len(self._output_shapes) == 1:
             self._output_shape = self._output_shapes[0]
-        self.attention_axes = _check_attention_axes(attention_axes)
+        self.attention_axes = _attention_axes.check_attention_axes(
+            attention_axes
+        )
         self.sliding_window = self._sliding_window = sliding_window
         self.flash_attention = flash_attention
         if flash_attention is None:
@@ -408,43 +381,6 @@ class MultiHeadAttention(keras.layers.Layer):
         # mask instead of warning that it drops it.
         dense.supports_masking = True
         return dense
-
-    # Layout of inputs of rank > 3 (attention_axes) ---------------------------
-
-    def _layout(self, rank):
-        """`(axes, other_axes, perm)` for inputs of rank `rank`.
-
-        `perm` brings an input to `(batch, <other axes>, <attention axes>,
-        features)`; the layer then merges the first group into the batch and
-        the second into one sequence axis.
-        """
-        if self.attention_axes is None:
-            axes = tuple(range(1, rank - 1))
-        else:
-            axes = tuple(a + rank if a < 0 else a for a in self.attention_axes)
-            bad = [a for a in axes if not 1 <= a <= rank - 2]
-            if bad or len(set(axes)) != len(axes):
-                raise ValueError(
-                    "`attention_axes` must be distinct axes of the inputs "
-                    "other than the batch (0) and features (-1) axes. "
-                    f"Received: attention_axes={self.attention_axes!r} for "
-                    f"inputs of rank {rank}"
-                )
-        others = tuple(i for i in range(1, rank - 1) if i not in axes)
-        return axes, others, (0,) + others + axes + (rank - 1,)
-
-    def _flat_shape(self, shape):
-        """Static rank-3 shape of an input after merging axes."""
-        shape = tuple(shape)
-        if len(shape) == 3:
-            return shape
-        axes, others, _ = self._layout(len(shape))
-        lead = [shape[0]] + [shape[a] for a in others]
-        return (
-            _static_prod(lead),
-            _static_prod([shape[a] for a in axes]),
-            shape[-1],
-        )
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
         _check_key_value_shapes(value_shape, key_shape)
@@ -961,123 +897,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def _flatten(self, x, layout, keep_last=True):
-        """`(b, <axes>, [f])` -> `(b * others, T, [f])` following `layout`."""
-        _, others, perm = layout
-        if not keep_last:
-            perm = perm[:-1]
-        x = ops.transpose(x, perm)
-        shape = ops.shape(x)
-        lead = _prod(shape[: 1 + len(others)])
-        stop = len(shape) - 1 if keep_last else len(shape)
-        length = _prod(shape[1 + len(others) : stop])
-        new = (lead, length) + ((x.shape[-1],) if keep_last else ())
-        return ops.reshape(x, new)
-
-    def _flatten_attention_mask(self, mask, query, key, layout):
-        """Keras's high-rank `attention_mask` -> `(b', [h,] Tq, Tk)`.
-
-        As in Keras, the mask's last axes are the query then key attention
-        axes, and its leading axes a prefix of `(batch, <other axes>,
-        num_heads)` (missing ones broadcast).
-        """
-        axes, others, _ = layout
-        q_shape, k_shape = ops.shape(query), ops.shape(key)
-        qa = tuple(q_shape[a] for a in axes)
-        ka = tuple(k_shape[a] for a in axes)
-        full_lead = (q_shape[0],) + tuple(q_shape[a] for a in others)
-        full_lead += (self.num_heads,)
-        n_lead = len(mask.shape) - 2 * len(axes)
-        if not 0 <= n_lead <= len(full_lead):
-            raise ValueError(
-                "`attention_mask` must end with the query and key attention "
-                f"axes ({2 * len(axes)} axes), preceded by at most the batch, "
-                "the other axes and the heads. Received: "
-                f"attention_mask.shape={tuple(mask.shape)!r}, "
-                f"query.shape={tuple(query.shape)!r}, attention_axes={axes!r}"
-            )
-        mask = ops.broadcast_to(
-            ops.cast(mask, "bool"), full_lead[:n_lead] + qa + ka
-        )
-        tq, tk = _prod(qa), _prod(ka)
-        if n_lead == 0:
-            return ops.reshape(mask, (tq, tk))
-        if n_lead == len(full_lead):  # With the heads axis.
-            lead = _prod(full_lead[:-1])
-            return ops.reshape(mask, (lead, self.num_heads, tq, tk))
-        present = _prod(full_lead[:n_lead])
-        absent = _prod(full_lead[n_lead:-1])
-        mask = ops.reshape(mask, (present, 1, tq, tk))
-        mask = ops.broadcast_to(mask, (present, absent, tq, tk))
-        return ops.reshape(mask, (present * absent, tq, tk))
-
-    def _call_high_rank(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        use_causal_mask,
-    ):
-        """`attention_axes`: merge the other axes into the batch and the
-        attention axes into one sequence axis, attend (rank 3), undo."""
-        layout = self._layout(len(query.shape))
-        axes, others, perm = layout
-
-        def flat(mask):
-            if mask is None:
-                return None
-            mask = ops.cast(mask, "bool")
-            return self._flatten(mask, layout, keep_last=False)
-
-        if attention_mask is not None:
-            attention_mask = self._flatten_attention_mask(
-                attention_mask, query, key, layout
-            )
-        result = self._call_3d(
-            self._flatten(query, layout),
-            self._flatten(value, layout),
-            self._flatten(key, layout),
-            flat(query_mask),
-            flat(value_mask),
-            flat(key_mask),
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-            None,
-            None,
-        )
-        output, scores = result if return_attention_scores else (result, None)
-        q_shape, k_shape = ops.shape(query), ops.shape(key)
-        out_dims = self._output_shapes or (query.shape[-1],)
-        # (b, <others>, <attention axes>, <output dims>), then the query's
-        # axis order back.
-        output = ops.reshape(
-            output, tuple(q_shape[p] for p in perm[:-1]) + tuple(out_dims)
-        )
-        n = len(perm) - 1
-        inverse = [perm[:-1].index(i) for i in range(n)]
-        inverse += list(range(n, n + len(out_dims)))
-        output = ops.transpose(output, inverse)
-        if not return_attention_scores:
-            return output
-        # Keras's layout: (b, <others>, heads, <query axes>, <key axes>).
-        scores = ops.reshape(
-            scores,
-            (q_shape[0],)
-            + tuple(q_shape[a] for a in others)
-            + (self.num_heads,)
-            + tuple(q_shape[a] for a in axes)
-            + tuple(k_shape[a] for a in axes),
-        )
-        return output, scores
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
