@@ -86,7 +86,7 @@ def test_every_attention_projection_is_sharded_by_heads(shard_key_value):
     for layer in _attention_layers():
         layer(x) if isinstance(layer, LocalSelfAttention) else layer(x, x)
         for w in layer.weights:
-            name = w.path.split("/", 1)[1]
+            name = "/".join(w.path.split("/")[-2:])
             if len(w.shape) == 1:
                 expected = None
             elif name == "attention_output/kernel":

@@ -425,6 +425,15 @@ class SharedAndNamedLikeASecondCall(keras.Model):
         self.shared = layers.SelfAttention(2, 4, name="attn")
         self.other = layers.SelfAttention(2, 4, name="attn#2")
 
+    def build(self, ids_shape):
+        # Built from shapes, not by a symbolic call: on TensorFlow a graph
+        # refuses the name scope "attn#2" after Keras pushed it onto its
+        # own stack, which then keeps this model's scope (in the weight
+        # paths of every later layer).
+        self.embedding.build(ids_shape)
+        for layer in (self.shared, self.other):
+            layer.build(tuple(ids_shape) + (8,))
+
     def call(self, ids):
         x = self.embedding(ids)
         return self.shared(self.other(self.shared(x)))
