@@ -73,7 +73,7 @@ def _probabilities(q, k, mask):
     s = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, "float32"))
     s = ops.reshape(s, (-1, g, r, block, width))
     s, _ = scoring.modify_scores(s, None, mask=mask)
-    p = ops.reshape(ops.softmax(s, axis=-1), (-1, g, rows, width))
+    p = ops.reshape(scoring.plain_softmax(s, axis=-1), (-1, g, rows, width))
     return p, ops.any(mask, axis=-1, keepdims=True)
 
 

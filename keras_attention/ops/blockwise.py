@@ -288,7 +288,7 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     s, _, _ = _scores(
         plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
     )
-    p = ops.softmax(s, axis=-1)
+    p = scoring.plain_softmax(s, axis=-1)
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
     )
@@ -434,7 +434,7 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                         tile,
                     )
                     p = (
-                        ops.softmax(s, -1)
+                        scoring.plain_softmax(s, -1)
                         if lse_t is None
                         else ops.exp(s - lse_t)
                     )

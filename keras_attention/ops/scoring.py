@@ -185,11 +185,20 @@ def combine(*masks):
 # Softmax ----------------------------------------------------------------
 
 
+def plain_softmax(scores, axis=-1):
+    """`ops.softmax`, except over an axis of static size 1, where it is 1
+    (Keras warns there, as if the user had meant a sigmoid: an attention
+    over one key is legitimate)."""
+    if scores.shape[axis] == 1:
+        return ops.ones_like(scores)
+    return ops.softmax(scores, axis=axis)
+
+
 def softmax(scores, mask=None, axis=-1):
     """Softmax in float32 of scores from `modify_scores` (masked entries
     at the fill value); rows whose `mask` is all False get all-zero
     weights (a per-row factor: no select in the gradient)."""
-    weights = ops.softmax(ops.cast(scores, "float32"), axis=axis)
+    weights = plain_softmax(ops.cast(scores, "float32"), axis=axis)
     if mask is None:
         return weights
     valid = ops.any(mask, axis=axis, keepdims=True)
@@ -221,7 +230,7 @@ def masked_softmax(scores, mask=None, axis=-1):
     """
     scores = ops.cast(scores, "float32")
     if mask is None:
-        return ops.softmax(scores, axis=axis)
+        return plain_softmax(scores, axis=axis)
     mask = ops.cast(mask, "bool")
     return softmax(scores + ops.where(mask, 0.0, FILL), mask, axis=axis)
 
