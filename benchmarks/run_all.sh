@@ -33,6 +33,8 @@ run translate_program "$PYTHON" benchmarks/translate_program.py \
   --markdown "$OUT/translate_program.md"
 run local "$PYTHON" benchmarks/local_attention.py --lengths 2048 8192 \
   --repeats 3 --markdown "$OUT/local.md"
+run programmable "$PYTHON" benchmarks/programmable_attention.py \
+  --repeats 3 --markdown "$OUT/programmable.md"
 run encoder_block "$PYTHON" benchmarks/encoder_block.py \
   --markdown "$OUT/encoder_block.md"
 run core_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/attention_core.py \
