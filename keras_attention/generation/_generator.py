@@ -232,20 +232,33 @@ class Generator:
         return {}
 
     def call_with_cache(
-        self, token_ids, cache, cache_update_index, padding_mask=None
+        self,
+        token_ids,
+        cache,
+        cache_update_index,
+        padding_mask=None,
+        cache_mask=None,
     ):
         """Runs `token_ids` (positions `cache_update_index ..`) through the
         model, reading and writing the stacked cache.
+
+        `padding_mask` masks this call's tokens (as queries; read from the
+        embedding's Keras mask when None), `cache_mask` (optional boolean
+        `(batch, max_length)`) the cache positions (as keys).
 
         Returns `(logits, hidden, cache)`.
         """
         self_cache = cache[0] if isinstance(cache, tuple) else cache
         x = self.embed(token_ids, start_index=cache_update_index)
+        attention_mask = None
+        if cache_mask is not None:
+            attention_mask = ops.expand_dims(ops.cast(cache_mask, "bool"), 1)
         updated = []
         for i, block in enumerate(self.blocks):
             x, block_cache = block(
                 x,
                 padding_mask=padding_mask,
+                attention_mask=attention_mask,
                 self_attention_cache=self_cache[:, i],
                 self_attention_cache_update_index=cache_update_index,
                 **self._block_kwargs(cache, i),
@@ -275,8 +288,18 @@ class Generator:
         from the token at `index - 1` and the cache of earlier positions."""
         batch = ops.shape(prompt)[0]
         token = ops.slice(prompt, (0, index - 1), (batch, 1))
-        logits, hidden, cache = self.call_with_cache(token, cache, index - 1)
+        logits, hidden, cache = self.call_with_cache(
+            token, cache, index - 1, cache_mask=self._embedding_mask(prompt)
+        )
         return logits[:, 0], hidden[:, 0], cache
+
+    def _embedding_mask(self, token_ids):
+        """The embedding layer's Keras mask of `token_ids` (`mask_zero`),
+        None when it computes none: the model masks those tokens as keys
+        too, generated ones included (a generated padding id)."""
+        if not isinstance(self.embedding, keras.layers.Layer):
+            return None
+        return self.embedding.compute_mask(token_ids, None)
 
     # Generation.
 
@@ -370,7 +393,14 @@ class Generator:
                 token_ids,
                 free_id(self.pad_token_id, stop_token_ids),
             )
-        hidden, cache = self.build_cache(token_ids, padding_mask, **inputs)
+        # Tokens the embedding masks (`mask_zero`) are masked as the model
+        # masks them, even where `padding_mask` calls them prompt tokens.
+        model_mask = self._embedding_mask(token_ids)
+        if model_mask is not None:
+            model_mask = ops.logical_and(padding_mask, model_mask)
+        else:
+            model_mask = padding_mask
+        hidden, cache = self.build_cache(token_ids, model_mask, **inputs)
         lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
         index = ops.min(lengths)
         result = sampler(

@@ -57,6 +57,9 @@ BACKEND = keras.backend.backend()
 VOCAB, POSITIONS, SOURCE_POSITIONS = 7, 8, 5
 ROWS = 3  # the most prompts a draw has
 PADS = (0, 4)  # the generators' pad_token_id
+# (pad_token_id, mask_zero): an embedding that masks id 0 (the model masks
+# prompt and generated 0s alike) goes with pad_token_id=0.
+LM_VARIANTS = ((0, False), (4, False), (0, True))
 TIE = 1e-4
 GREEDY = keras_hub.samplers.GreedySampler()  # one object: one loop
 
@@ -78,9 +81,11 @@ def fewer(divisor, jax_divisor=None):
 
 
 @functools.cache
-def lm_pieces():
+def lm_pieces(mask_zero=False):
     keras.utils.set_random_seed(3)
-    embedding = TokenAndPositionEmbedding(VOCAB, POSITIONS, 8)
+    embedding = TokenAndPositionEmbedding(
+        VOCAB, POSITIONS, 8, mask_zero=mask_zero
+    )
     block = TransformerDecoderBlock(
         2, 16, cross_attention=False, num_key_value_heads=1
     )
@@ -91,8 +96,8 @@ def lm_pieces():
 
 
 @functools.cache
-def lm(pad_token_id=0, jit_compile=False):
-    _, embedding, blocks, head = lm_pieces()
+def lm(pad_token_id=0, jit_compile=False, mask_zero=False):
+    _, embedding, blocks, head = lm_pieces(mask_zero)
     return CausalLMGenerator(
         embedding, blocks, head, pad_token_id, jit_compile=jit_compile
     )
@@ -386,13 +391,13 @@ LM_ARGUMENTS += ("stop_token_ids", "sampler")
 def lm_generate(data, wrong=()):
     """Draws `generate`'s arguments (wrong for the names in `wrong`) for
     one of the generators; returns `(call, prompts, pad, max_length,
-    stop_token_ids)`."""
-    pad = data.draw(st.sampled_from(PADS))
+    stop_token_ids, model)`."""
+    pad, mask_zero = data.draw(st.sampled_from(LM_VARIANTS))
     p = data.draw(prompts(pad, set(wrong) & {"token_ids", "padding_mask"}))
     max_length = data.draw(max_lengths(p.length, "max_length" in wrong))
     stop = data.draw(stop_ids("stop_token_ids" in wrong))
     sampler = data.draw(samplers("sampler" in wrong))
-    generator = lm(pad)
+    generator = lm(pad, mask_zero=mask_zero)
 
     def call():
         return generator.generate(
@@ -403,16 +408,16 @@ def lm_generate(data, wrong=()):
             padding_mask=p.padding_mask,
         )
 
-    return call, p, pad, max_length, stop
+    return call, p, pad, max_length, stop, lm_pieces(mask_zero)[0]
 
 
 @fewer(1, jax_divisor=8)
 @given(data=st.data())
 def test_causal_lm_greedy_generation_equals_the_uncached_reference(data):
-    call, p, pad, max_length, stop = lm_generate(data)
+    call, p, pad, max_length, stop, model = lm_generate(data)
     stops = None if stop is None else [int(t) for t in np.ravel(stop)]
     expected = greedy_reference(
-        _predict(lm_pieces()[0]), p.rows, max_length or p.length, stops, pad
+        _predict(model), p.rows, max_length or p.length, stops, pad
     )
     check_equal(call(), expected, p.unbatched)
 
