@@ -119,7 +119,6 @@ def test_greedy_equals_recomputing_the_prefix():
     assert np.all(to_numpy(mask))
 
 
-@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
 def test_generated_padding_ids_are_masked_as_the_model_masks_them():
     # The embedding masks id 0 (mask_zero=True): the model run on a
     # sequence where 0 was generated masks it as a key. The cached loop

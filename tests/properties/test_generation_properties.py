@@ -47,12 +47,6 @@ from keras_attention.layers import TokenAndPositionEmbedding
 
 keras_hub = pytest.importorskip("keras_hub")
 
-# Keras warns on any softmax over one key (a prompt of one token, a source
-# of one token); here that is the right answer.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:You are using a softmax over axis"
-)
-
 BACKEND = keras.backend.backend()
 VOCAB, POSITIONS, SOURCE_POSITIONS = 7, 8, 5
 ROWS = 3  # the most prompts a draw has
