@@ -191,8 +191,17 @@ def scan_carry(f, init, xs):
     unrolled); a longer or unknown one is a `tf.while_loop` with
     `maximum_iterations`, which XLA needs to differentiate through the
     loop (`keras.ops.scan` sets none, so `jit_compile=True` training
-    fails). Other backends run `keras.ops.scan`.
+    fails). Other backends run `keras.ops.scan`. A loop of 0 steps known
+    when tracing returns `init` and empty histories (PyTorch's
+    `keras.ops.scan` cannot stack no step).
     """
+    if keras.tree.flatten(xs)[0].shape[0] == 0:
+        return init, keras.tree.map_structure(
+            lambda c: keras.ops.zeros(
+                (0,) + tuple(keras.ops.shape(c)), c.dtype
+            ),
+            init,
+        )
     if keras.backend.backend() != "tensorflow":
         return keras.ops.scan(f, init, xs)
     import tensorflow as tf

@@ -260,6 +260,11 @@ class _Geometry:
             if block_size is None
             else validation.check_positive_int("block_size", block_size)
         )
+        length = _static_length(query, 1)
+        if length:
+            # A block longer than the sequence computes only padding (a
+            # block_size of 10**6 on T=2 built a (10**6, 10**6) band).
+            self.block = min(self.block, length)
         self.width = self.block + left + right  # W: keys of a query block
         self.heads, self.groups = query.shape[2], key.shape[2]
         self.r = self.heads // self.groups
@@ -377,7 +382,8 @@ def local_attention(
         attention_mask: optional dense boolean mask `(t, t)`, `(b, t, t)` or
             `(b, h, t, t)`, combined with the window (only its band is read,
             but it is itself `O(t^2)`).
-        block_size: query block size `B`; defaults to `default_block_size`.
+        block_size: query block size `B` (at most `t`); defaults to
+            `default_block_size`.
         scale: float; defaults to `1 / sqrt(d)`.
         dropout_fn: optional callable applied to the attention weights
             (given as `(b * n, g, r * B, W)`: blocks folded into the batch).
@@ -703,7 +709,8 @@ def global_local_attention(
             defaults to `key`.
         global_value: optional `(b, t, g, e)` values of the global rows;
             defaults to `value`.
-        block_size: query block size `B`; defaults to `default_block_size`.
+        block_size: query block size `B` (at most `t`); defaults to
+            `default_block_size`.
         scale: float; defaults to `1 / sqrt(d)`.
         dropout_fn: optional callable applied to the attention weights
             (window and global keys together, then the global rows).

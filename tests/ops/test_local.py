@@ -367,3 +367,12 @@ def test_empty_sequence():
         "global_queries": (2, 2, 2, 0),
         "global_indices": (2, 2),
     }
+
+
+def test_block_larger_than_the_sequence_is_capped():
+    # Found by the layer properties (issue 23): block_size=10**6 on T=2
+    # built a (10**6, 10**6 + 1) band mask with NumPy before any op ran.
+    q, k, v, valid = _inputs(3)
+    got = local_attention(q, k, v, 1, key_mask=valid, block_size=10**6)
+    want = local_attention(q, k, v, 1, key_mask=valid, block_size=3)
+    np.testing.assert_allclose(_np(got), _np(want), atol=1e-6)

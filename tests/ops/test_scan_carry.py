@@ -107,3 +107,16 @@ def test_tensorflow_loop_unrolled_or_while_and_gradients(
     np.testing.assert_allclose(
         concrete(tf.constant(h0), tf.constant(xs)).numpy(), want_h, atol=1e-6
     )
+
+
+def test_scan_carry_of_zero_steps():
+    # Found by the layer properties (issue 23): on PyTorch keras.ops.scan
+    # cannot stack no step ("Must provide at least one structure"), so an
+    # AttentionRNNDecoder on a target of 0 steps crashed.
+    h0 = np.ones((2, 3), "float32")
+    init = (h0, np.zeros(2, "float32"))
+    (h, total), (hs, totals) = scan_carry(
+        _body, init, np.zeros((0, 2, 3), "float32")
+    )
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(h), h0)
+    assert tuple(hs.shape) == (0, 2, 3) and tuple(totals.shape) == (0, 2)
