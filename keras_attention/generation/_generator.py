@@ -135,7 +135,9 @@ class Generator:
             `start_index` (e.g. `TokenAndPositionEmbedding`, or your own
             layer), decoding passes the absolute position. Token ids are
             checked against its vocabulary when it is a
-            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`.
+            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`. The
+            tokens it masks (`mask_zero`) are masked at every step as the
+            model masks them, generated ones included.
         blocks: list of built `TransformerDecoderBlock`s with the same
             attention head shape.
         head: layer (or list of layers applied in order) mapping the last

@@ -22,7 +22,9 @@ class CausalLMGenerator(Generator):
             `start_index` (e.g. `TokenAndPositionEmbedding`, or your own
             layer), decoding passes the absolute position. Token ids are
             checked against its vocabulary when it is a
-            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`.
+            `TokenAndPositionEmbedding` or a `keras.layers.Embedding`. The
+            tokens it masks (`mask_zero`) are masked at every step as the
+            model masks them, generated ones included.
         blocks: list of built `TransformerDecoderBlock(cross_attention=False)`
             with the same attention head shape.
         head: layer (or list of layers applied in order) mapping the last
@@ -92,8 +94,9 @@ class CausalLMGenerator(Generator):
                 included); defaults to `T`.
             sampler: a `keras_hub.samplers.Sampler` or its name ("greedy",
                 "beam", "top_k", "top_p", ...).
-            stop_token_ids: optional tuple of end token ids: generation stops
-                once every sequence produced one; later tokens are padding.
+            stop_token_ids: optional tuple of end token ids (Python or NumPy
+                integers; `pad_token_id` may be one): generation stops once
+                every sequence produced one; later tokens are padding.
             padding_mask: optional boolean `(batch, T)` (`(T,)` for one
                 prompt); defaults to `token_ids != pad_token_id`.
 

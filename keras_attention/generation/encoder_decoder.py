@@ -26,7 +26,8 @@ class Seq2SeqGenerator(Generator):
             `(batch, S)` to the encoder output `(batch, S, d)`.
         embedding: the decoder's token embedding layer, mapping token ids
             `(batch, T)` to `(batch, T, d)` (its `start_index`, if its `call`
-            takes one, gets the absolute position).
+            takes one, gets the absolute position; the tokens it masks are
+            masked at every step, as in `CausalLMGenerator`).
         blocks: list of built `TransformerDecoderBlock(cross_attention=True)`.
         head: layer or list of layers mapping decoder outputs to logits.
         pad_token_id: int (Python or NumPy), padding id of source and
@@ -129,10 +130,12 @@ class Seq2SeqGenerator(Generator):
                 included); defaults to `T`.
             sampler: a `keras_hub.samplers.Sampler` or its name ("greedy",
                 "beam", "top_k", "top_p", ...).
-            stop_token_ids: optional tuple of end token ids: generation stops
-                once every sequence produced one; later tokens are padding.
+            stop_token_ids: optional tuple of end token ids (Python or NumPy
+                integers; `pad_token_id` may be one): generation stops once
+                every sequence produced one; later tokens are padding.
             padding_mask: optional boolean `(batch, T)` mask of the target
-                prompts; defaults to `decoder_token_ids != pad_token_id`.
+                prompts (`(T,)` for one prompt); defaults to
+                `decoder_token_ids != pad_token_id`.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
