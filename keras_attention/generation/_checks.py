@@ -16,6 +16,7 @@ from keras import ops
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
+from keras_attention.ops import is_symbolic as _is_symbolic
 
 # Token ids travel as int32 tensors.
 INT32_LIMIT = 2**31
@@ -100,19 +101,8 @@ def takes_start_index(fn):
 
 def is_symbolic(x):
     """Whether `x` is a tensor without values: a `keras.KerasTensor`, a
-    TensorFlow graph tensor or a JAX tracer."""
-    if isinstance(x, keras.KerasTensor):
-        return True
-    module = type(x).__module__
-    if module.startswith("tensorflow"):
-        import tensorflow as tf
-
-        return tf.is_tensor(x) and tf.is_symbolic_tensor(x)
-    if module.startswith("jax"):
-        import jax
-
-        return isinstance(x, jax.core.Tracer)
-    return False
+    TensorFlow graph tensor or a JAX tracer (`ops.is_symbolic`)."""
+    return _is_symbolic(x)
 
 
 def _values(name, x):

@@ -1,6 +1,7 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
 from keras_attention.ops._backend import compile_step
+from keras_attention.ops._backend import is_symbolic
 from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
@@ -19,6 +20,7 @@ __all__ = [
     "compile_step",
     "dot_product_attention",
     "implementation_scope",
+    "is_symbolic",
     "mask_fill_value",
     "masked_softmax",
     "banded_to_dense",

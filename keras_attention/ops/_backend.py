@@ -139,6 +139,23 @@ def after(tensors, dependencies):
         return tuple(tf.identity(t) for t in tensors)
 
 
+def is_symbolic(x):
+    """Whether `x` is a tensor without values: a `keras.KerasTensor`, a
+    TensorFlow graph tensor or a JAX tracer."""
+    if isinstance(x, keras.KerasTensor):
+        return True
+    module = type(x).__module__
+    if module.startswith("tensorflow"):
+        import tensorflow as tf
+
+        return tf.is_tensor(x) and tf.is_symbolic_tensor(x)
+    if module.startswith("jax"):
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    return False
+
+
 def has_gpu():
     """Whether the backend computes on a GPU (for fused attention kernels)."""
     backend = keras.backend.backend()
