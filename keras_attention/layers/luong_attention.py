@@ -341,7 +341,14 @@ class LuongAttention(Seq2SeqAttention):
             if value_mask is not None:
                 value_mask = _pad_one_step(ops.cast(value_mask, "int32"))
         width = 2 * self.window + 1
-        start = ops.cast(ops.floor(p), "int32") - self.window  # b i
+        steps = value.shape[1]
+        if isinstance(steps, int) and width > steps:
+            # A window wider than the (static) source: its slots are the
+            # source steps (window=10**9 gathered 2 * 10**9 + 1 slots).
+            width = steps
+            start = ops.zeros_like(ops.cast(p, "int32"))
+        else:
+            start = ops.cast(ops.floor(p), "int32") - self.window  # b i
         slots, clipped, valid = window_indices(start, width, tv)  # b i s
         distance = ops.cast(slots, "float32") - p[..., None]  # s - p_t
         valid = ops.logical_and(valid, ops.abs(distance) <= self.window)

@@ -284,3 +284,24 @@ def test_error_messages_show_values_with_repr():
         LuongAttention(alignment="local-m", window="2")
     with pytest.raises(ValueError, match="scale='True'"):
         LuongAttention(scale="True")
+
+
+# Issue 23 (item 12's family): a local window wider than the source was
+# not capped: window=10**9 gathered 2 * 10**9 + 1 slots per query.
+@pytest.mark.parametrize("alignment", ["local-m", "local-p"])
+def test_window_wider_than_the_source_is_capped(alignment):
+    rng = np.random.default_rng(4)
+    query = rng.normal(size=(2, 4, 6)).astype("float32")
+    value = rng.normal(size=(2, 5, 6)).astype("float32")
+    # A window covering the source (and a flat Gaussian, sigma = 5e8) is
+    # global attention.
+    wide = LuongAttention("dot", alignment=alignment, window=10**9)
+    dense = LuongAttention("dot", alignment="global")
+    value_mask = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+    kwargs = dict(value_mask=value_mask, return_attention_scores=True)
+    got = wide(query, value, **kwargs)
+    want = dense(query, value, **kwargs)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(a), ops.convert_to_numpy(b), atol=1e-6
+        )

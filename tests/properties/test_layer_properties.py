@@ -705,7 +705,11 @@ def test_seq2seq_attention(data):
             kwargs["units"] = data.draw(ints(1, 3))
         if kwargs["alignment"] == "local-m":
             kwargs["window"] = data.draw(
-                st.one_of(ints(0, 2), st.sampled_from([-1, 1.5, None]))
+                st.one_of(
+                    ints(0, 2),
+                    st.just(10**9),
+                    st.sampled_from([-1, 1.5, None]),
+                )
             )
             w = kwargs["window"]
             if w is None or not isinstance(w, (int, np.integer)) or w < 0:
