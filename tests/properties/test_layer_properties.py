@@ -86,6 +86,14 @@ BAD_RATES = (1.0, -0.1, NAN, INF, "0.1", True, None)
 BAD_BOOLS = ("True", 1, None, 0.0)
 BAD_WAVELENGTHS = (0, -1.0, NAN, INF, -INF, 0.5, 1e-300, 10**400, "1e4", True)
 RATES = one_of_values(0.0, 0.25, np.float32(0.5), 0)
+
+
+def _halves(shape, dtype=None):
+    """A plain function as an initializer (issue 23, item 14)."""
+    return ops.full(shape, 0.5, dtype=dtype)
+
+
+INITIALIZERS = one_of_values("glorot_uniform", "he_normal", _halves)
 BOOLS = one_of_values(True, False, np.bool_(True), np.bool_(False))
 WAVELENGTHS = one_of_values(1, 10, 100.0, np.float32(50.0), 1e300, np.int64(7))
 
@@ -318,10 +326,12 @@ def _mha_spec():
         value_dim=(st.one_of(st.none(), ints(1, 3)), BAD_INTS),
         num_key_value_heads=(st.one_of(st.none(), ints(1, 3)), BAD_INTS),
         output_shape=(
-            st.one_of(st.none(), ints(1, 3)),
+            st.one_of(st.none(), ints(1, 3), st.tuples(ints(1, 2), ints(1, 2))),
             (0, "3", 2.0, (), (2, 0)),
         ),
         use_bias=(BOOLS, BAD_BOOLS),
+        kernel_initializer=(INITIALIZERS, ()),
+        bias_initializer=(INITIALIZERS, ()),
         use_gate=(BOOLS, BAD_BOOLS),
         dropout=(RATES, BAD_RATES),
         sliding_window=(
