@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from harness import run_layer_test
 from keras import ops
+from score_layers import HeadDistanceBias
 
 from keras_attention import layers as ka
 from keras_attention import mods
@@ -36,23 +37,6 @@ X = RNG.normal(size=(B, T, F)).astype("float32")
 C = RNG.normal(size=(B, 5, F)).astype("float32")
 QI = np.arange(T)[:, None]
 KJ = np.arange(T)[None, :]
-
-
-@keras.saving.register_keras_serializable(package="keras_attention_tests")
-class HeadDistanceBias(mods.ScoreLayer):
-    """A learned per-head slope of the distance (test score layer)."""
-
-    def build(self, num_heads=None):
-        self.slopes = self.add_weight(
-            shape=(num_heads,),
-            initializer=keras.initializers.Constant(0.3),
-            name="slopes",
-        )
-        self.built = True
-
-    def score_fn(self, score, batch, head, q_idx, kv_idx):
-        distance = ops.cast(ops.abs(q_idx - kv_idx), "float32")
-        return score - ops.take(self.slopes, head) * distance
 
 
 STATIC_MASKS = {
