@@ -8,7 +8,7 @@ from keras_attention.layers import _attention_axes
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import KerasSlidingWindowMask
-from keras_attention.ops import scoring
+from keras_attention.ops.attention import dense_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.local import local_attention
@@ -636,8 +636,8 @@ class MultiHeadAttention(
         implementation = self._implementation()
         if return_attention_scores or dropout_fn is not None:
             implementation = "dense"
-        if implementation in ("fused", "blockwise") and score_mod is not None:
-            implementation = None if implementation == "fused" else "blockwise"
+        if implementation == "fused" and score_mod is not None:
+            implementation = None  # No kernel hook: the automatic choice.
         result = dot_product_attention(
             query,
             key,
@@ -1020,32 +1020,8 @@ def _takes_structure(method):
     )
 
 
-def _fold_masks(
-    q,
-    k,
-    attention_mask=None,
-    use_causal_mask=False,
-    query_offset=0,
-    query_mask=None,
-    key_mask=None,
-    score_mod=None,
-    mask_mod=None,
-):
+def _fold_masks(q, k, use_causal_mask=False, score_mod=None, **masks):
     """Every mask of a call as one dense bool `(b|1, h|1, Tq, Tk)` (None
     when nothing masks): for `_compute_attention` overrides with Keras's
     signature, which take `attention_mask` only."""
-    tq, tk = ops.shape(q)[1], ops.shape(k)[1]
-    grid = scoring.Grid.dense(
-        ops.shape(q)[0], q.shape[2], tq, tk, q_offset=query_offset
-    )
-    causal = None
-    if use_causal_mask:
-        causal = scoring.causal(grid.q_idx, grid.kv_idx)
-    if key_mask is not None:
-        key_mask = ops.cast(key_mask, "bool")[:, None, None, :]
-    if query_mask is not None:
-        query_mask = ops.cast(query_mask, "bool")[:, None, :, None]
-    mod = None if mask_mod is None else scoring.evaluate_mask(mask_mod, grid)
-    return scoring.combine(
-        as_4d_mask(attention_mask), causal, key_mask, query_mask, mod
-    )
+    return dense_mask(query=q, key=k, causal=use_causal_mask, **masks)

@@ -20,6 +20,8 @@ import contextlib
 
 import keras
 
+from keras_attention.ops.scoring import check_mod  # noqa: F401
+
 try:  # Keras >= 3.0: the scope layers use for mixed precision.
     from keras.src.backend.common.variables import AutocastScope
 except ImportError:  # pragma: no cover
@@ -310,16 +312,6 @@ def from_config_entries(config):
     for name in _MOD_ARGUMENTS:
         config[name] = deserialize(config.get(name))
     return config
-
-
-def check_mod(obj, argument):
-    """`TypeError` naming `argument` unless `obj` is None or callable."""
-    if obj is not None and not callable(obj):
-        raise TypeError(
-            f"`{argument}` must be a mask/score object or a function. "
-            f"Received: {argument}={obj!r}"
-        )
-    return obj
 
 
 def bind(obj, inputs, argument):

@@ -204,7 +204,8 @@ def dot_product_attention(
         attention_mask, causal = given["attention_mask"], given["causal"]
         query_offset, key_mask = given["query_offset"], given["key_mask"]
         query_mask = given["query_mask"]
-    _check_mods(score_mod, mask_mod)
+    scoring.check_mod(score_mod, "score_mod")
+    scoring.check_mod(mask_mod, "mask_mod")
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(query, key, value, return_weights)
     choice = _choose_implementation(
@@ -227,15 +228,12 @@ def dot_product_attention(
     )
     if choice == "fused":  # The kernel scales (no extra op and gradient).
         if mask_mod is not None:
-            grid = scoring.Grid.dense(
-                ops.shape(query)[0],
-                query.shape[2],
-                ops.shape(query)[1],
-                ops.shape(key)[1],
-                q_offset=query_offset,
-            )
-            structural["mask"] = scoring.combine(
-                structural["mask"], scoring.evaluate_mask(mask_mod, grid)
+            structural["mask"] = dense_mask(
+                structural["mask"],
+                query,
+                key,
+                query_offset=query_offset,
+                mask_mod=mask_mod,
             )
         return _fused(query, key, value, scale=scale, **structural)
     if choice == "blockwise":
@@ -259,7 +257,7 @@ def dot_product_attention(
         and mask_mod is None
         and as_4d_mask(attention_mask) is None
     )
-    mask = _structural_to_dense(
+    mask = dense_mask(
         attention_mask, query, key, causal, query_offset, key_mask, query_mask
     )
     return _dense(
@@ -275,15 +273,6 @@ def dot_product_attention(
         mask_mod=mask_mod,
         query_offset=query_offset,
     )
-
-
-def _check_mods(score_mod, mask_mod):
-    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
-        if fn is not None and not callable(fn):
-            raise TypeError(
-                f"`{name}` must be a function or a mask/score object of "
-                f"`keras_attention.mods`. Received: {name}={fn!r}"
-            )
 
 
 def _empty(query, key, value, return_weights):
@@ -461,21 +450,44 @@ def _positions_mask(tq, tk, offset):
     return scoring.causal(i, j)[None, None]
 
 
-def _structural_to_dense(
-    mask, query, key, is_causal, causal_offset, key_padding, query_padding
+def dense_mask(
+    attention_mask,
+    query,
+    key,
+    causal=False,
+    query_offset=0,
+    key_mask=None,
+    query_mask=None,
+    mask_mod=None,
 ):
-    """One `(b|1, h|1, i, j)` boolean mask (or None) from every source."""
-    causal = None
-    if is_causal:
-        causal = _positions_mask(
-            ops.shape(query)[1], ops.shape(key)[1], causal_offset
+    """Every mask source of `dot_product_attention` as one dense boolean
+    `(b|1, h|1, i, j)` mask, or None when nothing masks (for kernels and
+    `_compute_attention` overrides that take a dense mask only).
+
+    Arguments as `dot_product_attention`'s; `query` `(b, i, h, d)` and
+    `key` `(b, j, g, d)` give the sizes.
+    """
+    causal_mask = None
+    if causal:
+        causal_mask = _positions_mask(
+            ops.shape(query)[1], ops.shape(key)[1], query_offset
         )
-    if key_padding is not None:  # (b, j) -> (b, 1, 1, j)
-        key_padding = ops.cast(key_padding, "bool")[:, None, None, :]
-    if query_padding is not None:  # (b, i) -> (b, 1, i, 1)
-        query_padding = ops.cast(query_padding, "bool")[:, None, :, None]
+    if key_mask is not None:  # (b, j) -> (b, 1, 1, j)
+        key_mask = ops.cast(key_mask, "bool")[:, None, None, :]
+    if query_mask is not None:  # (b, i) -> (b, 1, i, 1)
+        query_mask = ops.cast(query_mask, "bool")[:, None, :, None]
+    mod = None
+    if mask_mod is not None:
+        grid = scoring.Grid.dense(
+            ops.shape(query)[0],
+            query.shape[2],
+            ops.shape(query)[1],
+            ops.shape(key)[1],
+            q_offset=query_offset,
+        )
+        mod = scoring.evaluate_mask(mask_mod, grid)
     return masks.combine_masks(
-        as_4d_mask(mask), causal, key_padding, query_padding
+        as_4d_mask(attention_mask), causal_mask, key_mask, query_mask, mod
     )
 
 
@@ -635,9 +647,7 @@ def _fused_core(
             query, key, value, scale=scale, is_causal=True
         )
         return out, None
-    dense = _structural_to_dense(
-        mask, query, key, is_causal, causal_offset, padding, None
-    )
+    dense = dense_mask(mask, query, key, is_causal, causal_offset, padding)
     if dense is None:
         return ops.dot_product_attention(query, key, value, scale=scale), None
     # b - batch, h - heads, i/j - query/key positions.

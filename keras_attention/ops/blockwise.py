@@ -31,6 +31,7 @@ gradients.
 import numpy as np
 from keras import ops
 
+from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops import scoring
 from keras_attention.ops.scoring import score_dtype
@@ -178,7 +179,7 @@ def _tile_mask(plan, aux, grid, i0, i1, chunk):
     mod = None
     if needs_mod:
         mod = scoring.evaluate_mask(plan.mask_mod, grid)
-    return scoring.combine(causal, key_padding, dense_mask, mod)
+    return masks.combine_masks(causal, key_padding, dense_mask, mod)
 
 
 def _grid_and_mask(plan, aux, batch, i0, i1, chunk):

@@ -163,7 +163,7 @@ def modify_scores(scores, grid, score_mod=None, mask_mod=None, mask=None):
     if score_mod is not None:
         scores = ops.cast(score_mod(scores, *grid), "float32")
     if mask_mod is not None:
-        mask = combine(mask, evaluate_mask(mask_mod, grid))
+        mask = combine_masks(mask, evaluate_mask(mask_mod, grid))
     if mask is None:
         return scores, None
     # An additive bias of the mask's own shape: its gradient is the
@@ -176,10 +176,16 @@ def evaluate_mask(mask_mod, grid):
     return ops.cast(ops.convert_to_tensor(mask_mod(*grid)), "bool")
 
 
-def combine(*masks):
-    """Logical and of boolean masks (broadcasting); Nones skipped
-    (`masks.combine_masks`)."""
-    return combine_masks(*masks)
+def check_mod(obj, argument):
+    """`TypeError` naming `argument` unless `obj` (a score or mask
+    function or object) is None or callable; returns `obj`."""
+    if obj is not None and not callable(obj):
+        raise TypeError(
+            f"`{argument}` must be a mask/score object of "
+            f"`keras_attention.mods` or a function. "
+            f"Received: {argument}={obj!r}"
+        )
+    return obj
 
 
 # Softmax ----------------------------------------------------------------
