@@ -22,11 +22,17 @@ in a fresh process:
 3. Peak memory of one causal training step with that score function at
    T = 32,768, batch 1. Target: <= 4 GiB.
 
+Ours is timed interleaved with each alternative of table 1 in its own
+process (two dense 8 x T^2 training steps do not fit in one 24 GiB process
+at T = 8,192); `--tables documents,score,memory` runs a subset.
+
 Run on an idle machine (the load average is printed before and after).
 """
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -149,6 +155,30 @@ def memory_child(table, name, length, batch, documents):
     make_step(layer, call)(x)
 
 
+def pair_child(other, length, documents, repeats):
+    """Time ours against one alternative in this process; print JSON."""
+    ids = segment_ids(length, documents, 1)
+    x = np.random.default_rng(0).normal(size=(1, length, WIDTH))
+    x = x.astype("float32")
+    configs = document_configs(ids)
+    names = ["ours (blockwise, tiles skipped)", other]
+    steps = {name: make_step(*configs[name]) for name in names}
+    for step in steps.values():  # Build both layers, then share weights.
+        step(x)
+    configs[other][0].set_weights(configs[names[0]][0].get_weights())
+    outs = {name: step(x) for name, step in steps.items()}
+    ref = outs[other]
+    err = float(np.max(np.abs(outs[names[0]] - ref)) / np.max(np.abs(ref)))
+    times = time_interleaved(
+        {n: (lambda s=s: s(x)) for n, s in steps.items()},
+        repeats=repeats,
+        warmup=1,
+    )
+    print(
+        json.dumps({"ours": times[names[0]], "other": times[other], "err": err})
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=8192)
@@ -157,8 +187,14 @@ def main():
     parser.add_argument("--memory-length", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown")
+    parser.add_argument("--tables", default="documents,score,memory")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--pair", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pair:
+        other, length, documents, repeats = args.pair
+        pair_child(other, int(length), int(documents), int(repeats))
+        return
     if args.child:
         table, name, length, batch, documents = args.child
         memory_child(table, name, int(length), int(batch), int(documents))
@@ -166,87 +202,110 @@ def main():
     lines = [f"Machine: {machine_summary()}", f"Load before: {load_average()}"]
     rng = np.random.default_rng(0)
 
-    # 1. Packed documents.
-    ids = segment_ids(args.length, args.documents, 1)
-    x = rng.normal(size=(1, args.length, WIDTH)).astype("float32")
-    configs = document_configs(ids)
-    steps = {name: make_step(*cfg) for name, cfg in configs.items()}
-    outs = {name: step(x) for name, step in steps.items()}
-    first = configs["ours (blockwise, tiles skipped)"][0]
-    configs["keras MultiHeadAttention"][0].set_weights(first.get_weights())
-    outs = {name: step(x) for name, step in steps.items()}
-    ref = outs["ours, dense path"]
-    for name, out in outs.items():
-        err = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
-        lines.append(f"input gradient vs dense path, {name}: rel. {err:.1e}")
-    times = time_interleaved(
-        {n: (lambda s=s: s(x)) for n, s in steps.items()},
-        repeats=args.repeats,
-        warmup=1,
-    )
-    rows = []
-    base = times["ours (blockwise, tiles skipped)"]
-    for name in steps:
+    tables = args.tables.split(",")
+    if "documents" in tables:
+        # 1. Packed documents: ours against each alternative in its own process
+        # (two dense 8 x T^2 training steps do not fit beside each other at
+        # T = 8,192), interleaved with ours there.
+        rows = []
+        pairs = {}
+        for other in ("ours, dense path", "keras MultiHeadAttention"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--pair",
+                    other,
+                    str(args.length),
+                    str(args.documents),
+                    str(args.repeats),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            pairs[other] = json.loads(out.stdout.strip().splitlines()[-1])
+            lines.append(
+                f"input gradient, ours vs {other}: "
+                f"rel. {pairs[other]['err']:.1e}"
+            )
+        ours_ms = [p["ours"] * 1e3 for p in pairs.values()]
+        rows.append(
+            [
+                "ours (blockwise, tiles skipped)",
+                " / ".join(f"{t:.3g}" for t in ours_ms),
+                1.0,
+                None,
+            ]
+        )
+        for other, p in pairs.items():
+            rows.append([other, p["other"] * 1e3, p["other"] / p["ours"], None])
+        for row in rows:
+            row[3] = try_peak_rss_mb(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "documents",
+                    row[0],
+                    args.length,
+                    1,
+                    args.documents,
+                ]
+            )
+        lines += [
+            "",
+            f"Packed documents: {args.documents} in T={args.length}, batch 1,"
+            " one training step (ours timed interleaved with each"
+            " alternative in its own process; 'x ours' is the ratio within"
+            " that process)",
+            "",
+            markdown_table(["layer", "ms", "x ours", "peak RSS MiB"], rows),
+        ]
+
+    if "score" in tables:
+        # 2. A score function's cost.
+        xs = rng.normal(size=(4, args.score_length, WIDTH)).astype("float32")
+        configs = score_configs()
+        steps = {name: make_step(*cfg) for name, cfg in configs.items()}
+        for step in steps.values():
+            step(xs)
+        times = time_interleaved(
+            {n: (lambda s=s: s(xs)) for n, s in steps.items()},
+            repeats=args.repeats,
+            warmup=1,
+        )
+        plain = times["no score function"]
+        rows = [[n, t * 1e3, t / plain] for n, t in times.items()]
+        lines += [
+            "",
+            f"Score function (learned distance bias), blockwise, "
+            f"T={args.score_length}, batch 4",
+            "",
+            markdown_table(["layer", "ms", "x plain"], rows),
+        ]
+
+    if "memory" in tables:
+        # 3. Memory at T=32,768 with the score function, causal.
         mem = try_peak_rss_mb(
             [
                 sys.executable,
                 __file__,
                 "--child",
-                "documents",
-                name,
-                args.length,
+                "score",
+                "score function, causal",
+                args.memory_length,
                 1,
-                args.documents,
+                1,
             ]
         )
-        rows.append([name, times[name] * 1e3, times[name] / base, mem])
-    lines += [
-        "",
-        f"Packed documents: {args.documents} in T={args.length}, batch 1,"
-        " one training step",
-        "",
-        markdown_table(["layer", "ms", "x ours", "peak RSS MiB"], rows),
-    ]
-
-    # 2. A score function's cost.
-    xs = rng.normal(size=(4, args.score_length, WIDTH)).astype("float32")
-    configs = score_configs()
-    steps = {name: make_step(*cfg) for name, cfg in configs.items()}
-    for step in steps.values():
-        step(xs)
-    times = time_interleaved(
-        {n: (lambda s=s: s(xs)) for n, s in steps.items()},
-        repeats=args.repeats,
-        warmup=1,
-    )
-    plain = times["no score function"]
-    rows = [[n, t * 1e3, t / plain] for n, t in times.items()]
-    lines += [
-        "",
-        f"Score function (learned distance bias), blockwise, "
-        f"T={args.score_length}, batch 4",
-        "",
-        markdown_table(["layer", "ms", "x plain"], rows),
-    ]
-
-    # 3. Memory at T=32,768 with the score function, causal.
-    mem = try_peak_rss_mb(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            "score",
-            "score function, causal",
-            args.memory_length,
-            1,
-            1,
+        lines += [
+            "",
+            f"Peak RSS of one causal training step with the score function, "
+            f"T={args.memory_length}, batch 1: "
+            + ("failed" if mem is None else f"{mem / 1024:.2f} GiB"),
         ]
-    )
     lines += [
-        "",
-        f"Peak RSS of one causal training step with the score function, "
-        f"T={args.memory_length}, batch 1: "
-        + ("failed" if mem is None else f"{mem / 1024:.2f} GiB"),
         "",
         f"Load after: {load_average()}",
     ]
