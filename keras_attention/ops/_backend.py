@@ -78,11 +78,13 @@ def custom_vjp(forward, backward):
     return lambda q, k, v, aux, params=(): fwd(q, k, v, aux, tuple(params))[0]
 
 
-def vjp(fn, primals, cotangent):
-    """The gradients of `fn(*primals)` (one tensor) w.r.t. each of
-    `primals` given the output's gradient `cotangent` (zeros for a primal
-    `fn` does not use). For hand-written backward passes that must
-    differentiate a user's function (a score function) tile by tile."""
+def vjp(fn, primals):
+    """`fn(*primals)` (one tensor) and its pullback: `pull(cotangent)`
+    gives the gradients w.r.t. each of `primals` (zeros for a primal `fn`
+    does not use), as `jax.vjp` does. For hand-written backward passes
+    that must differentiate a user's function (a score function) tile by
+    tile: the function runs once, its output serves the backward pass
+    and the pullback (call it once)."""
     backend = keras.backend.backend()
     primals = tuple(primals)
     if backend == "tensorflow":
@@ -91,32 +93,43 @@ def vjp(fn, primals, cotangent):
         with tf.GradientTape() as tape:
             tape.watch(primals)
             out = fn(*primals)
-        return tuple(
-            tape.gradient(
-                out,
-                primals,
-                output_gradients=cotangent,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+
+        def pull(cotangent):
+            return tuple(
+                tape.gradient(
+                    out,
+                    primals,
+                    output_gradients=cotangent,
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                )
             )
-        )
+
+        return out, pull
     if backend == "jax":
         import jax
 
-        _, pull = jax.vjp(fn, *primals)
-        return tuple(pull(cotangent))
+        out, pull = jax.vjp(fn, *primals)
+        return out, lambda cotangent: tuple(pull(cotangent))
     if backend == "torch":
         import torch
 
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) for p in primals]
             out = fn(*leaves)
-            grads = torch.autograd.grad(
-                out, leaves, cotangent, allow_unused=True
+
+        def pull(cotangent):
+            if not out.requires_grad:  # `fn` ignores every primal.
+                return tuple(torch.zeros_like(p) for p in primals)
+            with torch.enable_grad():
+                grads = torch.autograd.grad(
+                    out, leaves, cotangent, allow_unused=True
+                )
+            return tuple(
+                torch.zeros_like(p) if g is None else g
+                for p, g in zip(primals, grads)
             )
-        return tuple(
-            torch.zeros_like(p) if g is None else g
-            for p, g in zip(primals, grads)
-        )
+
+        return out.detach(), pull
     raise NotImplementedError(f"vjp on the {backend!r} backend")
 
 

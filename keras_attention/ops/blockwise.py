@@ -142,7 +142,9 @@ class _Plan:
             self.rows.append((i0, i1, chunks))
         # Probabilities of one-tile rows kept for the backward pass (not
         # recomputed) when they are small: see `_KEEP_ELEMENTS`. A score
-        # function's backward needs the raw scores: recomputed then.
+        # function's pullback recomputes only the raw scores then (which
+        # a graph compiler drops when its gradient does not read them:
+        # an additive bias).
         kept = sum(
             (i1 - i0) * (chunks[0][2] - chunks[0][1])
             for i0, i1, chunks in self.rows
@@ -150,18 +152,30 @@ class _Plan:
         )
         if keep_probabilities is None:
             keep_probabilities = keeps_probabilities(kept, heads)
-        self.keep_probabilities = score_fn is None and keep_probabilities
+        self.keep_probabilities = keep_probabilities
 
 
-def _grid(plan, aux, batch, i0, i1, j0, j1):
-    """The `scoring.Grid` of one tile (absolute query positions)."""
+def _grid(plan, aux, anchor, i0, i1, j0, j1):
+    """The `scoring.Grid` of one tile (absolute query positions), its
+    query positions computed at run time from `anchor` (the tile's
+    queries): with positions known while tracing, TensorFlow's graph
+    optimizer folds every tile's index-only terms (a score function's
+    distance bias, `(b, h, Bq, k)` per tile) into constants that live as
+    long as the graph: O(T^2) memory. A query position plus a run-time
+    zero read from the data cannot be folded, and it also runs each
+    tile's index terms when the tile runs, not all at the start."""
     offset = plan.offset if aux[2] is None else aux[2]
-    if isinstance(offset, int):
-        offset = offset + i0
-    else:
-        offset = ops.cast(offset, "int32") + i0
+    zero = ops.minimum(
+        ops.cast(ops.any(ops.isnan(anchor[:1, :1, :1, :1])), "int32"), 0
+    )
+    offset = ops.cast(offset, "int32") + (i0 + zero)
     return scoring.Grid.dense(
-        batch, plan.heads, i1 - i0, j1 - j0, q_offset=offset, kv_offset=j0
+        ops.shape(anchor)[0],
+        plan.heads,
+        i1 - i0,
+        j1 - j0,
+        q_offset=offset,
+        kv_offset=j0,
     )
 
 
@@ -182,9 +196,9 @@ def _tile_mask(plan, aux, grid, i0, i1, chunk):
     return masks.combine_masks(causal, key_padding, dense_mask, mod)
 
 
-def _grid_and_mask(plan, aux, batch, i0, i1, chunk):
+def _grid_and_mask(plan, aux, anchor, i0, i1, chunk):
     """The tile's grid and its boolean mask (None: nothing masks)."""
-    grid = _grid(plan, aux, batch, i0, i1, chunk[1], chunk[2])
+    grid = _grid(plan, aux, anchor, i0, i1, chunk[1], chunk[2])
     return grid, _tile_mask(plan, aux, grid, i0, i1, chunk)
 
 
@@ -196,28 +210,39 @@ def _live(plan, chunk, mask):
     return ops.any(mask)
 
 
-def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
+def _raw_scores(plan, q_t, k_c, i0, i1):
     """Scores of one tile, formed in the keys' dtype `k_c` (`score_dtype`:
     float32 for float16, whose products of large queries and keys would
-    overflow; bfloat16 stays bfloat16), then modified and masked by
-    `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
-    unmodified float32 scores `(b, h, Bq, k)` and the tile's grid (for a
-    score function's backward)."""
-    g, rows, cols = q_t.shape[1], q_t.shape[2], k_c.shape[2]
+    overflow; bfloat16 stays bfloat16): float32 `(b, h, Bq, k)`."""
+    cols = k_c.shape[2]
     s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, k_c.dtype), k_c)
     # (b, g, r Bq, k) -> (b, h, Bq, k): query head g r + r'.
-    s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+    return ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+
+
+def _score_function(plan, params):
+    """The score function with its parameters bound, or None."""
+    if plan.score_fn is None:
+        return None
+
+    def score_mod(score, *args):
+        return plan.score_fn(params, score, *args)
+
+    return score_mod
+
+
+def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
+    """Scores of one tile (`_raw_scores`), modified and masked by
+    `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
+    tile's grid and mask."""
+    g, rows, cols = q_t.shape[1], q_t.shape[2], k_c.shape[2]
+    s = _raw_scores(plan, q_t, k_c, i0, i1)
     if tile is None:
-        tile = _grid_and_mask(plan, aux, ops.shape(s)[0], i0, i1, chunk)
+        tile = _grid_and_mask(plan, aux, s, i0, i1, chunk)
     grid, mask = tile
-    score_mod = None
-    if plan.score_fn is not None:
-
-        def score_mod(*args):
-            return plan.score_fn(params, *args)
-
+    score_mod = _score_function(plan, params)
     masked, _ = scoring.modify_scores(s, grid, score_mod, None, mask)
-    return ops.reshape(masked, (-1, g, rows, cols)), s, grid
+    return ops.reshape(masked, (-1, g, rows, cols)), tile
 
 
 def _never_empty(plan, aux, i0, chunks):
@@ -286,9 +311,7 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     r = q_t.shape[2] // n
     (chunk,) = chunks
     _, j0, j1, _, _ = chunk
-    s, _, _ = _scores(
-        plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
-    )
+    s, _ = _scores(plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk)
     p = scoring.plain_softmax(s, axis=-1)
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
@@ -316,10 +339,10 @@ def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
         _, j0, j1, _, _ = chunk
         # One key tile at a time (TensorFlow would start them all).
         q_t, ks, vh = _backend.after((q_t, ks, vh), [acc])
-        tile = _grid_and_mask(plan, aux, ops.shape(q_t)[0], i0, i1, chunk)
+        tile = _grid_and_mask(plan, aux, q_t, i0, i1, chunk)
 
         def update(m=m, row_sum=row_sum, acc=acc, j0=j0, j1=j1, tile=tile):
-            s, _, _ = _scores(
+            s, _ = _scores(
                 plan,
                 aux,
                 params,
@@ -407,7 +430,7 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                 (q_t, k_src, ks_src, v_src), last
             )
             k_c, v_c = _slice(k_src, 2, j0, j1), _slice(v_src, 2, j0, j1)
-            tile = _grid_and_mask(plan, aux, ops.shape(q_t)[0], i0, i1, chunk)
+            tile = _grid_and_mask(plan, aux, q_t, i0, i1, chunk)
 
             def grads(
                 q_t=q_t,
@@ -419,32 +442,31 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                 chunk=chunk,
                 tile=tile,
             ):
-                raw = None
-                if p_t is not None:  # Kept by the forward pass.
-                    p = p_t
-                else:
-                    s, raw, _ = _scores(
+                p, pull = p_t, None  # p_t: kept by the forward pass.
+                if p_t is None or plan.score_fn is not None:
+                    p, pull = _recompute(
                         plan,
-                        aux,
                         params,
                         q_t,
-                        _slice(ks_src, 2, j0, j1),
+                        ks_src,
                         i0,
                         i1,
-                        chunk,
+                        j0,
+                        j1,
                         tile,
-                    )
-                    p = (
-                        scoring.plain_softmax(s, -1)
-                        if lse_t is None
-                        else ops.exp(s - lse_t)
+                        p_t,
+                        lse_t,
                     )
                 dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
                 dp = ops.einsum("bgqe,bgke->bgqk", do_t, v_c)
                 ds = p * (ops.cast(dp, "float32") - dd_t)
                 d_params = ()
-                if plan.score_fn is not None:
-                    ds, d_params = _score_vjp(plan, params, raw, tile[0], ds)
+                if pull is not None:  # Back through the score function.
+                    shape = ops.shape(ds)
+                    ds, *d_params = pull(
+                        ops.reshape(ds, (-1, plan.heads, n, j1 - j0))
+                    )
+                    ds = ops.reshape(ds, shape)
                 ds = ops.cast(ds, dtype)
                 dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
                 dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
@@ -464,7 +486,9 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                 )
             dparams = [a + b for a, b in zip(dparams, d_params)]
             dq_t = dq_c if dq_t is None else dq_t + dq_c
-            last = [dq_t, dk_c, dv_c]
+            # The parameters' gradients too: a tile's `ds` would otherwise
+            # stay alive until its (unscheduled) parameter sums run.
+            last = [dq_t, dk_c, dv_c] + dparams
             _accumulate(dks, c, dk_c)
             _accumulate(dvs, c, dv_c)
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
@@ -473,18 +497,29 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
     return dq, dk, dv, tuple(dparams)
 
 
-def _score_vjp(plan, params, raw, grid, ds):
-    """The gradient `ds` `(b, g, q, k)` w.r.t. the modified scores taken
-    back through the score function: w.r.t. the raw scores (same layout)
-    and its `params`."""
-    shape = ops.shape(ds)
-    ds4 = ops.reshape(ds, ops.shape(raw))
+def _recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
+    """A tile's probabilities `(b, g, q, k)` for the backward pass and the
+    pullback of its score function (None without one). Kept
+    probabilities `p_t` are reused: with a score function only the raw
+    scores are recomputed then (for the pullback), no softmax. The score
+    function runs once, its output serving both."""
+    g, rows = q_t.shape[1], q_t.shape[2]
+    raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
+    grid, mask = tile
+    pull = None
+    s = raw
+    if plan.score_fn is not None:
 
-    def fn(scores, *p):
-        return plan.score_fn(p, scores, *grid)
+        def fn(scores, *p):
+            return ops.cast(plan.score_fn(p, scores, *grid), "float32")
 
-    grads = _backend.vjp(fn, (raw,) + tuple(params), ds4)
-    return ops.reshape(grads[0], shape), grads[1:]
+        s, pull = _backend.vjp(fn, (raw,) + tuple(params))
+    if p_t is not None:
+        return p_t, pull
+    s, _ = scoring.modify_scores(s, grid, None, None, mask)
+    s = ops.reshape(s, (-1, g, rows, j1 - j0))
+    p = scoring.plain_softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
+    return p, pull
 
 
 def _accumulate(store, c, grad):

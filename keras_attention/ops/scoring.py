@@ -127,9 +127,18 @@ class Grid:
         """The grid of `q_length` queries from absolute position
         `q_offset` (an int or a scalar tensor: a cache offset) over
         `kv_length` keys from `kv_offset`, every head and example."""
-        q = ops.arange(q_length, dtype="int32")
-        if not (isinstance(q_offset, int) and q_offset == 0):
-            q = q + ops.cast(q_offset, "int32")
+        if isinstance(q_offset, int):
+            q = ops.arange(q_offset, q_offset + q_length, dtype="int32")
+        else:
+            # A tensor: `arange + offset` would let TensorFlow's graph
+            # optimizer push the constant through (`(C1 + x) - C2` ->
+            # `(C1 - C2) + x`) and fold `q - kv` of every tile into a
+            # `(Bq, Bk)` constant kept as long as the graph (O(T^2) memory
+            # on the blockwise path). It cannot push through a maximum
+            # (equal here: positions are >= the offset).
+            start = ops.cast(q_offset, "int32")
+            q = ops.arange(q_length, dtype="int32") + start
+            q = ops.maximum(q, start)
         kv = ops.arange(kv_length, dtype="int32")
         if kv_offset:
             kv = kv + kv_offset

@@ -213,9 +213,15 @@ def _gradients(fn, *args):
     return [a.grad for a in args] + [layer.slopes.value.grad]
 
 
-@pytest.mark.parametrize("tiles", [(8, 16), (16, 8)])
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("tiles", [(8, 16), (16, 8), (8, 40)])
 @pytest.mark.parametrize("name", ["causal_documents", "chunked"])
-def test_gradients_reach_a_learned_bias_on_the_blockwise_path(name, tiles):
+def test_gradients_reach_a_learned_bias_on_the_blockwise_path(
+    name, tiles, keep
+):
+    # keep: the backward pass reuses the forward's probabilities of
+    # one-tile rows (tiles (8, 40)) and recomputes only the raw scores
+    # for the score function's pullback, or recomputes everything.
     mask_mod, inputs, _ = MASKS[name]
     mask_mod = mask_mod.bind(**inputs)
 
@@ -242,6 +248,7 @@ def test_gradients_reach_a_learned_bias_on_the_blockwise_path(name, tiles):
                     key_block=tiles[1],
                     score_mod=layer,
                     mask_mod=mask_mod,
+                    keep_probabilities=keep,
                 )
             return out, layer
 
