@@ -8,6 +8,7 @@ sequence axis, attention on rank-3 tensors, and back.
 projections, the cache and the attention step only.
 """
 
+import numpy as np
 from keras import ops
 
 from keras_attention.utils import validation
@@ -199,3 +200,26 @@ class AttentionAxesLayout:
             + tuple(k_shape[a] for a in axes),
         )
         return output, scores
+
+    def weights_as_4d(self, weights, query_rank):
+        """Attention weights of this layout `(b, <others>, heads, <q axes>,
+        <k axes>)` (NumPy) -> `(b * others, heads, Tq, Tk)` (rank 4
+        unchanged).
+
+        The heads axis follows from the query's rank and `attention_axes`
+        (`1 + len(others)`), never from matching sizes: another axis may
+        have `num_heads` steps too.
+        """
+        if weights.ndim == 4:
+            return weights
+        shape = weights.shape
+        if self.attention_axes is None:
+            axes = query_rank - 2
+        elif isinstance(self.attention_axes, int):
+            axes = 1
+        else:
+            axes = len(self.attention_axes)
+        heads_axis = 1 + (query_rank - 2 - axes)
+        lead = int(np.prod(shape[:heads_axis]))
+        tq = int(np.prod(shape[heads_axis + 1 : heads_axis + 1 + axes]))
+        return weights.reshape(lead, self.num_heads, tq, -1)

@@ -1,13 +1,14 @@
 import keras
 from keras import ops
 
+from keras_attention.layers import _recording
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionPooling(keras.layers.Layer):
+class AttentionPooling(_recording.AttentionRecording, keras.layers.Layer):
     """Attention-weighted pooling of a sequence into one vector.
 
     Scores each step, normalizes the scores over the (unpadded) steps with a
@@ -122,6 +123,21 @@ class AttentionPooling(keras.layers.Layer):
         if return_attention_scores:
             return pooled, weights
         return pooled
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook (`layers/_recording.py`): the
+        weights `(batch, 1, 1, T)` of the learned query."""
+        weights = _recording.numpy_weights(scores)[:, None, None, :]
+        meta = dict(
+            kind="pooling",
+            query_mask=None,
+            key_mask=_recording.padding_mask(
+                arguments.get("mask"), arguments.get("inputs")
+            ),
+            causal=False,
+            window=None,
+        )
+        return weights, meta
 
     def compute_mask(self, inputs, mask=None):
         return None

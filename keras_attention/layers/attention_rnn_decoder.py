@@ -3,6 +3,7 @@ import inspect
 import keras
 from keras import ops
 
+from keras_attention.layers import _recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.ops import scan_carry
@@ -607,6 +608,35 @@ class AttentionRNNDecoder(keras.layers.Layer):
                 for n in self.state_sizes()
             )
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def call_with_attention(self, call, args, kwargs, options):
+        """`collect_attention`'s hook (`layers/_recording.py`): `call`
+        with the alignment history switched on; its weights
+        `(batch, 1, Tt, Ts)` (heads averaged over a multi-head
+        attention)."""
+        arguments = inspect.signature(call).bind(*args, **kwargs).arguments
+        asked = self.return_attention_scores
+        self.return_attention_scores = True
+        try:
+            outputs = call(*args, **kwargs)
+        finally:
+            self.return_attention_scores = asked
+        weights = _recording.numpy_weights(outputs[1])[:, None]  # b 1 t s
+        meta = dict(
+            kind="decoder",
+            query_mask=_recording.padding_mask(
+                arguments.get("mask"), arguments.get("inputs")
+            ),
+            key_mask=_recording.padding_mask(
+                arguments.get("memory_mask"), arguments.get("memory")
+            ),
+            causal=False,
+            window=None,
+            heads_averaged=isinstance(self.attention, MultiHeadAttention),
+        )
+        if not asked:
+            outputs = _recording.without_scores(outputs)
+        return outputs, weights, meta
 
     def get_config(self):
         config = super().get_config()

@@ -1,5 +1,6 @@
 import keras
 
+from keras_attention.layers import _recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -57,6 +58,8 @@ class CrossAttention(MultiHeadAttention):
         - Vaswani et al., 2017, "Attention Is All You Need".
     """
 
+    attention_kind = "cross"
+
     def build(self, query_shape, context_shape):
         super().build(query_shape, context_shape)
 
@@ -106,6 +109,21 @@ class CrossAttention(MultiHeadAttention):
             cache=cache,
             mod_inputs=mod_inputs,
         )
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook: see `MultiHeadAttention`."""
+        meta = dict(
+            kind="cross",
+            query_mask=_recording.padding_mask(
+                arguments.get("query_mask"), arguments.get("query")
+            ),
+            key_mask=_recording.padding_mask(
+                arguments.get("context_mask"), arguments.get("context")
+            ),
+            causal=False,
+            window=None,
+        )
+        return _recording.numpy_weights(scores), meta
 
     def compute_output_spec(
         self,

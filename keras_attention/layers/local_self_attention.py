@@ -1,6 +1,8 @@
 import keras
+import numpy as np
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
@@ -207,6 +209,36 @@ class LocalSelfAttention(SelfAttention):
             return global_local_weights_to_dense(scores, self.window_bounds)
         return banded_to_dense(scores, self.window_bounds)
 
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook: banded weights expanded to dense
+        `(batch, heads, T, T)` (at most `options["max_dense_length"]`
+        steps), with the window and the global tokens."""
+        meta = self._self_metadata(arguments)
+        meta["window"] = tuple(self.window_bounds)
+        if arguments.get("cache") is not None:  # dense over the cache
+            return _recording.numpy_weights(scores), meta
+        banded = scores["local"] if isinstance(scores, dict) else scores
+        steps = banded.shape[2]
+        limit = options.get("max_dense_length")
+        if limit is not None and steps > limit:
+            raise ValueError(
+                f"`{self.name}` (LocalSelfAttention) ran on {steps} steps: "
+                "its banded weights would be expanded to a dense "
+                f"({steps}, {steps}) matrix per head. Pass a shorter probe, "
+                "leave the layer out with `layers=`, or raise "
+                "`max_dense_length` (None: no limit). Received: "
+                f"max_dense_length={limit!r}"
+            )
+        weights = _recording.numpy_weights(self.scores_to_dense(scores))
+        if isinstance(scores, dict):  # global tokens
+            indices = _recording.numpy_weights(
+                scores["global_indices"], "int64"
+            )
+            meta["global_mask"] = np.any(
+                indices[:, :, None] == np.arange(weights.shape[-1]), axis=1
+            )
+        return weights, meta
+
     def call(
         self,
         inputs,
@@ -253,7 +285,7 @@ class LocalSelfAttention(SelfAttention):
         value,
         attention_mask=None,
         training=None,
-        return_attention_scores=False,
+        return_attention_scores=None,
         use_causal_mask=False,
         *,
         query_mask=None,
@@ -275,6 +307,8 @@ class LocalSelfAttention(SelfAttention):
 
         `global_mask`, `inputs` (for the global projections) and
         `decoding` come from `call` through `step_inputs`."""
+        if return_attention_scores is None:
+            return_attention_scores = self._return_attention_scores
         if decoding:
             window = SlidingWindowMask(self.window_bounds)
             both = window if mask_mod is None else and_masks(mask_mod, window)

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _attention_axes
+from keras_attention.layers import _recording
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import KerasSlidingWindowMask
@@ -58,7 +59,9 @@ def _check_key_value_shapes(value_shape, key_shape):
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(
-    _attention_axes.AttentionAxesLayout, keras.layers.Layer
+    _attention_axes.AttentionAxesLayout,
+    _recording.AttentionRecording,
+    keras.layers.Layer,
 ):
     """Multi-head (and grouped-query) scaled dot-product attention.
 
@@ -257,6 +260,7 @@ class MultiHeadAttention(
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self._return_attention_scores = False
         num_heads = validation.check_positive_int("num_heads", num_heads)
         key_dim = validation.check_positive_int("key_dim", key_dim)
         value_dim = validation.check_positive_int(
@@ -591,7 +595,7 @@ class MultiHeadAttention(
         value,
         attention_mask=None,
         training=None,
-        return_attention_scores=False,
+        return_attention_scores=None,
         use_causal_mask=False,
         *,
         query_mask=None,
@@ -617,7 +621,9 @@ class MultiHeadAttention(
             attention_mask: optional bool, `(b, Tq, Tk)` or
                 `(b|1, heads|1, Tq, Tk)`; True = may attend.
             training: Python bool (dropout on the weights).
-            return_attention_scores: also compute the weights.
+            return_attention_scores: also compute the weights; None: as
+                the layer's call asked (an override with Keras's earlier
+                signature calls `super()._compute_attention` without it).
             use_causal_mask: query `i` sees keys `j <= i + query_offset`.
             query_mask: optional bool `(b, Tq)`: padded queries give 0.
             key_mask: optional bool `(b, Tk)`: padded keys are not seen.
@@ -630,6 +636,8 @@ class MultiHeadAttention(
             value_dim)` and the weights `(b, heads, Tq, Tk)` (None unless
             `return_attention_scores`).
         """
+        if return_attention_scores is None:
+            return_attention_scores = self._return_attention_scores
         if return_attention_scores and self._flash_attention:
             raise ValueError(_FLASH_SCORES_ERROR)
         dropout_fn = self._dropout_fn(training)
@@ -662,6 +670,9 @@ class MultiHeadAttention(
         (without the structural keyword arguments) with every mask folded
         into a dense `attention_mask`."""
         step = self._compute_attention
+        # What the call asked, for steps that do not take the argument
+        # (Keras's GroupedQueryAttention reads this attribute).
+        self._return_attention_scores = return_scores
         if _takes_structure(type(self)._compute_attention):
             return step(
                 q,
@@ -684,8 +695,6 @@ class MultiHeadAttention(
         extra = {}
         if "return_attention_scores" in params:
             extra["return_attention_scores"] = return_scores
-        else:  # Keras's GroupedQueryAttention reads the attribute.
-            self._return_attention_scores = return_scores
         return step(q, k, v, attention_mask=mask, training=training, **extra)
 
     def _use_local_path(self, q, k, query, key, return_scores, cache):
@@ -954,6 +963,32 @@ class MultiHeadAttention(
         if cache is not None:
             outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook (`layers/_recording.py`): the
+        weights of one call as `(batch, heads, Tq, Tk)` and what they
+        are (self- or cross-attention, padding masks, causal)."""
+        query, value = arguments.get("query"), arguments.get("value")
+        key = arguments.get("key")
+        weights = self.weights_as_4d(
+            _recording.numpy_weights(scores), len(query.shape)
+        )
+        is_self = value is query and (key is None or key is query)
+        meta = dict(
+            kind="self" if is_self else "cross",
+            query_mask=_recording.padding_mask(
+                arguments.get("query_mask"), query
+            ),
+            key_mask=_recording.all_masks(
+                _recording.padding_mask(arguments.get("value_mask"), value),
+                _recording.padding_mask(arguments.get("key_mask"), key),
+            ),
+            causal=bool(arguments.get("use_causal_mask")),
+            window=None,
+        )
+        if weights.shape[0] != query.shape[0]:  # attention_axes
+            meta["query_mask"] = meta["key_mask"] = None
+        return weights, meta
 
     def get_config(self):
         config = super().get_config()

@@ -1,5 +1,6 @@
 import keras
 
+from keras_attention.layers import _recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -62,6 +63,8 @@ class SelfAttention(MultiHeadAttention):
         - Vaswani et al., 2017, "Attention Is All You Need".
     """
 
+    attention_kind = "self"
+
     def __init__(self, num_heads, key_dim, causal=False, **kwargs):
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.causal = validation.check_bool("causal", causal)
@@ -113,6 +116,22 @@ class SelfAttention(MultiHeadAttention):
             inputs,
             return_attention_scores=return_attention_scores,
             cache=cache,
+        )
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook: see `MultiHeadAttention`."""
+        return _recording.numpy_weights(scores), self._self_metadata(arguments)
+
+    def _self_metadata(self, arguments):
+        mask = _recording.padding_mask(
+            arguments.get("mask"), arguments.get("inputs")
+        )
+        return dict(
+            kind="self",
+            query_mask=mask,
+            key_mask=mask,
+            causal=self.causal,
+            window=None,
         )
 
     def get_config(self):

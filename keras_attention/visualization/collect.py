@@ -65,41 +65,34 @@ read):
       suffix); `"call_index"`: 0 for a layer's first call in the pass, 1,
       2, ... for the following ones.
 
-Weights are the ones the forward pass used: each attention layer is
-called with `return_attention_scores=True` through a temporary wrapper of
-its own `call` (per instance, removed afterwards; the model is not
-rewired or rebuilt), and an `AttentionRNNDecoder` with its alignment
-history switched on. This works for functional, Sequential and subclassed
-models, models loaded from `.keras` files, a single block or layer, and on
-every Keras backend.
+Weights are the ones the forward pass used. Each attention layer is
+recorded through its hook `call_with_attention` (documented in
+`keras_attention/layers/_recording.py`; `is_attention_layer` tells which
+layers have it), called from a temporary wrapper of its own `call` (per
+instance, removed afterwards; the model is not rewired or rebuilt): the
+package's layers implement it (those with a `return_attention_scores`
+argument by describing their scores in `describe_attention`, an
+`AttentionRNNDecoder` by switching its alignment history on), and a new
+attention layer is recorded by implementing it, or by subclassing one of
+them, with no edit here. This works for functional, Sequential and
+subclassed models, models loaded from `.keras` files, a single block or
+layer, and on every Keras backend.
 """
 
-import inspect
-
 import keras
-import numpy as np
-from keras import ops
 
-from keras_attention.layers import AttentionPooling
-from keras_attention.layers import AttentionRNNDecoder
-from keras_attention.layers import CrossAttention
-from keras_attention.layers import LocalSelfAttention
-from keras_attention.layers import MultiHeadAttention
-from keras_attention.layers import SelfAttention
-from keras_attention.layers import Seq2SeqAttention
-from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 KINDS = ("self", "cross", "decoder", "pooling")
 
-# The layers whose weights are collected (their own sublayers are not
-# searched: an AttentionRNNDecoder's attention runs inside its loop).
-_ATTENTION_TYPES = (
-    AttentionRNNDecoder,
-    AttentionPooling,
-    MultiHeadAttention,
-    Seq2SeqAttention,
-)
+
+def is_attention_layer(layer):
+    """Whether `layer` records its attention weights: it implements the
+    hook `call_with_attention` (see `keras_attention/layers/_recording.py`;
+    every attention layer of the package does, and a new layer joins by
+    implementing it). Its own sublayers are not searched: an
+    `AttentionRNNDecoder`'s attention runs inside its loop."""
+    return callable(getattr(layer, "call_with_attention", None))
 
 
 class AttentionMaps(dict):
@@ -127,32 +120,6 @@ class AttentionMaps(dict):
             for name, w in self.items()
         )
         return f"AttentionMaps({{{items}}})"
-
-
-def _without_scores(outputs):
-    """A layer's outputs as the caller asked for them: the attention
-    weights (second output) that the wrapper requested dropped again."""
-    rest = (outputs[0],) + tuple(outputs[2:])
-    return rest[0] if len(rest) == 1 else rest
-
-
-def _numpy(x, dtype="float32"):
-    return np.asarray(ops.convert_to_numpy(x)).astype(dtype)
-
-
-def _mask(mask, tensor=None):
-    """A boolean NumPy padding mask, from `mask` or the Keras mask of
-    `tensor`; None when neither has one."""
-    if mask is None and tensor is not None:
-        mask = keras_utils.keras_mask(tensor)
-    return None if mask is None else _numpy(mask, "bool")
-
-
-def _combine(*masks):
-    masks = [m for m in masks if m is not None]
-    if not masks:
-        return None
-    return np.logical_and.reduce(masks)
 
 
 def _sublayers(layer):
@@ -197,7 +164,7 @@ def attention_layers(model):
         if id(layer) in seen:
             return
         seen.add(id(layer))
-        if isinstance(layer, _ATTENTION_TYPES):
+        if is_attention_layer(layer):
             name, n = path or layer.name, 1
             while name in used:  # two sublayers with one name
                 n += 1
@@ -218,7 +185,8 @@ def _on_target_side(parent):
     if parent is None or isinstance(parent, keras.Model):
         return False
     return any(
-        isinstance(child, CrossAttention) for child in _sublayers(parent)
+        getattr(child, "attention_kind", None) == "cross"
+        for child in _sublayers(parent)
     )
 
 
@@ -262,139 +230,19 @@ class _Recorder:
 
     def _wrapper(self, path, layer, parent):
         original = layer.call  # the bound method of the class
-        signature = inspect.signature(original)
-        if isinstance(layer, AttentionRNNDecoder):
-            return self._decoder_wrapper(path, layer, original)
+        options = {"max_dense_length": self.max_dense_length}
 
         def call(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            asked = bool(bound.arguments.get("return_attention_scores"))
-            bound.arguments["return_attention_scores"] = True
-            outputs = original(*bound.args, **bound.kwargs)
-            weights, meta = self._describe(layer, parent, bound, outputs[1])
+            outputs, weights, meta = layer.call_with_attention(
+                original, args, kwargs, options
+            )
+            meta.setdefault("layer", type(layer).__name__)
+            if meta["kind"] == "self":
+                meta.setdefault("on_target_side", _on_target_side(parent))
             self._record(path, weights, meta)
-            return outputs if asked else _without_scores(outputs)
+            return outputs
 
         return call
-
-    def _decoder_wrapper(self, path, layer, original):
-        signature = inspect.signature(original)
-
-        def call(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            asked = layer.return_attention_scores
-            layer.return_attention_scores = True
-            try:
-                outputs = original(*bound.args, **bound.kwargs)
-            finally:
-                layer.return_attention_scores = asked
-            args = bound.arguments
-            weights = _numpy(outputs[1])[:, None]  # b 1 t s
-            meta = dict(
-                kind="decoder",
-                layer=type(layer).__name__,
-                query_mask=_mask(args.get("mask"), args.get("inputs")),
-                key_mask=_mask(args.get("memory_mask"), args.get("memory")),
-                causal=False,
-                window=None,
-                heads_averaged=isinstance(layer.attention, MultiHeadAttention),
-            )
-            self._record(path, weights, meta)
-            return outputs if asked else _without_scores(outputs)
-
-        return call
-
-    def _describe(self, layer, parent, bound, scores):
-        """`(weights (b, h, Tq, Tk), metadata)` of one call."""
-        args = bound.arguments
-        meta = dict(layer=type(layer).__name__, causal=False, window=None)
-        if isinstance(layer, AttentionPooling):
-            weights = _numpy(scores)[:, None, None, :]  # b 1 1 t
-            meta.update(
-                kind="pooling",
-                query_mask=None,
-                key_mask=_mask(args.get("mask"), args.get("inputs")),
-            )
-        elif isinstance(layer, Seq2SeqAttention):
-            weights = _numpy(scores)
-            weights = weights[:, None] if weights.ndim == 2 else weights
-            query_mask = _mask(args.get("query_mask"), args.get("query"))
-            if query_mask is not None and query_mask.ndim == 1:
-                query_mask = query_mask[:, None]  # a one-step query
-            meta.update(
-                kind="cross",
-                query_mask=query_mask,
-                key_mask=_mask(args.get("value_mask"), args.get("value")),
-            )
-            weights = weights[:, None]  # b 1 i j
-        elif isinstance(layer, SelfAttention):
-            weights = self._self_weights(layer, bound, scores)
-            mask = _mask(args.get("mask"), args.get("inputs"))
-            meta.update(
-                kind="self",
-                query_mask=mask,
-                key_mask=mask,
-                causal=layer.causal,
-                on_target_side=_on_target_side(parent),
-            )
-            if isinstance(layer, LocalSelfAttention):
-                meta["window"] = tuple(layer.window_bounds)
-            if isinstance(scores, dict):  # global tokens
-                meta["global_mask"] = _global_mask(
-                    scores["global_indices"], weights.shape[-1]
-                )
-        elif isinstance(layer, CrossAttention):
-            weights = _numpy(scores)
-            meta.update(
-                kind="cross",
-                query_mask=_mask(args.get("query_mask"), args.get("query")),
-                key_mask=_mask(args.get("context_mask"), args.get("context")),
-            )
-        else:  # MultiHeadAttention
-            query, value = args.get("query"), args.get("value")
-            weights = _high_rank_to_4d(
-                _numpy(scores),
-                layer.num_heads,
-                len(query.shape),
-                layer.attention_axes,
-            )
-            key = args.get("key")
-            causal = bool(args.get("use_causal_mask"))
-            is_self = value is query and (key is None or key is query)
-            meta.update(
-                kind="self" if is_self else "cross",
-                query_mask=_mask(args.get("query_mask"), query),
-                key_mask=_combine(
-                    _mask(args.get("value_mask"), value),
-                    _mask(args.get("key_mask"), key),
-                ),
-                causal=causal,
-                on_target_side=is_self and _on_target_side(parent),
-            )
-            if weights.shape[0] != query.shape[0]:  # attention_axes
-                meta["query_mask"] = meta["key_mask"] = None
-        return weights, meta
-
-    def _self_weights(self, layer, bound, scores):
-        """Self-attention weights, banded local ones made dense (the dict
-        of banded and global parts too, with a `global_mask`)."""
-        if not isinstance(layer, LocalSelfAttention):
-            return _numpy(scores)
-        if bound.arguments.get("cache") is not None:
-            return _numpy(scores)  # already dense over the cache
-        banded = scores["local"] if isinstance(scores, dict) else scores
-        steps = banded.shape[2]
-        limit = self.max_dense_length
-        if limit is not None and steps > limit:
-            raise ValueError(
-                f"`{layer.name}` (LocalSelfAttention) ran on {steps} steps: "
-                "its banded weights would be expanded to a dense "
-                f"({steps}, {steps}) matrix per head. Pass a shorter probe, "
-                "leave the layer out with `layers=`, or raise "
-                "`max_dense_length` (None: no limit). Received: "
-                f"max_dense_length={limit!r}"
-            )
-        return _numpy(layer.scores_to_dense(scores))
 
     def _key(self, path, index):
         """The unique key of call `index` (0-based) of the layer at `path`
@@ -423,36 +271,6 @@ class _Recorder:
         meta.setdefault("heads_averaged", False)
         meta.setdefault("global_mask", None)
         self.records.append((key, weights.astype("float32"), meta))
-
-
-def _global_mask(indices, steps):
-    """`(b, T)` bool, True at the positions of the used global slots
-    (`global_indices` `(b, S)`, -1 for unused slots)."""
-    indices = _numpy(indices, "int64")
-    return np.any(indices[:, :, None] == np.arange(steps), axis=1)
-
-
-def _high_rank_to_4d(weights, num_heads, query_rank, attention_axes):
-    """Keras's `attention_axes` layout `(b, <others>, heads, <q axes>,
-    <k axes>)` -> `(b * others, heads, Tq, Tk)` (rank 4 unchanged).
-
-    The heads axis follows from the query's rank and `attention_axes`
-    (`1 + len(others)`), never from matching sizes: another axis may have
-    `num_heads` steps too.
-    """
-    if weights.ndim == 4:
-        return weights
-    shape = weights.shape
-    if attention_axes is None:
-        axes = query_rank - 2
-    elif isinstance(attention_axes, int):
-        axes = 1
-    else:
-        axes = len(attention_axes)
-    heads_axis = 1 + (query_rank - 2 - axes)
-    lead = int(np.prod(shape[:heads_axis]))
-    tq = int(np.prod(shape[heads_axis + 1 : heads_axis + 1 + axes]))
-    return weights.reshape(lead, num_heads, tq, -1)
 
 
 def _token_sides(records):

@@ -2,6 +2,7 @@
 NumPy references (tests/references.py) under padding, causal and window
 masks, for functional, Sequential, subclassed and reloaded models."""
 
+import inspect
 import re
 
 import keras
@@ -13,6 +14,7 @@ from keras import ops
 from keras_attention import blocks
 from keras_attention import layers
 from keras_attention.visualization import AttentionMaps
+from keras_attention.visualization import collect
 from keras_attention.visualization import collect_attention
 
 ATOL = 2e-5
@@ -465,3 +467,83 @@ def test_layers_of_the_wrong_type_name_the_argument(mha, layers_, error):
     model, _ = mha
     with pytest.raises(error, match=re.escape(f"layers={layers_!r}")):
         collect_attention(model, [IDS, SRC], layers=layers_)
+
+
+# The recording hook: new layers are recorded without edits here --------
+
+
+def test_subclass_using_the_attention_step_is_recorded():
+    # A Keras-style subclass that only overrides the attention step (here:
+    # a temperature on the scores) is recorded with the weights it used.
+    class Tempered(layers.MultiHeadAttention):
+        def _compute_attention(
+            self, query, key, value, attention_mask=None, training=None
+        ):
+            query = query * 3.0
+            return super()._compute_attention(
+                query, key, value, attention_mask, training
+            )
+
+    inputs = keras.Input((5, 8))
+    attention = Tempered(num_heads=2, key_dim=4, name="tempered")
+    model = keras.Model(inputs, attention(inputs, inputs))
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    maps = collect_attention(model, x)
+    _, expected = attention(x, x, return_attention_scores=True)
+    assert list(maps) == ["tempered"]
+    np.testing.assert_allclose(maps["tempered"], np_(expected), atol=ATOL)
+    plain = layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    plain(x, x)
+    plain.set_weights(attention.get_weights())
+    _, untempered = plain(x, x, return_attention_scores=True)
+    assert not np.allclose(maps["tempered"], np_(untempered), atol=1e-3)
+    assert maps.metadata["tempered"]["kind"] == "self"
+
+
+def test_a_new_layer_with_the_hook_is_recorded():
+    # A layer that is none of the package's classes joins by implementing
+    # `call_with_attention` (duck-typed): recorded, outputs unchanged.
+    class MeanAttention(keras.layers.Layer):
+        attention_kind = "self"
+
+        def call(self, inputs):
+            return ops.mean(inputs, axis=1, keepdims=True) + 0.0 * inputs
+
+        def call_with_attention(self, call, args, kwargs, options):
+            outputs = call(*args, **kwargs)
+            b, t = args[0].shape[0], args[0].shape[1]
+            weights = np.full((b, 1, t, t), 1.0 / t, "float32")
+            meta = dict(
+                kind="self",
+                query_mask=None,
+                key_mask=None,
+                causal=False,
+                window=None,
+            )
+            return outputs, weights, meta
+
+    inputs = keras.Input((4, 3))
+    model = keras.Model(inputs, MeanAttention(name="mean")(inputs))
+    x = RNG.normal(size=(2, 4, 3)).astype("float32")
+    maps = collect_attention(model, x)
+    assert list(maps) == ["mean"]
+    np.testing.assert_allclose(maps["mean"], np.full((2, 1, 4, 4), 0.25))
+    meta = maps.metadata["mean"]
+    assert meta["layer"] == "MeanAttention"
+    assert (meta["query_tokens"], meta["key_tokens"]) == ("tokens", "tokens")
+    # The wrapper is gone afterwards.
+    assert "call" not in model.get_layer("mean").__dict__
+
+
+def test_collect_imports_no_attention_layer_class():
+    # The recorder knows layers only through the hook.
+    source = inspect.getsource(collect)
+    for name in (
+        "MultiHeadAttention",
+        "SelfAttention",
+        "CrossAttention",
+        "LocalSelfAttention",
+        "AttentionRNNDecoder",
+    ):
+        assert f"import {name}" not in source
+        assert f"isinstance(layer, {name})" not in source

@@ -1,0 +1,87 @@
+"""The hook through which `collect_attention` records attention weights.
+
+Every attention layer of the package goes through it, and a new layer
+joins by implementing it (no edit in `keras_attention.visualization`):
+
+- `call_with_attention(call, args, kwargs, options)`: calls `call` (the
+  layer's own `call`, with the caller's `args` and `kwargs`) so that it
+  computes its attention weights, and returns `(outputs, weights,
+  metadata)`: the outputs as the caller asked for them, the weights as
+  NumPy float32 `(batch, heads, Tq, Tk)` and a `dict` describing them.
+  `AttentionRecording` implements it for layers whose `call` takes
+  `return_attention_scores=` (the scores being the second output): they
+  only implement `describe_attention`.
+- `describe_attention(arguments, scores, options)`: `arguments` is the
+  call's bound arguments (a `dict` by parameter name), `scores` the
+  second output of the call; returns `(weights, metadata)`.
+
+`metadata` holds `"kind"` (`"self"`, `"cross"`, `"decoder"`,
+`"pooling"`), `"query_mask"` / `"key_mask"` (NumPy bool `(batch, T)` or
+None), `"causal"`, `"window"` (`(left, right)` or None) and optionally
+`"global_mask"`, `"heads_averaged"` and `"on_target_side"` (the layer
+knows it is on a decoder's side). `options` carries `collect_attention`'s
+settings: `"max_dense_length"` (the longest sequence whose banded weights
+may be expanded to dense ones, or None).
+
+A layer class whose role is fixed sets `attention_kind` (`"self"`,
+`"cross"`): a parent layer holding a `"cross"` layer is a decoder block,
+and its self-attention is on the target side.
+"""
+
+import inspect
+
+import numpy as np
+from keras import ops
+
+from keras_attention.utils import keras_utils
+
+
+def numpy_weights(x, dtype="float32"):
+    """`x` (a tensor) as a NumPy array of `dtype`."""
+    return np.asarray(ops.convert_to_numpy(x)).astype(dtype)
+
+
+def padding_mask(mask, tensor=None):
+    """A boolean NumPy padding mask, from `mask` or the Keras mask of
+    `tensor`; None when neither has one."""
+    if mask is None and tensor is not None:
+        mask = keras_utils.keras_mask(tensor)
+    return None if mask is None else numpy_weights(mask, "bool")
+
+
+def all_masks(*masks):
+    """The logical and of the masks that are not None (None if none)."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    return np.logical_and.reduce(masks)
+
+
+def without_scores(outputs):
+    """A layer's outputs as the caller asked for them: the attention
+    weights (second output) that the recorder requested dropped again."""
+    rest = (outputs[0],) + tuple(outputs[2:])
+    return rest[0] if len(rest) == 1 else rest
+
+
+class AttentionRecording:
+    """Mixin: `call_with_attention` for layers whose `call` takes
+    `return_attention_scores=`; subclasses implement
+    `describe_attention` (see the module docstring)."""
+
+    attention_kind = None
+
+    def call_with_attention(self, call, args, kwargs, options):
+        bound = inspect.signature(call).bind(*args, **kwargs)
+        asked = bool(bound.arguments.get("return_attention_scores"))
+        bound.arguments["return_attention_scores"] = True
+        outputs = call(*bound.args, **bound.kwargs)
+        weights, meta = self.describe_attention(
+            bound.arguments, outputs[1], options
+        )
+        return (outputs if asked else without_scores(outputs)), weights, meta
+
+    def describe_attention(self, arguments, scores, options):
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement `describe_attention`"
+        )
