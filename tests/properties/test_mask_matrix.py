@@ -25,7 +25,10 @@ padded positions (of the effective masks) by large noise changes no output
 at a valid position.
 
 References: `MultiHeadAttention` (also with Keras 3.15's `use_gate` and
-`sliding_window`, served by the banded path), `SelfAttention`,
+`sliding_window`, served by the banded path), `SelfAttention`, the
+layers holding a mask object of `keras_attention.mods` (`mask_mod=`:
+chunked causal, Keras's sliding window, prefix-LM, documents from segment
+ids; their NumPy rules in `MOD_RULES`, and-ed into the reference's mask),
 `CausalSelfAttention`,
 `CrossAttention`, `LocalSelfAttention`, `AttentionPooling`,
 `BahdanauAttention` and `LuongAttention` (global, local-m, local-p) are
@@ -53,6 +56,7 @@ from keras.src.backend import get_keras_mask
 
 from keras_attention import layers as ka
 from keras_attention import masks as masks_lib
+from keras_attention import mods
 
 BACKEND = keras.backend.backend()
 B, T, S, F = 2, 5, 6, 8
@@ -198,6 +202,44 @@ def _decoder_block_ref(block, xs, valid, attn, causal):
     return references.decoder_block(block, x, context, self_mask, cross_mask)
 
 
+# Mask objects held by the layers (`mask_mod=`), and their NumPy rules
+# `(b|1, T, Tk)`: combined with every way of passing masks.
+QI, KJ = np.arange(T)[:, None], np.arange(S)[None, :]
+SEGMENTS = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 2, 2]], "int32")
+MOD_RULES = {
+    "ChunkedCausalMask": (
+        lambda: mods.ChunkedCausalMask(2),
+        (KJ[:, :T] <= QI) & (KJ[:, :T] // 2 == QI // 2),
+    ),
+    "KerasSlidingWindowMask": (
+        lambda: mods.KerasSlidingWindowMask(2),
+        np.abs(QI - KJ) < 2,
+    ),
+    "PrefixLMMask": (
+        lambda: mods.PrefixLMMask(2),
+        (KJ[:, :T] <= QI) | (KJ[:, :T] < 2),
+    ),
+    "DocumentMask": (
+        lambda: mods.DocumentMask().bind(segment_ids=SEGMENTS),
+        SEGMENTS[:, :, None] == SEGMENTS[:, None, :],
+    ),
+}
+
+
+def _with_mod(reference, rule):
+    """`reference` with the mask object's rule and-ed into the attention
+    mask (every query keeps a key: see the rules above)."""
+
+    def ref(layer, xs, valid, attn, causal):
+        tk = xs[-1].shape[1] if len(xs) > 1 else T
+        rule_mask = np.broadcast_to(rule[..., :tk], (B, T, tk))
+        attn = dict(attn or {})
+        attn["attention_mask"] = attn.get("attention_mask", True) & rule_mask
+        return reference(layer, xs, valid, attn, causal)
+
+    return ref
+
+
 SPECS = {
     "MultiHeadAttention": dict(
         make=lambda causal: ka.MultiHeadAttention(2, 4),
@@ -314,6 +356,51 @@ SPECS = {
         causal="fixed",
         core=False,
         reference=_decoder_block_ref,
+    ),
+    "MultiHeadAttention[mask_mod=KerasSlidingWindowMask]": dict(
+        make=lambda causal: ka.MultiHeadAttention(
+            2, 4, mask_mod=MOD_RULES["KerasSlidingWindowMask"][0]()
+        ),
+        inputs=((X, "query_mask"), (C, "value_mask")),
+        attention={"attention_mask": S},
+        causal="call",
+        core=True,
+        reference=_with_mod(_mha_ref, MOD_RULES["KerasSlidingWindowMask"][1]),
+    ),
+    "SelfAttention[mask_mod=ChunkedCausalMask]": dict(
+        make=lambda causal: ka.SelfAttention(
+            2, 4, causal=causal, mask_mod=MOD_RULES["ChunkedCausalMask"][0]()
+        ),
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="init",
+        core=True,
+        reference=_with_mod(_self_ref, MOD_RULES["ChunkedCausalMask"][1]),
+    ),
+    "CausalSelfAttention[mask_mod=DocumentMask]": dict(
+        make=lambda causal: ka.CausalSelfAttention(
+            2, 4, mask_mod=MOD_RULES["DocumentMask"][0]()
+        ),
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="fixed",
+        core=True,
+        reference=_with_mod(_self_ref, MOD_RULES["DocumentMask"][1]),
+    ),
+    "LocalSelfAttention[mask_mod=PrefixLMMask]": dict(
+        make=lambda causal: ka.LocalSelfAttention(
+            2,
+            4,
+            window_size=(2, 1),
+            causal=causal,
+            block_size=2,
+            mask_mod=MOD_RULES["PrefixLMMask"][0](),
+        ),
+        inputs=((X, "mask"),),
+        attention={"attention_mask": T},
+        causal="init",
+        core=True,
+        reference=_with_mod(_self_ref, MOD_RULES["PrefixLMMask"][1]),
     ),
 }
 
@@ -527,6 +614,10 @@ def test_matrix_size(capsys):
         "LuongAttention[local-m]",
         "LuongAttention[local-p]",
         "AttentionRNNDecoder",
+        "MultiHeadAttention[mask_mod=KerasSlidingWindowMask]",
+        "SelfAttention[mask_mod=ChunkedCausalMask]",
+        "CausalSelfAttention[mask_mod=DocumentMask]",
+        "LocalSelfAttention[mask_mod=PrefixLMMask]",
         "TransformerEncoderBlock",
         "TransformerDecoderBlock",
     }
