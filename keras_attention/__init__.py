@@ -16,6 +16,7 @@ from keras_attention import layers
 from keras_attention import masks
 from keras_attention import mods
 from keras_attention import ops
+from keras_attention import scores
 from keras_attention import visualization
 
 __all__ = [
@@ -26,5 +27,6 @@ __all__ = [
     "masks",
     "mods",
     "ops",
+    "scores",
     "visualization",
 ]

@@ -32,13 +32,16 @@ LEVELS = {
     "masks": 1,
     "ops": 2,
     "mods": 3,
+    "scores": 3,
     "layers": 4,
     "blocks": 5,
     "generation": 6,
     "distribution": 6,
 }
 # Leaves outside the chain, and what they may import.
-LEAVES = {"visualization": {"utils", "masks", "ops", "mods", "layers"}}
+LEAVES = {
+    "visualization": {"utils", "masks", "ops", "mods", "scores", "layers"}
+}
 
 # Optional third-party packages a function may import lazily, and where.
 LAZY_IMPORTS = {

@@ -480,6 +480,13 @@ class MultiHeadAttention(
         )
         self._output_dense.build((q3[0], q3[1], self.num_heads, self.value_dim))
         if isinstance(self.score_mod, keras.layers.Layer):
+            heads = getattr(self.score_mod, "num_heads", None)
+            if heads is not None and heads != self.num_heads:
+                raise ValueError(
+                    f"`score_mod` is made for {heads} heads but this layer "
+                    f"has num_heads={self.num_heads}. Received: "
+                    f"score_mod={self.score_mod!r}"
+                )
             if not self.score_mod.built:
                 self.score_mod.build(self.num_heads)
         self.built = True

@@ -341,6 +341,6 @@ def _is_tensor_like(x):
         return x.trainable
     if isinstance(x, keras.layers.Layer):
         return bool(x.trainable_variables)
-    return keras.backend.is_tensor(x) and keras.backend.is_float_dtype(
+    return keras.ops.is_tensor(x) and keras.backend.is_float_dtype(
         keras.backend.standardize_dtype(x.dtype)
     )

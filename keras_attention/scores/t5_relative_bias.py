@@ -1,0 +1,165 @@
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.mods.base import PACKAGE
+from keras_attention.mods.base import ScoreLayer
+from keras_attention.utils import validation
+
+
+def relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
+    """T5's bucket of each relative position `kv_idx - q_idx` (int32).
+
+    Half the buckets (a quarter each side when `bidirectional`) hold one
+    distance each; the others are log-spaced up to `max_distance`, beyond
+    which every distance shares the last bucket. Causal
+    (`bidirectional=False`): keys after the query share bucket 0.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.scores import relative_position_bucket
+    >>> np.asarray(relative_position_bucket(
+    ...     np.array([-200, -20, -3, 0, 3, 20, 200]), num_buckets=16,
+    ...     max_distance=64)).tolist()
+    [7, 6, 3, 0, 11, 14, 15]
+    """
+    n = -ops.convert_to_tensor(relative_position, "int32")
+    bucket = 0
+    if bidirectional:
+        num_buckets //= 2
+        bucket = ops.cast(n < 0, "int32") * num_buckets
+        n = ops.abs(n)
+    else:
+        n = ops.maximum(n, 0)
+    max_exact = num_buckets // 2
+    scale = (num_buckets - max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + ops.cast(
+        ops.log(ops.cast(ops.maximum(n, 1), "float32") / max_exact) * scale,
+        "int32",
+    )
+    large = ops.minimum(large, num_buckets - 1)
+    return bucket + ops.where(n < max_exact, n, large)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class T5RelativeBias(ScoreLayer):
+    """T5's relative position bias: `score + bias[bucket(kv - q), head]`.
+
+    A learned `(num_buckets, num_heads)` table of biases, one per head and
+    bucket of relative positions (`relative_position_bucket`: exact for
+    small distances, log-spaced up to `max_distance`). A layer: the
+    attention layer holding it builds, trains and saves the table; its
+    gradient reaches the table on every path (dense, blockwise, banded).
+    T5 computes the bias once and shares it across the blocks of a stack
+    (one weight): give one `T5RelativeBias` to every block's attention.
+
+    Args:
+        num_buckets: int >= 4 (>= 2 when causal), T5's 32.
+        max_distance: int, T5's 128: distances beyond share the last
+            bucket.
+        bidirectional: bool: encoders (True) tell keys before and after
+            the query apart; decoders (False) see only keys before.
+        embeddings_initializer: initializer of the table.
+        num_heads: int or None (an attention layer passes its own).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> from keras_attention.scores import T5RelativeBias
+    >>> layer = keras_attention.layers.SelfAttention(
+    ...     num_heads=2, key_dim=8, score_mod=T5RelativeBias())
+    >>> tuple(layer(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
+    >>> [tuple(w.shape) for w in layer.score_mod.weights]
+    [(32, 2)]
+
+    References:
+        - Raffel et al., 2020, "Exploring the Limits of Transfer Learning
+          with a Unified Text-to-Text Transformer" (T5).
+        - Shaw et al., 2018, "Self-Attention with Relative Position
+          Representations".
+    """
+
+    def __init__(
+        self,
+        num_buckets=32,
+        max_distance=128,
+        bidirectional=True,
+        embeddings_initializer="glorot_uniform",
+        num_heads=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.bidirectional = validation.check_bool(
+            "bidirectional", bidirectional
+        )
+        self.num_buckets = validation.check_positive_int(
+            "num_buckets", num_buckets
+        )
+        smallest = 4 if self.bidirectional else 2
+        if self.num_buckets < smallest:
+            raise ValueError(
+                f"`num_buckets` must be at least {smallest} (half of them "
+                "hold exact distances). Received: "
+                f"num_buckets={num_buckets!r}"
+            )
+        self.max_distance = validation.check_positive_int(
+            "max_distance", max_distance
+        )
+        exact = self.num_buckets // (4 if self.bidirectional else 2)
+        if self.max_distance <= exact:
+            raise ValueError(
+                f"`max_distance` must exceed the {exact} exact distances. "
+                f"Received: max_distance={max_distance!r}"
+            )
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+        )
+        self.num_heads = validation.check_positive_int(
+            "num_heads", num_heads, allow_none=True
+        )
+
+    def build(self, num_heads=None):
+        num_heads = num_heads if num_heads is not None else self.num_heads
+        if num_heads is None:
+            raise ValueError(
+                "T5RelativeBias needs the number of heads: pass "
+                "`num_heads=` or give it to an attention layer. Received: "
+                "num_heads=None"
+            )
+        self.num_heads = validation.check_positive_int("num_heads", num_heads)
+        self.embeddings = self.add_weight(
+            shape=(self.num_buckets, self.num_heads),
+            initializer=self.embeddings_initializer,
+            name="embeddings",
+        )
+        self.built = True
+
+    def score_fn(self, score, batch, head, q_idx, kv_idx):
+        bucket = relative_position_bucket(
+            kv_idx - q_idx,
+            self.bidirectional,
+            self.num_buckets,
+            self.max_distance,
+        )
+        table = ops.reshape(self.embeddings, (-1,))
+        bias = ops.take(table, bucket * self.num_heads + head)
+        return score + ops.cast(bias, "float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            bidirectional=self.bidirectional,
+            embeddings_initializer=keras.initializers.serialize(
+                self.embeddings_initializer
+            ),
+            num_heads=self.num_heads,
+        )
+        return config

@@ -1,0 +1,271 @@
+"""The score objects of `keras_attention.scores` against NumPy and
+keras-hub: ALiBi (slopes and weights equal keras-hub's `AlibiBias`), T5's
+relative position bias (buckets from an independent NumPy port of T5's
+function; the table's gradient on the blockwise path equals the dense
+path's), soft-capping (values and gradients); on the dense and blockwise
+paths (tile sizes varied, none pinned), in layers through the harness
+(config, `.keras`, SavedModel in a fresh process, fit, mixed precision).
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from harness import run_layer_test
+from keras import ops
+
+from keras_attention import layers as ka
+from keras_attention import scores
+from keras_attention.ops import attention as attention_lib
+
+BACKEND = keras.backend.backend()
+RNG = np.random.default_rng(5)
+B, T, H, D = 2, 24, 6, 8
+Q = RNG.normal(size=(B, T, H, D)).astype("float32")
+K = RNG.normal(size=(B, T, H, D)).astype("float32")
+V = RNG.normal(size=(B, T, H, D)).astype("float32")
+QI, KJ = np.arange(T)[:, None], np.arange(T)[None, :]
+CAUSAL = KJ <= QI
+PATHS = [
+    ("dense", {}),
+    ("blockwise", dict(query_block=8, key_block=8)),
+    ("blockwise", dict(query_block=5, key_block=24, keep_probabilities=True)),
+]
+
+
+def np_(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def np_attention(bias, mask, q=Q, k=K, v=V, cap=None):
+    s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(q.shape[-1])
+    if cap is not None:
+        s = cap * np.tanh(s / cap)
+    s = s + bias
+    s = np.where(mask, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    return np.einsum("bhij,bjhe->bihe", p, v)
+
+
+def attend(score_mod, path, options, causal=True, q=Q, k=K, v=V):
+    with attention_lib.implementation_scope(path, **options):
+        return attention_lib.dot_product_attention(
+            q, k, v, causal=causal, score_mod=score_mod
+        )
+
+
+# ALiBi ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heads", [1, 2, 6, 8, 12])
+def test_alibi_slopes_equal_keras_hubs(heads):
+    keras_hub = pytest.importorskip("keras_hub")
+    hub = keras_hub.layers.AlibiBias()._get_slopes(heads)
+    np.testing.assert_allclose(scores.alibi_slopes(heads), hub, rtol=1e-12)
+    if heads == 8:  # the paper's: 1/2, 1/4, ..., 1/256
+        assert scores.alibi_slopes(8) == [2.0**-i for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("path,options", PATHS)
+def test_alibi_weights_equal_keras_hub_alibi_bias(path, options):
+    keras_hub = pytest.importorskip("keras_hub")
+    raw = np.einsum("bihd,bjhd->bhij", Q, K) / np.sqrt(D)
+    hub_scores = np_(keras_hub.layers.AlibiBias()(raw))
+    want = np_attention(hub_scores - raw, CAUSAL)
+    out = attend(scores.ALiBi(num_heads=H), path, options)
+    np.testing.assert_allclose(np_(out), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("path,options", PATHS)
+def test_bidirectional_alibi_uses_the_distance(path, options):
+    slopes = np.array(scores.alibi_slopes(H))[:, None, None]
+    want = np_attention(-slopes * np.abs(QI - KJ), True)
+    out = attend(
+        scores.ALiBi(num_heads=H, bidirectional=True),
+        path,
+        options,
+        causal=False,
+    )
+    np.testing.assert_allclose(np_(out), want, atol=2e-5)
+
+
+def test_alibi_refuses_another_head_count():
+    with pytest.raises(ValueError, match="num_heads"):
+        ka.SelfAttention(4, 8, score_mod=scores.ALiBi(num_heads=2))(
+            np.ones((1, 3, 8), "float32")
+        )
+    with pytest.raises(ValueError, match="alibi_bias_max"):
+        scores.ALiBi(alibi_bias_max=0)
+
+
+# T5 relative position bias ------------------------------------------------
+
+
+def np_t5_bucket(relative, bidirectional, num_buckets, max_distance):
+    """T5's `_relative_position_bucket` (Mesh TensorFlow / HF), NumPy."""
+    ret = np.zeros_like(relative)
+    n = -relative
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(relative.dtype) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        large = max_exact + (
+            np.log(n / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).astype(relative.dtype)
+    large = np.minimum(large, num_buckets - 1)
+    return ret + np.where(is_small, n, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("buckets,distance", [(32, 128), (8, 20), (6, 9)])
+def test_t5_buckets_equal_t5s_function(bidirectional, buckets, distance):
+    relative = np.arange(-300, 301, dtype="int32")
+    got = np_(
+        scores.relative_position_bucket(
+            relative, bidirectional, buckets, distance
+        )
+    )
+    want = np_t5_bucket(relative, bidirectional, buckets, distance)
+    np.testing.assert_array_equal(got, want)
+
+
+def _t5(bidirectional=False):
+    bias = scores.T5RelativeBias(
+        num_buckets=8,
+        max_distance=16,
+        bidirectional=bidirectional,
+        embeddings_initializer=keras.initializers.RandomNormal(seed=1),
+    )
+    bias.build(H)
+    return bias
+
+
+@pytest.mark.parametrize("path,options", PATHS)
+def test_t5_bias_matches_numpy(path, options):
+    bias = _t5()
+    table = np_(bias.embeddings)
+    bucket = np_t5_bucket((KJ - QI).astype("int32"), False, 8, 16)
+    want = np_attention(np.transpose(table[bucket], (2, 0, 1)), CAUSAL)
+    np.testing.assert_allclose(
+        np_(attend(bias, path, options)), want, atol=2e-5
+    )
+
+
+def _gradients(score_mod, path, options, variable):
+    """Gradients of sum(out * sin(out)) w.r.t. q, k, v and `variable`."""
+    args = [Q, K, V]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        args = [tf.constant(a) for a in args]
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            out = attend(score_mod, path, options, True, *args)
+            loss = tf.reduce_sum(out * tf.sin(out))
+        targets = args + ([variable.value] if variable is not None else [])
+        return [np_(g) for g in tape.gradient(loss, targets)]
+    if BACKEND == "jax":
+        import jax
+
+        def loss(value, *a):
+            mapping = [(variable, value)] if variable is not None else []
+            with keras.StatelessScope(state_mapping=mapping):
+                out = attend(score_mod, path, options, True, *a)
+            return ops.sum(out * ops.sin(out))
+
+        value = ops.convert_to_tensor(
+            variable.value if variable is not None else 0.0
+        )
+        grads = jax.grad(loss, argnums=(0, 1, 2, 3))(value, *args)
+        grads = [np_(g) for g in grads]
+        return grads[1:] + (grads[:1] if variable is not None else [])
+    import torch
+
+    args = [torch.tensor(a, requires_grad=True) for a in args]
+    out = attend(score_mod, path, options, True, *args)
+    torch.sum(out * torch.sin(out)).backward()
+    grads = [np_(a.grad) for a in args]
+    if variable is not None:
+        grads.append(np_(variable.value.grad))
+        variable.value.grad = None
+    return grads
+
+
+@pytest.mark.parametrize("path,options", PATHS[1:])
+def test_t5_table_gradient_on_the_blockwise_path(path, options):
+    bias = _t5()
+    dense = _gradients(bias, "dense", {}, bias.embeddings)
+    blockwise = _gradients(bias, path, options, bias.embeddings)
+    for name, a, b in zip(["q", "k", "v", "table"], dense, blockwise):
+        np.testing.assert_allclose(b, a, atol=2e-5, err_msg=name)
+    assert np.abs(dense[3]).max() > 0
+
+
+def test_t5_arguments_are_checked():
+    with pytest.raises(ValueError, match="num_buckets"):
+        scores.T5RelativeBias(num_buckets=2)
+    with pytest.raises(ValueError, match="max_distance"):
+        scores.T5RelativeBias(num_buckets=32, max_distance=8)
+    with pytest.raises(ValueError, match="num_heads"):
+        scores.T5RelativeBias().build()
+
+
+# Soft-capping -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("path,options", PATHS)
+def test_soft_cap_matches_numpy_with_its_gradient(path, options):
+    cap = 0.7  # small: most scores saturate
+    want = np_attention(0.0, CAUSAL, cap=cap)
+    np.testing.assert_allclose(
+        np_(attend(scores.SoftCap(cap), path, options)), want, atol=2e-5
+    )
+    if path == "blockwise":
+        dense = _gradients(scores.SoftCap(cap), "dense", {}, None)
+        blockwise = _gradients(scores.SoftCap(cap), path, options, None)
+        for name, a, b in zip("qkv", dense, blockwise):
+            np.testing.assert_allclose(b, a, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "1"])
+def test_soft_cap_refuses_bad_caps(cap):
+    with pytest.raises((ValueError, TypeError), match="cap"):
+        scores.SoftCap(cap)
+
+
+# In layers, through the harness ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,make,weights",
+    [
+        ("alibi", lambda: scores.ALiBi(), 8),
+        (
+            "t5",
+            lambda: scores.T5RelativeBias(num_buckets=8, max_distance=16),
+            9,
+        ),
+        ("softcap", lambda: scores.SoftCap(5.0), 8),
+    ],
+)
+def test_layers_holding_score_objects_pass_the_harness(name, make, weights):
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    run_layer_test(
+        ka.SelfAttention,
+        dict(num_heads=2, key_dim=4, causal=True, score_mod=make()),
+        dict(inputs=x),
+        expected_output_shape=(2, 6, 8),
+        expected_num_trainable_weights=weights,
+        run_mixed_precision=True,
+        run_fit=True,
+        run_saved_model=name != "softcap",
+    )
