@@ -22,6 +22,14 @@ in a fresh process:
 3. Peak memory of one causal training step with that score function at
    T = 32,768, batch 1. Target: <= 4 GiB.
 
+4. The variants of `keras_attention.scores` (ALiBi, T5 relative bias,
+   soft-cap 50) against the plain blockwise step, causal, T =
+   `--score-length`, batch 4 (target <= 1.3x), and peak memory of causal
+   training steps: ALiBi at T = `--variant-memory-length` (32,768; target
+   <= 4 GiB), and at T = `--keras-hub-length` (8,192) ours plain, ours
+   with ALiBi and Keras's layer with keras-hub's `AlibiBias` (dense
+   bias) as the reference row.
+
 Ours is timed interleaved with each alternative of table 1 in its own
 process (two dense 8 x T^2 training steps do not fit in one 24 GiB process
 at T = 8,192); `--tables documents,score,memory` runs a subset.
@@ -34,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -135,12 +144,74 @@ def score_configs():
     }
 
 
+def variant_configs():
+    """The variants of `keras_attention.scores`, causal, blockwise."""
+    from keras_attention import scores
+
+    made = {
+        "plain": None,
+        "ALiBi": scores.ALiBi(),
+        "T5 relative bias": scores.T5RelativeBias(),
+        "soft-cap 50": scores.SoftCap(50.0),
+    }
+
+    def call(layer, x):
+        with keras_attention.ops.implementation_scope("blockwise"):
+            return layer(x, x, use_causal_mask=True)
+
+    return {
+        name: (
+            keras_attention.layers.MultiHeadAttention(
+                HEADS, KEY_DIM, score_mod=score
+            ),
+            call,
+        )
+        for name, score in made.items()
+    }
+
+
+class KerasHubAlibi(keras.layers.MultiHeadAttention):
+    """Keras's layer with keras-hub's `AlibiBias` added to its scores
+    (the reference row: a dense `(b, h, T, T)` bias)."""
+
+    def __init__(self, *args, **kwargs):
+        import keras_hub
+
+        super().__init__(*args, **kwargs)
+        self._alibi = keras_hub.layers.AlibiBias()
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        scale = 1.0 / np.sqrt(KEY_DIM)
+        s = ops.einsum("bqhd,bkhd->bhqk", query * scale, key)
+        s = self._alibi(s)
+        t = ops.shape(s)[-1]
+        causal = ops.tril(ops.ones((t, t), "bool"))
+        s = ops.where(causal, s, -1e9)
+        p = ops.softmax(s, axis=-1)
+        return ops.einsum("bhqk,bkhd->bqhd", p, value), None
+
+
 def memory_child(table, name, length, batch, documents):
     """One training step of one configuration (run in a fresh process)."""
     x = np.random.default_rng(0).normal(size=(batch, length, WIDTH))
     x = x.astype("float32")
     if table == "documents":
         configs = document_configs(segment_ids(length, documents, batch))
+    elif table == "variants":
+        configs = variant_configs()
+        configs["keras + keras-hub AlibiBias"] = (
+            KerasHubAlibi(HEADS, KEY_DIM),
+            lambda layer, x: layer(x, x, use_causal_mask=True),
+        )
     else:
         biased = keras_attention.layers.MultiHeadAttention(
             HEADS, KEY_DIM, score_mod=DistanceBias()
@@ -187,7 +258,9 @@ def main():
     parser.add_argument("--memory-length", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown")
-    parser.add_argument("--tables", default="documents,score,memory")
+    parser.add_argument("--tables", default="documents,score,memory,variants")
+    parser.add_argument("--variant-memory-length", type=int, default=32768)
+    parser.add_argument("--keras-hub-length", type=int, default=8192)
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--pair", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -304,6 +377,44 @@ def main():
             f"Peak RSS of one causal training step with the score function, "
             f"T={args.memory_length}, batch 1: "
             + ("failed" if mem is None else f"{mem / 1024:.2f} GiB"),
+        ]
+    if "variants" in tables:
+        xs = rng.normal(size=(4, args.score_length, WIDTH)).astype("float32")
+        configs = variant_configs()
+        steps = {name: make_step(*cfg) for name, cfg in configs.items()}
+        for step in steps.values():
+            step(xs)
+        times = time_interleaved(
+            {n: (lambda s=s: s(xs)) for n, s in steps.items()},
+            repeats=args.repeats,
+            warmup=1,
+        )
+        plain = times["plain"]
+        rows = [[n, t * 1e3, t / plain] for n, t in times.items()]
+        lines += [
+            "",
+            f"Variants (keras_attention.scores), blockwise, causal, "
+            f"T={args.score_length}, batch 4",
+            "",
+            markdown_table(["score_mod", "ms", "x plain"], rows),
+        ]
+        rows = []
+        for name, length in (
+            ("ALiBi", args.variant_memory_length),
+            ("plain", args.keras_hub_length),
+            ("ALiBi", args.keras_hub_length),
+            ("keras + keras-hub AlibiBias", args.keras_hub_length),
+        ):
+            child = [sys.executable, __file__, "--child", "variants", name]
+            start = time.perf_counter()
+            mem = try_peak_rss_mb(child + [length, 1, 1])
+            rows.append([name, length, mem, time.perf_counter() - start])
+        lines += [
+            "",
+            "Causal training step, batch 1, fresh process each (time: the"
+            " whole process, start-up and tracing included)",
+            "",
+            markdown_table(["layer", "T", "peak RSS MiB", "process s"], rows),
         ]
     lines += [
         "",
