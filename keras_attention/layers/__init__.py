@@ -8,6 +8,7 @@ from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.graph_attention import GraphAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
@@ -34,6 +35,7 @@ __all__ = [
     "CrossAttention",
     "EncoderBridge",
     "FeedForward",
+    "GraphAttention",
     "LocalSelfAttention",
     "LuongAttention",
     "MultiHeadAttention",

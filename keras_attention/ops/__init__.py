@@ -14,6 +14,7 @@ from keras_attention.ops.local import global_local_weights_to_dense
 from keras_attention.ops.local import local_attention
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
+from keras_attention.ops.segment import segment_softmax
 
 __all__ = [
     "additive_scores",
@@ -30,4 +31,5 @@ __all__ = [
     "global_local_weights_to_dense",
     "local_attention",
     "scan_carry",
+    "segment_softmax",
 ]
