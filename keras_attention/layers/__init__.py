@@ -9,6 +9,7 @@ from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.graph_attention import GraphAttention
+from keras_attention.layers.group_query_attention import GroupQueryAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
@@ -36,6 +37,7 @@ __all__ = [
     "EncoderBridge",
     "FeedForward",
     "GraphAttention",
+    "GroupQueryAttention",
     "LocalSelfAttention",
     "LuongAttention",
     "MultiHeadAttention",
