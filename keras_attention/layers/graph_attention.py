@@ -131,6 +131,7 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attention
     >>> layer = keras_attention.layers.GraphAttention(
@@ -142,7 +143,7 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
     >>> tuple(out.shape), tuple(alpha.shape)  # 2 edges + 3 self-loops
     ((3, 8), (5, 2))
     >>> # equal nodes: node 1 splits its attention between 0 and itself
-    >>> np.round(np.asarray(alpha)[:, 0], 2).tolist()
+    >>> np.round(keras.ops.convert_to_numpy(alpha)[:, 0], 2).tolist()
     [0.5, 0.5, 1.0, 0.5, 0.5]
 
     References:
