@@ -26,6 +26,8 @@ __all__ = [
     "window_bounds",
     "sliding_window_mask",
     "combine_masks",
+    "segment_positions",
+    "segment_mask",
 ]
 
 
@@ -267,3 +269,64 @@ def combine_masks(*masks):
     for m in masks[1:]:
         out = ops.logical_and(out, m)
     return out
+
+
+def segment_positions(segment_ids):
+    """Positions that restart at 0 in each packed document.
+
+    `segment_ids` `(batch, T)` (or `(T,)`) integer ids of the document of
+    each token, documents contiguous (packing puts them one after the
+    other); returns int32 positions of the same shape: token `i` gets
+    `i - start`, `start` the first index of its run of equal ids. Give
+    them to `RotaryEmbedding(positions=...)` or to the position layers so
+    that a packed document is encoded as it would be alone.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.masks import segment_positions
+    >>> np.asarray(segment_positions(np.array([[0, 0, 0, 1, 1, 2]]))).tolist()
+    [[0, 1, 2, 0, 1, 0]]
+    """
+    ids = ops.convert_to_tensor(segment_ids)
+    if len(ids.shape) not in (1, 2):
+        raise ValueError(
+            "`segment_ids` must have shape (batch, T) or (T,). Received: "
+            f"segment_ids.shape={tuple(ids.shape)!r}"
+        )
+    squeeze = len(ids.shape) == 1
+    ids = ops.cast(ids[None] if squeeze else ids, "int32")
+    length = ids.shape[1]
+    index = ops.arange(length, dtype="int32")[None]
+    if length is None or length <= 1:
+        starts = ops.zeros_like(ids)
+    else:
+        changed = ops.not_equal(ids[:, 1:], ids[:, :-1])
+        first = ops.concatenate([ops.ones_like(changed[:, :1]), changed], 1)
+        starts = ops.where(first, index, 0)
+        shift = 1  # running maximum by doubling (log2(T) steps)
+        while shift < length:
+            earlier = ops.pad(starts[:, :-shift], [[0, 0], [shift, 0]])
+            starts = ops.maximum(starts, earlier)
+            shift *= 2
+    positions = index - starts
+    return positions[0] if squeeze else positions
+
+
+def segment_mask(segment_ids):
+    """`(batch, T, T)` boolean mask: tokens attend within their document
+    (`segment_ids[b, i] == segment_ids[b, j]`). Dense: for short
+    sequences; layers take `segment_ids=` and skip the tiles between
+    documents instead (`keras_attention.mods.DocumentMask`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.masks import segment_mask
+    >>> np.asarray(segment_mask(np.array([[0, 0, 1]]))[0]).astype(int)
+    array([[1, 1, 0],
+           [1, 1, 0],
+           [0, 0, 1]])
+    """
+    ids = ops.convert_to_tensor(segment_ids)
+    return ops.equal(ids[:, :, None], ids[:, None, :])

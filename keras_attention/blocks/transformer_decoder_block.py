@@ -77,6 +77,11 @@ class TransformerDecoderBlock(TransformerBlock):
             of `inputs[:, 0]`; this call's keys/values are written there.
         cross_attention_cache: optional `compute_cross_attention_cache(
             context)` result, used instead of projecting `context`.
+        segment_ids: optional integer `(batch, T)` (no cache): packed
+            documents; in the self-attention a token attends only within its
+            document (tiles between documents skipped on the blockwise
+            path) and rotary positions restart at each document
+            (`keras_attention.masks.segment_positions`).
         mask, inputs_mask, context_mask: filled by Keras from the inputs'
             Keras masks; pass `padding_mask`/`context_padding_mask` instead.
 
@@ -208,6 +213,7 @@ class TransformerDecoderBlock(TransformerBlock):
         inputs_mask=None,
         context_mask=None,
         mod_inputs=None,
+        segment_ids=None,
     ):
         self._check_context(context, cross_attention_cache)
         padding_mask = keras_utils.first_not_none(
@@ -232,6 +238,7 @@ class TransformerDecoderBlock(TransformerBlock):
             cache=self_attention_cache,
             cache_update_index=self_attention_cache_update_index,
             **({} if mod_inputs is None else {"mod_inputs": mod_inputs}),
+            **({} if segment_ids is None else {"segment_ids": segment_ids}),
         )
         cross_extra = ()
         if self.cross_attention:

@@ -71,6 +71,11 @@ class TransformerEncoderBlock(TransformerBlock):
             (Longformer: they attend to and are attended by every
             position); only with `window_size`. Attention weights are then
             the dict of `LocalSelfAttention`.
+        segment_ids: optional integer `(batch, T)`: packed documents; a
+            token attends only within its
+            document (tiles between documents skipped on the blockwise
+            path) and rotary positions restart at each document
+            (`keras_attention.masks.segment_positions`).
 
     Returns:
         `(batch, T, features)`, and the per-head attention weights
@@ -160,6 +165,7 @@ class TransformerEncoderBlock(TransformerBlock):
         inputs_mask=None,
         global_mask=None,
         mod_inputs=None,
+        segment_ids=None,
     ):
         padding_mask = keras_utils.first_not_none(
             padding_mask, inputs_mask, mask
@@ -167,6 +173,8 @@ class TransformerEncoderBlock(TransformerBlock):
         extra_kwargs = {}
         if mod_inputs is not None:
             extra_kwargs["mod_inputs"] = mod_inputs
+        if segment_ids is not None:
+            extra_kwargs["segment_ids"] = segment_ids
         if global_mask is not None:
             if self.window_size is None:
                 raise ValueError(

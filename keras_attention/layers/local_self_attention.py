@@ -250,6 +250,7 @@ class LocalSelfAttention(SelfAttention):
         cache_update_index=None,
         global_mask=None,
         mod_inputs=None,
+        segment_ids=None,
     ):
         if global_mask is not None:
             for name, value in (
@@ -271,6 +272,7 @@ class LocalSelfAttention(SelfAttention):
             cache=cache,
             cache_update_index=cache_update_index,
             mod_inputs=mod_inputs,
+            segment_ids=segment_ids,
             step_inputs={
                 "global_mask": global_mask,
                 "inputs": inputs,

@@ -8,6 +8,7 @@ from keras_attention.layers import _attention_axes
 from keras_attention.layers import _recording
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
+from keras_attention.mods.masks import DocumentMask
 from keras_attention.mods.masks import KerasSlidingWindowMask
 from keras_attention.ops.attention import dense_mask
 from keras_attention.ops.attention import dot_product_attention
@@ -198,6 +199,11 @@ class MultiHeadAttention(
             the cached keys and values are used as they are (precomputed
             cross-attention, see `compute_cache`).
         cache_update_index: int or scalar tensor.
+        segment_ids: optional integer `(batch, T)` (self-attention, no
+            cache): packed documents; a token attends only within its
+            document (tiles between documents skipped on the blockwise
+            path) and rotary positions restart at each document
+            (`keras_attention.masks.segment_positions`).
 
     Returns:
         `attention_output` of the query's shape with the last axis replaced
@@ -521,11 +527,47 @@ class MultiHeadAttention(
         k = self._rotate(self._key_dense(key), 0)
         return ops.stack([k, self._value_dense(value)], axis=1)
 
-    def _rotate(self, x, start_index):
-        """Rotary positions on projected `(b, T, heads, dim)` (if enabled)."""
+    def _rotate(self, x, start_index, positions=None):
+        """Rotary positions on projected `(b, T, heads, dim)` (if enabled):
+        from `start_index`, or `positions` `(b, T)` (packed documents)."""
         if self._rotary is None:
             return x
-        return self._rotary(x, start_index=start_index)
+        return self._rotary(x, start_index=start_index, positions=positions)
+
+    def _check_segment_ids(self, segment_ids, query, key, cache):
+        """`segment_ids` `(batch, T)` integers of a self-attention call on
+        `(batch, T, features)` inputs, without a cache."""
+        if cache is not None or len(query.shape) != 3:
+            raise ValueError(
+                "`segment_ids` (packed documents) need a self-attention call "
+                "on inputs of shape (batch, T, features) without a cache. "
+                f"Received: query.shape={tuple(query.shape)!r}, "
+                f"cache={'given' if cache is not None else None}"
+            )
+        shape = tuple(segment_ids.shape)
+        want = (query.shape[0], query.shape[1])
+        if (
+            len(shape) != 2
+            or any(
+                a is not None and b is not None and a != b
+                for a, b in zip(shape, want)
+            )
+            or query.shape[1] != key.shape[1]
+        ):
+            raise ValueError(
+                "`segment_ids` must have shape (batch, T) of the query, and "
+                "the keys the same length (self-attention). Received: "
+                f"segment_ids.shape={shape!r}, "
+                f"query.shape={tuple(query.shape)!r}, "
+                f"key.shape={tuple(key.shape)!r}"
+            )
+        if not keras.backend.is_int_dtype(
+            keras.backend.standardize_dtype(segment_ids.dtype)
+        ):
+            raise TypeError(
+                "`segment_ids` must be integers. Received: "
+                f"segment_ids.dtype={segment_ids.dtype!r}"
+            )
 
     def _check_attention_mask(self, attention_mask, query, key):
         shape = tuple(attention_mask.shape)
@@ -746,9 +788,12 @@ class MultiHeadAttention(
         cache_update_index=None,
         mod_inputs=None,
         step_inputs=None,
+        segment_ids=None,
     ):
         key = value if key is None else key
         self._check_call_inputs(query, value, key)
+        if segment_ids is not None:
+            self._check_segment_ids(segment_ids, query, key, cache)
         if value is not None and (
             cache is None or cache_update_index is not None
         ):
@@ -782,6 +827,7 @@ class MultiHeadAttention(
                 cache_update_index,
                 mod_inputs=mod_inputs,
                 step_inputs=step_inputs,
+                segment_ids=segment_ids,
             )
         if cache is not None:
             raise ValueError(
@@ -830,6 +876,7 @@ class MultiHeadAttention(
         cache_update_index,
         mod_inputs=None,
         step_inputs=None,
+        segment_ids=None,
     ):
         """Attention on `(b, T, features)` inputs (the rank-3 core).
 
@@ -838,9 +885,12 @@ class MultiHeadAttention(
         `LocalSelfAttention`'s global tokens)."""
         offset = 0 if cache_update_index is None else cache_update_index
         gate = self._gate_dense(query) if self.use_gate else None
-        q = self._rotate(self._query_dense(query), offset)
+        positions = None
+        if segment_ids is not None and self._rotary is not None:
+            positions = masks_lib.segment_positions(segment_ids)
+        q = self._rotate(self._query_dense(query), offset, positions)
         if cache is None:
-            k = self._rotate(self._key_dense(key), 0)
+            k = self._rotate(self._key_dense(key), 0, positions)
             v = self._value_dense(value)
         elif cache_update_index is None:
             k, v = cache[:, 0], cache[:, 1]
@@ -853,7 +903,7 @@ class MultiHeadAttention(
         if cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
             value_mask = key_mask = None
-        if self._use_local_path(
+        if segment_ids is None and self._use_local_path(
             q, k, query, key, return_attention_scores, cache
         ):
             if attention_mask is not None:
@@ -883,6 +933,13 @@ class MultiHeadAttention(
             score_mod, mask_mod = mods_base.bind_all(
                 self.score_mod, self.mask_mod, mod_inputs
             )
+            if segment_ids is not None:
+                documents = DocumentMask().bind(segment_ids=segment_ids)
+                mask_mod = (
+                    mods_base.and_masks(mask_mod, documents)
+                    if mask_mod
+                    else documents
+                )
             if self.sliding_window is not None:
                 window = KerasSlidingWindowMask(self.sliding_window)
                 mask_mod = (

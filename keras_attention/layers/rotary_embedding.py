@@ -19,13 +19,69 @@ def _check_inputs(shape):
         )
 
 
+ROPE_TYPES = ("linear", "dynamic", "yarn")
+
+
+def inverse_frequencies(
+    dim,
+    max_wavelength=10000,
+    scaling_factor=1.0,
+    rope_type="linear",
+    beta_fast=32.0,
+    beta_slow=1.0,
+    original_max_position_embeddings=4096,
+    truncate=True,
+):
+    """RoPE's `theta_k`, `k = 0 .. dim/2 - 1`, with keras-hub's scaling
+    rules, as a float32 NumPy array (computed in float64 on the host).
+
+    - `"linear"`: position interpolation (Chen et al. 2023),
+      `theta_k / scaling_factor`;
+    - `"dynamic"`: `theta_k / scaling_factor ** (dim / (dim - 2))`;
+    - `"yarn"` (Peng et al. 2023): per frequency, a ramp between
+      interpolation (`theta_k / scaling_factor`, the low frequencies) and
+      extrapolation (`theta_k`, the high ones) over the dimensions whose
+      wavelengths make between `beta_slow` and `beta_fast` rotations in
+      `original_max_position_embeddings` positions (rounded outwards to
+      whole dimensions when `truncate`).
+    """
+    k = np.arange(0, dim, 2, dtype="float64")
+    theta = np.power(float(max_wavelength), -k / dim)
+    if rope_type == "linear":
+        return (theta / scaling_factor).astype("float32")
+    if rope_type == "dynamic":
+        return (theta / scaling_factor ** (dim / max(1, dim - 2))).astype(
+            "float32"
+        )
+    base = float(max_wavelength)
+
+    def correction_dim(rotations):
+        return (
+            dim
+            * np.log(original_max_position_embeddings / (rotations * 2 * np.pi))
+        ) / (2 * np.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = np.floor(low), np.ceil(high)
+    low, high = max(low, 0.0), min(high, dim - 1.0)
+    ramp = np.clip(
+        (np.arange(dim // 2, dtype="float64") - low) / max(high - low, 0.001),
+        0,
+        1,
+    )
+    extrapolation = 1 - ramp
+    scaled = (theta / scaling_factor) * ramp + theta * extrapolation
+    return scaled.astype("float32")
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries and keys.
 
-    Splits the last axis of `x` (size `d`, even) into halves `x1, x2` and
-    rotates each pair `(x1[k], x2[k])` by the angle `m * theta_k` of its
-    absolute position `m`:
+    Splits the feature axis of `x` (size `d`, even) into halves `x1, x2`
+    and rotates each pair `(x1[k], x2[k])` by the angle `m * theta_k` of
+    its position `m`:
 
         theta_k = max_wavelength ** (-2k / d),   k = 0 .. d/2 - 1
         y1 = x1 cos(m theta) - x2 sin(m theta)
@@ -33,20 +89,34 @@ class RotaryEmbedding(keras.layers.Layer):
 
     A rotation keeps norms, and `rope(q, m) . rope(k, n)` depends on the
     positions only through `m - n`, which makes attention scores relative.
-    The maths runs in float32 and the result is cast back to the input's
-    dtype. The layer has no weights.
+    Context extension (keras-hub's arguments and numbers):
+    `scaling_factor` with `rope_type="linear"` (position interpolation),
+    `"dynamic"` or `"yarn"` (YaRN: `inverse_frequencies`; cos and sin are
+    also scaled by `0.1 ln(scaling_factor) + 1`). The maths runs in
+    float32 and the result is cast back to the input's dtype. The layer
+    has no weights.
 
     Args:
         max_wavelength: finite number >= 1, the longest wavelength `10000`
             of the paper (below 1 the frequencies grow with the feature
             index, and tiny values overflow float32 into NaN angles).
+        scaling_factor: number >= 1 (1: no scaling).
+        rope_type: `"linear"`, `"dynamic"` or `"yarn"`.
+        beta_fast, beta_slow, original_max_position_embeddings, truncate:
+            YaRN's options (keras-hub's defaults 32, 1, 4096, True).
+        sequence_axis, feature_axis: ints, the axes of the positions and
+            of the rotated features (default 1 and -1).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(batch, T, ..., d)`: the sequence axis is 1, the rotated
-            features the last axis (e.g. projected heads `(b, T, h, d)`).
-        start_index: int or scalar int tensor, absolute position of
-            `inputs[:, 0]` (the cache index in incremental decoding).
+        inputs: `(batch, T, ..., d)` by default (e.g. projected heads
+            `(b, T, h, d)`), rank 3 to 5.
+        start_index: int or scalar int tensor, absolute position of the
+            first step (the cache index in incremental decoding).
+        positions: optional positions `(T,)` or `(batch, T)` (ints or
+            floats) instead of `start_index + arange(T)`: positions that
+            restart in each packed document
+            (`keras_attention.masks.segment_positions`), or any others.
 
     Returns:
         A tensor shaped like `inputs`.
@@ -59,53 +129,161 @@ class RotaryEmbedding(keras.layers.Layer):
     >>> q = np.ones((1, 4, 2, 8), "float32")
     >>> tuple(rope(q, start_index=3).shape)
     (1, 4, 2, 8)
+    >>> y = rope(q, positions=np.array([[0, 1, 0, 1]]))
+    >>> bool(np.allclose(y[0, 0], y[0, 2]))
+    True
 
     References:
         - Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary
           Position Embedding".
+        - Chen et al., 2023, "Extending Context Window of Large Language
+          Models via Positional Interpolation".
+        - Peng et al., 2023, "YaRN: Efficient Context Window Extension of
+          Large Language Models".
     """
 
-    def __init__(self, max_wavelength=10000, **kwargs):
+    def __init__(
+        self,
+        max_wavelength=10000,
+        scaling_factor=1.0,
+        rope_type="linear",
+        beta_fast=32.0,
+        beta_slow=1.0,
+        original_max_position_embeddings=4096,
+        truncate=True,
+        sequence_axis=1,
+        feature_axis=-1,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.max_wavelength = validation.check_positive_number(
             "max_wavelength", max_wavelength, minimum=1
         )
+        self.scaling_factor = validation.check_positive_number(
+            "scaling_factor", scaling_factor, minimum=1
+        )
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"`rope_type` must be one of {ROPE_TYPES}. Received: "
+                f"rope_type={rope_type!r}"
+            )
+        self.rope_type = rope_type
+        self.beta_fast = validation.check_positive_number(
+            "beta_fast", beta_fast
+        )
+        self.beta_slow = validation.check_positive_number(
+            "beta_slow", beta_slow
+        )
+        self.original_max_position_embeddings = validation.check_positive_int(
+            "original_max_position_embeddings",
+            original_max_position_embeddings,
+        )
+        self.truncate = validation.check_bool("truncate", truncate)
+        for name, axis in (
+            ("sequence_axis", sequence_axis),
+            ("feature_axis", feature_axis),
+        ):
+            if not validation.is_int(axis):
+                raise TypeError(
+                    f"`{name}` must be an int. Received: {name}={axis!r}"
+                )
+        self.sequence_axis, self.feature_axis = (
+            int(sequence_axis),
+            int(feature_axis),
+        )
         self.supports_masking = True
 
+    def _axes(self, shape):
+        """The normalized `(sequence_axis, feature_axis)` of `shape`."""
+        rank = len(shape)
+        axes = []
+        for name, axis in (
+            ("sequence_axis", self.sequence_axis),
+            ("feature_axis", self.feature_axis),
+        ):
+            if not -rank <= axis < rank:
+                raise ValueError(
+                    f"`{name}` is out of range for inputs of rank {rank}. "
+                    f"Received: {name}={axis!r}"
+                )
+            axes.append(axis % rank)
+        if axes[0] == axes[1] or 0 in axes:
+            raise ValueError(
+                "`sequence_axis` and `feature_axis` must be different axes "
+                "other than the batch axis. Received: "
+                f"sequence_axis={self.sequence_axis!r}, "
+                f"feature_axis={self.feature_axis!r}"
+            )
+        return tuple(axes)
+
+    def _standard_shape(self, shape):
+        """`shape` with the sequence axis at 1 and the features last."""
+        if len(shape) < 3:
+            _check_inputs(shape)  # The rank error, naming the shape.
+        seq, feat = self._axes(shape)
+        rest = [a for a in range(len(shape)) if a not in (0, seq, feat)]
+        order = [0, seq] + rest + [feat]
+        return tuple(shape[a] for a in order), order
+
     def build(self, inputs_shape):
-        _check_inputs(inputs_shape)
+        _check_inputs(self._standard_shape(tuple(inputs_shape))[0])
         self.built = True
 
-    def _cos_sin(self, length, dim, rank, start_index):
-        # m - absolute positions, k - frequency index
-        m = ops.cast(ops.arange(length), "float32") + ops.cast(
-            start_index, "float32"
-        )
+    def _cos_sin(self, length, dim, rank, start_index, positions=None):
+        # m - positions (b|1, T), k - frequency index
+        if positions is None:
+            m = ops.cast(ops.arange(length), "float32") + ops.cast(
+                start_index, "float32"
+            )
+            m = m[None]
+        else:
+            m = ops.cast(positions, "float32")
+            if len(m.shape) == 1:
+                m = m[None]
         # Frequencies in float64 on the host, then float32: a huge
         # `max_wavelength` (1e300) has no float32 value, its powers do.
-        theta = np.power(
-            float(self.max_wavelength), -2.0 * np.arange(dim // 2) / dim
+        theta = inverse_frequencies(
+            dim,
+            self.max_wavelength,
+            self.scaling_factor,
+            self.rope_type,
+            self.beta_fast,
+            self.beta_slow,
+            self.original_max_position_embeddings,
+            self.truncate,
         )
-        theta = ops.convert_to_tensor(theta.astype("float32"))
-        angles = ops.einsum("m,k->mk", m, theta)  # (T, d/2)
-        shape = (1, length) + (1,) * (rank - 3) + (dim // 2,)
-        return ops.reshape(ops.cos(angles), shape), ops.reshape(
-            ops.sin(angles), shape
-        )
+        angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
+        shape = (-1, length) + (1,) * (rank - 3) + (dim // 2,)
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        if self.rope_type == "yarn":
+            factor = 0.1 * float(np.log(self.scaling_factor)) + 1.0
+            cos, sin = cos * factor, sin * factor
+        return ops.reshape(cos, shape), ops.reshape(sin, shape)
 
-    def call(self, inputs, start_index=0):
-        _check_inputs(inputs.shape)
+    def call(self, inputs, start_index=0, positions=None):
+        shape, order = self._standard_shape(tuple(inputs.shape))
+        _check_inputs(shape)
         validation.check_numeric_input("inputs", inputs)
         start_index = validation.check_index(
             "start_index", start_index, allow_negative=True
         )
-        dim = inputs.shape[-1]
+        x = ops.transpose(inputs, order) if order != sorted(order) else inputs
+        if positions is not None:
+            positions = ops.convert_to_tensor(positions)
+            if len(positions.shape) not in (1, 2):
+                raise ValueError(
+                    "`positions` must have shape (T,) or (batch, T). "
+                    f"Received: positions.shape={tuple(positions.shape)!r}"
+                )
+        dim = shape[-1]
         cos, sin = self._cos_sin(
-            ops.shape(inputs)[1], dim, len(inputs.shape), start_index
+            ops.shape(x)[1], dim, len(shape), start_index, positions
         )
-        x = ops.cast(inputs, "float32")
+        x = ops.cast(x, "float32")
         x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
         y = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        if order != sorted(order):
+            y = ops.transpose(y, list(np.argsort(order)))
         return ops.cast(y, inputs.dtype)
 
     def compute_output_shape(self, inputs_shape):
@@ -113,5 +291,17 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["max_wavelength"] = self.max_wavelength
+        config.update(
+            max_wavelength=self.max_wavelength,
+            scaling_factor=self.scaling_factor,
+            rope_type=self.rope_type,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            original_max_position_embeddings=(
+                self.original_max_position_embeddings
+            ),
+            truncate=self.truncate,
+            sequence_axis=self.sequence_axis,
+            feature_axis=self.feature_axis,
+        )
         return config

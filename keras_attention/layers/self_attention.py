@@ -35,6 +35,11 @@ class SelfAttention(MultiHeadAttention):
         cache, cache_update_index: incremental decoding, see
             `MultiHeadAttention`. With a cache, `mask` covers only this
             call's queries; mask padded cache slots with `attention_mask`.
+        segment_ids: optional integer `(batch, T)` (no cache): packed
+            documents; a token attends only within its
+            document (tiles between documents skipped on the blockwise
+            path) and rotary positions restart at each document
+            (`keras_attention.masks.segment_positions`).
 
     Returns:
         `(batch, T, output_dim)`, then the scores if requested, then the
@@ -83,6 +88,7 @@ class SelfAttention(MultiHeadAttention):
         cache_update_index=None,
         mod_inputs=None,
         step_inputs=None,
+        segment_ids=None,
     ):
         self._check_call_inputs(inputs, inputs, inputs, ("inputs",) * 3)
         mask = self._padding_mask(inputs, mask)
@@ -99,6 +105,7 @@ class SelfAttention(MultiHeadAttention):
             cache_update_index=cache_update_index,
             mod_inputs=mod_inputs,
             step_inputs=step_inputs,
+            segment_ids=segment_ids,
         )
 
     def _padding_mask(self, inputs, mask):
