@@ -45,6 +45,10 @@ class PositionEmbedding(keras.layers.Layer):
             `start_index`) must not exceed `sequence_length`.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
+        positions: optional integer positions `(T,)` or `(batch, T)`
+            instead of `start_index + arange(T)` (keras-hub's argument):
+            positions that restart in each packed document
+            (`keras_attention.masks.segment_positions`).
 
     Returns:
         `(batch, T, d)` position embeddings.
@@ -90,11 +94,26 @@ class PositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         validation.check_sequence_shape("inputs", inputs.shape)
         validation.check_built_features(
             "inputs", inputs.shape, self.position_embeddings.shape[-1]
         )
+        if positions is not None:  # (T,) or (batch, T) row indices
+            positions = ops.convert_to_tensor(positions)
+            if len(positions.shape) not in (1, 2):
+                raise ValueError(
+                    "`positions` must have shape (T,) or (batch, T). "
+                    f"Received: positions.shape={tuple(positions.shape)!r}"
+                )
+            rows = ops.take(
+                ops.convert_to_tensor(self.position_embeddings),
+                ops.cast(positions, "int32"),
+                axis=0,
+            )
+            rows = rows[None] if len(positions.shape) == 1 else rows
+            out = ops.broadcast_to(rows, ops.shape(inputs))
+            return ops.cast(out, self.compute_dtype)
         start_index = _check_positions(
             inputs.shape[1], start_index, self.sequence_length
         )

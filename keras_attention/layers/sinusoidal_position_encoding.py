@@ -29,6 +29,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         inputs: `(batch, T, d)`; only its shape is used.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
+        positions: optional integer positions `(T,)` or `(batch, T)`
+            instead of `start_index + arange(T)` (keras-hub's argument):
+            positions that restart in each packed document
+            (`keras_attention.masks.segment_positions`).
 
     Returns:
         `(batch, T, d)` encodings.
@@ -57,26 +61,30 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         validation.check_sequence_shape("inputs", inputs_shape)
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         validation.check_sequence_shape("inputs", inputs.shape)
         start_index = validation.check_index(
             "start_index", start_index, allow_negative=True
         )
         d = inputs.shape[-1]
         length = ops.shape(inputs)[1]
-        # pos - positions, i - features
-        pos = ops.cast(ops.arange(length), "float32") + ops.cast(
-            start_index, "float32"
-        )
+        # pos - positions (b|1, T), i - features
+        if positions is None:
+            pos = ops.cast(ops.arange(length), "float32") + ops.cast(
+                start_index, "float32"
+            )
+            pos = pos[None]
+        else:
+            pos = _positions_2d(positions)
         i = ops.arange(d)
         # Rates in float64 on the host, then float32: a huge
         # `max_wavelength` (1e300) has no float32 value, its powers do.
         even = 2 * (np.arange(d) // 2)
         rate = np.power(float(self.max_wavelength), -even / d)
         rate = ops.convert_to_tensor(rate.astype("float32"))
-        angle = pos[:, None] * rate[None, :]
+        angle = pos[:, :, None] * rate
         pe = ops.where(i % 2 == 0, ops.sin(angle), ops.cos(angle))
-        pe = ops.broadcast_to(pe[None], ops.shape(inputs))
+        pe = ops.broadcast_to(pe, ops.shape(inputs))
         return ops.cast(pe, self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):
@@ -86,3 +94,15 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         config = super().get_config()
         config["max_wavelength"] = self.max_wavelength
         return config
+
+
+def _positions_2d(positions):
+    """`positions` `(T,)` or `(batch, T)` as float32 `(b|1, T)`."""
+    positions = ops.convert_to_tensor(positions)
+    if len(positions.shape) not in (1, 2):
+        raise ValueError(
+            "`positions` must have shape (T,) or (batch, T). Received: "
+            f"positions.shape={tuple(positions.shape)!r}"
+        )
+    positions = ops.cast(positions, "float32")
+    return positions[None] if len(positions.shape) == 1 else positions

@@ -214,3 +214,34 @@ def test_rotary_arguments_are_checked(kwargs, name):
         ka.RotaryEmbedding(**kwargs)
     with pytest.raises(ValueError, match="positions"):
         ka.RotaryEmbedding()(np.ones((1, 3, 4)), positions=np.ones((1, 1, 3)))
+
+
+# The position layers' positions= (keras-hub's argument) -----------------
+
+
+def test_position_layers_take_positions_like_keras_hub():
+    keras_hub = pytest.importorskip("keras_hub")
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    positions = np.array([[0, 1, 2, 0, 1, 0], [3, 4, 5, 6, 7, 8]])
+    ours = ka.SinusoidalPositionEncoding()
+    theirs = keras_hub.layers.SinePositionEncoding()
+    np.testing.assert_allclose(
+        np_(ours(x, positions=positions)),
+        np_(theirs(x, positions=positions)),
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        np_(ours(x, positions=np.arange(2, 8))),
+        np_(ours(x, start_index=2)),
+        atol=1e-6,
+    )
+    table = ka.PositionEmbedding(sequence_length=10)
+    table(x)
+    got = np_(table(x, positions=positions))
+    rows = np_(table.position_embeddings)[positions]
+    np.testing.assert_allclose(got, rows, atol=0)
+    np.testing.assert_allclose(
+        np_(table(x, positions=np.arange(6))), np_(table(x)), atol=0
+    )
+    with pytest.raises(ValueError, match="positions"):
+        table(x, positions=np.zeros((1, 1, 6), "int32"))
