@@ -279,6 +279,49 @@ CASES = [
         {"q": X, "v": X, "qm": VALID, "vm": VALID},
     ),
     (
+        "group-query-attention",
+        lambda: L.GroupQueryAttention(4, 4, 2, use_gate=True, dropout=0.1),
+        lambda layer, **kw: _mha_call(
+            layer, use_causal_mask=True, return_attention_scores=True, **kw
+        ),
+        {"q": X, "v": X, "qm": VALID, "vm": VALID},
+    ),
+    (
+        "self-attention-packed-blockwise",
+        lambda: L.SelfAttention(4, 4, causal=True, rotary_max_wavelength=100),
+        _scoped(
+            "blockwise",
+            lambda layer, x, ids: layer(x, segment_ids=ids),
+        ),
+        {
+            "x": X,
+            "ids": np.cumsum(np.eye(X.shape[1])[::2].sum(0))[None]
+            .repeat(X.shape[0], 0)
+            .astype("int32"),
+        },
+    ),
+    (
+        "graph-attention-edges",
+        lambda: L.GraphAttention(2, 4),
+        lambda layer, x, s, r: layer(
+            x, edges=(s, r), return_attention_scores=True, training=True
+        ),
+        {
+            "x": RNG.normal(size=(2, 7, 8)).astype("float32"),
+            "s": np.array([0, 1, 2, 3, 4, 5, 6, 0], "int32"),
+            "r": np.array([1, 2, 3, 4, 5, 6, 0, 3], "int32"),
+        },
+    ),
+    (
+        "graph-attention-adjacency",
+        lambda: L.GraphAttention(2, 4, version="v1"),
+        lambda layer, x, a: layer(x, edges=a, return_attention_scores=True),
+        {
+            "x": RNG.normal(size=(2, 7, 8)).astype("float32"),
+            "a": RNG.random((2, 7, 7)) < 0.4,
+        },
+    ),
+    (
         "mha-gqa-blockwise",
         lambda: L.MultiHeadAttention(4, 4, num_key_value_heads=2),
         _scoped(

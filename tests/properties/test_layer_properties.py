@@ -464,6 +464,151 @@ def test_multi_head_attention(data):
     )
 
 
+def _gqa_spec():
+    return dict(
+        head_dim=(ints(1, 3), BAD_INTS),
+        num_query_heads=(st.sampled_from([2, 4]), BAD_INTS),
+        num_key_value_heads=(st.sampled_from([1, 2]), BAD_INTS),
+        use_bias=(BOOLS, BAD_BOOLS),
+        kernel_initializer=(INITIALIZERS, ()),
+        use_gate=(BOOLS, BAD_BOOLS),
+        dropout=(RATES, BAD_RATES),
+        sliding_window=(st.one_of(st.none(), ints(1, 3)), (0, -2, 1.5, "2")),
+        seed=(st.one_of(st.none(), ints(0, 5)), ("1", 1.5, True)),
+    )
+
+
+@DRAWS
+@given(st.data())
+def test_group_query_attention(data):
+    kwargs, bad = _draw_args(data, _gqa_spec())
+    batch = data.draw(st.sampled_from(BATCHES))
+    tq = data.draw(st.sampled_from(LENGTHS), label="Tq")
+    tk = data.draw(st.sampled_from(LENGTHS), label="Tk")
+    query, q_finite, q_huge = data.draw(sequences(batch, tq))
+    value, v_finite, v_huge = data.draw(sequences(batch, tk))
+    query_mask = data.draw(masks(batch, tq), label="query_mask")
+    value_mask = data.draw(masks(batch, tk), label="value_mask")
+    causal = data.draw(st.booleans(), label="use_causal_mask")
+    scores = data.draw(st.booleans(), label="return_attention_scores")
+    wrong_value = data.draw(st.sampled_from([False] * 8 + [True]))
+    if wrong_value:  # Keras's rule: query and value feature sizes agree.
+        value = np.concatenate([value, value[..., :1]], axis=-1)
+        bad = bad | {"value_shape", "query_shape"}
+    call = dict(
+        query_mask=query_mask,
+        value_mask=value_mask,
+        use_causal_mask=causal,
+        return_attention_scores=scores,
+    )
+
+    def run():
+        layer = _layer(
+            ka.GroupQueryAttention,
+            kwargs,
+            lambda layer: layer(
+                np.zeros((1, 1, FEATURES), "float32"),
+                np.zeros((1, 1, FEATURES), "float32"),
+            ),
+        )
+        return layer, layer(query, value, **call)
+
+    result = expect(run, bad)
+    if result is None:
+        return
+    layer, outputs = result
+    specs = layer.compute_output_spec(
+        keras.KerasTensor(query.shape),
+        keras.KerasTensor(value.shape),
+        return_attention_scores=scores,
+    )
+    mask = _attention_mask(
+        batch,
+        tq,
+        tk,
+        _valid(query_mask, batch, tq),
+        _valid(value_mask, batch, tk),
+        causal,
+    )
+    mask = mask & _mha_window_mask(layer, tq, tk, causal)
+    out, weights = mha_reference(layer, query, value, value, mask)
+    references = [out, weights] if scores else [out]
+    _check_outputs(
+        outputs, specs, references, q_finite and v_finite, q_huge or v_huge
+    )
+
+
+def _graph_spec():
+    return dict(
+        num_heads=(ints(1, 3), BAD_INTS),
+        units_per_head=(ints(1, 3), BAD_INTS),
+        version=(st.sampled_from(["v1", "v2"]), ("v3", 2, None)),
+        concat_heads=(BOOLS, BAD_BOOLS),
+        add_self_loops=(BOOLS, BAD_BOOLS),
+        use_bias=(BOOLS, BAD_BOOLS),
+    )
+
+
+@DRAWS
+@given(st.data())
+def test_graph_attention(data):
+    """Properties without a reference (the NumPy reference of both papers
+    is in tests/layers/test_graph_attention.py): relabelling the nodes
+    permutes the outputs, coefficients of each receiver sum to 1 (or 0
+    without incoming edges), outputs are finite for finite inputs, and
+    an isolated node changes no other node."""
+    kwargs, bad = _draw_args(data, _graph_spec())
+    nodes = data.draw(st.integers(1, 6), label="nodes")
+    seed = data.draw(st.integers(0, 3))
+    rng = np.random.default_rng(seed)
+    edges = data.draw(st.integers(0, 12), label="edges")
+    senders = rng.integers(0, nodes, edges).astype("int32")
+    receivers = rng.integers(0, nodes, edges).astype("int32")
+    x = rng.normal(size=(nodes, FEATURES)).astype("float32")
+    call_bad = data.draw(st.sampled_from([None] * 8 + ["edges"]))
+    if call_bad:
+        receivers = receivers[:-1] if edges else np.zeros((2, 2), "float32")
+        bad = bad | {"edges", "senders", "receivers"}
+
+    def run():
+        layer = _layer(
+            ka.GraphAttention,
+            kwargs,
+            lambda layer: layer(
+                np.zeros((2, FEATURES), "float32"),
+                edges=(np.array([0], "int32"), np.array([1], "int32")),
+            ),
+        )
+        return layer, layer(
+            x, edges=(senders, receivers), return_attention_scores=True
+        )
+
+    result = expect(run, bad)
+    if result is None:
+        return
+    layer, (out, alpha) = result
+    out, alpha = np_(out), np_(alpha)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(alpha))
+    # Coefficients: the given edges, then one self-loop per node.
+    all_receivers = receivers
+    if layer.add_self_loops:
+        all_receivers = np.concatenate([receivers, np.arange(nodes)])
+    assert alpha.shape[0] == len(all_receivers)
+    sums = np.zeros((nodes, alpha.shape[1]))
+    np.add.at(sums, all_receivers, alpha)
+    has_input = np.isin(np.arange(nodes), all_receivers)
+    np.testing.assert_allclose(sums[has_input], 1.0, atol=1e-5)
+    # Relabelling the nodes permutes the outputs.
+    perm = rng.permutation(nodes)
+    inverse = np.argsort(perm)
+    out_p = np_(layer(x[perm], edges=(inverse[senders], inverse[receivers])))
+    np.testing.assert_allclose(out_p, out[perm], atol=2e-5)
+    # An isolated extra node changes no other node.
+    x_plus = np.concatenate([x, rng.normal(size=(1, FEATURES))], 0)
+    out_plus = np_(layer(x_plus.astype("float32"), edges=(senders, receivers)))
+    np.testing.assert_allclose(out_plus[:nodes], out, atol=2e-5)
+
+
 SELF_CLASSES = {
     "SelfAttention": ka.SelfAttention,
     "CausalSelfAttention": ka.CausalSelfAttention,
@@ -1251,6 +1396,8 @@ def test_layers_are_all_covered():
         "CrossAttention",
         "EncoderBridge",
         "FeedForward",
+        "GraphAttention",
+        "GroupQueryAttention",
         "LocalSelfAttention",
         "LuongAttention",
         "MultiHeadAttention",
