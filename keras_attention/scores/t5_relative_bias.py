@@ -1,6 +1,7 @@
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.mods.base import PACKAGE
@@ -43,6 +44,26 @@ def relative_position_bucket(
     )
     large = ops.minimum(large, num_buckets - 1)
     return bucket + ops.where(n < max_exact, n, large)
+
+
+def _bucket_table(bidirectional, num_buckets, max_distance):
+    """`relative_position_bucket` of `-max_distance .. max_distance` in
+    NumPy (int32; built while tracing too, so never a tensor)."""
+    n = -np.arange(-max_distance, max_distance + 1, dtype="int64")
+    bucket = np.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = (n < 0) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    scale = (num_buckets - max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (
+        np.log(np.maximum(n, 1).astype("float32") / max_exact) * scale
+    ).astype("int64")
+    large = np.minimum(large, num_buckets - 1)
+    return (bucket + np.where(n < max_exact, n, large)).astype("int32")
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -138,17 +159,23 @@ class T5RelativeBias(ScoreLayer):
             initializer=self.embeddings_initializer,
             name="embeddings",
         )
+        # The bucket of every relative position -max_distance ..
+        # max_distance (beyond, buckets saturate: clip), computed once.
+        self._buckets = _bucket_table(
+            self.bidirectional, self.num_buckets, self.max_distance
+        )
         self.built = True
 
     def score_fn(self, score, batch, head, q_idx, kv_idx):
-        bucket = relative_position_bucket(
-            kv_idx - q_idx,
-            self.bidirectional,
-            self.num_buckets,
-            self.max_distance,
-        )
-        table = ops.reshape(self.embeddings, (-1,))
-        bias = ops.take(table, bucket * self.num_heads + head)
+        # Per tile only integer index work and one gather: the biases of
+        # the 2 max_distance + 1 relative positions are gathered from the
+        # table once per call (differentiable), then indexed by the
+        # clipped relative position of each pair.
+        by_position = ops.take(self.embeddings, self._buckets, axis=0)
+        by_position = ops.reshape(by_position, (-1,))  # (2M + 1) * heads
+        m = self.max_distance
+        relative = ops.clip(kv_idx - q_idx, -m, m) + m
+        bias = ops.take(by_position, relative * self.num_heads + head)
         return score + ops.cast(bias, "float32")
 
     def get_config(self):
