@@ -75,8 +75,10 @@ class T5RelativeBias(ScoreLayer):
     small distances, log-spaced up to `max_distance`). A layer: the
     attention layer holding it builds, trains and saves the table; its
     gradient reaches the table on every path (dense, blockwise, banded).
-    T5 computes the bias once and shares it across the blocks of a stack
-    (one weight): give one `T5RelativeBias` to every block's attention.
+    T5 shares one table across the blocks of a stack; here each attention
+    layer holds its own table (one `T5RelativeBias` object given to
+    several layers trains as one weight, but a saved model holding it
+    twice does not reload yet: give each layer its own).
 
     Args:
         num_buckets: int >= 4 (>= 2 when causal), T5's 32.
