@@ -30,40 +30,16 @@ import os
 
 import numpy as np
 
+from examples.data import wordnet_glosses
+
 DATA_FILE = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "wordnet_graph.npz"
 )
 WORDNET_DIR = "/usr/share/wordnet"
 
-# The noun lexicographer files 03-28 (`lexnames(5WN)`), without `noun.`.
-SUPERSENSES = (
-    "Tops",
-    "act",
-    "animal",
-    "artifact",
-    "attribute",
-    "body",
-    "cognition",
-    "communication",
-    "event",
-    "feeling",
-    "food",
-    "group",
-    "location",
-    "motive",
-    "object",
-    "person",
-    "phenomenon",
-    "plant",
-    "possession",
-    "process",
-    "quantity",
-    "relation",
-    "shape",
-    "state",
-    "substance",
-    "time",
-)
+# The noun lexicographer files 03-28 (`lexnames(5WN)`), without `noun.`:
+# `noun.Tops` (the unique beginners), then the classes of the glosses.
+SUPERSENSES = ("Tops",) + wordnet_glosses.NOUN_CLASSES
 FIRST_LEX_FILE = 3
 
 # The pointer symbols of nouns (`wninput(5WN)`), in the order of the
