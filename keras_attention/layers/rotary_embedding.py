@@ -253,7 +253,9 @@ class RotaryEmbedding(keras.layers.Layer):
             self.truncate,
         )
         angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
-        shape = (-1, length) + (1,) * (rank - 3) + (dim // 2,)
+        # No -1: a length-0 sequence makes it ambiguous (JAX divides by 0).
+        shape = (ops.shape(angles)[0], length) + (1,) * (rank - 3)
+        shape = shape + (dim // 2,)
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.rope_type == "yarn":
             factor = 0.1 * float(np.log(self.scaling_factor)) + 1.0
