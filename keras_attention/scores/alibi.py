@@ -126,7 +126,7 @@ class ALiBi(ScoreLayer):
         if self.bidirectional:
             distance = ops.abs(distance)
         slope = ops.take(self.slopes, head)
-        return score - slope * ops.cast(distance, "float32")
+        return ops.subtract(score, slope * ops.cast(distance, "float32"))
 
     def get_config(self):
         config = super().get_config()

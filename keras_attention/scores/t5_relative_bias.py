@@ -178,7 +178,7 @@ class T5RelativeBias(ScoreLayer):
         m = self.max_distance
         relative = ops.clip(kv_idx - q_idx, -m, m) + m
         bias = ops.take(by_position, relative * self.num_heads + head)
-        return score + ops.cast(bias, "float32")
+        return ops.add(score, ops.cast(bias, "float32"))
 
     def get_config(self):
         config = super().get_config()
