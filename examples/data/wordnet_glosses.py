@@ -73,10 +73,15 @@ def parse_data_noun(lines):
         index = int(lex_file) - _FIRST_LEX_FILE
         if not 0 <= index < len(NOUN_CLASSES):
             continue
-        parts = [p.strip() for p in gloss.strip().split(";")]
-        definition = "; ".join(p for p in parts if p and not p.startswith('"'))
-        if definition:
-            yield NOUN_CLASSES[index], offset, definition
+        text = definition(gloss)
+        if text:
+            yield NOUN_CLASSES[index], offset, text
+
+
+def definition(gloss):
+    """A `data.noun` gloss without its quoted example sentences."""
+    parts = [p.strip() for p in gloss.strip().split(";")]
+    return "; ".join(p for p in parts if p and not p.startswith('"'))
 
 
 def split_of(offset):

@@ -117,12 +117,6 @@ class WordnetGraph:
         return [self.text(i) for i in range(self.num_nodes)]
 
 
-def _definition(gloss):
-    """The gloss without its quoted example sentences."""
-    parts = [p.strip() for p in gloss.strip().split(";")]
-    return "; ".join(p for p in parts if p and not p.startswith('"'))
-
-
 def parse_data_noun(lines):
     """Parses WordNet's `data.noun` (format: `wndb(5WN)`).
 
@@ -147,7 +141,8 @@ def parse_data_noun(lines):
             symbol, target, pos, _ = fields[at + 1 + 4 * k : at + 5 + 4 * k]
             if pos == "n":
                 pointers.append((symbol, int(target)))
-        yield int(offset), int(lex_filenum), words, pointers, _definition(gloss)
+        text = wordnet_glosses.definition(gloss)
+        yield int(offset), int(lex_filenum), words, pointers, text
 
 
 def build_graph(lines):
