@@ -226,6 +226,20 @@ def memory_child(table, name, length, batch, documents):
     make_step(layer, call)(x)
 
 
+def ratio_rows(configs, baseline, x, repeats):
+    """`[name, ms, x baseline]` rows: each configuration's training step
+    on `x`, traced first, then timed interleaved."""
+    steps = {name: make_step(*cfg) for name, cfg in configs.items()}
+    for step in steps.values():
+        step(x)
+    times = time_interleaved(
+        {n: (lambda s=s: s(x)) for n, s in steps.items()},
+        repeats=repeats,
+        warmup=1,
+    )
+    return [[n, t * 1e3, t / times[baseline]] for n, t in times.items()]
+
+
 def pair_child(other, length, documents, repeats):
     """Time ours against one alternative in this process; print JSON."""
     ids = segment_ids(length, documents, 1)
@@ -339,17 +353,9 @@ def main():
     if "score" in tables:
         # 2. A score function's cost.
         xs = rng.normal(size=(4, args.score_length, WIDTH)).astype("float32")
-        configs = score_configs()
-        steps = {name: make_step(*cfg) for name, cfg in configs.items()}
-        for step in steps.values():
-            step(xs)
-        times = time_interleaved(
-            {n: (lambda s=s: s(xs)) for n, s in steps.items()},
-            repeats=args.repeats,
-            warmup=1,
+        rows = ratio_rows(
+            score_configs(), "no score function", xs, args.repeats
         )
-        plain = times["no score function"]
-        rows = [[n, t * 1e3, t / plain] for n, t in times.items()]
         lines += [
             "",
             f"Score function (learned distance bias), blockwise, "
@@ -380,17 +386,7 @@ def main():
         ]
     if "variants" in tables:
         xs = rng.normal(size=(4, args.score_length, WIDTH)).astype("float32")
-        configs = variant_configs()
-        steps = {name: make_step(*cfg) for name, cfg in configs.items()}
-        for step in steps.values():
-            step(xs)
-        times = time_interleaved(
-            {n: (lambda s=s: s(xs)) for n, s in steps.items()},
-            repeats=args.repeats,
-            warmup=1,
-        )
-        plain = times["plain"]
-        rows = [[n, t * 1e3, t / plain] for n, t in times.items()]
+        rows = ratio_rows(variant_configs(), "plain", xs, args.repeats)
         lines += [
             "",
             f"Variants (keras_attention.scores), blockwise, causal, "
