@@ -384,6 +384,36 @@ def _mha_window_mask(layer, tq, tk, causal):
     return np.abs(i - j) < w
 
 
+def _check_against_mha_reference(
+    layer, outputs, query, value, call, attention, finite, huge
+):
+    """A `MultiHeadAttention`-like layer's outputs of `layer(query, value,
+    **call)` against `mha_reference` (padding, causal, window and the
+    optional `attention` `(b, Tq, Tk)` masks) and its output spec."""
+    batch, tq, tk = query.shape[0], query.shape[1], value.shape[1]
+    causal = call["use_causal_mask"]
+    scores = call["return_attention_scores"]
+    specs = layer.compute_output_spec(
+        keras.KerasTensor(query.shape),
+        keras.KerasTensor(value.shape),
+        return_attention_scores=scores,
+    )
+    mask = _attention_mask(
+        batch,
+        tq,
+        tk,
+        _valid(call["query_mask"], batch, tq),
+        _valid(call["value_mask"], batch, tk),
+        causal,
+    )
+    mask = mask & _mha_window_mask(layer, tq, tk, causal)
+    if attention is not None:
+        mask = mask & attention[:, None]
+    out, weights = mha_reference(layer, query, value, value, mask)
+    references = [out, weights] if scores else [out]
+    _check_outputs(outputs, specs, references, finite, huge)
+
+
 @DRAWS
 @given(st.data())
 def test_multi_head_attention(data):
@@ -441,26 +471,15 @@ def test_multi_head_attention(data):
     if result is None:
         return
     layer, outputs = result
-    specs = layer.compute_output_spec(
-        keras.KerasTensor(query.shape),
-        keras.KerasTensor(value.shape),
-        return_attention_scores=scores,
-    )
-    mask = _attention_mask(
-        batch,
-        tq,
-        tk,
-        _valid(query_mask, batch, tq),
-        _valid(value_mask, batch, tk),
-        causal,
-    )
-    mask = mask & _mha_window_mask(layer, tq, tk, causal)
-    if attention is not None:
-        mask = mask & attention[:, None]
-    out, weights = mha_reference(layer, query, value, value, mask)
-    references = [out, weights] if scores else [out]
-    _check_outputs(
-        outputs, specs, references, q_finite and v_finite, q_huge or v_huge
+    _check_against_mha_reference(
+        layer,
+        outputs,
+        query,
+        value,
+        call,
+        attention,
+        q_finite and v_finite,
+        q_huge or v_huge,
     )
 
 
@@ -517,24 +536,15 @@ def test_group_query_attention(data):
     if result is None:
         return
     layer, outputs = result
-    specs = layer.compute_output_spec(
-        keras.KerasTensor(query.shape),
-        keras.KerasTensor(value.shape),
-        return_attention_scores=scores,
-    )
-    mask = _attention_mask(
-        batch,
-        tq,
-        tk,
-        _valid(query_mask, batch, tq),
-        _valid(value_mask, batch, tk),
-        causal,
-    )
-    mask = mask & _mha_window_mask(layer, tq, tk, causal)
-    out, weights = mha_reference(layer, query, value, value, mask)
-    references = [out, weights] if scores else [out]
-    _check_outputs(
-        outputs, specs, references, q_finite and v_finite, q_huge or v_huge
+    _check_against_mha_reference(
+        layer,
+        outputs,
+        query,
+        value,
+        call,
+        None,
+        q_finite and v_finite,
+        q_huge or v_huge,
     )
 
 
