@@ -29,13 +29,24 @@ class GroupQueryAttention(MultiHeadAttention):
         num_query_heads: int, number of query heads.
         num_key_value_heads: int, number of key/value heads; divides
             `num_query_heads`.
-        dropout, use_bias, sliding_window, flash_attention,
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
-        bias_constraint, use_gate, seed: as Keras's layer (see
-            `MultiHeadAttention`).
-        rotary_max_wavelength, score_mod, mask_mod: this library's
-            options (keyword only; see `MultiHeadAttention`).
+        dropout: float, attention-weight dropout rate.
+        use_bias: bool, whether the projections have biases.
+        sliding_window: optional int, Keras's window `|q - k| < w`.
+        flash_attention: Keras's flag (None: automatic).
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        kernel_regularizer: regularizer of the kernels.
+        bias_regularizer: regularizer of the biases.
+        activity_regularizer: regularizer of the output.
+        kernel_constraint: constraint of the kernels.
+        bias_constraint: constraint of the biases.
+        use_gate: bool, a sigmoid gate on the attention output.
+        seed: int, the dropout seed.
+        rotary_max_wavelength: keyword only; rotary positions on queries
+            and keys (see `MultiHeadAttention`).
+        score_mod: keyword only; a score object (see `MultiHeadAttention`).
+        mask_mod: keyword only; a mask object (see `MultiHeadAttention`).
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         query: `(batch, Tq, features)`.

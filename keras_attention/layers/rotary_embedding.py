@@ -102,10 +102,14 @@ class RotaryEmbedding(keras.layers.Layer):
             index, and tiny values overflow float32 into NaN angles).
         scaling_factor: number >= 1 (1: no scaling).
         rope_type: `"linear"`, `"dynamic"` or `"yarn"`.
-        beta_fast, beta_slow, original_max_position_embeddings, truncate:
-            YaRN's options (keras-hub's defaults 32, 1, 4096, True).
-        sequence_axis, feature_axis: ints, the axes of the positions and
-            of the rotated features (default 1 and -1).
+        beta_fast: YaRN's high-frequency boundary (keras-hub's default
+            32).
+        beta_slow: YaRN's low-frequency boundary (default 1).
+        original_max_position_embeddings: YaRN's training length
+            (default 4096).
+        truncate: bool, YaRN's rounding of the boundaries (default True).
+        sequence_axis: int, the axis of the positions (default 1).
+        feature_axis: int, the axis of the rotated features (default -1).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:

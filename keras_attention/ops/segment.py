@@ -44,8 +44,8 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
     >>> w = keras_attention.ops.segment_softmax(
     ...     np.array([0.0, 0.0, 5.0, 1.0], "float32"),
     ...     segment_ids=np.array([0, 0, 2, 2]), num_segments=3)
-    >>> [round(float(v), 3) for v in np.asarray(w)]
-    [0.5, 0.5, 0.982, 0.018]
+    >>> tuple(round(float(v), 3) for v in np.asarray(w))
+    (0.5, 0.5, 0.982, 0.018)
     """
     scores = ops.cast(scores, "float32")
     segment_ids = ops.cast(segment_ids, "int32")

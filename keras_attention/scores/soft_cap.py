@@ -25,8 +25,8 @@ class SoftCap(ScoreMod):
     >>> import numpy as np
     >>> from keras_attention.scores import SoftCap
     >>> s = SoftCap(5.0)(np.array([0.5, 50.0], "float32"), 0, 0, 0, 0)
-    >>> [round(float(x), 3) for x in s]
-    [0.498, 5.0]
+    >>> tuple(round(float(x), 3) for x in s)
+    (0.498, 5.0)
 
     References:
         - Gemma Team, 2024, "Gemma 2: Improving Open Language Models at a

@@ -98,8 +98,8 @@ class T5RelativeBias(ScoreLayer):
     ...     num_heads=2, key_dim=8, score_mod=T5RelativeBias())
     >>> tuple(layer(np.ones((2, 5, 16), "float32")).shape)
     (2, 5, 16)
-    >>> [tuple(w.shape) for w in layer.score_mod.weights]
-    [(32, 2)]
+    >>> tuple(layer.score_mod.weights[0].shape)  # (num_buckets, heads)
+    (32, 2)
 
     References:
         - Raffel et al., 2020, "Exploring the Limits of Transfer Learning
