@@ -4,6 +4,10 @@ from keras import ops
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
+# Ranks of `inputs`: `(batch, T, d)` and keras-hub's `(batch, ..., T, d)`,
+# up to 5 (oneDNN's kernels take rank <= 5).
+_RANKS = (3, 4, 5)
+
 
 def _check_positions(length, start_index, sequence_length):
     """`start_index` checked (`validation.check_index`: a non-negative
@@ -41,8 +45,10 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(batch, T, d)`; only its shape is used. `T` (plus
-            `start_index`) must not exceed `sequence_length`.
+        inputs: `(batch, T, d)`, or `(batch, ..., T, d)` up to rank 5
+            (keras-hub's layout: positions on the second-to-last axis);
+            only its shape is used. `T` (plus `start_index`) must not
+            exceed `sequence_length`.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
         positions: optional integer positions `(T,)` or `(batch, T)`
@@ -51,7 +57,7 @@ class PositionEmbedding(keras.layers.Layer):
             (`keras_attention.masks.segment_positions`).
 
     Returns:
-        `(batch, T, d)` position embeddings.
+        position embeddings of the shape of `inputs`.
 
     Example:
 
@@ -76,10 +82,10 @@ class PositionEmbedding(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        validation.check_sequence_shape("inputs", inputs_shape)
+        validation.check_sequence_shape("inputs", inputs_shape, _RANKS)
         if (
-            inputs_shape[1] is not None
-            and inputs_shape[1] > self.sequence_length
+            inputs_shape[-2] is not None
+            and inputs_shape[-2] > self.sequence_length
         ):
             raise ValueError(
                 "`inputs` has more steps than `sequence_length`. Received: "
@@ -95,10 +101,13 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None):
-        validation.check_sequence_shape("inputs", inputs.shape)
+        validation.check_sequence_shape("inputs", inputs.shape, _RANKS)
         validation.check_built_features(
             "inputs", inputs.shape, self.position_embeddings.shape[-1]
         )
+        table = ops.convert_to_tensor(self.position_embeddings)
+        # p - positions, d - features; rows (b|1, T, d), then one axis per
+        # extra input axis before T (keras-hub's `(batch, ..., T, d)`).
         if positions is not None:  # (T,) or (batch, T) row indices
             positions = ops.convert_to_tensor(positions)
             if len(positions.shape) not in (1, 2):
@@ -106,24 +115,19 @@ class PositionEmbedding(keras.layers.Layer):
                     "`positions` must have shape (T,) or (batch, T). "
                     f"Received: positions.shape={tuple(positions.shape)!r}"
                 )
-            rows = ops.take(
-                ops.convert_to_tensor(self.position_embeddings),
-                ops.cast(positions, "int32"),
-                axis=0,
-            )
+            rows = ops.take(table, ops.cast(positions, "int32"), axis=0)
             rows = rows[None] if len(positions.shape) == 1 else rows
-            out = ops.broadcast_to(rows, ops.shape(inputs))
-            return ops.cast(out, self.compute_dtype)
-        start_index = _check_positions(
-            inputs.shape[1], start_index, self.sequence_length
-        )
-        length = ops.shape(inputs)[1]
-        table = ops.convert_to_tensor(self.position_embeddings)
-        # p - positions, d - features
-        positions = ops.slice(
-            table, (start_index, 0), (length, ops.shape(table)[1])
-        )
-        out = ops.broadcast_to(positions[None], ops.shape(inputs))
+        else:
+            start_index = _check_positions(
+                inputs.shape[-2], start_index, self.sequence_length
+            )
+            length = ops.shape(inputs)[-2]
+            rows = ops.slice(
+                table, (start_index, 0), (length, ops.shape(table)[1])
+            )[None]
+        for _ in range(len(inputs.shape) - 3):
+            rows = ops.expand_dims(rows, 1)
+        out = ops.broadcast_to(rows, ops.shape(inputs))
         return ops.cast(out, self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):

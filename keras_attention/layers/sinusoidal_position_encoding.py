@@ -4,6 +4,10 @@ from keras import ops
 
 from keras_attention.utils import validation
 
+# Ranks of `inputs`: `(batch, T, d)` and keras-hub's `(batch, ..., T, d)`,
+# up to 5 (oneDNN's kernels take rank <= 5).
+_RANKS = (3, 4, 5)
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class SinusoidalPositionEncoding(keras.layers.Layer):
@@ -26,7 +30,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(batch, T, d)`; only its shape is used.
+        inputs: `(batch, T, d)`, or `(batch, ..., T, d)` up to rank 5
+            (keras-hub's layout: positions on the second-to-last axis);
+            only its shape is used.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
         positions: optional integer positions `(T,)` or `(batch, T)`
@@ -35,7 +41,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             (`keras_attention.masks.segment_positions`).
 
     Returns:
-        `(batch, T, d)` encodings.
+        encodings of the shape of `inputs`.
 
     Example:
 
@@ -58,16 +64,16 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        validation.check_sequence_shape("inputs", inputs_shape)
+        validation.check_sequence_shape("inputs", inputs_shape, _RANKS)
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None):
-        validation.check_sequence_shape("inputs", inputs.shape)
+        validation.check_sequence_shape("inputs", inputs.shape, _RANKS)
         start_index = validation.check_index(
             "start_index", start_index, allow_negative=True
         )
         d = inputs.shape[-1]
-        length = ops.shape(inputs)[1]
+        length = ops.shape(inputs)[-2]
         # pos - positions (b|1, T), i - features
         if positions is None:
             pos = ops.cast(ops.arange(length), "float32") + ops.cast(
@@ -84,6 +90,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         rate = ops.convert_to_tensor(rate.astype("float32"))
         angle = pos[:, :, None] * rate
         pe = ops.where(i % 2 == 0, ops.sin(angle), ops.cos(angle))
+        for _ in range(len(inputs.shape) - 3):  # (batch, ..., T, d)
+            pe = ops.expand_dims(pe, 1)
         pe = ops.broadcast_to(pe, ops.shape(inputs))
         return ops.cast(pe, self.compute_dtype)
 

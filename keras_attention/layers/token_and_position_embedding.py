@@ -7,9 +7,10 @@ from keras_attention.utils import validation
 
 
 def _check_ids_shape(shape):
-    if len(shape) != 2:
+    if len(shape) not in (2, 3, 4):
         raise ValueError(
-            "`inputs` must be token ids of shape (batch, steps). "
+            "`inputs` must be token ids of shape (batch, steps) or "
+            "(batch, ..., steps), rank 2 to 4. "
             f"Received: inputs_shape={tuple(shape)!r}"
         )
 
@@ -23,18 +24,32 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     `ids != 0`, which every following block of the package reads and passes
     on.
 
+    The arguments are keras-hub's, in keras-hub's order: the fourth is
+    `tie_weights`, then `embeddings_initializer`, then `mask_zero` (pass
+    those two by name). `token_embedding` is a
+    `keras.layers.ReversibleEmbedding`: `layer.token_embedding(h,
+    reverse=True)` maps hidden states to vocabulary logits, through the
+    transposed token table when `tie_weights` (the default), else through
+    a separate `(embedding_dim, vocabulary_size)` table.
+
     Args:
         vocabulary_size: int, number of token ids.
         sequence_length: int, maximum number of positions.
         embedding_dim: int, output features.
+        tie_weights: bool, whether the reverse (logits) projection reuses
+            the token table.
+        embeddings_initializer: initializer of the tables.
         mask_zero: bool, whether id 0 is padding (produces a Keras mask).
-        embeddings_initializer: initializer of both tables.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: int `(batch, T)` token ids.
-        start_index: int or scalar int tensor, position of `inputs[:, 0]`
+        inputs: int token ids `(batch, T)` (or `(batch, ..., T)`, rank up
+            to 4, as keras-hub takes them).
+        start_index: int or scalar int tensor, position of `inputs[..., 0]`
             (the cache index in incremental decoding).
+        positions: optional integer positions `(T,)` or `(batch, T)`
+            instead of `start_index + arange(T)` (keras-hub's argument;
+            packed documents: `keras_attention.masks.segment_positions`).
 
     Returns:
         `(batch, T, embedding_dim)`, with a Keras mask if `mask_zero`.
@@ -60,8 +75,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         vocabulary_size,
         sequence_length,
         embedding_dim,
-        mask_zero=False,
+        tie_weights=True,
         embeddings_initializer="uniform",
+        mask_zero=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -74,6 +90,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.embedding_dim = validation.check_positive_int(
             "embedding_dim", embedding_dim
         )
+        self.tie_weights = validation.check_bool("tie_weights", tie_weights)
         self.mask_zero = validation.check_bool("mask_zero", mask_zero)
         self.embeddings_initializer = keras.initializers.get(
             embeddings_initializer
@@ -82,9 +99,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def build(self, inputs_shape):
         _check_ids_shape(inputs_shape)
-        self.token_embedding = keras.layers.Embedding(
+        self.token_embedding = keras.layers.ReversibleEmbedding(
             self.vocabulary_size,
             self.embedding_dim,
+            tie_weights=self.tie_weights,
             embeddings_initializer=keras_utils.clone_initializer(
                 self.embeddings_initializer
             ),
@@ -105,11 +123,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         validation.check_numeric_input("inputs", inputs)
         _check_ids_shape(inputs.shape)
         tokens = self.token_embedding(inputs)
-        return tokens + self.position_embedding(tokens, start_index=start_index)
+        return tokens + self.position_embedding(
+            tokens, start_index=start_index, positions=positions
+        )
 
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero:
@@ -126,6 +146,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "vocabulary_size": self.vocabulary_size,
                 "sequence_length": self.sequence_length,
                 "embedding_dim": self.embedding_dim,
+                "tie_weights": self.tie_weights,
                 "mask_zero": self.mask_zero,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer

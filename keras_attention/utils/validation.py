@@ -270,6 +270,7 @@ def check_sequence_shape(name, shape, ranks=(3,), layout=None):
 
 _LAYOUTS = {
     (3,): "(batch, steps, features)",
+    (3, 4, 5): "(batch, ..., steps, features) of rank 3 to 5",
     (2, 3): "(batch, steps, features) or (batch, features)",
 }
 

@@ -68,7 +68,7 @@ def test_constructor_errors(kwargs, name):
 
 def test_build_error():
     with pytest.raises(ValueError, match="inputs_shape"):
-        TokenAndPositionEmbedding(5, 4, 2)(np.zeros((1, 2, 3), "int32"))
+        TokenAndPositionEmbedding(5, 4, 2)(np.zeros((1, 1, 1, 2, 3), "int32"))
 
 
 @pytest.mark.parametrize("value", ["False", 0, None])
