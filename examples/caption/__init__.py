@@ -1,0 +1,2 @@
+"""Image captioning with visual attention: `python -m examples.caption`
+(see `__main__.py`)."""
