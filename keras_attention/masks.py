@@ -296,20 +296,17 @@ def segment_positions(segment_ids):
         )
     squeeze = len(ids.shape) == 1
     ids = ops.cast(ids[None] if squeeze else ids, "int32")
-    length = ids.shape[1]
-    index = ops.arange(length, dtype="int32")[None]
-    if length is None or length <= 1:
-        starts = ops.zeros_like(ids)
-    else:
-        changed = ops.not_equal(ids[:, 1:], ids[:, :-1])
-        first = ops.concatenate([ops.ones_like(changed[:, :1]), changed], 1)
-        starts = ops.where(first, index, 0)
-        shift = 1  # running maximum by doubling (log2(T) steps)
-        while shift < length:
-            earlier = ops.pad(starts[:, :-shift], [[0, 0], [shift, 0]])
-            starts = ops.maximum(starts, earlier)
-            shift *= 2
-    positions = index - starts
+    # Dynamic lengths too (TensorFlow traces `fit` with `(None, None)`).
+    # (Symbolic Keras tensors too: no `arange` of an unknown length.)
+    index = ops.cumsum(ops.ones_like(ids), axis=1) - 1
+    changed = ops.not_equal(ids[:, 1:], ids[:, :-1])
+    first = ops.concatenate([ops.ones_like(ids[:, :1], "bool"), changed], 1)
+    # The index of each run's first token, carried forward: a running
+    # maximum (a parallel scan, log2(T) steps).
+    starts = ops.associative_scan(
+        ops.maximum, ops.where(first, index, 0), axis=1
+    )
+    positions = ops.cast(index - starts, "int32")  # torch's scan: float
     return positions[0] if squeeze else positions
 
 

@@ -138,6 +138,16 @@ def test_segment_positions_restart_in_each_document():
     )
 
 
+def test_segment_positions_in_a_model_of_unknown_length():
+    # `fit` on padded batches traces with (None, None) shapes: the
+    # positions must not need the static length (it used to crash).
+    ids = keras.Input((None,), dtype="int32")
+    model = keras.Model(ids, masks.segment_positions(ids))
+    got = model.predict(np.array([[7, 7, 1, 1, 1, 3]], "int32"), verbose=0)
+    np.testing.assert_array_equal(got, [[0, 1, 0, 1, 2, 0]])
+    assert keras.backend.standardize_dtype(got.dtype) == "int32"
+
+
 def test_segment_ids_are_checked():
     layer = ka.SelfAttention(2, 4)
     with pytest.raises(ValueError, match="segment_ids"):
