@@ -71,6 +71,8 @@ def attention_html(
     kinds=None,
     top_k=None,
     title=None,
+    images=None,
+    image_grid=None,
 ):
     """An interactive attention explorer (BertViz-style) in one HTML file.
 
@@ -128,6 +130,22 @@ def attention_html(
             `None` keeps whole rows of at most 64 keys and the 12 largest
             weights of longer ones.
         title: optional title of the page.
+        images: optional image mode, for attention over an image's grid
+            of cells (an image captioner's words over its feature map, a
+            vision transformer's patches): one image `(H, W)` or `(H, W,
+            channels)` (1 or 3 channels; floats in [0, 1] or uint8) for
+            every batch item, or one per batch item (a list, or an array
+            `(batch, H, W[, channels])`; a 3-D array is one image when
+            its last axis is 1 or 3, else `(batch, H, W)`). The page then
+            has an *image view*: for the chosen layer, one picture per
+            query token with its weights (mean of the selected heads)
+            upsampled bilinearly over the image. It shows the layers whose
+            keys are `tokens` and number `rows * columns` of
+            `image_grid`; those layers are stored whole (all keys),
+            whatever `top_k` says.
+        image_grid: `(rows, columns)` of the cells the keys are, in row-
+            major order (the `tokens` name them, e.g. `r0c0`, `r0c1`,
+            ...); required with `images`.
 
     Returns:
         an `AttentionExplorer`: the page in `.html`, `.save(path)`, shown
@@ -170,11 +188,14 @@ def attention_html(
         if target_tokens is None
         else _token_lists("target_tokens", target_tokens, batch)
     )
+    cells = _image_cells(images, image_grid)
     encoded = []
     for name, record, weights in layers:
         kind, *sides = _sides_of(name, record, weights, sources, targets)
         _check_tokens(name, kind, weights, sides, sources, targets)
-        layer = _encode_layer(name, kind, weights[items], top_k)
+        over_image = sides[1] == "tokens" and weights.shape[-1] == cells
+        layer_top_k = weights.shape[-1] if over_image else top_k
+        layer = _encode_layer(name, kind, weights[items], layer_top_k)
         group, label = _group(kind, *sides)
         layer.update(query=sides[0], key=sides[1], group=group, label=label)
         encoded.append(layer)
@@ -188,6 +209,19 @@ def attention_html(
         ),
         "layers": encoded,
     }
+    if cells:
+        if not any(
+            layer["key"] == "tokens" and layer["keys"] == cells
+            for layer in encoded
+        ):
+            raise ValueError(
+                "With `images`, some layer of `attentions` must attend "
+                f"over the {cells} cells of `image_grid` (its keys: "
+                "`tokens`, one per cell). Received: image_grid="
+                f"{tuple(image_grid)!r}, keys per layer "
+                f"{ {layer['name']: layer['keys'] for layer in encoded}!r}"
+            )
+        data["image"] = _image_data(images, image_grid, items, batch)
     page = AttentionExplorer(_page(data))
     if path is not None:
         page.save(os.fspath(path))
@@ -464,10 +498,11 @@ def _asset(name):
 def _page(data):
     # `<` escaped (`\u003c`, still JSON): nothing in the data can end or
     # comment out its <script> element.
+    image_mode = "image" in data
     parts = {
         "title": html.escape(data["title"]),
-        "css": _asset("explorer.css"),
-        "js": _asset("explorer.js"),
+        "css": _asset("explorer.css") + (_IMAGE_CSS if image_mode else ""),
+        "js": _asset("explorer.js") + (_IMAGE_JS if image_mode else ""),
         "data": json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"),
     }
     # one pass over the template: inserted text is never substituted again
@@ -476,6 +511,232 @@ def _page(data):
         lambda m: parts[m.group(1)],
         _asset("explorer.html"),
     )
+
+
+def _image_cells(images, image_grid):
+    """`rows * columns` of `image_grid` (checked), 0 without images."""
+    if images is None and image_grid is None:
+        return 0
+    if images is None or image_grid is None:
+        raise ValueError(
+            "`images` and `image_grid` go together: the image view needs "
+            "the images and the `(rows, columns)` of the cells the keys "
+            f"are. Received: images={_short(images)}, "
+            f"image_grid={image_grid!r}"
+        )
+    grid = tuple(image_grid) if hasattr(image_grid, "__len__") else ()
+    if len(grid) != 2 or not all(validation.is_int(n) and n > 0 for n in grid):
+        raise ValueError(
+            "`image_grid` must be `(rows, columns)`, two positive ints. "
+            f"Received: image_grid={image_grid!r}"
+        )
+    return int(grid[0]) * int(grid[1])
+
+
+def _image_data(images, image_grid, items, batch):
+    """The images of the embedded batch items as 8-bit pixels, base64:
+    `{"grid": [rows, columns], "items": [{"width", "height",
+    "channels", "pixels"}]}` (pixels `(height, width, channels)`, C
+    order)."""
+    if hasattr(images, "numpy"):
+        images = images.numpy()
+    one = isinstance(images, np.ndarray) and (
+        images.ndim == 2 or (images.ndim == 3 and images.shape[-1] in (1, 3))
+    )
+    if one:
+        per_item = [images] * batch
+    elif isinstance(images, (list, tuple, np.ndarray)):
+        per_item = list(images)
+        if len(per_item) != batch:
+            raise ValueError(
+                f"`images` must be one image for all batch items or one "
+                f"per batch item ({batch}). Received: {len(per_item)} "
+                "images"
+            )
+    else:
+        raise ValueError(
+            "`images` must be an array `(H, W)`, `(H, W, channels)` or "
+            "`(batch, H, W[, channels])`, or a list of images. Received: "
+            f"images={_short(images)}"
+        )
+    encoded = []
+    for b in items:
+        image = np.asarray(per_item[b])
+        if image.ndim == 2:
+            image = image[..., None]
+        if (
+            image.ndim != 3
+            or image.shape[-1] not in (1, 3)
+            or not all(image.shape[:2])
+        ):
+            raise ValueError(
+                "Each image must be `(H, W)` or `(H, W, channels)` with 1 "
+                f"or 3 channels. Received: shape {image.shape!r} (batch "
+                f"item {b})"
+            )
+        if image.dtype != np.uint8:
+            image = np.asarray(image, "float32")
+            if not np.all(np.isfinite(image)):
+                raise ValueError(
+                    f"`images` must be finite. Received: batch item {b}"
+                )
+            image = np.rint(np.clip(image, 0.0, 1.0) * 255).astype("uint8")
+        encoded.append(
+            {
+                "height": int(image.shape[0]),
+                "width": int(image.shape[1]),
+                "channels": int(image.shape[2]),
+                "pixels": base64.b64encode(image.tobytes()).decode("ascii"),
+            }
+        )
+    return {"grid": [int(n) for n in image_grid], "items": encoded}
+
+
+# The image view (only in pages with `images`): appended after
+# explorer.js, it reads the decoded layers and the state that script
+# exposes (`window.kaExplorer`) and redraws after every interaction.
+_IMAGE_CSS = """
+#ka-image-view { flex-basis: 100%; }
+#ka-image-panels { display: flex; flex-wrap: wrap; gap: 8px; }
+.ka-image-panel { font-size: 12px; text-align: center; }
+.ka-image-panel canvas {
+  display: block;
+  border: 2px solid transparent;
+  image-rendering: pixelated;
+}
+.ka-image-panel.ka-focused canvas { border-color: var(--ka-accent); }
+"""
+
+_IMAGE_JS = """
+/* keras_attention attention explorer: image view (attention over the
+ * cells of an image, drawn over it). */
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const explorer = window.kaExplorer;
+  const data = JSON.parse($("ka-data").textContent);
+  const info = data.image;
+  if (!explorer || !info) return;
+  const rows = info.grid[0], cols = info.grid[1];
+  const images = info.items.map(function (item) {
+    const text = atob(item.pixels);
+    const bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    return Object.assign({}, item, {bytes: bytes});
+  });
+  const section = document.createElement("section");
+  section.id = "ka-image-view";
+  section.setAttribute("aria-label", "Image view");
+  const title = document.createElement("h2");
+  title.innerHTML = "Image view <small>each query token's attention " +
+    "over the image (mean of the selected heads), brighter = more</small>";
+  const panels = document.createElement("div");
+  panels.id = "ka-image-panels";
+  section.append(title, panels);
+  $("ka-head-view").before(section);
+
+  function overImage(layer) {
+    return layer.key === "tokens" && layer.keys === rows * cols;
+  }
+
+  // (rows, cols) weights -> value at pixel (y, x) of an (h, w) image,
+  // bilinear with half-pixel centers (as tf.image.resize).
+  function sample(cells, h, w, y, x) {
+    const gy = Math.min(Math.max((y + 0.5) * rows / h - 0.5, 0), rows - 1);
+    const gx = Math.min(Math.max((x + 0.5) * cols / w - 0.5, 0), cols - 1);
+    const y0 = Math.floor(gy), x0 = Math.floor(gx);
+    const y1 = Math.min(y0 + 1, rows - 1), x1 = Math.min(x0 + 1, cols - 1);
+    const fy = gy - y0, fx = gx - x0;
+    const at = (r, c) => cells[r * cols + c];
+    return (at(y0, x0) * (1 - fx) + at(y0, x1) * fx) * (1 - fy) +
+      (at(y1, x0) * (1 - fx) + at(y1, x1) * fx) * fy;
+  }
+
+  function drawPanel(canvas, image, cells) {
+    const scale = Math.max(1, Math.min(
+      Math.floor(256 / image.width), Math.floor(128 / image.height)));
+    const w = image.width * scale, h = image.height * scale;
+    canvas.width = w;
+    canvas.height = h;
+    const peak = Math.max.apply(null, cells) || 1;
+    const out = canvas.getContext("2d").createImageData(w, h);
+    for (let y = 0; y < h; y++) {
+      for (let x = 0; x < w; x++) {
+        const p = (Math.floor(y / scale) * image.width +
+          Math.floor(x / scale)) * image.channels;
+        const a = sample(cells, h, w, y, x) / peak;
+        const o = 4 * (y * w + x);
+        const heat = [255, 90 + 165 * a, 40 * a];
+        for (let c = 0; c < 3; c++) {
+          const v = image.bytes[p + (image.channels === 3 ? c : 0)];
+          // the image dimmed, the heat color over it by the weight
+          out.data[o + c] = (1 - 0.7 * a) * 0.6 * v + 0.7 * a * heat[c];
+        }
+        out.data[o + 3] = 255;
+      }
+    }
+    canvas.getContext("2d").putImageData(out, 0, 0);
+    canvas.dataset.peak = peak;
+  }
+
+  function render() {
+    const state = explorer.state;
+    const layer = explorer.layers[state.layer];
+    panels.replaceChildren();
+    if (!overImage(layer)) {
+      const note = document.createElement("p");
+      note.className = "ka-hint";
+      note.textContent = "Choose a layer that attends over the image (" +
+        rows + " x " + cols + " cells).";
+      panels.appendChild(note);
+      return;
+    }
+    const b = state.batch;
+    const queries = layer.query ? data[layer.query][b] : Array.from(
+      {length: layer.queries}, (_, q) => "[query " + q + "]");
+    const heads = Array.from(state.heads);
+    const unit = layer.scale / 255;
+    queries.forEach(function (token, q) {
+      const cells = new Float32Array(layer.keys);
+      heads.forEach(function (h) {
+        const base = ((b * layer.heads + h) * layer.queries + q) * layer.k;
+        for (let e = 0; e < layer.k; e++) {
+          cells[e] += layer.codes[base + e] * unit / heads.length;
+        }
+      });
+      const panel = document.createElement("div");
+      panel.className = "ka-image-panel";
+      panel.dataset.index = q;
+      const focus = state.focus;
+      panel.classList.toggle("ka-focused", !!focus &&
+        focus.side === "query" && focus.index === q);
+      const canvas = document.createElement("canvas");
+      drawPanel(canvas, images[b], cells);
+      const label = document.createElement("div");
+      label.textContent = token + " (max " +
+        Math.max.apply(null, cells).toFixed(2) + ")";
+      panel.append(canvas, label);
+      panels.appendChild(panel);
+    });
+  }
+
+  let pending = false;
+  function later() {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(function () {
+      pending = false;
+      render();
+    });
+  }
+  // capture phase: also the events that do not bubble; the redraw waits
+  // for the next frame, after explorer.js has handled them
+  ["change", "click", "mouseover", "mouseout"].forEach(
+    (type) => document.addEventListener(type, later, true));
+  render();
+  explorer.renderImageView = render;
+})();
+"""
 
 
 def _short(value):

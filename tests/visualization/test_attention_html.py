@@ -554,3 +554,145 @@ def test_takes_collect_attention_output():
         "rnn": ("decoder", "target_tokens", "tokens", "decoder"),
         "pool": ("pooling", None, "tokens", "pooling"),
     }
+
+
+# ------------------------------------------------------------ image mode
+
+
+def _image_page(path=None, keys_grid=(4, 16), images=None):
+    """Words attending over a rows x columns grid of cells of an image;
+    word q of batch item b peaks on cell 16 + 3 q + b (both heads)."""
+    rows, columns = keys_grid
+    cells = [f"r{r}c{c}" for r in range(rows) for c in range(columns)]
+    n = rows * columns
+    weights = np.full((2, 2, 3, n), 0.2 / n, "float32")
+    for b in range(2):
+        for q in range(3):
+            weights[b, :, q, (16 + 3 * q + b) % n] += 0.8
+    if images is None:
+        images = np.linspace(0, 1, 2 * 16 * 64, dtype="float32").reshape(
+            2, 16, 64
+        )
+    return attention_html(
+        {
+            "decoder/cross": weights,
+            "decoder/self": _softmax(np.ones((2, 2, 3, 3))),
+        },
+        cells,
+        [["one", "two", "[END]"], ["six", "six", "[END]"]],
+        kinds={"decoder/cross": "cross"},
+        images=images,
+        image_grid=keys_grid,
+        path=path,
+    )
+
+
+def test_image_mode_embeds_the_images_and_whole_rows():
+    data = _embedded(_image_page(keys_grid=(8, 16)))
+    assert data["image"]["grid"] == [8, 16]
+    items = data["image"]["items"]
+    assert [(i["height"], i["width"], i["channels"]) for i in items] == [
+        (16, 64, 1)
+    ] * 2
+    pixels = np.frombuffer(base64.b64decode(items[1]["pixels"]), "uint8")
+    expected = np.linspace(0, 1, 2 * 16 * 64).reshape(2, -1)[1]
+    np.testing.assert_array_equal(pixels, np.rint(expected * 255))
+    cross = next(layer for layer in data["layers"] if layer["kind"] == "cross")
+    # 128 keys: stored whole over an image (past 64, rows keep top_k).
+    assert cross["dense"] and cross["k"] == 128
+    # Pages without images carry neither the data nor the script.
+    plain = attention_html({"l": _softmax(np.ones((3, 3)))}, ["a", "b", "c"])
+    assert "image" not in _embedded(plain)
+    assert "ka-image-view" not in plain.html
+    assert "ka-image-view" in _image_page().html
+
+
+def test_image_mode_takes_one_shared_or_per_item_rgb_images():
+    shared = np.zeros((16, 64, 3), "uint8")
+    shared[..., 0] = 200
+    items = _embedded(_image_page(images=shared))["image"]["items"]
+    assert len(items) == 2 and items[0]["channels"] == 3
+    assert items[0]["pixels"] == items[1]["pixels"]
+    listed = [np.zeros((16, 64)), np.ones((16, 64, 1))]
+    items = _embedded(_image_page(images=listed))["image"]["items"]
+    assert base64.b64decode(items[1]["pixels"]) == b"\xff" * 16 * 64
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"images": np.zeros((16, 64))}, "`images` and `image_grid`"),
+        ({"image_grid": (4, 16)}, "`images` and `image_grid`"),
+        ({"images": np.zeros((16, 64)), "image_grid": (4, 0)}, "image_grid"),
+        ({"images": np.zeros((16, 64)), "image_grid": (3, 3)}, "9 cells"),
+        (
+            {"images": [np.zeros((16, 64))] * 3, "image_grid": (2, 3)},
+            "one per batch item",
+        ),
+        (
+            {"images": [np.zeros((16, 64, 2))] * 2, "image_grid": (2, 3)},
+            "1 or 3 channels",
+        ),
+    ],
+)
+def test_image_mode_bad_arguments_raise(kwargs, match):
+    weights = _softmax(np.ones((2, 1, 2, 6)))
+    with pytest.raises(ValueError, match=match):
+        attention_html(
+            {"cross": weights},
+            [f"c{i}" for i in range(6)],
+            [["a", "b"]] * 2,
+            **kwargs,
+        )
+
+
+@needs_browser
+def test_browser_image_view_draws_each_word_over_the_image(tab, tmp_path):
+    path = tmp_path / "image.html"
+    _image_page(path=path)
+    _open(tab, path.as_uri())
+    assert tab.problems() == []
+    # The decoder self-attention shows first: no pictures, a note.
+    assert "Choose a layer" in tab.evaluate(
+        "document.getElementById('ka-image-view').textContent"
+    )
+    _choose(tab, "ka-kind", "cross")
+    tab.wait_until("document.querySelectorAll('.ka-image-panel').length")
+    panels = (
+        "Array.from(document.querySelectorAll('.ka-image-panel'))"
+        ".map((p) => [p.textContent, p.classList.contains('ka-focused'),"
+        " p.querySelector('canvas').width])"
+    )
+    assert tab.evaluate(panels) == [
+        ["one (max 0.80)", False, 256],
+        ["two (max 0.80)", False, 256],
+        ["[END] (max 0.80)", False, 256],
+    ]
+    # Brightest pixel of each panel: over the peak cell (16 + 3q: row 1,
+    # column 3q; 16 px per cell in a 256 x 64 panel).
+    brightest = tab.evaluate(
+        "Array.from(document.querySelectorAll('.ka-image-panel canvas'))"
+        ".map((c) => { const d = c.getContext('2d').getImageData(0, 0,"
+        " c.width, c.height).data; let best = -1, at = 0;"
+        " for (let i = 0; i < d.length; i += 4) { const v = d[i] - d[i + 2];"
+        " if (v > best) { best = v; at = i / 4; } }"
+        " return [Math.floor(at / c.width), at % c.width]; })"
+    )
+    for q, (y, x) in enumerate(brightest):
+        assert 16 <= y < 32 and 48 * q <= x < 48 * q + 16
+    _hover(tab, "ka-queries", 1)
+    tab.wait_until(
+        "document.querySelectorAll('.ka-image-panel.ka-focused').length"
+    )
+    assert [p[1] for p in tab.evaluate(panels)] == [False, True, False]
+    _choose(tab, "ka-batch", "1")
+    tab.wait_until(
+        "document.querySelector('.ka-image-panel').textContent"
+        ".startsWith('six')"
+    )
+    _choose(tab, "ka-kind", "target-self")
+    tab.wait_until("!document.querySelector('.ka-image-panel')")
+    assert "Choose a layer" in tab.evaluate(
+        "document.getElementById('ka-image-view').textContent"
+    )
+    assert tab.problems() == []
