@@ -240,10 +240,19 @@ def scores(hypotheses, references):
         h, r = h.split(), r.split()
         correct += sum(a == b for a, b in zip(h, r))
         total += len(r)
+    by_length = {}
+    for n in sorted({len(r.split()) for r in references}):
+        same = [
+            h == r
+            for h, r in zip(hypotheses, references)
+            if len(r.split()) == n
+        ]
+        by_length[str(n)] = float(np.mean(same))
     return {
         "exact_match": exact,
         "bleu": bleu,
         "word_accuracy": correct / total,
+        "exact_match_by_length": by_length,
     }
 
 
@@ -284,23 +293,27 @@ def draw(kind, images, strings, ids, attention, args):
     return plots
 
 
-def write_explorer(kind, image_index, images, ids, attention, path):
-    """The attention explorer of one test caption: each generated word
-    (rows) over the grid cells (columns), labelled `r{row}c{column}`."""
+def write_explorer(kind, images, ids, attention, path, count=4):
+    """The attention explorer of the first `count` test captions in its
+    image mode: each generated word's attention over the image, and the
+    words (rows) over the 4x16 grid cells (columns, `r{row}c{column}`)."""
     import numpy as np
 
     from examples.caption.model import GRID
     from keras_attention.visualization import attention_html
 
-    words = tokens_of(ids[image_index])
+    count = min(count, len(images))
+    words = [tokens_of(ids[i]) for i in range(count)]
     cells = [f"r{r}c{c}" for r in range(GRID[0]) for c in range(GRID[1])]
-    weights = attention[image_index, : len(words)][None, None]  # 1 1 t g
+    weights = np.asarray(attention[:count, None], "float32")  # b 1 t g
     name = f"{kind}/attention_over_image"
     attention_html(
-        {name: np.asarray(weights, "float32")},
-        [cells],
-        target_tokens=[words],
+        {name: weights},
+        cells,
+        target_tokens=words,
         kinds={name: "cross"},
+        images=images[:count],
+        image_grid=GRID,
         path=path,
         title=f"{kind}: each generated word's attention over the 4x16 "
         "grid of the image (rows: words; columns: cells)",
@@ -334,6 +347,25 @@ def markdown_table(rows):
             f"| {100 * row['word_accuracy']:.1f} % "
             f"| {row['ms_per_step']:.0f} | {row['train_seconds']:.0f} "
             f"| {row['parameters']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def length_table(rows):
+    """Exact match by the number of digits of the reference."""
+    from examples.caption.model import DECODER_NAMES
+
+    lengths = list(rows[0]["exact_match_by_length"])
+    lines = [
+        "| decoder | " + " | ".join(f"{n} digits" for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for row in rows:
+        cells = (
+            f"{100 * row['exact_match_by_length'][n]:.1f} %" for n in lengths
+        )
+        lines.append(
+            f"| {DECODER_NAMES[row['decoder']]} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
@@ -393,7 +425,6 @@ def main(argv=None):
         if kind == args.decoders[0]:
             mine["html"] = write_explorer(
                 kind,
-                0,
                 test_x,
                 ids,
                 attention,
@@ -416,12 +447,13 @@ def main(argv=None):
         argv if argv is not None else sys.argv[1:]
     )
     report = (
-        f"{table}\n\n"
+        f"{table}\n\n{length_table(rows)}\n\n"
         f"{len(test_x):,} held-out test canvases ({len(set(references))} "
         f"distinct captions, none a training caption; digits from held-out "
         f"images), greedy decoding. Exact match: the whole caption right; "
         f"BLEU: corpus BLEU-4 (sacrebleu); word accuracy: words right at "
-        f"their position over reference words. ms / step: median wall time "
+        f"their position over reference words; second table: exact match "
+        f"by the number of digits. ms / step: median wall time "
         f"of a training step (batch {args.batch_size}, after the first 5); "
         f"train s: {args.epochs} epochs of {len(splits['train'][0]):,} "
         f"canvases.\n"

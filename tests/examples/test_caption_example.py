@@ -110,12 +110,16 @@ def test_quick_run_reports_both_decoders(quick_run):
     for row in rows.values():
         for key in ("exact_match", "bleu", "word_accuracy"):
             assert 0.0 <= row[key] <= 1.0
+        by_length = row["exact_match_by_length"]
+        assert set(by_length) <= {"2", "3", "4", "5"} and by_length
+        assert all(0.0 <= v <= 1.0 for v in by_length.values())
         assert row["ms_per_step"] > 0 and row["steps"] == 32
         assert np.isfinite(row["final_loss"]) and row["parameters"] > 0
     with open(os.path.join(quick_run["output_dir"], "results.md")) as f:
         report = f.read()
     assert "| Show, Attend and Tell (LSTM + Bahdanau) |" in report
     assert "| transformer decoder |" in report
+    assert "| decoder | 2 digits | 3 digits |" in report
     with open(os.path.join(quick_run["output_dir"], "results.json")) as f:
         assert len(json.load(f)["summary"]) == 2
 
@@ -143,6 +147,7 @@ def test_quick_run_writes_the_attention_explorer(quick_run):
     assert html.startswith("<!DOCTYPE html>")
     assert "http://" not in html and "https://" not in html
     assert "r3c15" in html  # the grid cells label the keys
+    assert "ka-image-view" in html  # the image mode
 
 
 def test_saved_models_caption_images_in_a_fresh_process(quick_run, tmp_path):
