@@ -47,9 +47,10 @@ class TransformerDecoderBlock(TransformerBlock):
         kernel_initializer: initializer of all dense kernels.
         bias_initializer: initializer of all dense biases.
         window_size: optional int or pair `(left, right)`: local causal
-            self-attention (see `TransformerEncoderBlock`); with a cache
-            the window is applied as a mask over the cache. None: full
-            attention.
+            self-attention (see `TransformerEncoderBlock`); with a full
+            cache the window is applied as a mask over the cache, with a
+            rolling one (`self_attention_cache_sink_tokens`) only the
+            window is kept. None: full attention.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -77,6 +78,15 @@ class TransformerDecoderBlock(TransformerBlock):
             of `inputs[:, 0]`; this call's keys/values are written there.
         cross_attention_cache: optional `compute_cross_attention_cache(
             context)` result, used instead of projecting `context`.
+        self_attention_cache_sink_tokens: optional int >= 0 (windowed
+            self-attention only): `self_attention_cache` is a rolling cache
+            `(batch, 2, S, kv_heads, key_dim)` of `S >= sink_tokens +
+            window + 1` slots (positions `0 .. sink_tokens - 1`, then a ring
+            of the latest ones; see
+            `MultiHeadAttention(cache_sink_tokens=...)`), each step costing
+            `O(S)`; `self_attention_cache_update_index` is the absolute
+            position, and `attention_mask` (if any) covers the `S` slots
+            then this call's `T` keys.
         segment_ids: optional integer `(batch, T)` (no cache): packed
             documents; in the self-attention a token attends only within its
             document (tiles between documents skipped on the blockwise
@@ -214,6 +224,7 @@ class TransformerDecoderBlock(TransformerBlock):
         context_mask=None,
         mod_inputs=None,
         segment_ids=None,
+        self_attention_cache_sink_tokens=None,
     ):
         self._check_context(context, cross_attention_cache)
         padding_mask = keras_utils.first_not_none(
@@ -239,6 +250,11 @@ class TransformerDecoderBlock(TransformerBlock):
             cache_update_index=self_attention_cache_update_index,
             **({} if mod_inputs is None else {"mod_inputs": mod_inputs}),
             **({} if segment_ids is None else {"segment_ids": segment_ids}),
+            **(
+                {}
+                if self_attention_cache_sink_tokens is None
+                else {"cache_sink_tokens": self_attention_cache_sink_tokens}
+            ),
         )
         cross_extra = ()
         if self.cross_attention:

@@ -10,6 +10,8 @@ that the whole generation loop compiles once.
 """
 
 from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import init_rolling_cache
+from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import self_attention_cache_shape
 from keras_attention.generation.cache import stack_caches
 from keras_attention.generation.decoder_only import CausalLMGenerator
@@ -17,6 +19,8 @@ from keras_attention.generation.encoder_decoder import Seq2SeqGenerator
 
 __all__ = [
     "init_cache",
+    "init_rolling_cache",
+    "rolling_cache_size",
     "self_attention_cache_shape",
     "stack_caches",
     "CausalLMGenerator",

@@ -15,11 +15,16 @@ in `_checks`.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.generation import _checks
 from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import init_rolling_cache
+from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
+from keras_attention.generation.cache import unwindowed_block
+from keras_attention.layers.multi_head_attention import rolling_cache_write
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
@@ -78,17 +83,32 @@ def position_capacity(layer):
     return min(lengths) if lengths else None
 
 
+def position_table(layer):
+    """The learned position table in `layer` (an embedding, or a model)
+    with the fewest positions (see `position_capacity`), or None."""
+    if not isinstance(layer, keras.layers.Layer):
+        return None
+    tables = [
+        sublayer
+        for sublayer in layer._flatten_layers(include_self=True, recursive=True)
+        if isinstance(sublayer, (PositionEmbedding, TokenAndPositionEmbedding))
+    ]
+    return min(tables, key=lambda t: t.sequence_length) if tables else None
+
+
 def check_length_fits(layer, length, name, layer_name):
     """Raises `ValueError` when sequences of `length` positions overflow the
-    learned position table of `layer` (known before any graph is built)."""
+    learned position table of `layer` (known before any graph is built),
+    naming the table's layer."""
     capacity = position_capacity(layer)
     if capacity is not None and length is not None and length > capacity:
+        table = position_table(layer)
         raise ValueError(
             f"`{name}` exceeds the {capacity!r} positions of the "
-            f"{layer_name}'s position embedding (its `sequence_length`); "
-            "generate at most that many tokens or train with a longer "
-            f"`sequence_length`. Received: {name}={length!r}, "
-            f"sequence_length={capacity!r}"
+            f"{layer_name}'s position embedding (layer {table.name!r}, its "
+            "`sequence_length`); generate at most that many tokens or "
+            "train with a longer `sequence_length`. Received: "
+            f"{name}={length!r}, sequence_length={capacity!r}"
         )
 
 
@@ -108,6 +128,32 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
         valid, token_ids, ops.cast(pad_token_id, token_ids.dtype)
     )
     return token_ids, valid
+
+
+def stop_after_first(tokens, generated, stop_token_ids, stopped, pad):
+    """NumPy: pads what follows each row's first generated stop token.
+
+    `tokens` `(batch, n)` the next columns of the outputs, `generated`
+    their positions that were generated (not prompt), `stopped` `(batch,)`
+    whether the row stopped in earlier columns. Returns `(tokens,
+    stopped)`.
+    """
+    if stop_token_ids is None:
+        return tokens, stopped
+    is_stop = np.isin(tokens, stop_token_ids) & generated
+    before = np.cumsum(is_stop, axis=1) - is_stop + stopped[:, None]
+    tokens = np.where(before == 0, tokens, pad)
+    return tokens, stopped | np.any(is_stop, axis=1)
+
+
+def is_streamable(sampler):
+    """Whether `sampler` draws each token from the logits alone (the base
+    `keras_hub` loop: greedy, top-k, top-p, random), so that generation
+    can be split into pieces."""
+    import keras_hub  # an optional extra, needed only to generate
+
+    base = keras_hub.samplers.Sampler.__call__
+    return type(sampler).__call__ is base
 
 
 def free_id(pad_token_id, stop_token_ids):
@@ -303,6 +349,292 @@ class Generator:
             return None
         return self.embedding.compute_mask(token_ids, None)
 
+    # The rolling cache (every self-attention windowed).
+
+    def call_with_rolling_cache(self, token_ids, cache, start, sink_tokens=0):
+        """Runs `token_ids` (positions `start ..`) through the model with a
+        rolling cache (`init_rolling_cache`) in which positions `0 ..
+        start - 1` were written in order; writes this call's positions.
+
+        Every self-attention must be windowed. Each query attends to the
+        cached positions within its window or below `sink_tokens`, and to
+        this call's positions up to its own; tokens the embedding masks
+        are masked as keys and queries, as in `call_with_cache`.
+
+        Args:
+            token_ids: int `(batch, T)` (static `T`).
+            cache: `(keys_values, slot_mask)` of `rolling_cache_size(
+                blocks, sink_tokens)` slots (or more).
+            start: int or int scalar tensor, the position of
+                `token_ids[:, 0]`.
+            sink_tokens: int >= 0, the attention sinks (the same at every
+                call on one cache).
+
+        Returns:
+            `(logits, hidden, cache)`.
+        """
+        keys_values, slot_mask = cache
+        x = self.embed(token_ids, start_index=start)
+        batch, steps = ops.shape(token_ids)[0], token_ids.shape[1]
+        token_mask = self._embedding_mask(token_ids)
+        if token_mask is None:
+            token_mask = ops.ones((batch, steps), "bool")
+        token_mask = ops.cast(token_mask, "bool")
+        keys = ops.concatenate([slot_mask, token_mask], axis=1)
+        attention_mask = ops.repeat(ops.expand_dims(keys, 1), steps, axis=1)
+        updated = []
+        for i, block in enumerate(self.blocks):
+            x, block_cache = block(
+                x,
+                attention_mask=attention_mask,
+                self_attention_cache=keys_values[:, i],
+                self_attention_cache_update_index=start,
+                self_attention_cache_sink_tokens=sink_tokens,
+                **self._block_kwargs(cache, i),
+            )
+            updated.append(block_cache)
+        slot_mask = rolling_cache_write(
+            slot_mask, token_mask, start, sink_tokens
+        )
+        return self.logits(x), x, (stack_caches(updated), slot_mask)
+
+    def _rolling_size(self, sink_tokens):
+        return rolling_cache_size(self.blocks, sink_tokens)
+
+    def _rolling_next(self, sink_tokens, offset=0):
+        """The sampler callback `next(prompt, cache, index)` over a rolling
+        cache: `prompt[:, index - 1]` sits at position `offset + index -
+        1`."""
+
+        def next(prompt, cache, index):
+            batch = ops.shape(prompt)[0]
+            token = ops.slice(prompt, (0, index - 1), (batch, 1))
+            logits, hidden, cache = self.call_with_rolling_cache(
+                token, cache, offset + index - 1, sink_tokens
+            )
+            return logits[:, 0], hidden[:, 0], cache
+
+        return next
+
+    def _rolling_prefill(self, token_ids, padding_mask, sink_tokens):
+        """Writes the prompts' first positions into an empty rolling cache,
+        in chunks of static length (the slots of the ring, at least 32):
+        every whole chunk before the shortest prompt's last token.
+
+        Returns `(hidden, cache, index)`: the last block's outputs
+        `(batch, max_length, d)` at the positions written (zeros after),
+        the cache, and the position after the last one written, plus one
+        (where the sampler starts: it reads the token at `index - 1`).
+        """
+        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        size = self._rolling_size(sink_tokens)
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        cache = init_rolling_cache(self.blocks, batch, size, dtype)
+        chunk = min(max(size - sink_tokens, 32), width)
+        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        chunks = (shortest - 1) // chunk
+        features = self.embed(token_ids[:, :1]).shape[-1]
+        hidden = ops.zeros((batch, width, features), dtype)
+
+        def cond(i, hidden, cache):
+            return i < chunks
+
+        def body(i, hidden, cache):
+            start = i * chunk
+            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
+            _, h, cache = self.call_with_rolling_cache(
+                tokens, cache, start, sink_tokens
+            )
+            hidden = ops.slice_update(hidden, (0, start, 0), ops.cast(h, dtype))
+            return i + 1, hidden, cache
+
+        _, hidden, cache = ops.while_loop(
+            cond, body, (ops.convert_to_tensor(0, "int32"), hidden, cache)
+        )
+        return hidden, cache, chunks * chunk + 1
+
+    def _cache_plan(self, sink_tokens):
+        """Which cache `generate` keeps: an int (the sinks of a rolling
+        cache) when every self-attention is windowed, else None (the full
+        cache). Raises `ValueError` for `sink_tokens` that are not a
+        non-negative int, or given to a model with a full attention (named
+        in the message)."""
+        if sink_tokens is not None and (
+            not _checks.is_integer(sink_tokens) or sink_tokens < 0
+        ):
+            raise ValueError(
+                "`sink_tokens` must be None or a non-negative int (the first "
+                "positions kept beside the window). "
+                f"Received: sink_tokens={sink_tokens!r}"
+            )
+        self._check_built()
+        limit = unwindowed_block(self.blocks)
+        if limit is None:
+            return 0 if sink_tokens is None else int(sink_tokens)
+        if sink_tokens is not None:
+            index, block = limit
+            raise ValueError(
+                "`sink_tokens` needs a rolling cache, so windowed "
+                "self-attention (`window_size`) without score or mask "
+                f"functions in every block; block {index} ({block.name!r}, "
+                f"self-attention {type(block.self_attention).__name__}) "
+                f"has none. Received: sink_tokens={sink_tokens!r}"
+            )
+        return None
+
+    def _stream_size(self, stream):
+        """Tokens per piece of a streamed generation: `stream` (a positive
+        int), 64 for True, None for False (no streaming)."""
+        if stream is True:
+            return 64
+        if stream is False or stream is None:
+            return None
+        if not _checks.is_integer(stream) or stream < 1:
+            raise ValueError(
+                "`stream` must be a bool or a positive int (tokens per "
+                f"piece). Received: stream={stream!r}"
+            )
+        return int(stream)
+
+    def _sample_piece(
+        self, sampler, token_ids, padding_mask, cache, index, offset, sinks
+    ):
+        """The `keras_hub` sampling loop (greedy, top-k, ...: the base
+        `Sampler.__call__`, step for step) over a rolling cache, returning
+        the cache too: `(token_ids, cache)`. `token_ids[:, i]` sits at
+        position `offset + i`; positions before `offset + index - 1` are in
+        the cache."""
+        next = self._rolling_next(sinks, offset)
+        mask = ops.cast(padding_mask, "bool")
+
+        def cond(prompt, cache, index, mask):
+            return ops.convert_to_tensor(True, "bool")
+
+        def body(prompt, cache, index, mask):
+            logits, _, cache = next(prompt, cache, index)
+            probabilities = sampler.compute_probabilities(logits)
+            token = ops.cast(sampler.get_next_token(probabilities), "int32")
+            token = ops.where(mask[:, index], prompt[:, index], token)
+            prompt = ops.slice_update(prompt, (0, index), token[:, None])
+            return prompt, cache, index + 1, mask
+
+        index = ops.cast(index, "int32")
+        length = ops.cast(ops.shape(token_ids)[-1], "int32")
+        token_ids, cache, _, _ = sampler.run_loop(
+            cond,
+            body,
+            loop_vars=(ops.cast(token_ids, "int32"), cache, index, mask),
+            maximum_iterations=length - index,
+        )
+        return token_ids, cache
+
+    def _compile_stream(self, sampler, sink_tokens):
+        """The compiled pieces of a streamed generation (per sampler and
+        `sink_tokens`): `first(token_ids, padding_mask)` fills the cache
+        from the prompts and samples the rest of the buffer; `more(
+        token_ids, padding_mask, cache, offset)` goes on from a cache.
+        Both return `(token_ids, cache)`."""
+        key = ("stream", sampler_key(sampler), sink_tokens)
+        if key not in self._compiled:
+            resolved = get_sampler(sampler)
+            if not is_streamable(resolved):
+                raise ValueError(
+                    "`stream=True` needs a sampler that draws each token "
+                    "from the logits alone (greedy, top_k, top_p, random); "
+                    "beam and contrastive search look back over the whole "
+                    f"output. Received: sampler={sampler!r}"
+                )
+
+            def first(token_ids, padding_mask):
+                _, cache, index = self._rolling_prefill(
+                    token_ids, padding_mask, sink_tokens
+                )
+                return self._sample_piece(
+                    resolved,
+                    token_ids,
+                    padding_mask,
+                    cache,
+                    index,
+                    0,
+                    sink_tokens,
+                )
+
+            def more(token_ids, padding_mask, cache, offset):
+                return self._sample_piece(
+                    resolved,
+                    token_ids,
+                    padding_mask,
+                    cache,
+                    1,
+                    offset,
+                    sink_tokens,
+                )
+
+            self._compiled[key] = (
+                resolved,
+                compile_step(first, self.jit_compile),
+                compile_step(more, self.jit_compile),
+            )
+        return self._compiled[key][1:]
+
+    def _stream(
+        self,
+        sampler,
+        stop_ids,
+        token_ids,
+        padding_mask,
+        unbatched,
+        max_length,
+        sink_tokens,
+        piece,
+    ):
+        """A Python generator of the outputs' columns, piece by piece (see
+        `CausalLMGenerator.generate`); everything is checked before it is
+        returned."""
+        stop_token_ids = _checks.check_stop_token_ids(
+            stop_ids, self._vocabulary_size
+        )
+        first, more = self._compile_stream(sampler, sink_tokens)
+        width = token_ids.shape[1]
+        max_length = width if max_length is None else max_length
+        pad = self.pad_token_id
+
+        def pieces():
+            length = min(max_length, width + piece)
+            ids = ops.pad(
+                token_ids, ((0, 0), (0, length - width)), constant_values=pad
+            )
+            mask = ops.pad(padding_mask, ((0, 0), (0, length - width)))
+            out, cache = first(ids, mask)
+            out = ops.convert_to_numpy(out)
+            generated = np.logical_not(ops.convert_to_numpy(mask))
+            stopped = np.zeros(out.shape[0], bool)
+            shown, stopped = stop_after_first(
+                out, generated, stop_token_ids, stopped, pad
+            )
+            yield shown[0] if unbatched else shown
+            batch = out.shape[0]
+            while length < max_length and not np.all(stopped):
+                steps = min(piece, max_length - length)
+                ids = np.full((batch, steps + 1), pad, "int32")
+                ids[:, 0] = out[:, -1]
+                mask = np.zeros((batch, steps + 1), bool)
+                mask[:, 0] = True
+                offset = ops.convert_to_tensor(length - 1, "int32")
+                out, cache = more(ids, mask, cache, offset)
+                out = ops.convert_to_numpy(out)[:, 1:]
+                shown, stopped = stop_after_first(
+                    out,
+                    np.ones_like(mask[:, 1:]),
+                    stop_token_ids,
+                    stopped,
+                    pad,
+                )
+                yield shown[0] if unbatched else shown
+                length += steps
+
+        return pieces()
+
     # Generation.
 
     def _prepare(self, token_ids, padding_mask, max_length, name):
@@ -383,7 +715,13 @@ class Generator:
         check_length_fits(self.embedding, length, name, "decoder embedding")
 
     def _generate_step(
-        self, sampler, stop_token_ids, token_ids, padding_mask, **inputs
+        self,
+        sampler,
+        stop_token_ids,
+        token_ids,
+        padding_mask,
+        sink_tokens=None,
+        **inputs,
     ):
         if stop_token_ids is not None:
             # The samplers stop once every row holds a stop token at a
@@ -395,18 +733,26 @@ class Generator:
                 token_ids,
                 free_id(self.pad_token_id, stop_token_ids),
             )
-        # Tokens the embedding masks (`mask_zero`) are masked as the model
-        # masks them, even where `padding_mask` calls them prompt tokens.
-        model_mask = self._embedding_mask(token_ids)
-        if model_mask is not None:
-            model_mask = ops.logical_and(padding_mask, model_mask)
+        if sink_tokens is not None:
+            hidden, cache, index = self._rolling_prefill(
+                token_ids, padding_mask, sink_tokens
+            )
+            next = self._rolling_next(sink_tokens)
         else:
-            model_mask = padding_mask
-        hidden, cache = self.build_cache(token_ids, model_mask, **inputs)
-        lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
-        index = ops.min(lengths)
+            # Tokens the embedding masks (`mask_zero`) are masked as the
+            # model masks them, even where `padding_mask` calls them
+            # prompt tokens.
+            model_mask = self._embedding_mask(token_ids)
+            if model_mask is not None:
+                model_mask = ops.logical_and(padding_mask, model_mask)
+            else:
+                model_mask = padding_mask
+            hidden, cache = self.build_cache(token_ids, model_mask, **inputs)
+            lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
+            index = ops.min(lengths)
+            next = self.next
         result = sampler(
-            next=self.next,
+            next=next,
             prompt=token_ids,
             cache=cache,
             index=index,
@@ -421,25 +767,36 @@ class Generator:
         )
 
     def _generate(
-        self, sampler, stop_ids, token_ids, padding_mask, unbatched, *inputs
+        self,
+        sampler,
+        stop_ids,
+        token_ids,
+        padding_mask,
+        unbatched,
+        *inputs,
+        sink_tokens=None,
     ):
         """Runs the compiled loop on prepared prompts (`_prepare`); one
-        `(T,)` prompt (`unbatched`) gives `(max_length,)` outputs."""
+        `(T,)` prompt (`unbatched`) gives `(max_length,)` outputs.
+        `sink_tokens` (an int): with a rolling cache."""
         stop_token_ids = _checks.check_stop_token_ids(
             stop_ids, self._vocabulary_size
         )
-        step = self._compile(sampler, stop_token_ids)
+        step = self._compile(sampler, stop_token_ids, sink_tokens)
         outputs = step(token_ids, padding_mask, *inputs)
         if unbatched:
             return tuple(output[0] for output in outputs)
         return outputs
 
-    def _compile(self, sampler, stop_token_ids):
-        """One compiled generation loop per sampler and stop tokens (a
-        tuple of ints, or None) (and, through tf.function, per input
-        shape): `step(token_ids, padding_mask, *inputs)`, `inputs` named by
-        `_input_names`."""
+    def _compile(self, sampler, stop_token_ids, sink_tokens=None):
+        """One compiled generation loop per sampler, stop tokens (a tuple
+        of ints, or None) and cache (`sink_tokens`: None for the full
+        cache, an int for a rolling one) (and, through tf.function, per
+        input shape): `step(token_ids, padding_mask, *inputs)`, `inputs`
+        named by `_input_names`."""
         key = (sampler_key(sampler), stop_token_ids)
+        if sink_tokens is not None:  # a rolling cache
+            key += (sink_tokens,)
         if key not in self._compiled:
             sampler = get_sampler(sampler)
 
@@ -449,6 +806,7 @@ class Generator:
                     stop_token_ids,
                     token_ids,
                     padding_mask,
+                    sink_tokens,
                     **dict(zip(self._input_names, inputs)),
                 )
 

@@ -3,6 +3,11 @@
 Layout: `(batch, num_layers, 2, max_length, kv_heads, key_dim)`; block `l`
 reads `cache[:, l]`, the `(batch, 2, max_length, kv_heads, key_dim)` cache of
 `MultiHeadAttention` (keys at `[:, 0]`, values at `[:, 1]`).
+
+A rolling cache (models whose every self-attention is windowed) has the
+same layout with `size = sink_tokens + window + 1` slots instead of
+`max_length` positions (`rolling_cache_size`), plus the `(batch, size)`
+boolean key mask of the slots (`init_rolling_cache`).
 """
 
 from keras import ops
@@ -68,3 +73,83 @@ def stack_caches(caches):
         `(batch, num_layers, 2, T, kv_heads, key_dim)`.
     """
     return ops.stack(list(caches), axis=1)
+
+
+def unwindowed_block(blocks):
+    """The first block whose self-attention cannot use a rolling cache
+    (not windowed, or with score or mask functions), as `(index, block)`;
+    None when every one can.
+
+    Args:
+        blocks: list of built `TransformerDecoderBlock`s.
+
+    Returns:
+        `(index, block)` or None.
+    """
+    for index, block in enumerate(blocks):
+        attention = block.self_attention
+        window = getattr(attention, "cache_window", None)
+        if window is None or window() is None:
+            return index, block
+        if attention.score_mod is not None or attention.mask_mod is not None:
+            return index, block
+    return None
+
+
+def rolling_cache_size(blocks, sink_tokens=0):
+    """Slots of the rolling cache of `blocks`: `sink_tokens` plus the
+    largest self-attention window plus one (the query's own position).
+
+    Args:
+        blocks: list of built `TransformerDecoderBlock`s with windowed
+            self-attention (`unwindowed_block(blocks)` is None).
+        sink_tokens: int >= 0, the attention sinks kept beside the window.
+
+    Returns:
+        int.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(
+    ...     2, 16, cross_attention=False, window_size=6)
+    >>> _ = block(np.ones((1, 3, 8), "float32"))  # build
+    >>> keras_attention.generation.rolling_cache_size([block], sink_tokens=4)
+    11
+    """
+    windows = [block.self_attention.cache_window() for block in blocks]
+    return sink_tokens + max(windows) + 1
+
+
+def init_rolling_cache(blocks, batch_size, size, dtype="float32"):
+    """An empty rolling cache: `(keys_values, slot_mask)`.
+
+    Args:
+        blocks: list of built `TransformerDecoderBlock`s (as `init_cache`).
+        batch_size: int (or scalar tensor), the batch size.
+        size: int, the slots (`rolling_cache_size`).
+        dtype: the cache's dtype (the blocks' compute dtype).
+
+    Returns:
+        `keys_values`, zeros `(batch, num_layers, 2, size, kv_heads,
+        key_dim)`, and `slot_mask`, boolean `(batch, size)`: True where the
+        slot's token may be attended to (False for a token the embedding
+        masks). Which position a slot holds follows from the positions
+        written (`keras_attention.layers.multi_head_attention.
+        rolling_cache_positions`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(
+    ...     2, 16, cross_attention=False, window_size=6)
+    >>> _ = block(np.ones((1, 3, 8), "float32"))  # build
+    >>> kv, slots = keras_attention.generation.init_rolling_cache(
+    ...     [block, block], 4, 7)
+    >>> tuple(kv.shape), tuple(slots.shape)
+    ((4, 2, 2, 7, 2, 4), (4, 7))
+    """
+    keys_values = init_cache(blocks, batch_size, size, dtype)
+    return keys_values, ops.ones((batch_size, size), "bool")

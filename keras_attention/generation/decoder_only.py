@@ -1,6 +1,9 @@
 """`CausalLMGenerator`: cached generation for decoder-only models."""
 
+from keras_attention.generation import _checks
 from keras_attention.generation._generator import Generator
+from keras_attention.generation.cache import unwindowed_block
+from keras_attention.utils import validation
 
 
 class CausalLMGenerator(Generator):
@@ -83,6 +86,8 @@ class CausalLMGenerator(Generator):
         sampler="greedy",
         stop_token_ids=None,
         padding_mask=None,
+        sink_tokens=None,
+        stream=False,
     ):
         """Completes right-padded prompts up to `max_length` tokens.
 
@@ -99,10 +104,35 @@ class CausalLMGenerator(Generator):
                 every sequence produced one; later tokens are padding.
             padding_mask: optional boolean `(batch, T)` (`(T,)` for one
                 prompt); defaults to `token_ids != pad_token_id`.
+            sink_tokens: optional int >= 0, for models whose every
+                self-attention is windowed: the first `sink_tokens`
+                positions stay visible to every later query beside its
+                window (attention sinks, StreamingLLM). Defaults to 0.
+            stream: bool, or a positive int: return a Python generator of
+                the outputs' columns as they are produced, `stream`
+                tokens per piece (64 for True), instead of the outputs
+                (windowed models, samplers that draw each token from the
+                logits alone: greedy, top-k, top-p, random).
+
+        With every self-attention windowed (`window_size`, without score
+        or mask functions), the generator keeps a rolling cache of
+        `sink_tokens + window + 1` slots per block (`rolling_cache_size`):
+        each token costs the same time and memory whatever its position,
+        and `max_length` is bounded only by learned position tables
+        (rotary positions have none). A prompt is processed in chunks of
+        the ring's length. Otherwise the cache holds `max_length`
+        positions.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
-            both `(max_length,)` for one `(T,)` prompt.
+            both `(max_length,)` for one `(T,)` prompt. With `stream`, a
+            generator of NumPy int32 arrays `(batch, n)` (`(n,)` for one
+            prompt): the first holds the prompts' columns and the first
+            generated ones, the next ones `stream` columns each (fewer for
+            the last); joined on their last axis, they are the
+            `token_ids` that `generate` returns (tokens after a stop
+            token are `pad_token_id`, and the stream ends once every
+            sequence produced one).
 
         Raises:
             ValueError: before anything runs, for an argument out of its
@@ -112,14 +142,50 @@ class CausalLMGenerator(Generator):
                 padding before a token, `max_length` below `T` or beyond
                 the position embedding, a `padding_mask` of another shape,
                 an unknown `sampler`, `stop_token_ids` that are not a tuple
-                of token ids. Prompts given as symbolic tensors (inside a
+                of token ids, `sink_tokens` or `stream` for a model with a
+                full self-attention (the block is named), a sampler that
+                cannot stream. Prompts given as symbolic tensors (inside a
                 `tf.function` or `jax.jit`) are checked for rank, dtype and
                 length only: their values are unknown there, and a prompt
                 with no token then gives unspecified tokens.
         """
+        sinks = self._cache_plan(sink_tokens)
+        piece = self._stream_size(stream)
+        if piece is None:
+            token_ids, padding_mask, unbatched = self._prepare(
+                token_ids, padding_mask, max_length, "token_ids"
+            )
+            return self._generate(
+                sampler,
+                stop_token_ids,
+                token_ids,
+                padding_mask,
+                unbatched,
+                sink_tokens=sinks,
+            )
+        if sinks is None:
+            index, block = unwindowed_block(self.blocks)
+            raise ValueError(
+                "`stream` needs a rolling cache, so windowed self-attention "
+                "(`window_size`) without score or mask functions in every "
+                f"block; block {index} ({block.name!r}) has none. "
+                f"Received: stream={stream!r}"
+            )
+        if _checks.is_integer(max_length):
+            max_length = int(max_length)
+        validation.check_positive_int("max_length", max_length, allow_none=True)
         token_ids, padding_mask, unbatched = self._prepare(
-            token_ids, padding_mask, max_length, "token_ids"
+            token_ids, padding_mask, None, "token_ids"
         )
-        return self._generate(
-            sampler, stop_token_ids, token_ids, padding_mask, unbatched
+        length = token_ids.shape[-1]
+        self._check_max_length(max_length, length, "token_ids.shape[-1]")
+        return self._stream(
+            sampler,
+            stop_token_ids,
+            token_ids,
+            padding_mask,
+            unbatched,
+            max_length,
+            sinks,
+            piece,
         )

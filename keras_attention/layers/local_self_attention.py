@@ -14,6 +14,13 @@ from keras_attention.ops.local import local_attention
 from keras_attention.utils import validation
 
 
+def _and_mods(first, second):
+    """`and_masks(first, second)`, either of which may be None."""
+    if first is None or second is None:
+        return second if first is None else first
+    return and_masks(first, second)
+
+
 def _refuse_unsupported(kwargs):
     """`MultiHeadAttention` options that have no meaning here."""
     for name, hint in (
@@ -89,8 +96,12 @@ class LocalSelfAttention(SelfAttention):
         training: bool, dropout on or off.
         cache, cache_update_index: incremental decoding as in
             `SelfAttention`; with a cache the window is applied as a mask
-            over the cache (each step costs `O(max_length)` anyway) and
+            over the cache (each step costs `O(max_length)`) and
             returned scores are dense `(batch, heads, Tq, max_length)`.
+        cache_sink_tokens: optional int >= 0: `cache` is a rolling cache
+            of `sink_tokens + left + 1` (or more) slots instead, each step
+            costing `O(left)` whatever the position (see
+            `MultiHeadAttention`); causal.
         global_mask: optional boolean `(batch, T)`, True at global
             positions (Longformer: e.g. `[CLS]` or question tokens). They
             attend to every position and every position attends to them;
@@ -196,6 +207,11 @@ class LocalSelfAttention(SelfAttention):
         left, right = effective_window(self.window_bounds, steps)
         return left + right + 1
 
+    def cache_window(self):
+        """How many earlier positions a query sees in a cache: the left
+        bound of the window (see `MultiHeadAttention.cache_window`)."""
+        return self._left
+
     @property
     def window_bounds(self):
         """`(left, right)`: query `i` sees keys `i - left .. i + right`."""
@@ -251,6 +267,7 @@ class LocalSelfAttention(SelfAttention):
         global_mask=None,
         mod_inputs=None,
         segment_ids=None,
+        cache_sink_tokens=None,
     ):
         if global_mask is not None:
             for name, value in (
@@ -273,10 +290,12 @@ class LocalSelfAttention(SelfAttention):
             cache_update_index=cache_update_index,
             mod_inputs=mod_inputs,
             segment_ids=segment_ids,
+            cache_sink_tokens=cache_sink_tokens,
             step_inputs={
                 "global_mask": global_mask,
                 "inputs": inputs,
                 "decoding": cache is not None,
+                "rolling": cache_sink_tokens is not None,
             },
         )
 
@@ -298,6 +317,7 @@ class LocalSelfAttention(SelfAttention):
         global_mask=None,
         inputs=None,
         decoding=False,
+        rolling=False,
     ):
         """The attention step of `MultiHeadAttention`, on the band: every
         query attends to its window (`local_attention`), or with global
@@ -307,13 +327,15 @@ class LocalSelfAttention(SelfAttention):
         weights `(b, heads, T, left + right + 1)` (a dict with global
         tokens).
 
-        `global_mask`, `inputs` (for the global projections) and
-        `decoding` come from `call` through `step_inputs`."""
+        `global_mask`, `inputs` (for the global projections), `decoding`
+        and `rolling` (a rolling cache, whose keys are not in position
+        order: the window comes in `attention_mask`) come from `call`
+        through `step_inputs`."""
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
         if decoding:
-            window = SlidingWindowMask(self.window_bounds)
-            both = window if mask_mod is None else and_masks(mask_mod, window)
+            window = None if rolling else SlidingWindowMask(self.window_bounds)
+            both = _and_mods(mask_mod, window)
             return super()._compute_attention(
                 query,
                 key,

@@ -58,6 +58,122 @@ def _check_key_value_shapes(value_shape, key_shape):
         )
 
 
+def rolling_cache_slots(positions, size, sink_tokens):
+    """The slots of a rolling key/value cache that hold `positions`.
+
+    A rolling cache of `size` slots keeps positions `0 .. sink_tokens - 1`
+    (the attention sinks) in its first `sink_tokens` slots forever, and
+    every later position `p` in slot `sink_tokens + (p - sink_tokens) %
+    (size - sink_tokens)` (a ring of the latest positions).
+
+    Args:
+        positions: int tensor of absolute positions (any shape).
+        size: int, the slots of the cache.
+        sink_tokens: int in `[0, size)`, the sink slots.
+
+    Returns:
+        int32 tensor of `positions`' shape, the slots.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_attention.layers.multi_head_attention import (
+    ...     rolling_cache_slots)
+    >>> slots = rolling_cache_slots(keras.ops.arange(8), 5, 1)
+    >>> keras.ops.convert_to_numpy(slots).tolist()
+    [0, 1, 2, 3, 4, 1, 2, 3]
+    """
+    positions = ops.cast(positions, "int32")
+    ring = size - sink_tokens
+    rolled = sink_tokens + ops.mod(positions - sink_tokens, ring)
+    return ops.where(positions < sink_tokens, positions, rolled)
+
+
+def rolling_cache_positions(size, sink_tokens, length):
+    """The absolute position each slot of a rolling cache holds once
+    positions `0 .. length - 1` were written in order (see
+    `rolling_cache_slots`); -1 for slots not written yet.
+
+    Args:
+        size: int, the slots of the cache.
+        sink_tokens: int in `[0, size)`, the sink slots.
+        length: int or int scalar tensor, the positions written.
+
+    Returns:
+        int32 `(size,)`.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_attention.layers.multi_head_attention import (
+    ...     rolling_cache_positions)
+    >>> keras.ops.convert_to_numpy(rolling_cache_positions(5, 1, 7)).tolist()
+    [0, 5, 6, 3, 4]
+    >>> keras.ops.convert_to_numpy(rolling_cache_positions(5, 1, 2)).tolist()
+    [0, 1, -1, -1, -1]
+    """
+    slots = ops.arange(size, dtype="int32")
+    # For a ring slot s: the latest position written there is the largest
+    # s + ring * m <= length - 1; for a sink slot, s itself.
+    behind = ops.cast(length, "int32") - 1 - slots
+    ring = size - sink_tokens
+    latest = slots + ring * ops.floor_divide(ops.maximum(behind, 0), ring)
+    positions = ops.where(slots < sink_tokens, slots, latest)
+    return ops.where(behind >= 0, positions, -1)
+
+
+def rolling_cache_write(cache, updates, start, sink_tokens, axis=1):
+    """Writes `updates` (positions `start ..`) into a rolling cache.
+
+    Each slot takes the latest of the positions that map to it (see
+    `rolling_cache_slots`); the other slots keep their values.
+
+    Args:
+        cache: tensor with the slots on `axis` (`size` of them).
+        updates: tensor of `cache`'s shape but with `T` positions on
+            `axis` (static `T`), the values at positions `start ..
+            start + T - 1`.
+        start: int or int scalar tensor, the position of `updates`' first
+            entry.
+        sink_tokens: int in `[0, size)`, the sink slots.
+        axis: int, the slot axis (1 or 2).
+
+    Returns:
+        The updated cache (same shape and dtype as `cache`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> from keras_attention.layers.multi_head_attention import (
+    ...     rolling_cache_write)
+    >>> cache = np.zeros((1, 4), "float32")
+    >>> new = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]], "float32")
+    >>> out = rolling_cache_write(cache, new, 0, sink_tokens=1)
+    >>> keras.ops.convert_to_numpy(out).tolist()
+    [[1.0, 5.0, 3.0, 4.0]]
+    """
+    size, steps = cache.shape[axis], updates.shape[axis]
+    ring = size - sink_tokens
+    start = ops.cast(start, "int32")
+    offsets = ops.arange(steps, dtype="int32")
+    positions = start + offsets
+    slots = rolling_cache_slots(positions, size, sink_tokens)
+    # Of several positions on one ring slot, the last one stays.
+    kept = ops.logical_or(positions < sink_tokens, offsets >= steps - ring)
+    writes = ops.logical_and(
+        ops.equal(slots[:, None], ops.arange(size, dtype="int32")[None]),
+        kept[:, None],
+    )  # (T, size)
+    written = ops.any(writes, axis=0)
+    source = ops.argmax(ops.cast(writes, "int32"), axis=0)
+    taken = ops.take(updates, source, axis=axis)
+    shape = [1] * len(cache.shape)
+    shape[axis] = size
+    written = ops.reshape(written, shape)
+    return ops.where(written, ops.cast(taken, cache.dtype), cache)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(
     _attention_axes.AttentionAxesLayout,
@@ -199,6 +315,20 @@ class MultiHeadAttention(
             the cached keys and values are used as they are (precomputed
             cross-attention, see `compute_cache`).
         cache_update_index: int or scalar tensor.
+        cache_sink_tokens: optional int >= 0 (with `cache`,
+            `cache_update_index` and `sliding_window`; causal): `cache` is
+            a rolling cache `(batch, 2, S, kv_heads, key_dim)` instead,
+            holding positions `0 .. cache_sink_tokens - 1` (attention sinks)
+            and the latest `S - cache_sink_tokens` positions in a ring
+            (`rolling_cache_slots`); `cache_update_index` is the absolute
+            position of the first query, and positions `0 ..
+            cache_update_index - 1` must have been written in order. Each
+            query attends to the cached positions within its window or
+            below `cache_sink_tokens`, and to this call's keys up to its
+            own; then this call's keys and values are written. A step costs
+            `O(S)` whatever its position. `S` must be at least
+            `cache_sink_tokens + sliding_window`; `attention_mask` (if
+            any) covers `S + T` keys: the `S` slots, then this call's `T`.
         segment_ids: optional integer `(batch, T)` (self-attention, no
             cache): packed documents; a token attends only within its
             document (tiles between documents skipped on the blockwise
@@ -789,6 +919,7 @@ class MultiHeadAttention(
         mod_inputs=None,
         step_inputs=None,
         segment_ids=None,
+        cache_sink_tokens=None,
     ):
         key = value if key is None else key
         self._check_call_inputs(query, value, key)
@@ -828,6 +959,7 @@ class MultiHeadAttention(
                 mod_inputs=mod_inputs,
                 step_inputs=step_inputs,
                 segment_ids=segment_ids,
+                cache_sink_tokens=cache_sink_tokens,
             )
         if cache is not None:
             raise ValueError(
@@ -877,6 +1009,7 @@ class MultiHeadAttention(
         mod_inputs=None,
         step_inputs=None,
         segment_ids=None,
+        cache_sink_tokens=None,
     ):
         """Attention on `(b, T, features)` inputs (the rank-3 core).
 
@@ -889,6 +1022,25 @@ class MultiHeadAttention(
         if segment_ids is not None and self._rotary is not None:
             positions = masks_lib.segment_positions(segment_ids)
         q = self._rotate(self._query_dense(query), offset, positions)
+        if cache_sink_tokens is not None:
+            result, scores, cache = self._attend_rolling_cache(
+                q,
+                query,
+                value,
+                key,
+                query_mask,
+                masks_lib.combine_masks(value_mask, key_mask),
+                attention_mask,
+                return_attention_scores,
+                training,
+                cache,
+                cache_update_index,
+                cache_sink_tokens,
+                step_inputs,
+            )
+            return self._finish(
+                result, scores, cache, gate, return_attention_scores
+            )
         if cache is None:
             k = self._rotate(self._key_dense(key), 0, positions)
             v = self._value_dense(value)
@@ -959,8 +1111,16 @@ class MultiHeadAttention(
                 **(step_inputs or {}),
             )
             result = result if return_attention_scores else result[0]
+        scores = None
         if return_attention_scores:
             result, scores = result
+        return self._finish(
+            result, scores, cache, gate, return_attention_scores
+        )
+
+    def _finish(self, result, scores, cache, gate, return_attention_scores):
+        """The gate and output projection of the heads' `result`, then the
+        layer's outputs: `(output, scores?, cache?)`."""
         if gate is not None:
             result = ops.multiply(result, ops.cast(gate, result.dtype))
         output = self._output_dense(result)
@@ -970,6 +1130,134 @@ class MultiHeadAttention(
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def cache_window(self):
+        """How many earlier positions a query sees in a causal cache: the
+        left bound of the sliding window (`sliding_window - 1`), or None
+        when attention is not windowed (every earlier position).
+
+        A rolling cache (`cache_sink_tokens`) needs a window: it holds
+        `cache_window() + 1` recent positions (plus the sinks).
+
+        Returns:
+            int or None.
+        """
+        if self.sliding_window is None:
+            return None
+        return self.sliding_window - 1
+
+    def _check_rolling_cache(self, cache, cache_update_index, sink_tokens):
+        """`ValueError` unless a rolling cache can be used here: a window,
+        no score or mask functions (they would see slot indices, not
+        positions), an update index, and room for the window beside the
+        sinks."""
+        window = self.cache_window()
+        size = cache.shape[2] if cache is not None else None
+        problem = None
+        if not validation.is_int(sink_tokens) or sink_tokens < 0:
+            problem = "`cache_sink_tokens` must be a non-negative int"
+        elif cache is None or cache_update_index is None:
+            problem = (
+                "a rolling cache needs `cache` and `cache_update_index` "
+                "(the absolute position of the first query)"
+            )
+        elif window is None:
+            problem = (
+                "a rolling cache needs windowed attention (`sliding_window`, "
+                "or `LocalSelfAttention`'s causal `window_size`)"
+            )
+        elif self.score_mod is not None or self.mask_mod is not None:
+            problem = (
+                "a rolling cache does not take `score_mod` or `mask_mod` "
+                "(they would see cache slots, not positions)"
+            )
+        elif size is not None and size < sink_tokens + window + 1:
+            problem = (
+                f"the cache needs at least sink_tokens + window + 1 = "
+                f"{sink_tokens + window + 1} slots, it has {size}"
+            )
+        if problem is not None:
+            raise ValueError(
+                f"{problem}. Received: cache_sink_tokens={sink_tokens!r}, "
+                f"cache.shape={getattr(cache, 'shape', None)!r}, "
+                f"window={window!r}, layer {self.name!r}"
+            )
+
+    def _attend_rolling_cache(
+        self,
+        q,
+        query,
+        value,
+        key,
+        query_mask,
+        key_mask,
+        attention_mask,
+        return_attention_scores,
+        training,
+        cache,
+        start,
+        sink_tokens,
+        step_inputs,
+    ):
+        """Attention of `T` queries at positions `start ..` over a rolling
+        cache (positions `0 .. start - 1` written in order, see
+        `rolling_cache_slots`) and this call's own keys; then this call's
+        keys and values are written into the cache.
+
+        Keys are `[cache slots, this call's T keys]`: each query sees those
+        whose position is at most its own, within the window or below
+        `sink_tokens`. Returns `(heads result, scores or None, cache)`.
+        """
+        self._check_rolling_cache(cache, start, sink_tokens)
+        size, steps = cache.shape[2], q.shape[1]
+        new_k = self._rotate(self._key_dense(key), start)
+        new_v = self._value_dense(value)
+        k = ops.concatenate([cache[:, 0], ops.cast(new_k, cache.dtype)], 1)
+        v = ops.concatenate([cache[:, 1], ops.cast(new_v, cache.dtype)], 1)
+        start = ops.cast(start, "int32")
+        query_positions = start + ops.arange(steps, dtype="int32")
+        key_positions = ops.concatenate(
+            [rolling_cache_positions(size, sink_tokens, start), query_positions]
+        )
+        qp, kp = query_positions[:, None], key_positions[None]
+        visible = ops.logical_and(kp >= 0, kp <= qp)
+        near = ops.logical_or(qp - kp <= self.cache_window(), kp < sink_tokens)
+        mask = ops.logical_and(visible, near)[None]  # (1, T, size + T)
+        if attention_mask is not None:
+            self._check_attention_mask(attention_mask, query, k)
+            mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
+        if key_mask is not None:
+            batch = ops.shape(key_mask)[0]
+            key_mask = ops.concatenate(
+                [ops.ones((batch, size), "bool"), ops.cast(key_mask, "bool")],
+                axis=1,
+            )
+        masks = self._attention_masks(
+            query,
+            k,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            attention_mask=mask,
+        )
+        result = self._attention_step(
+            q,
+            k,
+            v,
+            return_attention_scores,
+            training,
+            **masks,
+            **(step_inputs or {}),
+        )
+        updated = rolling_cache_write(
+            cache,
+            ops.stack([new_k, new_v], axis=1),
+            start,
+            sink_tokens,
+            axis=2,
+        )
+        if return_attention_scores:
+            return result[0], result[1], updated
+        return result[0], None, updated
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)

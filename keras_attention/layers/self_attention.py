@@ -89,6 +89,7 @@ class SelfAttention(MultiHeadAttention):
         mod_inputs=None,
         step_inputs=None,
         segment_ids=None,
+        cache_sink_tokens=None,
     ):
         self._check_call_inputs(inputs, inputs, inputs, ("inputs",) * 3)
         mask = self._padding_mask(inputs, mask)
@@ -106,6 +107,7 @@ class SelfAttention(MultiHeadAttention):
             mod_inputs=mod_inputs,
             step_inputs=step_inputs,
             segment_ids=segment_ids,
+            cache_sink_tokens=cache_sink_tokens,
         )
 
     def _padding_mask(self, inputs, mask):

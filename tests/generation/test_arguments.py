@@ -107,7 +107,14 @@ def test_generators_are_siblings_with_unchanged_signatures():
         return list(inspect.signature(fn).parameters)
 
     tail = ["max_length", "sampler", "stop_token_ids", "padding_mask"]
-    assert params(CausalLMGenerator.generate) == ["self", "token_ids"] + tail
+    # Issue 26: attention sinks and streaming (decoder-only models).
+    assert params(CausalLMGenerator.generate) == [
+        "self",
+        "token_ids",
+    ] + tail + [
+        "sink_tokens",
+        "stream",
+    ]
     assert (
         params(Seq2SeqGenerator.generate)
         == [

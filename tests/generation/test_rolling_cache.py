@@ -1,0 +1,326 @@
+"""The rolling key/value cache of windowed models: cached generation
+against the uncached windowed forward pass (several wraps of the ring,
+grouped-query attention, chunked prompts), attention sinks against the
+uncached mask "window or first k keys", streaming, lengths beyond every
+position table, and the arguments refused (every backend)."""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from keras.ops import convert_to_numpy as to_numpy
+
+from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.generation import CausalLMGenerator
+from keras_attention.generation import init_rolling_cache
+from keras_attention.generation import rolling_cache_size
+from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.mods import MaskMod
+from keras_attention.mods import SlidingWindowMask
+from keras_attention.mods import or_masks
+
+VOCAB, END = 17, 16
+WINDOWS = (3, 5)  # ring of 6 slots: the test lengths wrap it many times
+
+
+class FirstKeys(MaskMod):
+    """Keys `0 .. k - 1` (the sinks), for the uncached reference."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, batch, head, q_idx, kv_idx):
+        return kv_idx < self.k
+
+
+def build_lm(windows=WINDOWS, sinks=None, embedding=None, jit_compile=False):
+    """A rotary, grouped-query (4 heads, 2 key/value heads) language model
+    whose blocks attend to the last `windows[l]` positions; with `sinks`,
+    the blocks attend with full attention under the mask "window or first
+    `sinks` keys" instead (the uncached reference of attention sinks).
+    Returns `(model, generator)`."""
+    embedding = embedding or keras.layers.Embedding(VOCAB, 16, mask_zero=True)
+    blocks = []
+    for window in windows:
+        kwargs = dict(window_size=window)
+        if sinks is not None:
+            kwargs = dict(
+                mask_mod=or_masks(
+                    SlidingWindowMask(window, causal=True), FirstKeys(sinks)
+                )
+            )
+        blocks.append(
+            TransformerDecoderBlock(
+                num_heads=4,
+                intermediate_dim=32,
+                cross_attention=False,
+                num_key_value_heads=2,
+                norm_first=True,
+                rotary_max_wavelength=100,
+                **kwargs,
+            )
+        )
+    head = keras.layers.Dense(VOCAB)
+    ids = keras.Input((None,), dtype="int32")
+    x = embedding(ids)
+    for block in blocks:
+        x = block(x)
+    model = keras.Model(ids, head(x))
+    return model, CausalLMGenerator(
+        embedding, blocks, head, jit_compile=jit_compile
+    )
+
+
+def twin_models(sinks):
+    """The windowed model, its generator, and the uncached reference with
+    `sinks` (model and generator), sharing weights."""
+    keras.utils.set_random_seed(3)
+    model, lm = build_lm()
+    reference, reference_lm = build_lm(sinks=sinks)
+    reference.set_weights(model.get_weights())
+    return model, lm, reference, reference_lm
+
+
+def random_tokens(shape, seed=0):
+    return np.random.default_rng(seed).integers(1, END, size=shape)
+
+
+def rolling_logits(lm, ids, chunk, sinks=0):
+    """Logits of `ids` fed through the rolling cache `chunk` at a time."""
+    size = rolling_cache_size(lm.blocks, sinks)
+    cache = init_rolling_cache(lm.blocks, ids.shape[0], size)
+    steps = []
+    for start in range(0, ids.shape[1], chunk):
+        logits, _, cache = lm.call_with_rolling_cache(
+            ids[:, start : start + chunk], cache, start, sinks
+        )
+        steps.append(to_numpy(logits))
+    return np.concatenate(steps, axis=1)
+
+
+def full_recompute_greedy(model, prompt, max_length):
+    """Independent greedy decoding: the whole prefix through the uncached
+    model at every step."""
+    out = []
+    for row in prompt:
+        seq = [int(t) for t in row if t != 0]
+        while len(seq) < max_length:
+            logits = to_numpy(model(np.array([seq], "int32")))[0, -1]
+            seq.append(int(np.argmax(logits)))
+        out.append(seq)
+    return np.array(out)
+
+
+def test_cache_holds_the_window_only():
+    _, lm = build_lm()
+    assert rolling_cache_size(lm.blocks) == max(WINDOWS) + 1
+    assert rolling_cache_size(lm.blocks, sink_tokens=4) == max(WINDOWS) + 5
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 9])
+def test_rolling_logits_equal_uncached_windowed_pass(chunk):
+    keras.utils.set_random_seed(1)
+    model, lm = build_lm()
+    ids = random_tokens((2, 29))
+    ids[1, 20] = 0  # a token the embedding masks (`mask_zero`)
+    full = to_numpy(model(ids))
+    rolled = rolling_logits(lm, ids, chunk)
+    valid = ids != 0
+    np.testing.assert_allclose(rolled[valid], full[valid], atol=2e-5)
+
+
+@pytest.mark.parametrize("sinks", [1, 3])
+def test_sinks_equal_uncached_mask_window_or_first_keys(sinks):
+    _, lm, reference, _ = twin_models(sinks)
+    ids = random_tokens((2, 25), seed=1)
+    full = to_numpy(reference(ids))
+    for chunk in (1, 7):
+        rolled = rolling_logits(lm, ids, chunk, sinks)
+        np.testing.assert_allclose(rolled, full, atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_greedy_equals_uncached_windowed_model(jit_compile):
+    keras.utils.set_random_seed(2)
+    model, lm = build_lm(jit_compile=jit_compile)
+    # Prompts longer than a prefill chunk (32), of different lengths.
+    prompt = np.zeros((3, 40), "int32")
+    prompt[0] = random_tokens(40, seed=4)
+    prompt[1, :35] = random_tokens(35, seed=5)
+    prompt[2, :3] = [3, 4, 5]
+    tokens, mask = lm.generate(prompt, max_length=52, sampler="greedy")
+    np.testing.assert_array_equal(
+        to_numpy(tokens), full_recompute_greedy(model, prompt, 52)
+    )
+    assert np.all(to_numpy(mask))
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+def test_greedy_with_sinks_equals_uncached_reference():
+    sinks = 2
+    _, lm, reference, _ = twin_models(sinks)
+    prompt = np.array(
+        [[3, 4, 5, 6, 7, 8, 9, 1, 2], [8, 9, 0, 0, 0, 0, 0, 0, 0]]
+    )
+    tokens, _ = lm.generate(prompt, max_length=30, sink_tokens=sinks)
+    np.testing.assert_array_equal(
+        to_numpy(tokens), full_recompute_greedy(reference, prompt, 30)
+    )
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+def test_beam_search_reorders_the_rolling_cache_with_the_beams():
+    # The reference has full attention under the window mask: the
+    # generator keeps a full cache for it.
+    _, lm, _, full = twin_models(sinks=0)
+    prompt = np.array([[3, 4, 5, 6], [8, 9, 0, 0]])
+    beam = keras_hub.samplers.BeamSampler(num_beams=3)
+    rolled, _ = lm.generate(prompt, max_length=20, sampler=beam)
+    expected, _ = full.generate(prompt, max_length=20, sampler=beam)
+    np.testing.assert_array_equal(to_numpy(rolled), to_numpy(expected))
+
+
+@pytest.mark.parametrize("sampler", ["top_k", "top_p", "random"])
+def test_random_samplers_run_on_the_rolling_cache(sampler):
+    _, lm = build_lm()
+    tokens, mask = lm.generate(np.array([[3, 4, 5]]), 24, sampler=sampler)
+    tokens = to_numpy(tokens)
+    assert tokens.shape == (1, 24) and np.all(to_numpy(mask))
+    assert np.all((tokens >= 0) & (tokens < VOCAB))
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+def test_stream_yields_the_outputs_piece_by_piece():
+    _, lm = build_lm()
+    prompt = np.array([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0]])
+    whole, _ = lm.generate(prompt, max_length=31)
+    pieces = list(lm.generate(prompt, max_length=31, stream=8))
+    assert [p.shape[1] for p in pieces] == [13, 8, 8, 2]
+    np.testing.assert_array_equal(np.concatenate(pieces, 1), to_numpy(whole))
+    # One `(T,)` prompt: `(n,)` pieces.
+    one = list(lm.generate(prompt[0], max_length=31, stream=True))
+    np.testing.assert_array_equal(np.concatenate(one), to_numpy(whole)[0])
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+def test_stream_pads_after_stop_tokens_and_ends():
+    _, lm = build_lm()
+    prompt = np.array([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0]])
+    whole, _ = lm.generate(prompt, max_length=40)
+    whole = to_numpy(whole)
+    stop = int(whole[0, 7])  # a token the first row generates
+    expected, _ = lm.generate(prompt, 40, stop_token_ids=(stop,))
+    expected = to_numpy(expected)
+    streamed = np.concatenate(
+        list(lm.generate(prompt, 40, stop_token_ids=(stop,), stream=4)), 1
+    )
+    n = streamed.shape[1]
+    np.testing.assert_array_equal(streamed, expected[:, :n])
+    assert np.all(expected[:, n:] == 0)
+
+
+def test_lengths_beyond_every_position_table_when_windowed():
+    _, lm = build_lm()
+    tokens, _ = lm.generate(np.array([[3, 4]]), max_length=300)
+    assert to_numpy(tokens).shape == (1, 300)
+
+
+def test_learned_positions_limit_the_length_naming_the_layer():
+    table = TokenAndPositionEmbedding(VOCAB, 12, 16, name="char_positions")
+    _, lm = build_lm(embedding=table)
+    with pytest.raises(ValueError, match=r"'char_positions'.*max_length=20"):
+        lm.generate(np.array([[3, 4]]), max_length=20)
+
+
+def test_sinks_and_stream_need_windowed_attention_in_every_block():
+    _, lm = build_lm(windows=(3, None))
+    block = lm.blocks[1].name
+    with pytest.raises(ValueError, match=rf"block 1 \('{block}'.*=2"):
+        lm.generate(np.array([[3, 4]]), 8, sink_tokens=2)
+    with pytest.raises(ValueError, match=rf"block 1 \('{block}'.*=True"):
+        lm.generate(np.array([[3, 4]]), 8, stream=True)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "2"])
+def test_bad_sink_tokens_are_refused(value):
+    _, lm = build_lm()
+    with pytest.raises(ValueError, match=rf"sink_tokens={value!r}"):
+        lm.generate(np.array([[3, 4]]), 8, sink_tokens=value)
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.0])
+def test_bad_stream_is_refused(value):
+    _, lm = build_lm()
+    with pytest.raises(ValueError, match=rf"stream={value!r}"):
+        lm.generate(np.array([[3, 4]]), 8, stream=value)
+
+
+def test_beam_cannot_stream():
+    _, lm = build_lm()
+    with pytest.raises(ValueError, match="sampler='beam'"):
+        lm.generate(np.array([[3, 4]]), 8, sampler="beam", stream=True)
+
+
+def layer_pairs():
+    """`(layer, wide twin, left bound, is_local)`: the windowed layer, the
+    same weights without a window (the uncached reference takes the mask
+    as `attention_mask`)."""
+    mha = MultiHeadAttention(4, 4, sliding_window=4, num_key_value_heads=2)
+    wide_mha = MultiHeadAttention(4, 4, num_key_value_heads=2)
+    local = LocalSelfAttention(4, 4, window_size=3, causal=True)
+    wide_local = LocalSelfAttention(4, 4, window_size=14, causal=True)
+    return [(mha, wide_mha, 3, False), (local, wide_local, 3, True)]
+
+
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_layers_rolling_cache_equals_uncached_window(sinks):
+    """`MultiHeadAttention(sliding_window=4)` and `LocalSelfAttention(
+    window_size=3, causal=True)` with a rolling cache, one step and five
+    at a time, against the uncached layer under the mask "window or first
+    `sinks` keys"."""
+    x = np.random.default_rng(0).normal(size=(2, 14, 8)).astype("float32")
+    i, j = np.arange(14)[:, None], np.arange(14)[None]
+    for layer, wide, left, is_local in layer_pairs():
+
+        def run(attention, inputs, **kwargs):
+            if is_local:
+                return attention(inputs, **kwargs)
+            return attention(inputs, inputs, use_causal_mask=True, **kwargs)
+
+        run(layer, x)
+        run(wide, x)
+        wide.set_weights(layer.get_weights())
+        mask = (j <= i) & ((i - j <= left) | (j < sinks))
+        expected = to_numpy(run(wide, x, attention_mask=mask))
+        kv_heads = layer.num_key_value_heads or layer.num_heads
+        for chunk in (1, 5):
+            cache = np.zeros((2, 2, sinks + left + 1, kv_heads, 4), "float32")
+            outs = []
+            for start in range(0, 14, chunk):
+                y, cache = run(
+                    layer,
+                    x[:, start : start + chunk],
+                    cache=cache,
+                    cache_update_index=start,
+                    cache_sink_tokens=sinks,
+                )
+                outs.append(to_numpy(y))
+            np.testing.assert_allclose(
+                np.concatenate(outs, 1), expected, atol=2e-6
+            )
+
+
+def test_rolling_cache_without_a_window_is_refused():
+    layer = MultiHeadAttention(2, 4, name="full_attention")
+    x = np.ones((1, 1, 8), "float32")
+    with pytest.raises(ValueError, match="windowed.*'full_attention'"):
+        layer(
+            x,
+            x,
+            cache=np.zeros((1, 2, 4, 2, 4), "float32"),
+            cache_update_index=0,
+            cache_sink_tokens=0,
+        )
