@@ -634,6 +634,14 @@ _IMAGE_JS = """
   panels.id = "ka-image-panels";
   section.append(title, panels);
   $("ka-head-view").before(section);
+  // the examples named by their target tokens (the words), not by the
+  // cells
+  if (data.target_tokens) {
+    Array.from($("ka-batch").options).forEach(function (o, b) {
+      o.textContent = "#" + data.batch[b] + ": " +
+        data.target_tokens[b].slice(0, 6).join(" ");
+    });
+  }
 
   function overImage(layer) {
     return layer.key === "tokens" && layer.keys === rows * cols;

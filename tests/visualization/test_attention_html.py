@@ -685,6 +685,10 @@ def test_browser_image_view_draws_each_word_over_the_image(tab, tmp_path):
         "document.querySelectorAll('.ka-image-panel.ka-focused').length"
     )
     assert [p[1] for p in tab.evaluate(panels)] == [False, True, False]
+    assert tab.evaluate(
+        "Array.from(document.getElementById('ka-batch').options)"
+        ".map((o) => o.textContent)"
+    ) == ["#0: one two [END]", "#1: six six [END]"]
     _choose(tab, "ka-batch", "1")
     tab.wait_until(
         "document.querySelector('.ka-image-panel').textContent"
