@@ -306,7 +306,11 @@ def segment_positions(segment_ids):
     starts = ops.associative_scan(
         ops.maximum, ops.where(first, index, 0), axis=1
     )
-    positions = ops.cast(index - starts, "int32")  # torch's scan: float
+    # The scan loses the static shape on TensorFlow; torch's gives floats.
+    shape = ops.shape(ids)  # None entries: a symbolic Keras input
+    if all(size is not None for size in shape):
+        starts = ops.reshape(starts, shape)
+    positions = ops.cast(index - starts, "int32")
     return positions[0] if squeeze else positions
 
 

@@ -3,20 +3,27 @@
 Pretrains the same backbone (`TransformerEncoderBlock`s over a
 `TokenAndPositionEmbedding`) on unlabelled text with masked language
 modelling (`mlm`, BERT: 15 % of the tokens masked by keras_hub's
-`MaskedLMMaskGenerator`, bidirectional attention), causal language
-modelling (`clm`, GPT: causal attention) or prefix language modelling
-(`prefix_lm`: `masks.prefix_lm_mask`, bidirectional over a random prefix,
+`MaskedLMMaskGenerator`, bidirectional attention), causal language modelling
+(`clm`, GPT: causal attention) or prefix language modelling (`prefix_lm`:
+the mask object `mods.PrefixLMMask`, bidirectional over a random prefix,
 causal after it), then fine-tunes it on the `classify` task (WordNet noun
 definition -> one of 25 supersenses) with a small labelled budget, and
-compares its test accuracy with the same model trained from scratch with
-the same budget. `--objective all` (the default) runs the three and the
-scratch baseline and prints one Markdown table. Each pretrained model's
-attention on a few sentences goes to an interactive explorer,
+compares its test accuracy with the same model trained from scratch with the
+same budget. `--objective all` (the default) runs the three and the scratch
+baseline and prints one Markdown table. Each pretrained model's attention on
+a few sentences goes to an interactive explorer,
 `runs/pretrain/attention.html` (one file, the objectives side by side).
 
     python -m examples.pretrain                   # minutes on 2 CPU cores
     python -m examples.pretrain --objective mlm   # one objective + scratch
     python -m examples.pretrain --corpus kjv_bible --pretrain-steps 3000
+    python -m examples.pretrain --objective clm --pack   # packed rows
+
+`--pack` trains `mlm` and `clm` on packed rows (the sequences one after
+the other, no padding; each attends only to itself through the blocks'
+`segment_ids=`, positions restart per sequence); the table's `tokens/s`
+column (real tokens per second of pretraining, after the first quarter)
+and `padding` column compare it with the default padded batches.
 """
 
 import argparse
@@ -82,6 +89,11 @@ def parse_args(argv=None):
     train.add_argument("--finetune-steps", type=int, default=200)
     train.add_argument("--finetune-learning-rate", type=float, default=1e-3)
     train.add_argument("--batch-size", type=int, default=64)
+    train.add_argument(
+        "--pack",
+        action="store_true",
+        help="pretrain mlm and clm on packed rows (no padding)",
+    )
     train.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/pretrain")
     parser.add_argument(
@@ -110,16 +122,40 @@ class CpuClock:
         return time.process_time() - self.start
 
 
+class EpochTimer:
+    """Wall seconds of each `fit` epoch (a Keras callback's hooks)."""
+
+    def __init__(self):
+        import keras
+
+        class Callback(keras.callbacks.Callback):
+            def on_epoch_begin(inner, epoch, logs=None):
+                inner.start = time.perf_counter()
+
+            def on_epoch_end(inner, epoch, logs=None):
+                self.seconds.append(time.perf_counter() - inner.start)
+
+        self.seconds = []
+        self.callback = Callback()
+
+
 def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
-    """Trains `backbone` with `objective`; returns `(model, val_loss)`,
-    the per-token cross-entropy (nats) on validation text."""
+    """Trains `backbone` with `objective`; returns `(model, val_loss,
+    throughput)`: the per-token cross-entropy (nats) on validation text,
+    and `{"tokens_per_second", "padding"}` of the training batches (real
+    input tokens per wall second after the first of four epochs, which
+    compiles; the padding fraction of the batches)."""
     import keras
 
     from examples.pretrain import data
+    from examples.pretrain.model import PACKABLE
     from examples.pretrain.model import build_pretraining_model
 
+    packed = args.pack and objective in PACKABLE
+
     def batches(ids, shuffle):
-        return data.objective_batches(
+        make = data.packed_batches if packed else data.objective_batches
+        return make(
             ids,
             objective,
             tokenizer,
@@ -129,7 +165,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
             args.seed,
         )
 
-    model = build_pretraining_model(backbone, objective)
+    model = build_pretraining_model(backbone, objective, packed=packed)
     model.compile(
         optimizer=keras.optimizers.AdamW(
             args.pretrain_learning_rate, weight_decay=1e-4
@@ -143,15 +179,26 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         ],
     )
     chunks = min(4, args.pretrain_steps)
+    steps = args.pretrain_steps // chunks
+    timer = EpochTimer()
     model.fit(
         batches(train_ids, True).repeat(),
         epochs=chunks,
-        steps_per_epoch=args.pretrain_steps // chunks,
+        steps_per_epoch=steps,
         verbose=2,
         shuffle=False,  # the pipeline shuffles (Keras would warn)
+        callbacks=[timer.callback],
     )
     metrics = evaluate(model, batches(val_ids, False))
-    return model, float(metrics["token_loss"])
+    sample = max(1, min(50, args.pretrain_steps))
+    real, total = data.real_tokens(batches(train_ids, True).repeat(), sample)
+    timed = timer.seconds[1:] or timer.seconds
+    throughput = {
+        "tokens_per_second": real / sample * steps * len(timed) / sum(timed),
+        "padding": 1.0 - real / total,
+        "packed": packed,
+    }
+    return model, float(metrics["token_loss"]), throughput
 
 
 def finetune(backbone, num_classes, train, test, args):
@@ -186,17 +233,19 @@ def finetune(backbone, num_classes, train, test, args):
     return float(metrics["accuracy"])
 
 
-def explorer_inputs(objective, ids):
+def explorer_inputs(objective, ids, packed=False):
     """Inputs of the `objective` model for the explorer: the unmasked
-    text; prefix-LM's prefix is the first half of each sequence."""
+    text; prefix-LM's prefix is the first half of each sequence; a packed
+    model's rows are one sequence each."""
     import numpy as np
 
     lengths = np.sum(ids != 0, axis=1).astype("int32")
+    extra = {"segment_ids": np.zeros_like(ids)} if packed else {}
     if objective == "mlm":
         positions = np.zeros((len(ids), 1), "int32")
-        return {"token_ids": ids, "mask_positions": positions}
+        return {"token_ids": ids, "mask_positions": positions, **extra}
     prefix = np.zeros_like(lengths) if objective == "clm" else lengths // 2
-    return {"token_ids": ids, "prefix_length": prefix}
+    return {"token_ids": ids, "prefix_length": prefix, **extra}
 
 
 def write_explorer(models, tokenizer, texts, max_length, output_dir):
@@ -210,7 +259,9 @@ def write_explorer(models, tokenizer, texts, max_length, output_dir):
     tokens = [id_to_tokens(tokenizer, row[row != 0]) for row in ids]
     attentions = attention_outputs.merge(
         attention_outputs.collect(
-            model, explorer_inputs(objective, ids), prefix=objective
+            model,
+            explorer_inputs(objective, ids, "segment_ids" in model.input),
+            prefix=objective,
         )
         for objective, model in models.items()
     )
@@ -226,19 +277,28 @@ def markdown_table(rows):
     """One Markdown table of the result rows (dicts, see `main`)."""
     header = (
         "| objective | pretrain loss | fine-tuned accuracy | "
-        "scratch accuracy | steps (pretrain + fine-tune) | CPU time |"
+        "scratch accuracy | steps (pretrain + fine-tune) | CPU time "
+        "| batches | tokens/s | padding |"
     )
-    lines = [header, "|---|---|---|---|---|---|"]
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         loss = row["pretrain_loss"]
         tuned = row["finetuned_accuracy"]
+        speed = row.get("throughput")
+        if speed is None:
+            batches = rate = padding = "—"
+        else:
+            batches = "packed" if speed["packed"] else "padded"
+            rate = f"{speed['tokens_per_second']:.0f}"
+            padding = f"{100 * speed['padding']:.1f} %"
         lines.append(
             f"| {row['objective']} "
             f"| {'—' if loss is None else f'{loss:.3f}'} "
             f"| {'—' if tuned is None else f'{tuned:.3f}'} "
             f"| {row['scratch_accuracy']:.3f} "
             f"| {row['pretrain_steps']} + {row['finetune_steps']} "
-            f"| {row['cpu_seconds']:.0f} s |"
+            f"| {row['cpu_seconds']:.0f} s "
+            f"| {batches} | {rate} | {padding} |"
         )
     return "\n".join(lines)
 
@@ -310,7 +370,7 @@ def main(argv=None):
     for objective in objectives:
         start = clock.seconds()
         backbone = new_backbone()
-        models[objective], loss = pretrain(
+        models[objective], loss, throughput = pretrain(
             backbone, objective, tokenizer, train_ids, val_ids, args
         )
         accuracy = finetune(backbone, len(class_names), ft_train, ft_test, args)
@@ -323,6 +383,7 @@ def main(argv=None):
                 "pretrain_steps": args.pretrain_steps,
                 "finetune_steps": args.finetune_steps,
                 "cpu_seconds": clock.seconds() - start,
+                "throughput": throughput,
             }
         )
     table = markdown_table(rows)

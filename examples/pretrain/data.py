@@ -169,6 +169,76 @@ def objective_batches(
     return batches.map(transform, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def pack(ids, max_length, shuffle, seed=0):
+    """`[START] + ids` sequences -> rows of exactly `max_length` tokens:
+    the sequences one after the other, cut at row ends (GPT's packing; no
+    padding), with `segment_ids` numbering the sequence of each token
+    (neighbours always differ). A dataset of `(ids, segment_ids)` pairs,
+    int32 `(max_length,)` each."""
+    if shuffle:
+        ids = ids.shuffle(10_000, seed=seed)
+
+    def number(index, x):
+        document = tf.cast(index % (1 << 30), tf.int32)
+        return x, tf.fill(tf.shape(x), document)
+
+    tokens = ids.enumerate().map(number).unbatch()
+    return tokens.batch(max_length, drop_remainder=True)
+
+
+def packed_batches(
+    ids, objective, tokenizer, batch_size, max_length, shuffle, seed=0
+):
+    """Batches of packed rows (`pack`) for `mlm` or `clm`, as
+    `objective_batches` makes them, plus `"segment_ids"` in the inputs:
+    MLM masks 15 % of every row; CLM predicts each next token of the same
+    document (not the first token of the next one)."""
+    rows = pack(ids, max_length, shuffle, seed).batch(
+        batch_size, drop_remainder=True
+    )
+    if objective == "mlm":
+        generator = mask_generator(tokenizer, max_length)
+
+        def transform(x, segments):
+            out = generator(x)
+            inputs = {
+                "token_ids": tf.cast(out["token_ids"], tf.int32),
+                "mask_positions": tf.cast(out["mask_positions"], tf.int32),
+                "segment_ids": segments,
+            }
+            return inputs, out["mask_ids"], out["mask_weights"]
+
+    elif objective == "clm":
+
+        def transform(x, segments):
+            inputs = {
+                "token_ids": x[:, :-1],
+                "prefix_length": tf.zeros(tf.shape(x)[:1], tf.int32),
+                "segment_ids": segments[:, :-1],
+            }
+            same = tf.equal(segments[:, 1:], segments[:, :-1])
+            return inputs, x[:, 1:], tf.cast(same, tf.float32)
+
+    else:
+        raise ValueError(
+            "Packed batches are for `mlm` and `clm` (prefix-LM's prefix is "
+            f"per row). Received: objective={objective!r}"
+        )
+    return rows.map(transform, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def real_tokens(batches, steps):
+    """`(real, total)` token counts of the first `steps` batches' inputs
+    (`token_ids != 0` and all): the padding fraction is `1 - real /
+    total`."""
+    real = total = 0
+    for inputs, *_ in batches.take(steps).as_numpy_iterator():
+        ids = inputs["token_ids"]
+        real += int((ids != 0).sum())
+        total += int(ids.size)
+    return real, total
+
+
 def finetune_splits(
     tokenizer, max_length, num_examples, data_dir=None, tiny=False, seed=0
 ):

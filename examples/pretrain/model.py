@@ -4,13 +4,24 @@ The backbone is a stack of `TransformerEncoderBlock`s over a
 `TokenAndPositionEmbedding`. The three objectives differ only in the
 attention mask the blocks get and in the head on top:
 
-- `mlm` (BERT): no attention mask (bidirectional over the real tokens);
-  a `keras_hub.layers.MaskedLMHead` predicts the masked tokens.
-- `clm` (GPT): `masks.prefix_lm_mask(T, 0)`, i.e. causal; a dense head
-  predicts the next token at every position.
-- `prefix_lm` (UniLM, T5's prefix LM): `masks.prefix_lm_mask(T, p)` with a
-  prefix length `p` per example: bidirectional over the prefix, causal
-  after it; the next-token loss covers the tokens after the prefix only.
+Every self-attention of the backbone has one mask object,
+`keras_attention.mods.PrefixLMMask()`: query `i` may attend to key `j`
+when `j <= i` or `j < p`, with a prefix length `p` per example given at
+call time (`mod_inputs={"prefix_length": p}`); no `(batch, T, T)` mask is
+built, and the blockwise path skips the tiles it masks out.
+
+- `mlm` (BERT): `p = T` (bidirectional over the real tokens); a
+  `keras_hub.layers.MaskedLMHead` predicts the masked tokens.
+- `clm` (GPT): `p = 0`, i.e. causal; a dense head predicts the next token
+  at every position.
+- `prefix_lm` (UniLM, T5's prefix LM): a random `p` per example:
+  bidirectional over the prefix, causal after it; the next-token loss
+  covers the tokens after the prefix only.
+- the classifier: `p = T` (bidirectional).
+
+Packed batches (`--pack`, `mlm` and `clm`) add `segment_ids` `(batch, T)`:
+each packed document attends only to itself (the blocks' `segment_ids=`)
+and its positions restart at 0 (`masks.segment_positions`).
 
 The models are flat functional models calling the *same* layer objects
 (`Backbone`), so a classifier built on a pretrained backbone starts from
@@ -24,24 +35,36 @@ from keras import ops
 from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.layers import AttentionPooling
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.masks import prefix_lm_mask
+from keras_attention.masks import segment_positions
+from keras_attention.mods import PrefixLMMask
 
 OBJECTIVES = ("mlm", "clm", "prefix_lm")
+PACKABLE = ("mlm", "clm")  # prefix-LM's prefix is per row, not document
 
 
 @keras.saving.register_keras_serializable(package="examples_pretrain")
-class PrefixLMMask(keras.layers.Layer):
-    """`(token_ids (batch, T), prefix_length (batch,))` -> boolean
-    `(batch, T, T)`: `keras_attention.masks.prefix_lm_mask`. A prefix length
-    of 0 gives the causal mask, one of `T` or more full attention."""
+class FullPrefix(keras.layers.Layer):
+    """`token_ids (batch, T)` -> `(batch,)` int32, all `T`: the prefix
+    length that makes `PrefixLMMask` bidirectional."""
 
-    def call(self, token_ids, prefix_length):
-        length = ops.shape(token_ids)[1]
-        return prefix_lm_mask(length, ops.cast(prefix_length, "int32"))
+    def call(self, token_ids):
+        shape = ops.shape(token_ids)
+        return ops.full((shape[0],), shape[1], dtype="int32")
 
-    def compute_output_spec(self, token_ids, prefix_length):
-        batch, length = token_ids.shape
-        return keras.KerasTensor((batch, length, length), dtype="bool")
+    def compute_output_spec(self, token_ids):
+        return keras.KerasTensor(token_ids.shape[:1], dtype="int32")
+
+
+@keras.saving.register_keras_serializable(package="examples_pretrain")
+class SegmentPositions(keras.layers.Layer):
+    """`segment_ids (batch, T)` -> positions restarting at 0 in each
+    packed document (`keras_attention.masks.segment_positions`)."""
+
+    def call(self, segment_ids):
+        return segment_positions(segment_ids)
+
+    def compute_output_spec(self, segment_ids):
+        return keras.KerasTensor(segment_ids.shape, dtype="int32")
 
 
 @keras.saving.register_keras_serializable(package="examples_pretrain")
@@ -95,30 +118,52 @@ class Backbone:
                 dropout=dropout,
                 activation="gelu",
                 norm_first=True,
+                mask_mod=PrefixLMMask(),  # prefix length per call
                 name=f"encoder_block_{i}",
             )
             for i in range(num_layers)
         ]
         self.norm = keras.layers.LayerNormalization(name="final_norm")
 
-    def __call__(self, token_ids, attention_mask=None):
-        """`(batch, T)` ids (0 pads) -> `(batch, T, hidden_dim)`."""
-        x = self.dropout(self.embedding(token_ids))
+    def __call__(self, token_ids, prefix_length=None, segment_ids=None):
+        """`(batch, T)` ids (0 pads) -> `(batch, T, hidden_dim)`.
+
+        `prefix_length` `(batch,)`: 0 causal, `T` (the default)
+        bidirectional; `segment_ids` `(batch, T)`: packed documents."""
+        if prefix_length is None:
+            prefix_length = FullPrefix(name="full_prefix")(token_ids)
+        extra = {}
+        if segment_ids is None:
+            x = self.embedding(token_ids)
+        else:
+            positions = SegmentPositions(name="segment_positions")(segment_ids)
+            x = self.embedding(token_ids, positions=positions)
+            extra["segment_ids"] = segment_ids
+        x = self.dropout(x)
         for block in self.blocks:
-            x = block(x, attention_mask=attention_mask)
+            x = block(x, mod_inputs={"prefix_length": prefix_length}, **extra)
         return self.norm(x)
 
 
-def build_pretraining_model(backbone, objective):
+def build_pretraining_model(backbone, objective, packed=False):
     """The model `objective` trains: inputs as `data.objective_batches`
-    makes them, logits `(batch, positions, vocabulary)` out."""
+    makes them (with `segment_ids` when `packed`), logits `(batch,
+    positions, vocabulary)` out."""
     # b - batch, t - token positions, p - masked positions, v - vocabulary
+    if packed and objective not in PACKABLE:
+        raise ValueError(
+            f"Packed batches are for the objectives {PACKABLE}. "
+            f"Received: objective={objective!r}"
+        )
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    segments = None
+    if packed:
+        segments = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
     if objective == "mlm":
         positions = keras.Input(
             shape=(None,), dtype="int32", name="mask_positions"
         )
-        x = backbone(ids)  # (b, t, d), bidirectional
+        x = backbone(ids, segment_ids=segments)  # (b, t, d), bidirectional
         x = DropPaddingMask(name="drop_padding_mask")(x)
         logits = keras_hub.layers.MaskedLMHead(
             vocabulary_size=backbone.vocabulary_size,
@@ -129,8 +174,7 @@ def build_pretraining_model(backbone, objective):
         inputs = {"token_ids": ids, "mask_positions": positions}
     elif objective in ("clm", "prefix_lm"):
         prefix = keras.Input(shape=(), dtype="int32", name="prefix_length")
-        mask = PrefixLMMask(name="prefix_lm_mask")(ids, prefix)  # (b, t, t)
-        x = backbone(ids, attention_mask=mask)
+        x = backbone(ids, prefix_length=prefix, segment_ids=segments)
         logits = keras.layers.Dense(
             backbone.vocabulary_size, dtype="float32", name="logits"
         )(x)  # (b, t, v)
@@ -140,6 +184,8 @@ def build_pretraining_model(backbone, objective):
             f"`objective` must be one of {OBJECTIVES}. "
             f"Received: objective={objective!r}"
         )
+    if packed:
+        inputs["segment_ids"] = segments
     return keras.Model(inputs, logits, name=f"{objective}_pretraining")
 
 

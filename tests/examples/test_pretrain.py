@@ -77,16 +77,50 @@ def test_mlm_masks_only_real_tokens(tokenizer):
             assert np.all(y[row][w[row] > 0] > 4)
 
 
-def test_prefix_lm_mask_layer_matches_masks():
-    from examples.pretrain.model import PrefixLMMask
-    from keras_attention import masks
+def test_packed_rows_have_no_padding_and_number_their_documents(tokenizer):
+    import tensorflow as tf
 
-    ids = np.ones((3, 5), "int32")
-    prefix = np.array([0, 2, 5], "int32")
-    got = np.asarray(PrefixLMMask()(ids, prefix))
-    np.testing.assert_array_equal(got, masks.prefix_lm_mask(5, prefix))
-    np.testing.assert_array_equal(got[0], np.tril(np.ones((5, 5), bool)))
-    assert got[2].all()
+    from examples.pretrain import data
+
+    ids = data.encode(tf.data.Dataset.from_tensor_slices(TEXTS), tokenizer, 8)
+    documents = [list(r) for r in ids.as_numpy_iterator()]
+    rows = list(data.pack(ids, 4, shuffle=False).as_numpy_iterator())
+    flat = [t for d in documents for t in d]
+    assert [list(r) for r, _ in rows] == [
+        flat[i : i + 4] for i in range(0, len(flat) - 3, 4)
+    ]
+    segments = np.concatenate([s for _, s in rows])
+    lengths = np.bincount(segments)[: len(documents)]
+    assert list(lengths[:-1]) == [len(d) for d in documents][: len(lengths) - 1]
+
+
+def test_packed_clm_targets_stay_in_their_document(tokenizer):
+    import tensorflow as tf
+
+    from examples.pretrain import data
+
+    ids = data.encode(tf.data.Dataset.from_tensor_slices(TEXTS), tokenizer, 8)
+    batches = data.packed_batches(ids, "clm", tokenizer, 2, 5, shuffle=False)
+    for x, y, w in batches.as_numpy_iterator():
+        seg = x["segment_ids"]
+        assert x["token_ids"].shape == y.shape == seg.shape == (2, 4)
+        assert (x["token_ids"] != 0).all()  # no padding
+        np.testing.assert_array_equal(x["prefix_length"], 0)
+        # A weight of 0 exactly where the next token opens a document.
+        start = tokenizer.token_to_id("[START]")
+        np.testing.assert_array_equal(w == 0, y == start)
+    with pytest.raises(ValueError, match="objective='prefix_lm'"):
+        data.packed_batches(ids, "prefix_lm", tokenizer, 2, 5, False)
+
+
+def test_the_blocks_mask_with_one_prefix_lm_mask_object():
+    from examples.pretrain.model import Backbone
+    from keras_attention.mods import PrefixLMMask
+
+    backbone = Backbone(10, 8, hidden_dim=8, num_layers=2, num_heads=2)
+    for block in backbone.blocks:
+        assert isinstance(block.mask_mod, PrefixLMMask)
+        assert block.mask_mod.prefix_length is None  # per example
 
 
 def test_unknown_objective_is_rejected():
@@ -130,7 +164,7 @@ def test_quick_run_prints_no_warnings(quick_run):
 def test_quick_run_prints_one_well_formed_table(quick_run):
     lines = quick_run["table"].splitlines()
     assert lines[0].startswith("| objective | pretrain loss |")
-    assert lines[1] == "|---|---|---|---|---|---|"
+    assert lines[1] == "|---|---|---|---|---|---|---|---|---|"
     assert [line.split("|")[1].strip() for line in lines[2:]] == [
         "none (from scratch)",
         "mlm",
@@ -140,9 +174,14 @@ def test_quick_run_prints_one_well_formed_table(quick_run):
     scratch = None
     for line in lines[2:]:
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert len(cells) == 6
+        assert len(cells) == 9
         assert re.fullmatch(r"\d+ \+ \d+", cells[4])
         assert re.fullmatch(r"\d+ s", cells[5])
+        if cells[0].startswith("none"):
+            assert cells[6:] == ["—", "—", "—"]
+        else:  # padded batches (no --pack): some padding, tokens/s > 0
+            assert cells[6] == "padded" and int(cells[7]) > 0
+            assert re.fullmatch(r"\d+\.\d %", cells[8])
         scratch = scratch or cells[3]
         assert cells[3] == scratch  # the same baseline on every row
         for cell in cells[1:4]:
@@ -187,3 +226,27 @@ def test_pretrained_models_attend_as_their_objective(quick_run):
             assert real[:, 0, 1].min() > 0
             assert real[:, :2, 2:].max() == 0
             assert real[:, upper[:5, :5]][:, 1:].max() == 0
+
+
+def test_quick_packed_clm_run(tmp_path):
+    from examples.pretrain import __main__ as pretrain
+
+    with example_output.captured() as output:
+        results = pretrain.main(
+            [
+                "--quick",
+                "--objective",
+                "clm",
+                "--pack",
+                "--output-dir",
+                str(tmp_path / "run"),
+                "--data-dir",
+                str(tmp_path / "tfds"),
+            ]
+        )
+    assert not output.problems(), "\n".join(output.problems())
+    (row,) = [r for r in results["rows"] if r["objective"] == "clm"]
+    speed = row["throughput"]
+    assert speed["packed"] and speed["padding"] == 0.0
+    assert speed["tokens_per_second"] > 0
+    assert "| clm |" in results["table"] and "| packed |" in results["table"]

@@ -146,6 +146,14 @@ def test_segment_positions_in_a_model_of_unknown_length():
     got = model.predict(np.array([[7, 7, 1, 1, 1, 3]], "int32"), verbose=0)
     np.testing.assert_array_equal(got, [[0, 1, 0, 1, 2, 0]])
     assert keras.backend.standardize_dtype(got.dtype) == "int32"
+    if keras.backend.backend() == "tensorflow":  # the shape stays known
+        import tensorflow as tf
+
+        @tf.function
+        def shape_of(x):
+            return masks.segment_positions(x).shape
+
+        assert tuple(shape_of(tf.zeros((2, 5), "int32"))) == (2, 5)
 
 
 def test_segment_ids_are_checked():
