@@ -13,7 +13,10 @@ have, so they are small subclasses that reuse its decoding
 - `transformer-local`: every block's self-attention in a `window_size`
   band (`LocalSelfAttention`); cross-attention stays full;
 - `transformer-gqa`: grouped-query attention, `num_key_value_heads=1`
-  (one key/value head shared by all query heads, i.e. multi-query).
+  (one key/value head shared by all query heads, i.e. multi-query);
+- `transformer-alibi`, `transformer-t5`, `transformer-softcap`: the full
+  transformer with ALiBi, a T5 relative position bias, or soft-capped
+  scores (`SOFT_CAP`) in every self-attention (`keras_attention.scores`).
 
 Axes in comments: b - batch, s - source positions, t - target positions.
 """
@@ -34,6 +37,9 @@ from keras_attention.layers import AttentionRNNDecoder
 from keras_attention.layers import BahdanauAttention
 from keras_attention.layers import EncoderBridge
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.scores import ALiBi
+from keras_attention.scores import SoftCap
+from keras_attention.scores import T5RelativeBias
 
 # name -> (family, options); the order is the order of the report.
 VARIANTS = {
@@ -54,7 +60,32 @@ VARIANTS = {
     "transformer-full": ("transformer", {}),
     "transformer-local": ("transformer", {"local": True}),
     "transformer-gqa": ("transformer", {"num_key_value_heads": 1}),
+    "transformer-alibi": ("transformer", {"score": "alibi"}),
+    "transformer-t5": ("transformer", {"score": "t5"}),
+    "transformer-softcap": ("transformer", {"score": "softcap"}),
 }
+
+# The soft-capping variant's cap: Gemma 2 caps attention logits at 50,
+# on far larger scores than this study's small models reach; 5 makes
+# the cap act here (scores stay in (-5, 5)).
+SOFT_CAP = 5.0
+
+
+def make_score(kind, causal):
+    """A new score object of `kind` for one block's self-attention:
+    ALiBi's per-head linear distance penalty (symmetric in the encoder),
+    a T5 relative position bias (its own weights per block; causal
+    buckets in the decoder), or soft-capping."""
+    if kind == "alibi":
+        return ALiBi(bidirectional=not causal)
+    if kind == "t5":
+        return T5RelativeBias(bidirectional=not causal)
+    if kind == "softcap":
+        return SoftCap(SOFT_CAP)
+    raise ValueError(
+        f"`kind` must be 'alibi', 't5' or 'softcap'. Received: kind={kind!r}"
+    )
+
 
 # Model sizes: the study's default, `--quick` and `--full`.
 SIZES = {
@@ -246,11 +277,14 @@ class AttentionLayerRNNTranslator(RNNTranslator):
 class BlockOptionsTransformerTranslator(TransformerTranslator):
     """`TransformerTranslator` whose encoder and decoder blocks take extra
     options (`window_size`, `num_key_value_heads`), which
-    `build_translator` does not pass."""
+    `build_translator` does not pass, and a score object of `score`
+    (`make_score`) in every self-attention (the learned absolute positions
+    stay: the study changes one thing at a time)."""
 
     def __init__(
         self,
         block_options,
+        score,
         source_vocabulary_size,
         target_vocabulary_size,
         max_source_length,
@@ -280,6 +314,7 @@ class BlockOptionsTransformerTranslator(TransformerTranslator):
                 intermediate_dim,
                 dropout=dropout,
                 name=f"encoder_block_{i}",
+                score_mod=score and make_score(score, causal=False),
                 **block_options,
             )(x)
         self.encoder = keras.Model(encoder_ids, x, name="encoder")
@@ -296,6 +331,7 @@ class BlockOptionsTransformerTranslator(TransformerTranslator):
                 intermediate_dim,
                 dropout=dropout,
                 name=f"decoder_block_{i}",
+                score_mod=score and make_score(score, causal=True),
                 **block_options,
             )
             for i in range(num_layers)
@@ -365,7 +401,7 @@ def build_variant(
             block_options["num_key_value_heads"] = options[
                 "num_key_value_heads"
             ]
-        if not block_options:
+        if not block_options and "score" not in options:
             return build_translator(
                 "transformer",
                 max_source_length=max_source_length,
@@ -374,6 +410,7 @@ def build_variant(
             )
         return BlockOptionsTransformerTranslator(
             block_options,
+            options.get("score"),
             max_source_length=max_source_length,
             **block_sizes,
             **common,

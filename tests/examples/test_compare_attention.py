@@ -132,3 +132,39 @@ def test_long_sources_keep_the_date_and_respect_the_length():
         lengths.add(len(source))
     spread = tasks.LONG_MAX_LENGTH - tasks.LONG_MIN_LENGTH
     assert len(lengths) > spread // 2  # lengths spread over the range
+
+
+@pytest.mark.parametrize(
+    "variant, kind",
+    [
+        ("transformer-alibi", "ALiBi"),
+        ("transformer-t5", "T5RelativeBias"),
+        ("transformer-softcap", "SoftCap"),
+    ],
+)
+def test_score_variants_put_one_score_object_in_each_self_attention(
+    variant, kind
+):
+    import numpy as np
+
+    from examples.compare_attention.models import build_variant
+    from keras_attention.blocks import TransformerDecoderBlock
+    from keras_attention.blocks import TransformerEncoderBlock
+
+    translator = build_variant(variant, 20, 20, 12, 10, 1, 2, size="quick")
+    blocks = [
+        layer
+        for model in (translator.encoder, translator.model)
+        for layer in model.layers
+        if isinstance(layer, (TransformerEncoderBlock, TransformerDecoderBlock))
+    ]
+    mods = {id(b.score_mod): b for b in blocks}
+    assert len(mods) == len(set(id(b) for b in blocks)) >= 2  # one each
+    for block in blocks:
+        assert type(block.score_mod).__name__ == kind
+        if kind != "SoftCap":  # causal in the decoder, symmetric in the encoder
+            causal = isinstance(block, TransformerDecoderBlock)
+            assert block.score_mod.bidirectional is not causal
+    ids = np.ones((2, 6), "int32")
+    logits = translator.model({"encoder_ids": ids, "decoder_ids": ids})
+    assert np.isfinite(np.asarray(logits)).all()
