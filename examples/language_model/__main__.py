@@ -11,6 +11,7 @@ key/value cache, and exports a SavedModel that completes raw strings:
     python -m examples.language_model --window 0 --max-length 128
     python -m examples.language_model --text-file pg100.txt  # any UTF-8 text
     python -m examples.language_model --dataset tiny_shakespeare --download
+    python -m examples.language_model --generate-only --max-length 20000
 
     served = tf.saved_model.load("runs/language_model/saved_model")
     served.top_p(tf.constant(["And the LORD said unto Moses,"]))["completion"]
@@ -21,6 +22,13 @@ the last --window (64) characters only (--window 0: full causal
 attention), so every distance met while generating was met in training
 (see examples/language_model/model.py); the run prints bits per character
 on windows of both lengths, which agree.
+
+--generate-only loads the weights of an earlier run with the same model
+arguments (<output-dir>/checkpoints/best.weights.h5) and streams one text
+of --max-length characters from --prompt, printing it as it is produced
+with a progress line (on stderr): with a --window the generator keeps a
+rolling key/value cache of window + 1 positions (plus --sink-tokens), so
+the time per character and the peak memory do not depend on --max-length.
 
 --backend tensorflow|jax|torch trains the same model on each Keras backend
 (the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
@@ -114,7 +122,27 @@ def parse_args(argv=None):
     gen.add_argument(
         "--samplers",
         default="greedy,beam,top_k,top_p",
-        help="comma-separated samplers shown and exported",
+        help="comma-separated samplers shown and exported (--generate-only: "
+        "the first, which must not be beam)",
+    )
+    gen.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="no training: load <output-dir>/checkpoints/best.weights.h5 "
+        "(an earlier run with the same model arguments) and stream one "
+        "text of --max-length characters",
+    )
+    gen.add_argument(
+        "--prompt",
+        default=PROMPTS[0],
+        help="the prompt of --generate-only",
+    )
+    gen.add_argument(
+        "--sink-tokens",
+        type=int,
+        default=0,
+        help="--generate-only: the first positions every later one keeps "
+        "seeing beside its window (attention sinks)",
     )
     parser.add_argument(
         "--quick",
@@ -144,7 +172,8 @@ def parse_args(argv=None):
     if args.quick:
         args.hidden_dim, args.num_layers, args.num_heads = 32, 1, 2
         args.sequence_length = min(args.sequence_length, 64)
-        args.max_length = min(args.max_length, 48)
+        if not args.generate_only:
+            args.max_length = min(args.max_length, 48)
         args.window = min(args.window, 32)
         args.epochs, args.steps_per_epoch = min(args.epochs, 2), 15
         args.batch_size = min(args.batch_size, 32)
@@ -226,9 +255,95 @@ def write_explorer(model, texts, vocabulary_size, output_dir):
     )
 
 
+def generate_only(args):
+    """Streams one text from the weights of an earlier run (see the module
+    docstring): prints it as it comes, logs a progress line per piece.
+
+    Returns a dict: the first and last 300 characters, the number of
+    characters, characters per second and the peak resident memory (MiB).
+    """
+    import resource
+
+    import keras
+
+    from examples.common.text import character_tokenizer
+    from examples.language_model import data
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import make_sampler
+    from examples.language_model.model import stream_text
+
+    checkpoint = os.path.join(
+        args.output_dir or "runs/language_model",
+        "checkpoints",
+        "best.weights.h5",
+    )
+    if not os.path.exists(checkpoint):
+        raise SystemExit(
+            f"--generate-only needs the weights of an earlier run: "
+            f"{checkpoint} does not exist. Train first with the same model "
+            "arguments (python -m examples.language_model ...)."
+        )
+    train_lines, _, _ = data.load_text_splits(
+        args.dataset,
+        args.text_file,
+        args.data_dir,
+        args.download,
+        tiny=args.quick,
+    )
+    vocabulary_size = character_tokenizer(train_lines).vocabulary_size()
+    model, generator = build_language_model(
+        vocabulary_size,
+        args.sequence_length,
+        hidden_dim=args.hidden_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        dropout=args.dropout,
+        window=args.window or None,
+    )
+    model.load_weights(checkpoint)
+    sampler = make_sampler(args.samplers[0], seed=args.seed)
+    total = args.max_length - len(args.prompt) - 1
+    head, tail, done = "", "", 0
+    start = time.time()
+    print(args.prompt, end="", flush=True)
+    for text in stream_text(
+        generator,
+        args.prompt,
+        sampler,
+        args.max_length,
+        vocabulary_size,
+        sink_tokens=args.sink_tokens,
+    ):
+        print(text, end="", flush=True)
+        done += len(text)
+        head = (head + text)[:300] if len(head) < 300 else head
+        tail = (tail + text)[-300:]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        logger.info(
+            "%d/%d characters, %.0f characters/s, peak memory %.0f MiB",
+            done,
+            total,
+            done / max(time.time() - start, 1e-9),
+            peak,
+        )
+    print()
+    seconds = time.time() - start
+    return {
+        "backend": keras.backend.backend(),
+        "head": head,
+        "tail": tail,
+        "characters": done,
+        "characters_per_second": done / max(seconds, 1e-9),
+        "peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        / 1024,
+    }
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
+    if args.generate_only:
+        return generate_only(args)
     start = time.time()
 
     import keras

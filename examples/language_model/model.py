@@ -213,6 +213,51 @@ def complete(generator, prompts, sampler, max_length, vocabulary_size):
     return ["".join(map(chr, row[k])) for row, k in zip(out, keep)]
 
 
+def stream_text(
+    generator,
+    prompt,
+    sampler,
+    max_length,
+    vocabulary_size,
+    sink_tokens=0,
+    piece=256,
+):
+    """Streams a completion of `prompt` as it is produced, on any backend.
+
+    `generator.generate(..., stream=piece)`: with a windowed model the
+    generator keeps a rolling cache (`window + 1 + sink_tokens` positions
+    per block), so time per character and memory do not grow with
+    `max_length`, and nothing of the text is kept here either.
+
+    Args:
+        generator: the `CausalLMGenerator` of `build_language_model` (with
+            a `window`).
+        prompt: a string (a newline is put before it, as in `complete`).
+        sampler: a `keras_hub` sampler or its name that draws each token
+            from the logits (greedy, top-k, top-p).
+        max_length: prompt + completion characters.
+        vocabulary_size: the model's vocabulary size.
+        sink_tokens: the first positions kept visible beside the window.
+        piece: characters per piece.
+
+    Yields:
+        strings, the completion piece by piece (newlines included: the
+        text does not stop at the end of a line).
+    """
+    codes = [min(ord(c), vocabulary_size - 1) for c in "\n" + prompt]
+    pieces = generator.generate(
+        np.array(codes, "int32"),
+        max_length=max(max_length, len(codes)),
+        sampler=sampler,
+        sink_tokens=sink_tokens,
+        stream=piece,
+    )
+    skip = len(codes)
+    for tokens in pieces:
+        yield "".join(map(chr, tokens[skip:]))
+        skip = 0
+
+
 class StepTimer(keras.callbacks.Callback):
     """Wall-clock time of each training step (to compare backends)."""
 

@@ -410,6 +410,55 @@ def test_exported_model_answers_like_the_python_model(quick_run):
     assert expected["greedy"][:3] == quick_run["completions"]["greedy"]
 
 
+def test_generate_only_streams_text_from_the_trained_weights(quick_run, capsys):
+    # Issue 26: no training, the weights of the quick run, a text longer
+    # than anything the cache holds (window 32 in --quick), streamed.
+    from examples.language_model import __main__ as language_model
+
+    run_dir = os.path.dirname(quick_run["export_path"])
+    data_dir = os.path.join(os.path.dirname(run_dir), "tfds")
+    prompt = "And the LORD said unto Moses,"
+    with example_output.captured() as output:
+        result = language_model.main(
+            [
+                "--backend",
+                "tensorflow",
+                "--quick",
+                "--generate-only",
+                "--max-length",
+                "400",
+                "--prompt",
+                prompt,
+                "--output-dir",
+                run_dir,
+                "--data-dir",
+                data_dir,
+            ]
+        )
+    printed = capsys.readouterr().out
+    assert result["characters"] == 400 - len(prompt) - 1
+    assert printed.startswith(prompt + result["head"][:50])
+    assert printed.endswith(result["tail"] + "\n")
+    assert "characters/s, peak memory" in output.log
+    assert result["peak_memory_mib"] > 0
+
+
+def test_generate_only_without_weights_says_what_to_do(tmp_path):
+    from examples.language_model import __main__ as language_model
+
+    with pytest.raises(SystemExit, match="Train first"):
+        language_model.main(
+            [
+                "--backend",
+                "tensorflow",
+                "--quick",
+                "--generate-only",
+                "--output-dir",
+                str(tmp_path / "nothing"),
+            ]
+        )
+
+
 def test_quick_run_writes_the_attention_explorer(quick_run):
     path = quick_run["explorer"]
     assert os.path.basename(path) == "attention.html"

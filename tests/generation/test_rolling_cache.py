@@ -142,7 +142,10 @@ def test_sinks_equal_uncached_mask_window_or_first_keys(sinks):
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
-@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize(
+    "jit_compile",
+    [False, pytest.param(True, marks=pytest.mark.tf_only("XLA on TensorFlow"))],
+)
 def test_greedy_equals_uncached_windowed_model(jit_compile):
     keras.utils.set_random_seed(2)
     model, lm = build_lm(jit_compile=jit_compile)
@@ -183,7 +186,7 @@ def test_beam_search_reorders_the_rolling_cache_with_the_beams():
     np.testing.assert_array_equal(to_numpy(rolled), to_numpy(expected))
 
 
-@pytest.mark.parametrize("sampler", ["top_k", "top_p", "random"])
+@pytest.mark.parametrize("sampler", ["top_k", "top_p"])
 def test_random_samplers_run_on_the_rolling_cache(sampler):
     _, lm = build_lm()
     tokens, mask = lm.generate(np.array([[3, 4, 5]]), 24, sampler=sampler)
@@ -215,7 +218,7 @@ def test_stream_pads_after_stop_tokens_and_ends():
     expected, _ = lm.generate(prompt, 40, stop_token_ids=(stop,))
     expected = to_numpy(expected)
     streamed = np.concatenate(
-        list(lm.generate(prompt, 40, stop_token_ids=(stop,), stream=4)), 1
+        list(lm.generate(prompt, 40, stop_token_ids=(stop,), stream=12)), 1
     )
     n = streamed.shape[1]
     np.testing.assert_array_equal(streamed, expected[:, :n])
