@@ -417,14 +417,16 @@ class Generator:
         return next
 
     def _rolling_prefill(self, token_ids, padding_mask, sink_tokens):
-        """Writes the prompts' first positions into an empty rolling cache,
-        in chunks of static length (the slots of the ring, at least 32):
-        every whole chunk before the shortest prompt's last token.
+        """Writes the shortest prompt's positions into an empty rolling
+        cache: in chunks of static length (the slots of the ring, at least
+        32), then the rest one position at a time.
 
         Returns `(hidden, cache, index)`: the last block's outputs
-        `(batch, max_length, d)` at the positions written (zeros after),
-        the cache, and the position after the last one written, plus one
-        (where the sampler starts: it reads the token at `index - 1`).
+        `(batch, max_length, d)` at the positions written (zeros after;
+        the contrastive sampler compares with them), the cache, and the
+        shortest prompt's length (where the samplers start: they run the
+        token at `index - 1` again, which rewrites its slot with the same
+        keys and sees the same ones).
         """
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
         size = self._rolling_size(sink_tokens)
@@ -451,7 +453,24 @@ class Generator:
         _, hidden, cache = ops.while_loop(
             cond, body, (ops.convert_to_tensor(0, "int32"), hidden, cache)
         )
-        return hidden, cache, chunks * chunk + 1
+
+        def step_cond(position, hidden, cache):
+            return position < shortest
+
+        def step_body(position, hidden, cache):
+            token = ops.slice(token_ids, (0, position), (batch, 1))
+            _, h, cache = self.call_with_rolling_cache(
+                token, cache, position, sink_tokens
+            )
+            hidden = ops.slice_update(
+                hidden, (0, position, 0), ops.cast(h, dtype)
+            )
+            return position + 1, hidden, cache
+
+        _, hidden, cache = ops.while_loop(
+            step_cond, step_body, (chunks * chunk, hidden, cache)
+        )
+        return hidden, cache, shortest
 
     def _cache_plan(self, sink_tokens):
         """Which cache `generate` keeps: an int (the sinks of a rolling

@@ -100,17 +100,18 @@ def rolling_logits(lm, ids, chunk, sinks=0):
     return np.concatenate(steps, axis=1)
 
 
-def full_recompute_greedy(model, prompt, max_length):
-    """Independent greedy decoding: the whole prefix through the uncached
-    model at every step."""
-    out = []
-    for row in prompt:
-        seq = [int(t) for t in row if t != 0]
-        while len(seq) < max_length:
-            logits = to_numpy(model(np.array([seq], "int32")))[0, -1]
-            seq.append(int(np.argmax(logits)))
-        out.append(seq)
-    return np.array(out)
+def assert_greedy(model, prompt, tokens):
+    """`tokens` hold the prompts, then at every later position the argmax
+    of the uncached model's logits of the prefix: one causal pass over
+    `tokens` gives the logits of every prefix at once."""
+    tokens = to_numpy(tokens)
+    logits = to_numpy(model(tokens))
+    for row, ids in enumerate(prompt):
+        length = int(np.sum(ids != 0))
+        np.testing.assert_array_equal(tokens[row, :length], ids[:length])
+        np.testing.assert_array_equal(
+            tokens[row, length:], logits[row, length - 1 : -1].argmax(-1)
+        )
 
 
 def test_cache_holds_the_window_only():
@@ -155,9 +156,7 @@ def test_greedy_equals_uncached_windowed_model(jit_compile):
     prompt[1, :35] = random_tokens(35, seed=5)
     prompt[2, :3] = [3, 4, 5]
     tokens, mask = lm.generate(prompt, max_length=52, sampler="greedy")
-    np.testing.assert_array_equal(
-        to_numpy(tokens), full_recompute_greedy(model, prompt, 52)
-    )
+    assert_greedy(model, prompt, tokens)
     assert np.all(to_numpy(mask))
 
 
@@ -168,21 +167,26 @@ def test_greedy_with_sinks_equals_uncached_reference():
     prompt = np.array(
         [[3, 4, 5, 6, 7, 8, 9, 1, 2], [8, 9, 0, 0, 0, 0, 0, 0, 0]]
     )
-    tokens, _ = lm.generate(prompt, max_length=30, sink_tokens=sinks)
-    np.testing.assert_array_equal(
-        to_numpy(tokens), full_recompute_greedy(reference, prompt, 30)
-    )
+    tokens, _ = lm.generate(prompt, max_length=40, sink_tokens=sinks)
+    assert_greedy(reference, prompt, tokens)
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
-def test_beam_search_reorders_the_rolling_cache_with_the_beams():
+@pytest.mark.parametrize("sampler", ["beam", "contrastive"])
+def test_beam_and_contrastive_search_equal_the_full_cache(sampler):
+    # Both reorder the cache along the batch (beams, candidates);
+    # contrastive search also compares with the prompt's hidden states.
     # The reference has full attention under the window mask: the
     # generator keeps a full cache for it.
     _, lm, _, full = twin_models(sinks=0)
     prompt = np.array([[3, 4, 5, 6], [8, 9, 0, 0]])
-    beam = keras_hub.samplers.BeamSampler(num_beams=3)
-    rolled, _ = lm.generate(prompt, max_length=20, sampler=beam)
-    expected, _ = full.generate(prompt, max_length=20, sampler=beam)
+    sampler = (
+        keras_hub.samplers.BeamSampler(num_beams=3)
+        if sampler == "beam"
+        else keras_hub.samplers.ContrastiveSampler(k=3)
+    )
+    rolled, _ = lm.generate(prompt, max_length=20, sampler=sampler)
+    expected, _ = full.generate(prompt, max_length=20, sampler=sampler)
     np.testing.assert_array_equal(to_numpy(rolled), to_numpy(expected))
 
 
