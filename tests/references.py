@@ -1,6 +1,8 @@
 """Small NumPy references of the attention formulas, independent of the
 package's code, for numerical tests."""
 
+import math
+
 import numpy as np
 
 
@@ -215,3 +217,25 @@ def decoder_block(block, x, context, self_mask, cross_mask):
         block.feed_forward_norm,
         block.norm_first,
     )
+
+
+def t5_bucket(relative, bidirectional, num_buckets, max_distance):
+    """T5's `_relative_position_bucket` (Mesh TensorFlow / HF), NumPy."""
+    ret = np.zeros_like(relative)
+    n = -relative
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(relative.dtype) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        large = max_exact + (
+            np.log(n / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).astype(relative.dtype)
+    large = np.minimum(large, num_buckets - 1)
+    return ret + np.where(is_small, n, large)

@@ -7,11 +7,10 @@ paths (tile sizes varied, none pinned), in layers through the harness
 (config, `.keras`, SavedModel in a fresh process, fit, mixed precision).
 """
 
-import math
-
 import keras
 import numpy as np
 import pytest
+import references
 from harness import run_layer_test
 from keras import ops
 
@@ -103,28 +102,6 @@ def test_alibi_refuses_another_head_count():
 # T5 relative position bias ------------------------------------------------
 
 
-def np_t5_bucket(relative, bidirectional, num_buckets, max_distance):
-    """T5's `_relative_position_bucket` (Mesh TensorFlow / HF), NumPy."""
-    ret = np.zeros_like(relative)
-    n = -relative
-    if bidirectional:
-        num_buckets //= 2
-        ret += (n < 0).astype(relative.dtype) * num_buckets
-        n = np.abs(n)
-    else:
-        n = np.maximum(n, 0)
-    max_exact = num_buckets // 2
-    is_small = n < max_exact
-    with np.errstate(divide="ignore", invalid="ignore"):
-        large = max_exact + (
-            np.log(n / max_exact)
-            / math.log(max_distance / max_exact)
-            * (num_buckets - max_exact)
-        ).astype(relative.dtype)
-    large = np.minimum(large, num_buckets - 1)
-    return ret + np.where(is_small, n, large)
-
-
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("buckets,distance", [(32, 128), (8, 20), (6, 9)])
 def test_t5_buckets_equal_t5s_function(bidirectional, buckets, distance):
@@ -134,7 +111,7 @@ def test_t5_buckets_equal_t5s_function(bidirectional, buckets, distance):
             relative, bidirectional, buckets, distance
         )
     )
-    want = np_t5_bucket(relative, bidirectional, buckets, distance)
+    want = references.t5_bucket(relative, bidirectional, buckets, distance)
     np.testing.assert_array_equal(got, want)
 
 
@@ -153,7 +130,7 @@ def _t5(bidirectional=False):
 def test_t5_bias_matches_numpy(path, options):
     bias = _t5()
     table = np_(bias.embeddings)
-    bucket = np_t5_bucket((KJ - QI).astype("int32"), False, 8, 16)
+    bucket = references.t5_bucket((KJ - QI).astype("int32"), False, 8, 16)
     want = np_attention(np.transpose(table[bucket], (2, 0, 1)), CAUSAL)
     np.testing.assert_allclose(
         np_(attend(bias, path, options)), want, atol=2e-5

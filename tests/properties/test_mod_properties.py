@@ -5,7 +5,9 @@ a cache offset), heads and key/value heads, a mask object of
 `keras_attention.mods` (causal, both window rules, chunked causal,
 prefix-LM with one or per-example lengths, documents from random segment
 ids, and their `and_masks` / `or_masks`), an optional score function (a
-per-head distance bias, Gemma 2's soft-cap), `causal=`, and the blockwise
+per-head distance bias, Gemma 2's soft-cap) or score object of
+`keras_attention.scores` with drawn arguments (`ALiBi`, `T5RelativeBias`
+with a random table, `SoftCap`), `causal=`, and the blockwise
 path's tuning (tile sizes, whether the backward pass keeps the
 probabilities).
 
@@ -20,12 +22,14 @@ Properties:
 
 import keras
 import numpy as np
+import references
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
 
 from keras_attention import mods
+from keras_attention import scores
 from keras_attention.ops import attention as attention_lib
 
 BACKEND = keras.backend.backend()
@@ -107,7 +111,27 @@ def problems(draw):
     rule = np.broadcast_to(rule, (batch, tq, tk))
     if causal:
         rule = rule & (k_pos <= q_pos)
-    score = draw(st.sampled_from([None, "distance", "softcap"]))
+    score = draw(
+        st.sampled_from([None, "distance", "softcap", "alibi", "t5", "cap"])
+    )
+    score_args = {}
+    if score == "alibi":
+        score_args = dict(
+            bidirectional=draw(st.booleans()),
+            alibi_bias_max=draw(st.integers(1, 8)),
+        )
+    elif score == "t5":
+        bidirectional = draw(st.booleans())
+        buckets = draw(st.integers(4 if bidirectional else 2, 12))
+        exact = buckets // (4 if bidirectional else 2)
+        score_args = dict(
+            bidirectional=bidirectional,
+            num_buckets=buckets,
+            max_distance=draw(st.integers(exact + 1, 30)),
+            table=rng.normal(size=(buckets, heads)).astype("float32"),
+        )
+    elif score == "cap":
+        score_args = dict(cap=draw(st.floats(0.25, 20.0)))
     tiles = (draw(st.integers(1, 12)), draw(st.integers(1, 12)))
     keep = draw(st.booleans())
     q = rng.normal(size=(batch, tq, heads, D)).astype("float32")
@@ -122,6 +146,7 @@ def problems(draw):
         causal=causal,
         offset=offset,
         score=score,
+        score_args=score_args,
         tiles=tiles,
         keep=keep,
     )
@@ -142,6 +167,22 @@ def softcap(score, batch, head, q_idx, kv_idx):
 SCORES = {None: None, "distance": distance_bias, "softcap": softcap}
 
 
+def score_object(p, heads):
+    """The score function or object of problem `p` (a new object)."""
+    args = dict(p["score_args"])
+    if p["score"] == "alibi":
+        return scores.ALiBi(num_heads=heads, **args)
+    if p["score"] == "t5":
+        table = args.pop("table")
+        bias = scores.T5RelativeBias(**args)
+        bias.build(heads)
+        bias.weights[0].assign(table)
+        return bias
+    if p["score"] == "cap":
+        return scores.SoftCap(**args)
+    return SCORES[p["score"]]
+
+
 def np_reference(p):
     q, k, v = p["q"], p["k"], p["v"]
     r = q.shape[2] // k.shape[2]
@@ -154,6 +195,29 @@ def np_reference(p):
         s = s - SLOPES[:heads, None, None] * np.abs(q_pos - k_pos)
     elif p["score"] == "softcap":
         s = 2.0 * np.tanh(s / 2.0)
+    elif p["score"] == "alibi":  # the paper's slopes, 2^(-8 i / n) for 2^k
+        args = p["score_args"]
+        slopes = np.asarray(scores.alibi_slopes(heads, args["alibi_bias_max"]))
+        if (heads & (heads - 1)) == 0:
+            n = np.arange(1, heads + 1)
+            want = 2.0 ** (-args["alibi_bias_max"] * n / heads)
+            np.testing.assert_allclose(slopes, want, rtol=1e-12)
+        distance = q_pos - k_pos
+        if args["bidirectional"]:
+            distance = np.abs(distance)
+        s = s - slopes[:, None, None] * distance
+    elif p["score"] == "t5":  # T5's bucket function, ported to NumPy
+        args = p["score_args"]
+        bucket = references.t5_bucket(
+            k_pos - q_pos,
+            args["bidirectional"],
+            args["num_buckets"],
+            args["max_distance"],
+        )
+        s = s + np.moveaxis(args["table"][bucket], -1, 0)
+    elif p["score"] == "cap":
+        cap = p["score_args"]["cap"]
+        s = cap * np.tanh(s / cap)
     mask = np.broadcast_to(p["rule"], s.shape)
     s = np.where(mask, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True)
@@ -177,7 +241,7 @@ def attend(p, path, q=None, k=None, v=None):
             p["v"] if v is None else v,
             causal=p["causal"],
             query_offset=p["offset"],
-            score_mod=SCORES[p["score"]],
+            score_mod=score_object(p, p["q"].shape[2]),
             mask_mod=p["mod"],
         )
 
