@@ -21,6 +21,7 @@ import contextlib
 import keras
 
 from keras_attention.ops.scoring import check_mod  # noqa: F401
+from keras_attention.utils import keras_utils
 
 try:  # Keras >= 3.0: the scope layers use for mixed precision.
     from keras.src.backend.common.variables import AutocastScope
@@ -281,7 +282,15 @@ def serialize(obj, argument, owner=None):
     if obj is None:
         return None
     _check_serializable(obj, argument, owner)
-    return keras.saving.serialize_keras_object(obj)
+    config = keras.saving.serialize_keras_object(obj)
+    if (
+        isinstance(obj, keras.layers.Layer)
+        and keras_utils.saving_shared_objects()
+    ):
+        # Keras copies nested configs, so its own marking of a second
+        # holder does not reach the first one's copy: mark every holder.
+        config["shared_object_id"] = id(obj)
+    return config
 
 
 def deserialize(config):

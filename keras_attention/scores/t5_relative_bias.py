@@ -75,10 +75,10 @@ class T5RelativeBias(ScoreLayer):
     small distances, log-spaced up to `max_distance`). A layer: the
     attention layer holding it builds, trains and saves the table; its
     gradient reaches the table on every path (dense, blockwise, banded).
-    T5 shares one table across the blocks of a stack; here each attention
-    layer holds its own table (one `T5RelativeBias` object given to
-    several layers trains as one weight, but a saved model holding it
-    twice does not reload yet: give each layer its own).
+    T5 shares one table across the blocks of a stack: give the same
+    object to every block (`score_mod=bias`) and it is one weight, trained
+    by all of them, saved once and loaded as one object (`.keras`); or
+    give each layer its own.
 
     Args:
         num_buckets: int >= 4 (>= 2 when causal), T5's 32.

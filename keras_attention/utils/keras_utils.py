@@ -16,6 +16,12 @@ except ImportError:  # pragma: no cover
         return getattr(x, "_keras_mask", None)
 
 
+try:  # Keras's saving: `.keras` files save and load inside this scope
+    from keras.src.backend.common import global_state as _global_state
+except ImportError:  # pragma: no cover
+    _global_state = None
+
+
 def keras_mask(x):
     """The Keras mask attached to `x` (eager, traced or symbolic), or None.
 
@@ -87,3 +93,17 @@ def slice_axis(x, axis, start, stop):
     begin = [0] * len(size)
     begin[axis] = start
     return ops.slice(x, begin, size)
+
+
+def saving_shared_objects():
+    """Whether Keras is saving a model with object sharing (`model.save`
+    to `.keras` and `load_model`): there, an object that several layers
+    hold (one `T5RelativeBias` for every block) must carry its
+    `shared_object_id` in every config that holds it, so that it loads
+    as one object with one set of weights."""
+    if _global_state is None:  # pragma: no cover
+        return False
+    return (
+        _global_state.get_global_attribute("shared_objects/id_to_config_map")
+        is not None
+    )

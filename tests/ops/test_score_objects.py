@@ -243,3 +243,39 @@ def test_layers_holding_score_objects_pass_the_harness(name):
         run_fit=True,
         run_saved_model=name != "softcap",
     )
+
+
+def test_one_t5_table_shared_by_every_block_trains_saves_and_loads(tmp_path):
+    # T5 shares one bias table across a stack's blocks: one object given
+    # to every block is one weight, reaches the gradient through each
+    # block, is saved once and loads as one object with the same outputs.
+    from keras_attention.blocks import TransformerEncoderBlock
+
+    bias = scores.T5RelativeBias(num_buckets=8, max_distance=16)
+    inputs = keras.Input((6, 16))
+    x = inputs
+    blocks = [
+        TransformerEncoderBlock(2, 32, score_mod=bias, name=f"block_{i}")
+        for i in range(3)
+    ]
+    for block in blocks:
+        x = block(x)
+    model = keras.Model(inputs, x)
+    tables = [w for w in model.weights if "t5_relative_bias" in w.path]
+    assert len(tables) == 1 and tuple(tables[0].shape) == (8, 2)
+    data = RNG.normal(size=(2, 6, 16)).astype("float32")
+    expected = np_(model(data))
+    path = str(tmp_path / "shared.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    held = [layer.score_mod for layer in loaded.layers[1:]]
+    assert all(h is held[0] for h in held)
+    np.testing.assert_allclose(np_(loaded(data)), expected, atol=1e-6)
+    # Each block adds the same table: zeroing it changes every block.
+    assert len([w for w in loaded.weights if "t5_relative_bias" in w.path]) == 1
+    model.compile("sgd", "mse")
+    before = np.array(np_(tables[0]), copy=True)  # torch: shared memory
+    # (Not zeros: a post-norm block's |y|^2 is constant at init.)
+    targets = RNG.normal(size=data.shape).astype("float32")
+    model.fit(data, targets, epochs=1, verbose=0)
+    assert np.abs(np_(tables[0]) - before).max() > 0
