@@ -1,38 +1,48 @@
-"""The three pretraining objectives on one transformer encoder.
+"""Pretraining that pays off when labels are scarce: the three
+pretraining objectives on one transformer encoder, and fine-tuning curves
+over the number of labelled examples.
 
 Pretrains the same backbone (`TransformerEncoderBlock`s over a
-`TokenAndPositionEmbedding`) on unlabelled text with masked language
-modelling (`mlm`, BERT: 15 % of the tokens masked by keras_hub's
-`MaskedLMMaskGenerator`, bidirectional attention), causal language modelling
-(`clm`, GPT: causal attention) or prefix language modelling (`prefix_lm`:
-the mask object `mods.PrefixLMMask`, bidirectional over a random prefix,
-causal after it), then fine-tunes it on the `classify` task (WordNet noun
-definition -> one of 25 supersenses) with a small labelled budget, and
-compares its test accuracy with the same model trained from scratch with the
-same budget. `--objective all` (the default) runs the three and the scratch
-baseline and prints one Markdown table. Each pretrained model's attention on
-a few sentences goes to an interactive explorer,
-`runs/pretrain/attention.html` (one file, the objectives side by side).
+`TokenAndPositionEmbedding`) on all the unlabelled text the repository
+ships (`--corpus all`: the WordNet definitions' training split without
+labels and the King James Bible's) with masked language modelling (`mlm`,
+BERT: 15 % of the tokens masked by keras_hub's `MaskedLMMaskGenerator`,
+bidirectional attention), causal language modelling (`clm`, GPT: causal
+attention) or prefix language modelling (`prefix_lm`: the mask object
+`mods.PrefixLMMask`, bidirectional over a random prefix, causal after it),
+saves each pretrained model once under `--pretrained-dir` (reused by
+later runs) with its loss curve, then fine-tunes each backbone, and the
+same model from scratch, on the `classify` task (WordNet noun definition
+-> one of 25 supersenses) with 100, 300, 1,000 ... labelled definitions,
+three seeds each, with one recipe for all (`finetune.py`: warm-up, the
+backbone at a quarter of the head's learning rate, early stopping on the
+validation split). It writes the table of test accuracies (mean +- sd
+over the seeds), the curve `finetune_curve.png`, the pretraining loss
+curves `pretrain_loss.png` and the attention explorer `attention.html`
+(the three pretrained models side by side) to `--output-dir`.
 
-    python -m examples.pretrain                   # minutes on 2 CPU cores
-    python -m examples.pretrain --objective mlm   # one objective + scratch
-    python -m examples.pretrain --corpus kjv_bible --pretrain-steps 3000
+    python -m examples.pretrain                  # ~15 min on 2 CPU cores
+    python -m examples.pretrain --full           # the whole grid (hours)
+    python -m examples.pretrain --pretrain-only  # save the backbones only
+    python -m examples.pretrain --finetune-only  # reuse the saved ones
     python -m examples.pretrain --objective clm --pack   # packed rows
 
 `--pack` trains `mlm` and `clm` on packed rows (the sequences one after
 the other, no padding; each attends only to itself through the blocks'
-`segment_ids=`, positions restart per sequence); the table's `tokens/s`
-column (real tokens per second of pretraining, after the first quarter)
-and `padding` column compare it with the default padded batches.
+`segment_ids=`, positions restart per sequence); the pretraining table's
+`tokens/s` column (real tokens per second of pretraining, after the first
+interval) and `padding` column compare it with the default padded batches.
 """
 
 import argparse
+import json
 import logging
 import os
 import time
 
+import numpy as np
+
 from examples.common import HelpFormatter
-from examples.common.distributed import evaluate
 from examples.common.training import setup_logging
 
 logger = logging.getLogger("examples")
@@ -42,6 +52,35 @@ EXPLORER_TEXTS = (
     "a person who writes poems",
     "a device that measures the temperature of a room",
 )
+SCRATCH = "scratch"
+DEFAULT_COUNTS = "100,300,1000"
+FULL_COUNTS = "100,300,1000,3000,all"
+# What the saved backbones depend on: a run with other values pretrains
+# again (and overwrites them).
+PRETRAIN_CONFIG = (
+    "corpus",
+    "vocabulary_size",
+    "max_length",
+    "hidden_dim",
+    "num_layers",
+    "num_heads",
+    "dropout",
+    "pretrain_steps",
+    "pretrain_learning_rate",
+    "batch_size",
+    "pack",
+    "seed",
+    "quick",
+)
+
+
+def parse_counts(text):
+    """`"100,300,all"` -> `[100, 300, None]` (None: every example)."""
+    counts = []
+    for part in text.split(","):
+        part = part.strip()
+        counts.append(None if part == "all" else int(part))
+    return counts
 
 
 def parse_args(argv=None):
@@ -52,20 +91,20 @@ def parse_args(argv=None):
         prog="python -m examples.pretrain",
         description=__doc__.split("\n\n")[0],
         formatter_class=HelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
+        epilog=__doc__.split("\n\n", 2)[2],
     )
     parser.add_argument(
         "--objective",
         choices=[*OBJECTIVES, "all"],
         default="all",
-        help="pretraining objective; all: the three, then one table",
+        help="pretraining objective; all: the three (and scratch always)",
     )
     data = parser.add_argument_group("data")
     data.add_argument(
         "--corpus",
         choices=CORPORA,
         default=CORPORA[0],
-        help="pretraining text: the training split's texts (no labels)",
+        help="pretraining text: the training splits' texts (no labels)",
     )
     data.add_argument("--data-dir", default=None, help="TFDS data directory")
     data.add_argument("--vocabulary-size", type=int, default=4000)
@@ -77,38 +116,87 @@ def parse_args(argv=None):
     model.add_argument("--num-layers", type=int, default=2)
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.1)
-    train = parser.add_argument_group("training")
-    train.add_argument("--pretrain-steps", type=int, default=700)
+    train = parser.add_argument_group("pretraining")
+    train.add_argument("--pretrain-steps", type=int, default=None)
     train.add_argument("--pretrain-learning-rate", type=float, default=2e-3)
-    train.add_argument(
-        "--finetune-examples",
-        type=int,
-        default=2000,
-        help="labelled definitions fine-tuning sees",
-    )
-    train.add_argument("--finetune-steps", type=int, default=200)
-    train.add_argument("--finetune-learning-rate", type=float, default=1e-3)
     train.add_argument("--batch-size", type=int, default=64)
     train.add_argument(
         "--pack",
         action="store_true",
         help="pretrain mlm and clm on packed rows (no padding)",
     )
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--pretrained-dir",
+        default=None,
+        help="where the pretrained models are saved and reused "
+        "(default: <output-dir>/pretrained)",
+    )
+    tune = parser.add_argument_group("fine-tuning (one recipe for all)")
+    tune.add_argument(
+        "--label-counts",
+        default=None,
+        help="labelled training definitions, comma-separated, `all`: the "
+        f"whole split (default {DEFAULT_COUNTS}; --full {FULL_COUNTS})",
+    )
+    tune.add_argument("--seeds", type=int, default=3)
+    tune.add_argument("--finetune-learning-rate", type=float, default=2e-3)
+    tune.add_argument(
+        "--backbone-multiplier",
+        type=float,
+        default=0.25,
+        help="the backbone's learning rate over the head's",
+    )
+    tune.add_argument("--warmup-steps", type=int, default=30)
+    tune.add_argument("--max-epochs", type=int, default=15)
+    tune.add_argument("--patience", type=int, default=4)
+    tune.add_argument(
+        "--validation-examples",
+        type=int,
+        default=2000,
+        help="validation definitions early stopping reads",
+    )
+    mode = parser.add_argument_group("what to run")
+    mode.add_argument(
+        "--pretrain-only", action="store_true", help="pretrain and save"
+    )
+    mode.add_argument(
+        "--finetune-only",
+        action="store_true",
+        help="fine-tune the saved pretrained models (no pretraining)",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the whole grid: {FULL_COUNTS} labels, 6000 pretraining steps",
+    )
     parser.add_argument("--output-dir", default="runs/pretrain")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick",
         action="store_true",
         help="tiny data subset and model, a few steps (smoke test)",
     )
     args = parser.parse_args(argv)
+    if args.pretrain_only and args.finetune_only:
+        parser.error("--pretrain-only and --finetune-only exclude each other")
+    if args.pretrain_steps is None:
+        args.pretrain_steps = 6000 if args.full else 600
+    if args.label_counts is None:
+        args.label_counts = FULL_COUNTS if args.full else DEFAULT_COUNTS
+        if args.quick:
+            args.label_counts = "20,40"
+    args.label_counts = parse_counts(args.label_counts)
     if args.quick:
         args.vocabulary_size = min(args.vocabulary_size, 600)
         args.hidden_dim, args.num_layers, args.num_heads = 16, 1, 2
-        args.pretrain_steps = min(args.pretrain_steps, 6)
-        args.finetune_steps = min(args.finetune_steps, 4)
-        args.finetune_examples = min(args.finetune_examples, 200)
+        args.pretrain_steps = min(args.pretrain_steps, 8)
         args.batch_size = min(args.batch_size, 16)
+        args.seeds = 1
+        args.max_epochs = min(args.max_epochs, 2)
+        args.warmup_steps = min(args.warmup_steps, 2)
+        args.validation_examples = min(args.validation_examples, 100)
+    if args.pretrained_dir is None:
+        args.pretrained_dir = os.path.join(args.output_dir, "pretrained")
     return args
 
 
@@ -123,7 +211,8 @@ class CpuClock:
 
 
 class EpochTimer:
-    """Wall seconds of each `fit` epoch (a Keras callback's hooks)."""
+    """Wall seconds of the training part of each `fit` epoch (before the
+    validation pass, when there is one)."""
 
     def __init__(self):
         import keras
@@ -132,21 +221,47 @@ class EpochTimer:
             def on_epoch_begin(inner, epoch, logs=None):
                 inner.start = time.perf_counter()
 
+            def on_test_begin(inner, logs=None):
+                if getattr(inner, "start", None) is not None:
+                    self.seconds.append(time.perf_counter() - inner.start)
+                    inner.start = None
+
             def on_epoch_end(inner, epoch, logs=None):
-                self.seconds.append(time.perf_counter() - inner.start)
+                if inner.start is not None:
+                    self.seconds.append(time.perf_counter() - inner.start)
+                    inner.start = None
 
         self.seconds = []
         self.callback = Callback()
 
 
+def new_backbone(args, vocabulary_size, seed):
+    """A freshly initialised backbone (the weights depend on `seed`)."""
+    import keras
+
+    from examples.pretrain.model import Backbone
+
+    keras.utils.set_random_seed(seed)
+    return Backbone(
+        vocabulary_size,
+        args.max_length,
+        hidden_dim=args.hidden_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        dropout=args.dropout,
+    )
+
+
 def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
-    """Trains `backbone` with `objective`; returns `(model, val_loss,
-    throughput)`: the per-token cross-entropy (nats) on validation text,
-    and `{"tokens_per_second", "padding"}` of the training batches (real
-    input tokens per wall second after the first of four epochs, which
+    """Trains `backbone` with `objective`; returns `(model, curve,
+    throughput)`: `curve` the training and validation per-token
+    cross-entropy (nats) at `steps` (ten points), `throughput`
+    `{"tokens_per_second", "padding", "packed"}` of the training batches
+    (real input tokens per wall second after the first interval, which
     compiles; the padding fraction of the batches)."""
     import keras
 
+    from examples.common.distributed import with_known_size
     from examples.pretrain import data
     from examples.pretrain.model import PACKABLE
     from examples.pretrain.model import build_pretraining_model
@@ -168,7 +283,14 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     model = build_pretraining_model(backbone, objective, packed=packed)
     model.compile(
         optimizer=keras.optimizers.AdamW(
-            args.pretrain_learning_rate, weight_decay=1e-4
+            keras.optimizers.schedules.CosineDecay(
+                0.0,
+                decay_steps=args.pretrain_steps,
+                alpha=0.1,
+                warmup_target=args.pretrain_learning_rate,
+                warmup_steps=max(1, args.pretrain_steps // 20),
+            ),
+            weight_decay=1e-4,
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[
@@ -178,18 +300,24 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
             keras.metrics.SparseCategoricalAccuracy(name="token_accuracy"),
         ],
     )
-    chunks = min(4, args.pretrain_steps)
+    chunks = min(10, args.pretrain_steps)
     steps = args.pretrain_steps // chunks
     timer = EpochTimer()
-    model.fit(
+    history = model.fit(
         batches(train_ids, True).repeat(),
         epochs=chunks,
         steps_per_epoch=steps,
+        # A known size: Keras warns "Your input ran out of data" otherwise.
+        validation_data=with_known_size(batches(val_ids, False)),
         verbose=2,
         shuffle=False,  # the pipeline shuffles (Keras would warn)
         callbacks=[timer.callback],
     )
-    metrics = evaluate(model, batches(val_ids, False))
+    curve = {
+        "steps": [steps * (i + 1) for i in range(chunks)],
+        "train_loss": [float(x) for x in history.history["token_loss"]],
+        "val_loss": [float(x) for x in history.history["val_token_loss"]],
+    }
     sample = max(1, min(50, args.pretrain_steps))
     real, total = data.real_tokens(batches(train_ids, True).repeat(), sample)
     timed = timer.seconds[1:] or timer.seconds
@@ -198,39 +326,362 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         "padding": 1.0 - real / total,
         "packed": packed,
     }
-    return model, float(metrics["token_loss"]), throughput
+    return model, curve, throughput
 
 
-def finetune(backbone, num_classes, train, test, args):
-    """Fine-tunes a classifier on `backbone`; returns its test accuracy."""
-    import keras
+class PretrainedStore:
+    """The pretrained models under `--pretrained-dir`: `config.json` (the
+    arguments they depend on), `vocabulary.txt`, and per objective
+    `<objective>.weights.h5` (the whole pretraining model) and
+    `<objective>.json` (its loss curve, throughput, CPU seconds)."""
 
+    def __init__(self, directory):
+        self.directory = directory
+
+    def path(self, name):
+        return os.path.join(self.directory, name)
+
+    def config(self):
+        try:
+            with open(self.path("config.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def start(self, config, tokenizer):
+        """A new store for `config`: old pretrained models are removed."""
+        os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):
+            if name.endswith((".weights.h5", ".json", ".txt")):
+                os.remove(self.path(name))
+        with open(self.path("vocabulary.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(tokenizer.get_vocabulary()) + "\n")
+        with open(self.path("config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+
+    def tokenizer(self):
+        from examples.pretrain import data
+
+        with open(self.path("vocabulary.txt"), encoding="utf-8") as f:
+            return data.tokenizer_of(f.read().splitlines())
+
+    def has(self, objective):
+        return os.path.exists(self.path(f"{objective}.weights.h5"))
+
+    def save(self, objective, model, record):
+        model.save_weights(self.path(f"{objective}.weights.h5"))
+        with open(self.path(f"{objective}.json"), "w") as f:
+            json.dump(record, f, indent=1)
+
+    def record(self, objective):
+        with open(self.path(f"{objective}.json")) as f:
+            return json.load(f)
+
+    def load(self, objective, backbone, packed):
+        """The pretraining model of `objective` on `backbone`, with the
+        saved weights (the backbone's layers hold them)."""
+        from examples.pretrain.model import build_pretraining_model
+
+        model = build_pretraining_model(backbone, objective, packed=packed)
+        model.load_weights(self.path(f"{objective}.weights.h5"))
+        return model
+
+
+def pretrained_models(args, objectives, clock):
+    """Pretrains (or reuses) each objective's model; returns
+    `(tokenizer, models, records)`."""
     from examples.pretrain import data
+    from examples.pretrain.model import PACKABLE
+
+    store = PretrainedStore(args.pretrained_dir)
+    config = {key: getattr(args, key) for key in PRETRAIN_CONFIG}
+    saved = store.config()
+    if args.finetune_only:
+        if saved is None:
+            raise SystemExit(
+                f"--finetune-only: no pretrained models in "
+                f"{args.pretrained_dir}; run with --pretrain-only first"
+            )
+        for key, value in saved.items():  # the saved models' shape wins
+            setattr(args, key, value)
+        tokenizer = store.tokenizer()
+        missing = [o for o in objectives if not store.has(o)]
+        if missing:
+            raise SystemExit(
+                f"--finetune-only: {args.pretrained_dir} has no {missing}"
+            )
+    elif saved == config:
+        tokenizer = store.tokenizer()
+        logger.info("reusing the pretrained models in %s", args.pretrained_dir)
+    else:
+        train_texts, _ = data.corpus_texts(
+            args.corpus, args.data_dir, tiny=args.quick
+        )
+        tokenizer = data.make_tokenizer(train_texts, args.vocabulary_size)
+        store.start(config, tokenizer)
+    texts = None
+    models, records = {}, {}
+    for objective in objectives:
+        packed = args.pack and objective in PACKABLE
+        backbone = new_backbone(args, tokenizer.vocabulary_size(), args.seed)
+        if store.has(objective):
+            logger.info("%s: the saved pretrained model", objective)
+            models[objective] = store.load(objective, backbone, packed)
+            records[objective] = store.record(objective)
+            continue
+        if texts is None:
+            train_texts, val_texts = data.corpus_texts(
+                args.corpus, args.data_dir, tiny=args.quick
+            )
+            texts = (
+                data.encode(train_texts, tokenizer, args.max_length),
+                data.encode(val_texts, tokenizer, args.max_length).take(
+                    200 if args.quick else 2000
+                ),
+            )
+        start = clock.seconds()
+        models[objective], curve, throughput = pretrain(
+            backbone, objective, tokenizer, *texts, args
+        )
+        records[objective] = {
+            "curve": curve,
+            "throughput": throughput,
+            "cpu_seconds": clock.seconds() - start,
+            "pretrain_steps": args.pretrain_steps,
+        }
+        store.save(objective, models[objective], records[objective])
+    return tokenizer, models, records
+
+
+def recipe_of(args):
+    from examples.pretrain.finetune import Recipe
+
+    return Recipe(
+        learning_rate=args.finetune_learning_rate,
+        backbone_multiplier=args.backbone_multiplier,
+        warmup_steps=args.warmup_steps,
+        max_epochs=args.max_epochs,
+        patience=args.patience,
+        min_epoch_steps=3 if args.quick else 10,
+    )
+
+
+def finetune_once(args, tokenizer, objective, seed, train, arrays, classes):
+    """One fine-tuning run: a classifier on a fresh backbone (`scratch`:
+    initialised with `seed`; otherwise the saved pretrained weights),
+    trained on `train = (x, y)` with the recipe; returns its result (test
+    accuracy and the early-stopping record)."""
+    from examples.pretrain import finetune
+    from examples.pretrain.model import PACKABLE
     from examples.pretrain.model import build_classifier
 
-    model = build_classifier(backbone, num_classes, args.dropout)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.finetune_learning_rate, weight_decay=1e-4
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+    backbone = new_backbone(args, tokenizer.vocabulary_size(), seed)
+    if objective != SCRATCH:
+        store = PretrainedStore(args.pretrained_dir)
+        store.load(objective, backbone, args.pack and objective in PACKABLE)
+    import keras
+
+    keras.utils.set_random_seed(seed)  # the head's initial weights
+    model = build_classifier(backbone, classes, args.dropout)
+    backbone_variables = [
+        v
+        for v in model.trainable_variables
+        if not v.path.startswith(("pooling/", "logits/"))
+    ]
+    x_val, y_val = arrays["validation"]
+    validation = (
+        x_val[: args.validation_examples],
+        y_val[: args.validation_examples],
     )
-    train_batches = data.classify_batches(
-        train, args.batch_size, args.max_length, True, args.seed
+    record = finetune.fit_classifier(
+        model, backbone_variables, train, validation, recipe_of(args), seed
     )
-    model.fit(
-        train_batches.repeat(),
-        epochs=1,
-        steps_per_epoch=args.finetune_steps,
-        verbose=2,
-        shuffle=False,  # the pipeline shuffles (Keras would warn)
+    x_test, y_test = arrays["test"]
+    metrics = model.evaluate(
+        x_test, y_test, batch_size=256, verbose=0, return_dict=True
     )
-    test_batches = data.classify_batches(
-        test, 256, args.max_length, False, args.seed
+    record["test_accuracy"] = float(metrics["accuracy"])
+    return record
+
+
+def finetune_grid(args, tokenizer, objectives, clock):
+    """Every (seed, label count, model) run; returns the result rows."""
+    from examples.pretrain import data
+    from examples.pretrain.finetune import label_subsets
+
+    arrays, class_names = data.labelled_arrays(
+        tokenizer, args.max_length, args.data_dir, tiny=args.quick
     )
-    metrics = evaluate(model, test_batches)
-    return float(metrics["accuracy"])
+    x, y = arrays["train"]
+    counts = sorted(
+        {len(x) if n is None else min(n, len(x)) for n in args.label_counts}
+    )
+    logger.info(
+        "fine-tuning on %s of %d labelled definitions, %d classes, "
+        "%d seeds; %s",
+        counts,
+        len(x),
+        len(class_names),
+        args.seeds,
+        recipe_of(args).describe(),
+    )
+    rows = []
+    for seed in range(args.seeds):
+        subsets = label_subsets(len(x), counts, seed)
+        for n in counts:
+            train = (x[subsets[n]], y[subsets[n]])
+            for objective in (SCRATCH, *objectives):
+                start = clock.seconds()
+                record = finetune_once(
+                    args,
+                    tokenizer,
+                    objective,
+                    seed,
+                    train,
+                    arrays,
+                    len(class_names),
+                )
+                record.update(
+                    objective=objective,
+                    labels=n,
+                    seed=seed,
+                    cpu_seconds=clock.seconds() - start,
+                )
+                logger.info(
+                    "%s, %d labels, seed %d: test accuracy %.3f (best "
+                    "validation %.3f at epoch %d of %d)",
+                    objective,
+                    n,
+                    seed,
+                    record["test_accuracy"],
+                    record["val_accuracy"],
+                    record["best_epoch"],
+                    record["epochs"],
+                )
+                rows.append(record)
+    return rows
+
+
+def summarize(rows):
+    """`{objective: {labels: (mean, sd, runs)}}` of the test accuracies
+    (sd: the sample standard deviation over the seeds; 0 for one)."""
+    groups = {}
+    for row in rows:
+        key = (row["objective"], row["labels"])
+        groups.setdefault(key, []).append(row["test_accuracy"])
+    out = {}
+    for (objective, labels), values in groups.items():
+        values = np.asarray(values)
+        sd = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        out.setdefault(objective, {})[labels] = (
+            float(values.mean()),
+            sd,
+            len(values),
+        )
+    return out
+
+
+def finetune_table(rows):
+    """Markdown: one row per model, one column per label count, test
+    accuracy in % (mean +- sd over the seeds)."""
+    summary = summarize(rows)
+    counts = sorted({row["labels"] for row in rows})
+    lines = [
+        "| model | " + " | ".join(f"{n:,} labels" for n in counts) + " |",
+        "|---" * (len(counts) + 1) + "|",
+    ]
+    for objective, cells in summary.items():
+        lines.append(
+            f"| {objective} | "
+            + " | ".join(
+                f"{100 * cells[n][0]:.1f} ± {100 * cells[n][1]:.1f}"
+                for n in counts
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def pretrain_table(records, pretrained_dir):
+    """Markdown: one row per pretrained model: its last validation loss,
+    steps, CPU time and throughput."""
+    lines = [
+        "| objective | pretrain loss (val, start -> end) | steps "
+        "| CPU time | batches | tokens/s | padding |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for objective, record in records.items():
+        curve, speed = record["curve"], record["throughput"]
+        lines.append(
+            f"| {objective} "
+            f"| {curve['val_loss'][0]:.3f} -> {curve['val_loss'][-1]:.3f} "
+            f"| {record['pretrain_steps']} "
+            f"| {record['cpu_seconds']:.0f} s "
+            f"| {'packed' if speed['packed'] else 'padded'} "
+            f"| {speed['tokens_per_second']:.0f} "
+            f"| {100 * speed['padding']:.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def plot_pretraining(records, path):
+    """The pretraining loss curves (training and validation, per token)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for i, (objective, record) in enumerate(records.items()):
+        curve = record["curve"]
+        color = f"C{i + 1}"
+        ax.plot(curve["steps"], curve["train_loss"], "--", color=color)
+        ax.plot(curve["steps"], curve["val_loss"], "o-", color=color)
+        ax.plot([], [], "-", color=color, label=objective)
+    ax.plot([], [], "k--", label="training")
+    ax.plot([], [], "ko-", label="validation")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel("cross-entropy per predicted token (nats)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_finetuning(rows, path):
+    """Test accuracy vs labelled examples, one line per model (mean +- sd
+    over the seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=100)
+    for i, (objective, cells) in enumerate(summarize(rows).items()):
+        counts = sorted(cells)
+        mean = np.array([cells[n][0] for n in counts]) * 100
+        sd = np.array([cells[n][1] for n in counts]) * 100
+        ax.errorbar(
+            counts,
+            mean,
+            yerr=sd,
+            marker="o",
+            capsize=3,
+            label=objective,
+            color=f"C{i}",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training definitions")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("25 supersenses: fine-tuned vs from scratch", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def explorer_inputs(objective, ids, packed=False):
@@ -273,139 +724,52 @@ def write_explorer(models, tokenizer, texts, max_length, output_dir):
     )
 
 
-def markdown_table(rows):
-    """One Markdown table of the result rows (dicts, see `main`)."""
-    header = (
-        "| objective | pretrain loss | fine-tuned accuracy | "
-        "scratch accuracy | steps (pretrain + fine-tune) | CPU time "
-        "| batches | tokens/s | padding |"
-    )
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        loss = row["pretrain_loss"]
-        tuned = row["finetuned_accuracy"]
-        speed = row.get("throughput")
-        if speed is None:
-            batches = rate = padding = "—"
-        else:
-            batches = "packed" if speed["packed"] else "padded"
-            rate = f"{speed['tokens_per_second']:.0f}"
-            padding = f"{100 * speed['padding']:.1f} %"
-        lines.append(
-            f"| {row['objective']} "
-            f"| {'—' if loss is None else f'{loss:.3f}'} "
-            f"| {'—' if tuned is None else f'{tuned:.3f}'} "
-            f"| {row['scratch_accuracy']:.3f} "
-            f"| {row['pretrain_steps']} + {row['finetune_steps']} "
-            f"| {row['cpu_seconds']:.0f} s "
-            f"| {batches} | {rate} | {padding} |"
-        )
-    return "\n".join(lines)
-
-
 def main(argv=None):
     args = parse_args(argv)
     setup_logging()
     clock = CpuClock()
+    wall = time.perf_counter()
 
     import keras
 
-    from examples.pretrain import data
     from examples.pretrain.model import OBJECTIVES
-    from examples.pretrain.model import Backbone
 
     objectives = OBJECTIVES if args.objective == "all" else [args.objective]
     os.makedirs(args.output_dir, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
-    train_texts, val_texts = data.corpus_texts(
-        args.corpus, args.data_dir, tiny=args.quick
+    tokenizer, models, records = pretrained_models(args, objectives, clock)
+    results = {"models": models, "records": records, "rows": []}
+    results["pretrain_table"] = pretrain_table(records, args.pretrained_dir)
+    results["pretrain_plot"] = plot_pretraining(
+        records, os.path.join(args.output_dir, "pretrain_loss.png")
     )
-    tokenizer = data.make_tokenizer(train_texts, args.vocabulary_size)
-    train_ids = data.encode(train_texts, tokenizer, args.max_length)
-    val_ids = data.encode(val_texts, tokenizer, args.max_length)
-    val_ids = val_ids.take(200 if args.quick else 2000)
-    ft_train, ft_test, class_names = data.finetune_splits(
-        tokenizer,
-        args.max_length,
-        args.finetune_examples,
-        args.data_dir,
-        tiny=args.quick,
-        seed=args.seed,
-    )
-    logger.info(
-        "corpus %s, vocabulary %d, %d classes",
-        args.corpus,
-        tokenizer.vocabulary_size(),
-        len(class_names),
-    )
-    setup_seconds = clock.seconds()
-
-    def new_backbone():
-        keras.utils.set_random_seed(args.seed)  # same initial weights
-        return Backbone(
-            tokenizer.vocabulary_size(),
-            args.max_length,
-            hidden_dim=args.hidden_dim,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            dropout=args.dropout,
+    print(f"\n{results['pretrain_table']}\n")
+    if not args.pretrain_only:
+        rows = finetune_grid(args, tokenizer, objectives, clock)
+        results["rows"] = rows
+        results["table"] = finetune_table(rows)
+        results["plot"] = plot_finetuning(
+            rows, os.path.join(args.output_dir, "finetune_curve.png")
         )
-
-    start = clock.seconds()
-    scratch = finetune(
-        new_backbone(), len(class_names), ft_train, ft_test, args
-    )
-    rows = [
-        {
-            "objective": "none (from scratch)",
-            "pretrain_loss": None,
-            "finetuned_accuracy": None,
-            "scratch_accuracy": scratch,
-            "pretrain_steps": 0,
-            "finetune_steps": args.finetune_steps,
-            "cpu_seconds": clock.seconds() - start,
-        }
-    ]
-    models = {}
-    for objective in objectives:
-        start = clock.seconds()
-        backbone = new_backbone()
-        models[objective], loss, throughput = pretrain(
-            backbone, objective, tokenizer, train_ids, val_ids, args
-        )
-        accuracy = finetune(backbone, len(class_names), ft_train, ft_test, args)
-        rows.append(
-            {
-                "objective": objective,
-                "pretrain_loss": loss,
-                "finetuned_accuracy": accuracy,
-                "scratch_accuracy": scratch,
-                "pretrain_steps": args.pretrain_steps,
-                "finetune_steps": args.finetune_steps,
-                "cpu_seconds": clock.seconds() - start,
-                "throughput": throughput,
-            }
-        )
-    table = markdown_table(rows)
+        print(f"\n{results['table']}\n")
+        with open(os.path.join(args.output_dir, "finetune.json"), "w") as f:
+            json.dump(rows, f, indent=1)
     total = clock.seconds()
-    print(f"\n{table}\n")
+    results["cpu_seconds"] = total
+    results["wall_seconds"] = time.perf_counter() - wall
     print(
-        f"CPU time: {total:.0f} s in all (user + sys of this process; data "
-        f"and vocabulary {setup_seconds:.0f} s)"
+        f"CPU time: {total:.0f} s in all (user + sys of this process); "
+        f"wall time {results['wall_seconds']:.0f} s"
     )
     with open(os.path.join(args.output_dir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    explorer_path = write_explorer(
+        f.write(results["pretrain_table"] + "\n")
+        if "table" in results:
+            f.write("\n" + results["table"] + "\n")
+    results["explorer"] = write_explorer(
         models, tokenizer, EXPLORER_TEXTS, args.max_length, args.output_dir
     )
-    print(f"attention explorer: {explorer_path}")
-    return {
-        "rows": rows,
-        "table": table,
-        "cpu_seconds": total,
-        "explorer": explorer_path,
-        "models": models,
-    }
+    print(f"attention explorer: {results['explorer']}")
+    return results
 
 
 if __name__ == "__main__":

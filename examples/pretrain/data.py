@@ -1,10 +1,11 @@
 """Data of the `pretrain` example: the corpus, the vocabulary, and the
 batches of each pretraining objective and of fine-tuning.
 
-Corpus (`--corpus`): the texts of a shipped dataset's training split,
-without labels: `wordnet_glosses` (default; the noun definitions whose
-supersense `classify` predicts, so pretraining sees in-domain text and
-never the test split) or `kjv_bible` (the King James Bible's verses).
+Corpus (`--corpus`): the texts of the shipped datasets' training splits,
+without labels: `all` (default: both below, shuffled together),
+`wordnet_glosses` (the noun definitions whose supersense `classify`
+predicts: in-domain text; pretraining never sees their validation or
+test split) or `kjv_bible` (the King James Bible's verses).
 
 Every sequence is `[START]` followed by at most `max_length - 1` WordPiece
 ids of the text (0 pads), in pretraining and in fine-tuning alike.
@@ -23,15 +24,24 @@ from examples.common.text import UNK
 from examples.common.text import make_batches
 
 MASK = "[MASK]"
-CORPORA = ("wordnet_glosses", "kjv_bible")
+CORPORA = ("all", "wordnet_glosses", "kjv_bible")
 MASK_RATE = 0.15  # BERT's share of selected tokens (80/10/10 replaced)
 
 
 def corpus_texts(corpus, data_dir=None, tiny=False):
-    """`(train, validation)`: datasets of the corpus's texts (strings)."""
+    """`(train, validation)`: datasets of the corpus's texts (strings);
+    `all`: the two corpora's, interleaved at random (seeded)."""
     if corpus not in CORPORA:
         raise ValueError(
             f"`corpus` must be one of {CORPORA}. Received: corpus={corpus!r}"
+        )
+    if corpus == "all":
+        parts = [corpus_texts(c, data_dir, tiny) for c in CORPORA[1:]]
+        return tuple(
+            tf.data.Dataset.sample_from_datasets(
+                [p[i] for p in parts], seed=0, stop_on_empty_dataset=False
+            )
+            for i in range(2)
         )
     builder = datasets.prepared_builder(corpus, data_dir, tiny=tiny)
     train, validation, _ = datasets.split_names(builder, holdout_percent=5)
@@ -48,7 +58,12 @@ def make_tokenizer(texts, vocabulary_size):
     strings = (t for b in texts.batch(4096).as_numpy_iterator() for t in b)
     words = frequent_word_piece_vocabulary(strings, vocabulary_size - 1)
     reserved = len(RESERVED_TOKENS)
-    vocabulary = words[:reserved] + [MASK] + words[reserved:]
+    return tokenizer_of(words[:reserved] + [MASK] + words[reserved:])
+
+
+def tokenizer_of(vocabulary):
+    """The example's `WordPieceTokenizer` over `vocabulary` (a list of
+    strings, as `tokenizer.get_vocabulary()` returns it)."""
     return keras_hub.tokenizers.WordPieceTokenizer(
         vocabulary=vocabulary,
         lowercase=True,
@@ -239,22 +254,24 @@ def real_tokens(batches, steps):
     return real, total
 
 
-def finetune_splits(
-    tokenizer, max_length, num_examples, data_dir=None, tiny=False, seed=0
-):
-    """The `classify` task, encoded as in pretraining: `(train, test,
-    class_names)`, `train` being `num_examples` labelled definitions drawn
-    from the training split with a fixed seed."""
-    train, _, test, class_names = load_splits(
-        "wordnet_glosses", data_dir, tiny=tiny
-    )
-    train = train.shuffle(100_000, seed=seed, reshuffle_each_iteration=False)
-    train = train.take(num_examples)
-    return (
-        encode(train, tokenizer, max_length, min_length=1),
-        encode(test, tokenizer, max_length, min_length=1),
-        class_names,
-    )
+def labelled_arrays(tokenizer, max_length, data_dir=None, tiny=False):
+    """The `classify` task as NumPy arrays: `{"train", "validation",
+    "test"}` -> `(ids (n, max_length) int32, 0-padded; labels (n,))`, plus
+    the class names."""
+    import numpy as np
+
+    *splits, class_names = load_splits("wordnet_glosses", data_dir, tiny=tiny)
+    arrays = {}
+    for name, ds in zip(("train", "validation", "test"), splits):
+        rows = encode(ds, tokenizer, max_length, min_length=1).padded_batch(
+            4096, padded_shapes=([max_length], [])
+        )
+        parts = list(rows.as_numpy_iterator())
+        arrays[name] = (
+            np.concatenate([x for x, _ in parts]).astype("int32"),
+            np.concatenate([y for _, y in parts]).astype("int32"),
+        )
+    return arrays, class_names
 
 
 def classify_batches(ds, batch_size, max_length, shuffle, seed=0):

@@ -1,6 +1,8 @@
 """Tests of `python -m examples.pretrain`: the batches of each objective,
-the masks they train with, and one tiny run of all three objectives (the
-table and the attention explorer)."""
+the masks they train with, the fine-tuning recipe (nested label subsets,
+the backbone's smaller step, early stopping), and tiny runs: all three
+objectives and the fine-tuning grid (tables, plots, explorer), then
+`--finetune-only` on the saved models."""
 
 import os
 import re
@@ -147,6 +149,8 @@ def quick_run(tmp_path_factory):
             ]
         )
     results["output"] = output
+    results["pretrained_dir"] = str(tmp / "run" / "pretrained")
+    results["data_dir"] = str(tmp / "tfds")
     return results
 
 
@@ -156,43 +160,170 @@ def test_quick_run_prints_no_warnings(quick_run):
     # MaskedLMHead) was passed an input with a mask attached to it. However,
     # this layer does not support masking" and TFDS's INFO logs.
     output = quick_run["output"]
-    assert "corpus wordnet_glosses" in output.log  # the run's own messages
+    assert "fine-tuning on [20, 40]" in output.log  # the run's own messages
     found = output.problems()
     assert not found, "\n".join(found)
 
 
-def test_quick_run_prints_one_well_formed_table(quick_run):
+def test_quick_run_prints_well_formed_tables_and_plots(quick_run):
+    lines = quick_run["pretrain_table"].splitlines()
+    assert lines[0].startswith("| objective | pretrain loss (val,")
+    assert lines[1] == "|---|---|---|---|---|---|---|"
+    for line, objective in zip(lines[2:], ["mlm", "clm", "prefix_lm"]):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[0] == objective and len(cells) == 7
+        assert re.fullmatch(r"\d+\.\d{3} -> \d+\.\d{3}", cells[1])
+        assert re.fullmatch(r"\d+ s", cells[3])
+        # padded batches (no --pack): some padding, tokens/s > 0
+        assert cells[4] == "padded" and int(cells[5]) > 0
+        assert re.fullmatch(r"\d+\.\d %", cells[6])
+    for record in quick_run["records"].values():
+        curve = record["curve"]
+        assert len(curve["steps"]) == len(curve["val_loss"]) > 1
+        assert all(np.isfinite(curve["train_loss"] + curve["val_loss"]))
     lines = quick_run["table"].splitlines()
-    assert lines[0].startswith("| objective | pretrain loss |")
-    assert lines[1] == "|---|---|---|---|---|---|---|---|---|"
+    assert lines[0] == "| model | 20 labels | 40 labels |"
     assert [line.split("|")[1].strip() for line in lines[2:]] == [
-        "none (from scratch)",
+        "scratch",
         "mlm",
         "clm",
         "prefix_lm",
     ]
-    scratch = None
     for line in lines[2:]:
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert len(cells) == 9
-        assert re.fullmatch(r"\d+ \+ \d+", cells[4])
-        assert re.fullmatch(r"\d+ s", cells[5])
-        if cells[0].startswith("none"):
-            assert cells[6:] == ["—", "—", "—"]
-        else:  # padded batches (no --pack): some padding, tokens/s > 0
-            assert cells[6] == "padded" and int(cells[7]) > 0
-            assert re.fullmatch(r"\d+\.\d %", cells[8])
-        scratch = scratch or cells[3]
-        assert cells[3] == scratch  # the same baseline on every row
-        for cell in cells[1:4]:
-            assert cell == "—" or re.fullmatch(r"\d+\.\d{3}", cell)
-    for row in quick_run["rows"][1:]:
-        assert np.isfinite(row["pretrain_loss"]) and row["pretrain_loss"] > 0
-        assert 0.0 <= row["finetuned_accuracy"] <= 1.0
-    with open(
-        os.path.join(os.path.dirname(quick_run["explorer"]), "results.md")
-    ) as f:
-        assert f.read().strip() == quick_run["table"]
+        for cell in line.split("|")[2:-1]:
+            assert re.fullmatch(r"\d+\.\d ± \d+\.\d", cell.strip())
+    rows = quick_run["rows"]
+    assert len(rows) == 4 * 2  # models x label counts (one seed)
+    for row in rows:
+        assert 0.0 <= row["test_accuracy"] <= 1.0
+        assert 1 <= row["best_epoch"] <= row["epochs"]
+    output_dir = os.path.dirname(quick_run["explorer"])
+    with open(os.path.join(output_dir, "results.md")) as f:
+        text = f.read()
+    assert quick_run["table"] in text and quick_run["pretrain_table"] in text
+    for name in ("pretrain_loss.png", "finetune_curve.png"):
+        with open(os.path.join(output_dir, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_label_subsets_are_nested_and_seeded():
+    from examples.pretrain.finetune import label_subsets
+
+    subsets = label_subsets(1000, [100, 300, 1000, 5000], seed=1)
+    assert [len(subsets[n]) for n in (100, 300, 1000, 5000)] == [
+        100,
+        300,
+        1000,
+        1000,
+    ]
+    np.testing.assert_array_equal(subsets[300][:100], subsets[100])
+    assert sorted(subsets[1000]) == list(range(1000))
+    again = label_subsets(1000, [300], seed=1)
+    np.testing.assert_array_equal(again[300], subsets[300])
+    other = label_subsets(1000, [300], seed=2)
+    assert set(other[300]) != set(subsets[300])
+
+
+def test_the_backbone_takes_a_smaller_step_than_the_head():
+    import keras
+
+    from examples.pretrain.finetune import LayerwiseAdamW
+
+    backbone = keras.Variable(np.zeros((3,), "float32"), name="backbone")
+    head = keras.Variable(np.zeros((3,), "float32"), name="head")
+    optimizer = LayerwiseAdamW(
+        scaled_variables=[backbone],
+        multiplier=0.25,
+        learning_rate=0.01,
+        weight_decay=0.0,
+    )
+    gradient = keras.ops.convert_to_tensor(np.array([1.0, -2.0, 3.0]))
+    for _ in range(3):
+        optimizer.apply_gradients([(gradient, backbone), (gradient, head)])
+    step_backbone = keras.ops.convert_to_numpy(backbone)
+    step_head = keras.ops.convert_to_numpy(head)
+    assert np.all(np.abs(step_head) > 0)
+    np.testing.assert_allclose(step_backbone, 0.25 * step_head, rtol=1e-5)
+
+
+def test_early_stopping_keeps_the_best_validation_weights():
+    import keras
+
+    from examples.pretrain.finetune import Recipe
+    from examples.pretrain.finetune import fit_classifier
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    x_val = rng.normal(size=(64, 4)).astype("float32")
+    y_val = rng.integers(0, 2, 64).astype("int32")  # noise: accuracy jumps
+    body = keras.layers.Dense(8, activation="relu")
+    head = keras.layers.Dense(2)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, head(body(inputs)))
+    recipe = Recipe(
+        learning_rate=0.05,
+        batch_size=16,
+        warmup_steps=1,
+        min_epoch_steps=2,
+        max_epochs=8,
+        patience=3,
+    )
+    record = fit_classifier(
+        model, body.trainable_variables, (x, y), (x_val, y_val), recipe, 0
+    )
+    assert 1 <= record["best_epoch"] <= record["epochs"] <= 8
+    assert record["epochs"] <= record["best_epoch"] + recipe.patience
+    metrics = model.evaluate(x_val, y_val, verbose=0, return_dict=True)
+    assert metrics["accuracy"] == pytest.approx(record["val_accuracy"])
+
+
+def test_finetune_only_reuses_the_saved_models(quick_run, tmp_path):
+    from examples.pretrain import __main__ as pretrain
+
+    with example_output.captured() as output:
+        results = pretrain.main(
+            [
+                "--quick",
+                "--finetune-only",
+                "--objective",
+                "clm",
+                "--label-counts",
+                "20",
+                "--pretrained-dir",
+                quick_run["pretrained_dir"],
+                "--output-dir",
+                str(tmp_path / "run"),
+                "--data-dir",
+                quick_run["data_dir"],
+            ]
+        )
+    assert not output.problems(), "\n".join(output.problems())
+    assert "clm: the saved pretrained model" in output.log
+    saved = quick_run["models"]["clm"].get_weights()
+    loaded = results["models"]["clm"].get_weights()
+    assert len(saved) == len(loaded)
+    for a, b in zip(saved, loaded):
+        np.testing.assert_array_equal(a, b)
+    assert results["records"]["clm"] == quick_run["records"]["clm"]
+    assert [r["labels"] for r in results["rows"]] == [20, 20]
+
+
+def test_finetune_only_without_saved_models_says_so(tmp_path):
+    from examples.pretrain import __main__ as pretrain
+
+    with pytest.raises(SystemExit, match="--pretrain-only first"):
+        pretrain.main(
+            [
+                "--quick",
+                "--finetune-only",
+                "--pretrained-dir",
+                str(tmp_path / "none"),
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
 
 
 def test_quick_run_writes_a_self_contained_explorer(quick_run):
@@ -238,6 +369,7 @@ def test_quick_packed_clm_run(tmp_path):
                 "--objective",
                 "clm",
                 "--pack",
+                "--pretrain-only",
                 "--output-dir",
                 str(tmp_path / "run"),
                 "--data-dir",
@@ -245,8 +377,9 @@ def test_quick_packed_clm_run(tmp_path):
             ]
         )
     assert not output.problems(), "\n".join(output.problems())
-    (row,) = [r for r in results["rows"] if r["objective"] == "clm"]
-    speed = row["throughput"]
+    speed = results["records"]["clm"]["throughput"]
     assert speed["packed"] and speed["padding"] == 0.0
     assert speed["tokens_per_second"] > 0
-    assert "| clm |" in results["table"] and "| packed |" in results["table"]
+    table = results["pretrain_table"]
+    assert "| clm |" in table and "| packed |" in table
+    assert results["rows"] == []  # --pretrain-only: no fine-tuning
