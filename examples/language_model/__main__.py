@@ -23,6 +23,13 @@ attention), so every distance met while generating was met in training
 (see examples/language_model/model.py); the run prints bits per character
 on windows of both lengths, which agree.
 
+Which positions extrapolate? --positions rope|learned|sinusoidal|alibi|t5
+with --extrapolation prints teacher-forced bits per character on test
+windows of 1x, 2x and 4x --sequence-length:
+
+    python -m examples.language_model --positions alibi --window 0 \
+        --max-length 128 --extrapolation
+
 --generate-only loads the weights of an earlier run with the same model
 arguments (<output-dir>/checkpoints/best.weights.h5) and streams one text
 of --max-length characters from --prompt, printing it as it is produced
@@ -69,6 +76,8 @@ PROMPTS = (
 
 
 def parse_args(argv=None):
+    from examples.language_model.model import POSITIONS
+
     parser = argparse.ArgumentParser(
         prog="python -m examples.language_model",
         description=__doc__.split("\n\n")[0],
@@ -110,6 +119,19 @@ def parse_args(argv=None):
         "(LocalSelfAttention); below --sequence-length, so that "
         "generating beyond it meets only trained distances; 0: full "
         "causal attention, then --max-length <= --sequence-length",
+    )
+    model.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="rope",
+        help="how positions enter: rotary (rope), a learned table, "
+        "sinusoids, ALiBi, or one T5 relative bias shared by the blocks",
+    )
+    model.add_argument(
+        "--extrapolation",
+        action="store_true",
+        help="also report teacher-forced bits/char on test windows of 1x, "
+        "2x and 4x --sequence-length (which positions extrapolate?)",
     )
     model.add_argument("--learning-rate", type=float, default=2e-3)
     gen = parser.add_argument_group("generation and export")
@@ -299,6 +321,7 @@ def generate_only(args):
         num_heads=args.num_heads,
         dropout=args.dropout,
         window=args.window or None,
+        positions=args.positions,
     )
     model.load_weights(checkpoint)
     sampler = make_sampler(args.samplers[0], seed=args.seed)
@@ -337,6 +360,30 @@ def generate_only(args):
         "peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         / 1024,
     }
+
+
+# Test windows of these multiples of the training length (`--extrapolation`)
+EXTRAPOLATION = (1, 2, 4)
+EXTRAPOLATION_WINDOWS = 256  # windows evaluated per length
+
+
+def extrapolation_bits(model, test_lines, tokenizer, length, batch_size):
+    """`{factor: bits/char}`: teacher-forced bits per character on (the
+    first `EXTRAPOLATION_WINDOWS`) test windows of `factor * length`
+    characters, for each factor of `EXTRAPOLATION`: the same text, read
+    with longer and longer contexts."""
+    from examples.language_model import data
+    from examples.language_model.model import positional_bits_per_character
+
+    results = {}
+    for factor in EXTRAPOLATION:
+        windows = data.char_windows(test_lines, tokenizer, factor * length)
+        batches = data.batches(
+            windows.take(EXTRAPOLATION_WINDOWS), batch_size, shuffle=False
+        )
+        bits = positional_bits_per_character(model, batches.as_numpy_iterator())
+        results[factor] = float(bits.mean())
+    return results
 
 
 def main(argv=None):
@@ -399,6 +446,8 @@ def main(argv=None):
     )
 
     max_length = max(args.sequence_length, args.max_length)
+    if args.extrapolation:  # a learned table as long as the longest test
+        max_length = max(max_length, EXTRAPOLATION[-1] * args.sequence_length)
     with strategy.scope():
         model, generator = build_language_model(
             vocabulary_size,
@@ -408,6 +457,7 @@ def main(argv=None):
             num_heads=args.num_heads,
             dropout=args.dropout,
             window=args.window or None,
+            positions=args.positions,
         )
         total_steps = args.epochs * args.steps_per_epoch
         schedule = keras.optimizers.schedules.CosineDecay(
@@ -466,6 +516,20 @@ def main(argv=None):
         )
     )
 
+    extrapolation = None
+    if args.extrapolation:
+        extrapolation = extrapolation_bits(
+            model, test_lines, tokenizer, args.sequence_length, args.batch_size
+        )
+        print(
+            f"extrapolation ({args.positions}, window {args.window}): "
+            + ", ".join(
+                f"{factor}x ({factor * args.sequence_length} characters) "
+                f"{bits:.3f} bits/char"
+                for factor, bits in extrapolation.items()
+            )
+        )
+
     export_path, server = None, None
     if backend == "tensorflow":
         export_path = os.path.join(args.output_dir, "saved_model")
@@ -514,6 +578,7 @@ def main(argv=None):
         "test_bits_per_character": bpc,
         "generation_length_bits_per_character": float(bits.mean()),
         "positional_bits_per_character": bits,
+        "extrapolation_bits_per_character": extrapolation,
         "export_path": export_path,
         "server": server,
         "completions": completions,

@@ -35,11 +35,55 @@ import numpy as np
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
+from keras_attention.layers import SinusoidalPositionEncoding
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.scores import ALiBi
+from keras_attention.scores import T5RelativeBias
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
 DISTRIBUTIONS = ("none", "data", "model")
-POSITIONS = ("rotary", "learned")
+# How the model knows where a character is (`--positions`): rotary
+# queries and keys ("rope"; "rotary" is its old name), a learned table
+# ("learned"), the fixed sinusoids added to the embeddings
+# ("sinusoidal"), ALiBi's per-head linear distance penalty ("alibi") or
+# T5's learned bias per relative-position bucket, one table shared by
+# every block as in T5 ("t5").
+POSITIONS = ("rope", "rotary", "learned", "sinusoidal", "alibi", "t5")
+
+
+@keras.saving.register_keras_serializable(package="examples_lm")
+class TokenAndSinusoidalEmbedding(keras.layers.Layer):
+    """Token embedding plus `SinusoidalPositionEncoding` at positions
+    `start_index ..` (the generators pass the cache index)."""
+
+    def __init__(self, vocabulary_size, hidden_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary_size = vocabulary_size
+        self.hidden_dim = hidden_dim
+        self.tokens = keras.layers.Embedding(
+            vocabulary_size, hidden_dim, name="tokens"
+        )
+        self.positions = SinusoidalPositionEncoding(name="sinusoids")
+
+    def build(self, input_shape):
+        self.tokens.build(input_shape)
+        self.positions.build(tuple(input_shape) + (self.hidden_dim,))
+
+    def call(self, token_ids, start_index=0):
+        x = self.tokens(token_ids)
+        return x + self.positions(x, start_index=start_index)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.hidden_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size, hidden_dim=self.hidden_dim
+        )
+        return config
+
+
 NEWLINE = ord("\n")
 
 
@@ -79,13 +123,17 @@ def build_language_model(
     `generator`: a `CausalLMGenerator` over the same layers (XLA off, so
     that it also runs inside a SavedModel as is).
 
-    `positions="rotary"` (default): a token embedding without position
-    table, rotary positions in every self-attention; any `T`, but only
-    distances seen in training generalize (see the module docstring: use a
-    `window` shorter than the training windows to generate longer texts).
-    `positions="learned"`: `TokenAndPositionEmbedding` with a table of
-    `max_length` positions (`T <= max_length`); positions beyond the
-    training windows stay untrained.
+    `positions="rope"` (default; `"rotary"` too): a token embedding
+    without position table, rotary positions in every self-attention; any
+    `T`, but only distances seen in training generalize (see the module
+    docstring: use a `window` shorter than the training windows to
+    generate longer texts). `positions="learned"`:
+    `TokenAndPositionEmbedding` with a table of `max_length` positions
+    (`T <= max_length`); positions beyond the training windows stay
+    untrained. `"sinusoidal"`: fixed sinusoids added to the token
+    embeddings (any `T`). `"alibi"`: no position input, `ALiBi` in every
+    self-attention. `"t5"`: no position input, one `T5RelativeBias`
+    (causal buckets) shared by every block's self-attention.
     """
     if positions not in POSITIONS:
         raise ValueError(
@@ -99,11 +147,20 @@ def build_language_model(
         embedding = TokenAndPositionEmbedding(
             vocabulary_size, max_length, hidden_dim, name="embedding"
         )
+    elif positions == "sinusoidal":
+        embedding = TokenAndSinusoidalEmbedding(
+            vocabulary_size, hidden_dim, name="embedding"
+        )
     else:
         embedding = keras.layers.Embedding(
             vocabulary_size, hidden_dim, name="embedding"
         )
+    if positions in ("rope", "rotary"):
         block_kwargs["rotary_max_wavelength"] = rotary_max_wavelength
+    elif positions == "alibi":
+        block_kwargs["score_mod"] = ALiBi()
+    elif positions == "t5":  # one table for the stack, as in T5
+        block_kwargs["score_mod"] = T5RelativeBias(bidirectional=False)
     blocks = [
         TransformerDecoderBlock(
             num_heads=num_heads,

@@ -266,6 +266,45 @@ def test_learned_positions_fail_beyond_the_training_length(bible):
     assert beyond > 1.5 * inside, (inside, beyond)
 
 
+def test_alibi_extrapolates_beyond_the_training_length(bible):
+    # Press et al. 2022's claim, on this example: full causal attention,
+    # no position input, trained on TRAIN_LENGTH windows; held-out
+    # positions up to twice as far are predicted about as well.
+    inside, beyond = _bits_inside_and_beyond_training_length(
+        bible, positions="alibi"
+    )
+    assert inside < 4.0
+    assert beyond <= 1.2 * inside, (inside, beyond)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "alibi", "t5", "rope"])
+@pytest.mark.parametrize("window", [None, 4])
+def test_cached_greedy_generation_equals_the_full_pass(positions, window):
+    # Every position kind through the generator's key/value cache: greedy
+    # continuation = argmax of the uncached model, token by token.
+    import keras
+
+    from examples.language_model.model import build_language_model
+
+    keras.utils.set_random_seed(1)
+    model, generator = build_language_model(
+        20, 16, hidden_dim=16, num_layers=2, num_heads=2, dropout=0.0,
+        window=window, positions=positions,
+    )  # fmt: skip
+    if positions == "t5":  # one table for every block
+        mods = {id(block.score_mod) for block in generator.blocks}
+        assert len(mods) == 1
+    prompt = np.array([[3, 7, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0]], "int32")
+    tokens, _ = generator.generate(prompt, max_length=12)
+    expected = prompt[:, :3]
+    for _ in range(9):
+        logits = keras.ops.convert_to_numpy(model(expected))
+        expected = np.concatenate(
+            [expected, logits[:, -1:].argmax(-1).astype("int32")], 1
+        )
+    np.testing.assert_array_equal(np.asarray(tokens), expected)
+
+
 def test_generation_beyond_trained_distances_is_refused_at_start_up(capsys):
     from examples.language_model.__main__ import parse_args
 
