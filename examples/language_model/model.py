@@ -32,6 +32,7 @@ import keras
 import keras_hub
 import numpy as np
 
+from examples.language_model import POSITIONS
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
@@ -42,13 +43,6 @@ from keras_attention.scores import T5RelativeBias
 
 SAMPLERS = ("greedy", "beam", "top_k", "top_p")
 DISTRIBUTIONS = ("none", "data", "model")
-# How the model knows where a character is (`--positions`): rotary
-# queries and keys ("rope"; "rotary" is its old name), a learned table
-# ("learned"), the fixed sinusoids added to the embeddings
-# ("sinusoidal"), ALiBi's per-head linear distance penalty ("alibi") or
-# T5's learned bias per relative-position bucket, one table shared by
-# every block as in T5 ("t5").
-POSITIONS = ("rope", "rotary", "learned", "sinusoidal", "alibi", "t5")
 
 
 @keras.saving.register_keras_serializable(package="examples_lm")

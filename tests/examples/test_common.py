@@ -328,7 +328,9 @@ def test_examples_use_only_the_public_api():
         "keras_attention.generation",
         "keras_attention.layers",
         "keras_attention.masks",
+        "keras_attention.mods",
         "keras_attention.ops",
+        "keras_attention.scores",
         "keras_attention.visualization",
     }
     found, wrong = 0, []
