@@ -5,15 +5,7 @@ language model.
 - `data.py`: text sources and `tf.data` windows of characters.
 - `model.py`: the decoder-only transformer, its generator and metrics.
 - `export.py`: the SavedModel that completes raw strings.
+- `options.py`: choices the command line lists before Keras is imported.
 """
 
-# How the model knows where a character is (`--positions`), here so that
-# the command line can list them before Keras is imported: rotary queries
-# and keys ("rope"; "rotary" is its old name), a learned table
-# ("learned"), the fixed sinusoids added to the embeddings
-# ("sinusoidal"), ALiBi's per-head linear distance penalty ("alibi") or
-# T5's learned bias per relative-position bucket, one table shared by
-# every block as in T5 ("t5").
-POSITIONS = ("rope", "rotary", "learned", "sinusoidal", "alibi", "t5")
-
-__all__ = ["POSITIONS"]
+__all__ = []

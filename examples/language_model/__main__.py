@@ -76,7 +76,7 @@ PROMPTS = (
 
 
 def parse_args(argv=None):
-    from examples.language_model import POSITIONS
+    from examples.language_model.options import POSITIONS
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.language_model",

@@ -32,7 +32,7 @@ import keras
 import keras_hub
 import numpy as np
 
-from examples.language_model import POSITIONS
+from examples.language_model.options import POSITIONS
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
