@@ -41,6 +41,7 @@ import sys
 import time
 
 from examples.common import HelpFormatter
+from examples.common import parse_choices
 from examples.common import setup_runtime
 
 logger = logging.getLogger("examples")
@@ -112,10 +113,7 @@ def parse_args(argv=None):
         "smaller models, 2 plots (smoke test)",
     )
     args = parser.parse_args(argv)
-    args.decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    unknown = [d for d in args.decoders if d not in DECODERS]
-    if unknown or not args.decoders:
-        parser.error(f"--decoders must name some of {DECODERS}: got {unknown}")
+    args.decoders = parse_choices(parser, "--decoders", args.decoders, DECODERS)
     if args.quick:
         args.train_size = min(args.train_size, 1000)
         args.validation_size = min(args.validation_size, 100)

@@ -146,6 +146,22 @@ def add_training_args(
     return parser
 
 
+def parse_choices(parser, flag, value, allowed):
+    """The names of a comma-separated command-line value (`--models
+    gat,gcn`), each one of `allowed`; `parser.error` (exit status 2)
+    names the flag, the unknown names and the allowed ones when a name is
+    unknown or none is given."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        listed = ", ".join(unknown) or "none given"
+        parser.error(
+            f"{flag} takes comma-separated names among "
+            f"{', '.join(allowed)}; unknown: {listed}. Received: {value!r}"
+        )
+    return names
+
+
 def add_backend_arg(parser):
     """Adds `--backend tensorflow|jax|torch` (see `select_backend`)."""
     parser.add_argument(

@@ -33,6 +33,7 @@ import sys
 import time
 
 from examples.common import HelpFormatter
+from examples.common import parse_choices
 from examples.common import setup_runtime
 
 logger = logging.getLogger("examples")
@@ -124,24 +125,13 @@ def parse_args(argv=None):
     args.steps = args.steps or steps
     args.max_test = args.max_test or max_test
     args.seeds = [int(s) for s in (args.seeds or seeds).split(",")]
-    args.variants = _choices(
+    args.variants = parse_choices(
         parser, "--variants", args.variants, models.VARIANTS
     )
-    args.tasks = _choices(parser, "--tasks", args.tasks, tasks.TASKS)
+    args.tasks = parse_choices(parser, "--tasks", args.tasks, tasks.TASKS)
     if args.quick:
         args.latency_samples = min(args.latency_samples, 2)
     return args
-
-
-def _choices(parser, flag, value, allowed):
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in allowed]
-    if unknown or not names:
-        parser.error(
-            f"{flag} takes names among {', '.join(allowed)}. "
-            f"Received: {value!r}"
-        )
-    return names
 
 
 class PeakMemory:

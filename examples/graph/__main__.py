@@ -35,6 +35,7 @@ import sys
 import time
 
 from examples.common import HelpFormatter
+from examples.common import parse_choices
 from examples.common import setup_runtime
 
 logger = logging.getLogger("examples")
@@ -114,10 +115,7 @@ def parse_args(argv=None):
         "epochs, one seed (smoke test)",
     )
     args = parser.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown or not args.models:
-        parser.error(f"--models must name some of {MODELS}: got {unknown}")
+    args.models = parse_choices(parser, "--models", args.models, MODELS)
     if args.quick:
         if args.seeds == parser.get_default("seeds"):
             args.seeds = "0"

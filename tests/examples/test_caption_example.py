@@ -84,11 +84,13 @@ def test_doubly_stochastic_penalty_matches_the_formula():
     assert float(loss) == pytest.approx(0.5 * expected, rel=1e-5)
 
 
-def test_unknown_decoder_is_rejected():
+def test_unknown_decoder_is_rejected(capsys):
     from examples.caption import __main__ as caption
 
     with pytest.raises(SystemExit):
         caption.parse_args(["--decoders", "show_attend_tell,lstm"])
+    error = capsys.readouterr().err
+    assert "--decoders" in error and "unknown: lstm" in error
 
 
 @pytest.fixture(scope="module")

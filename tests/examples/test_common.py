@@ -215,6 +215,25 @@ def test_add_training_args_defaults_and_choices():
         parser.parse_args(["--strategy", "tpu"])
 
 
+@pytest.mark.parametrize(
+    "value, unknown",
+    [("a,c", "unknown: c"), (" , ", "unknown: none given")],
+)
+def test_parse_choices_names_the_flag_and_the_unknown_names(
+    capsys, value, unknown
+):
+    from examples.common import parse_choices
+
+    parser = argparse.ArgumentParser()
+    assert parse_choices(parser, "--kinds", " a, b,", ("a", "b")) == ["a", "b"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_choices(parser, "--kinds", value, ("a", "b"))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--kinds takes comma-separated names among a, b" in error
+    assert unknown in error and repr(value) in error
+
+
 def test_mixed_precision_policy_on_cpu():
     from examples.common.training import mixed_precision_policy
 

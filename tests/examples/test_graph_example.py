@@ -134,11 +134,13 @@ def test_mean_aggregation_matches_numpy():
     np.testing.assert_allclose(out[0], expected, atol=1e-5)
 
 
-def test_unknown_model_is_rejected():
+def test_unknown_model_is_rejected(capsys):
     from examples.graph import __main__ as graph
 
     with pytest.raises(SystemExit):
         graph.parse_args(["--models", "gat,gcn"])
+    error = capsys.readouterr().err
+    assert "--models" in error and "unknown: gcn" in error
 
 
 @pytest.fixture(scope="module")
