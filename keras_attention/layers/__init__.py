@@ -2,6 +2,7 @@
 
 import importlib
 
+from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
@@ -48,6 +49,7 @@ __all__ = [
     "Seq2SeqAttention",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
+    "gelu_approximate",
 ]
 
 
