@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 from keras_attention import blocks
 from keras_attention import distribution
 from keras_attention import generation
+from keras_attention import interop
 from keras_attention import layers
 from keras_attention import masks
 from keras_attention import mods
@@ -23,6 +24,7 @@ __all__ = [
     "blocks",
     "distribution",
     "generation",
+    "interop",
     "layers",
     "masks",
     "mods",

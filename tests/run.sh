@@ -7,7 +7,8 @@
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
 #   JAX: the backend-neutral library tests: layers, blocks, ops, the mask
-#     matrix, the harness self-tests and the doctests.
+#     matrix, the keras-hub converters (interop), the harness self-tests
+#     and the doctests.
 #   PyTorch: the same, plus generation (cached decoding with the keras_hub
 #     samplers runs eagerly on torch: cheap). The harness runs `fit` eagerly
 #     only and no SavedModel export on torch (tests/harness.py BACKEND_GAPS
@@ -30,8 +31,8 @@ if [[ "$ONEDNN" != 0 && "$ONEDNN" != 1 ]]; then
 fi
 TF_ENABLE_ONEDNN_OPTS="$ONEDNN" python -m pytest -q -n 2 --dist loadfile tests "$@"
 KERAS_BACKEND=jax python -m pytest -q -n 2 --dist loadfile \
-    tests/layers tests/blocks tests/ops tests/properties tests/test_harness.py \
-    tests/test_doctests.py "$@"
+    tests/layers tests/blocks tests/ops tests/properties tests/interop \
+    tests/test_harness.py tests/test_doctests.py "$@"
 KERAS_BACKEND=torch python -m pytest -q -n 2 --dist loadfile \
     tests/layers tests/blocks tests/ops tests/properties tests/generation \
-    tests/test_harness.py tests/test_doctests.py "$@"
+    tests/interop tests/test_harness.py tests/test_doctests.py "$@"

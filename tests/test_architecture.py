@@ -37,6 +37,7 @@ LEVELS = {
     "blocks": 5,
     "generation": 6,
     "distribution": 6,
+    "interop": 6,
 }
 # Leaves outside the chain, and what they may import.
 LEAVES = {

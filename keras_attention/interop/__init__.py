@@ -1,0 +1,18 @@
+"""Pretrained models in `keras_attention` blocks: keras-hub backbones
+rebuilt from this library's blocks and layers, with their weights.
+
+`from_keras_hub(backbone)` returns a Keras model with the backbone's
+inputs and outputs and a copy of its weights, so that every feature of the
+library (attention weights of every layer, score and mask objects, the
+blockwise path, layout maps) works on a pretrained model. One converter
+per family (`bert`, `gpt2`), each with its table of weight paths.
+keras-hub is imported only when a backbone is converted.
+"""
+
+from keras_attention.interop.convert import from_keras_hub
+from keras_attention.interop.convert import supported_backbones
+
+__all__ = [
+    "from_keras_hub",
+    "supported_backbones",
+]

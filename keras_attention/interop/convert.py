@@ -1,0 +1,108 @@
+"""`from_keras_hub`: a keras-hub backbone rebuilt from our blocks."""
+
+from keras_attention.interop.bert import convert_bert
+from keras_attention.interop.gpt2 import convert_gpt2
+
+# keras-hub backbone class name (in `keras_hub.models`) -> its converter.
+# Resolved to the classes at call time: keras-hub is an optional extra,
+# imported only when a backbone is converted.
+CONVERTERS = {
+    "BertBackbone": convert_bert,
+    "GPT2Backbone": convert_gpt2,
+}
+
+
+def supported_backbones():
+    """The names of the keras-hub backbone classes `from_keras_hub`
+    converts (their subclasses too), sorted."""
+    return sorted(CONVERTERS)
+
+
+def _registry():
+    """`{backbone class: converter}` of the installed keras-hub."""
+    import keras_hub  # an optional extra, needed only to convert
+
+    return {
+        getattr(keras_hub.models, name): converter
+        for name, converter in CONVERTERS.items()
+        if hasattr(keras_hub.models, name)
+    }
+
+
+def from_keras_hub(backbone):
+    """A keras-hub backbone rebuilt from `keras_attention` blocks and
+    layers, holding a copy of its weights (not shared: training one leaves
+    the other as it was).
+
+    The result is a functional `keras.Model` with the backbone's inputs
+    (`token_ids`, `padding_mask`, and BERT's `segment_ids`, int
+    `(batch, T)`) and outputs, equal to the backbone's at every real (not
+    padded) position (float32: within 1e-5 on TensorFlow, JAX and
+    PyTorch). At padded query positions the values differ: our attention
+    gives a padded query a zero attention result, keras-hub lets it attend
+    to the real keys; neither is meaningful. Every feature of the library
+    then works on the model: attention weights of every layer
+    (`keras_attention.visualization.collect_attention`), score and mask
+    objects, the blockwise path, layout maps. It saves as `.keras` and
+    reloads with `safe_mode=True`.
+
+    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone` and their
+    subclasses (`supported_backbones()`); one converter per family in
+    `keras_attention.interop.<family>`, where the table of weight paths
+    (theirs -> ours) is `WEIGHT_TABLE`.
+
+    Args:
+        backbone: a built keras-hub backbone (`keras_hub.models.*Backbone`,
+            e.g. from `keras_hub.models.BertBackbone.from_preset(...)`).
+
+    Returns:
+        The converted `keras.Model`.
+
+    Raises:
+        ValueError: for a backbone of an unsupported class (the message
+            lists the supported ones), or one whose weights do not match
+            the family's layout.
+        TypeError: when `backbone` is not a keras-hub backbone.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_hub
+    >>> import keras_attention
+    >>> backbone = keras_hub.models.BertBackbone(
+    ...     vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8,
+    ...     intermediate_dim=16, max_sequence_length=6)
+    >>> model = keras_attention.interop.from_keras_hub(backbone)
+    >>> inputs = {
+    ...     "token_ids": np.array([[2, 5, 7, 0]], "int32"),
+    ...     "segment_ids": np.zeros((1, 4), "int32"),
+    ...     "padding_mask": np.array([[1, 1, 1, 0]], "int32"),
+    ... }
+    >>> ours, theirs = model(inputs), backbone(inputs)
+    >>> diff = np.abs(np.asarray(ours["sequence_output"][:, :3])
+    ...               - np.asarray(theirs["sequence_output"][:, :3]))
+    >>> bool(diff.max() < 1e-5)
+    True
+
+    References:
+        - Devlin et al., 2019, "BERT".
+        - Radford et al., 2019, "Language Models are Unsupervised Multitask
+          Learners" (GPT-2).
+    """
+    import keras_hub  # an optional extra, needed only to convert
+
+    if not isinstance(backbone, keras_hub.models.Backbone):
+        raise TypeError(
+            "`backbone` must be a keras-hub backbone "
+            "(`keras_hub.models.Backbone`). Received: "
+            f"backbone={backbone!r} of type {type(backbone).__name__}"
+        )
+    registry = _registry()
+    for cls in type(backbone).__mro__:
+        if cls in registry:
+            return registry[cls](backbone)
+    raise ValueError(
+        f"No converter for {type(backbone).__name__}. Supported keras-hub "
+        f"backbones: {', '.join(supported_backbones())}. Received: "
+        f"backbone={backbone.name!r} of type {type(backbone).__name__}"
+    )

@@ -1,0 +1,168 @@
+"""`keras_attention.interop.from_keras_hub` on tiny random keras-hub
+backbones (no downloads; the configs of keras-hub's own tests, smaller):
+equal outputs at the real positions with padding, weights copied, `.keras`
+round trip with `safe_mode=True`, errors. Backend-neutral."""
+
+import keras
+import numpy as np
+import pytest
+from keras.ops import convert_to_numpy as to_numpy
+
+import keras_attention
+from keras_attention.interop import from_keras_hub
+
+keras_hub = pytest.importorskip("keras_hub")
+
+VOCAB, LENGTH, BATCH = 20, 8, 2
+# Padding masks: a right-padded row, and a full row (BERT pools the first
+# token, which must be real) or a left-padded one (the causal models).
+PADDING = {
+    "bert": [[1] * 5 + [0] * 3, [1] * 8],
+    "gpt2": [[1] * 5 + [0] * 3, [0] * 3 + [1] * 5],
+}
+TOLERANCE = 1e-5
+
+
+def tiny(name):
+    common = dict(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+    )
+    if name == "bert":
+        return keras_hub.models.BertBackbone(
+            max_sequence_length=LENGTH, **common
+        )
+    if name == "gpt2":
+        return keras_hub.models.GPT2Backbone(
+            max_sequence_length=LENGTH, **common
+        )
+    raise ValueError(name)
+
+
+FAMILIES = ("bert", "gpt2")
+
+
+def family(backbone):
+    return "bert" if "segment_ids" in backbone.input else "gpt2"
+
+
+def make_inputs(backbone, seed=0):
+    rng = np.random.default_rng(seed)
+    padding = np.array(PADDING[family(backbone)], "int32")
+    inputs = {
+        "token_ids": rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32")
+        * padding,
+        "padding_mask": padding,
+    }
+    if "segment_ids" in backbone.input:
+        inputs["segment_ids"] = (
+            rng.integers(0, 2, (BATCH, LENGTH)).astype("int32") * padding
+        )
+    return inputs
+
+
+def as_dict(outputs):
+    if isinstance(outputs, dict):
+        return {k: to_numpy(v) for k, v in outputs.items()}
+    return {"sequence_output": to_numpy(outputs)}
+
+
+def real_positions_error(ours, theirs, padding):
+    """Largest absolute difference over the real (not padded) positions."""
+    errors = []
+    real = padding.astype(bool)
+    for key, value in theirs.items():
+        if key == "sequence_output":
+            errors.append(np.abs(ours[key][real] - value[real]).max())
+        else:
+            errors.append(np.abs(ours[key] - value).max())
+    return max(errors)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def converted(request):
+    keras.utils.set_random_seed(1)
+    backbone = tiny(request.param)
+    return backbone, from_keras_hub(backbone)
+
+
+def test_same_inputs_and_outputs(converted):
+    backbone, model = converted
+    assert sorted(model.input) == sorted(backbone.input)
+    theirs = backbone.output
+    ours = model.output
+    if isinstance(theirs, dict):
+        assert sorted(ours) == sorted(theirs)
+    else:
+        assert not isinstance(ours, dict)
+
+
+def test_equal_outputs_with_padding(converted):
+    backbone, model = converted
+    inputs = make_inputs(backbone)
+    theirs = as_dict(backbone(inputs))
+    ours = as_dict(model(inputs))
+    error = real_positions_error(ours, theirs, inputs["padding_mask"])
+    assert error <= TOLERANCE
+    for value in ours.values():
+        assert np.isfinite(value).all()  # padded positions included
+
+
+def test_weights_are_copied_not_shared(converted):
+    backbone, model = converted
+    theirs = {id(w) for w in backbone.weights}
+    assert not theirs & {id(w) for w in model.weights}
+    assert len(model.weights) == len(backbone.weights)
+    # Changing ours leaves theirs as it was.
+    weight = model.get_layer("transformer_layer_0").self_attention.weights[0]
+    before = to_numpy(backbone.weights[5])
+    weight.assign(weight + 1.0)
+    try:
+        np.testing.assert_array_equal(to_numpy(backbone.weights[5]), before)
+    finally:
+        weight.assign(weight - 1.0)
+
+
+def test_attention_weights_of_every_layer(converted):
+    backbone, model = converted
+    inputs = make_inputs(backbone)
+    maps = keras_attention.visualization.collect_attention(model, inputs)
+    assert len(maps) == 2  # one per layer
+    for weights in maps.values():
+        assert weights.shape == (BATCH, 2, LENGTH, LENGTH)
+
+
+def test_keras_round_trip_safe_mode(converted, tmp_path):
+    backbone, model = converted
+    inputs = make_inputs(backbone, seed=3)
+    path = str(tmp_path / "converted.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    expected, got = as_dict(model(inputs)), as_dict(reloaded(inputs))
+    for key in expected:
+        np.testing.assert_allclose(got[key], expected[key], atol=1e-6)
+
+
+def test_unsupported_backbone_lists_the_supported_ones():
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    other = keras_hub.models.Backbone(
+        inputs=ids, outputs=keras.layers.Embedding(4, 2)(ids)
+    )
+    with pytest.raises(ValueError, match="BertBackbone, GPT2Backbone"):
+        from_keras_hub(other)
+
+
+def test_not_a_backbone():
+    with pytest.raises(TypeError, match="backbone"):
+        from_keras_hub(keras.Sequential([keras.layers.Dense(2)]))
+
+
+def test_supported_backbones():
+    names = keras_attention.interop.supported_backbones()
+    assert names == sorted(names)
+    assert {"BertBackbone", "GPT2Backbone"} <= set(names)
+    for name in names:
+        assert hasattr(keras_hub.models, name)
