@@ -22,6 +22,9 @@ from keras_attention.mods import base as mods_base
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
+# The block's norms: `normalization=` -> Keras layer.
+NORMALIZATIONS = ("layer_norm", "rms_norm")
+
 
 class TransformerBlock(keras.layers.Layer):
     """Base of the transformer blocks: self-attention and feed-forward,
@@ -58,6 +61,14 @@ class TransformerBlock(keras.layers.Layer):
             "Programmable attention"); not with `window_size`.
         mask_mod: optional mask object or function of the self-attention,
             and-ed with its other masks; not with `window_size`.
+        normalization: `"layer_norm"` (default: `LayerNormalization`, with
+            a bias) or `"rms_norm"` (`RMSNormalization`, a scale only:
+            Llama, Mistral, Gemma), for every norm of the block.
+        use_bias: bool, biases in the attention projections and the
+            feed-forward network (default True; False: Llama, Mistral).
+        gated_feed_forward: bool, the gated (GLU) feed-forward
+            `FeedForward(gated=True)`: SwiGLU with `activation="silu"`
+            (default False).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -79,6 +90,9 @@ class TransformerBlock(keras.layers.Layer):
         window_size=None,
         score_mod=None,
         mask_mod=None,
+        normalization="layer_norm",
+        use_bias=True,
+        gated_feed_forward=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -123,6 +137,16 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout = dropout
         self.activation = keras.activations.get(activation)
         self.norm_first = norm_first
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"`normalization` must be one of {NORMALIZATIONS!r}. "
+                f"Received: normalization={normalization!r}"
+            )
+        self.normalization = normalization
+        self.use_bias = validation.check_bool("use_bias", use_bias)
+        self.gated_feed_forward = validation.check_bool(
+            "gated_feed_forward", gated_feed_forward
+        )
         self.layer_norm_epsilon = layer_norm_epsilon
         self.rotary_max_wavelength = rotary_max_wavelength
         self.window_size = window_size
@@ -157,6 +181,7 @@ class TransformerBlock(keras.layers.Layer):
             key_dim=self._head_dim(hidden_dim),
             num_key_value_heads=self.num_key_value_heads,
             dropout=self.dropout,
+            use_bias=self.use_bias,
             kernel_initializer=keras_utils.clone_initializer(
                 self.kernel_initializer
             ),
@@ -194,6 +219,12 @@ class TransformerBlock(keras.layers.Layer):
         return {}
 
     def _make_norm(self, name):
+        if self.normalization == "rms_norm":
+            return keras.layers.RMSNormalization(
+                epsilon=self.layer_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
@@ -208,6 +239,8 @@ class TransformerBlock(keras.layers.Layer):
             self.intermediate_dim,
             activation=self.activation,
             dropout=self.dropout,
+            use_bias=self.use_bias,
+            gated=self.gated_feed_forward,
             kernel_initializer=keras_utils.clone_initializer(
                 self.kernel_initializer
             ),
@@ -309,6 +342,9 @@ class TransformerBlock(keras.layers.Layer):
                 "activation": keras.activations.serialize(self.activation),
                 "norm_first": self.norm_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalization": self.normalization,
+                "use_bias": self.use_bias,
+                "gated_feed_forward": self.gated_feed_forward,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
                 "window_size": self.window_size,
                 "kernel_initializer": keras.initializers.serialize(

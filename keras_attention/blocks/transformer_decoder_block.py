@@ -51,7 +51,11 @@ class TransformerDecoderBlock(TransformerBlock):
             cache the window is applied as a mask over the cache, with a
             rolling one (`self_attention_cache_sink_tokens`) only the
             window is kept. None: full attention.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+        **kwargs: the block options `normalization` (`"layer_norm"`, the
+            default, or `"rms_norm"`), `use_bias` (default True) and
+            `gated_feed_forward` (default False; SwiGLU with
+            `activation="silu"`), and base layer arguments (`name`,
+            `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.

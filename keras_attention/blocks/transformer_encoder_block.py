@@ -54,7 +54,11 @@ class TransformerEncoderBlock(TransformerBlock):
             full attention.
         kernel_initializer: initializer of all dense kernels.
         bias_initializer: initializer of all dense biases.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+        **kwargs: the block options `normalization` (`"layer_norm"`, the
+            default, or `"rms_norm"`), `use_bias` (default True) and
+            `gated_feed_forward` (default False; SwiGLU with
+            `activation="silu"`), and base layer arguments (`name`,
+            `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)`.

@@ -15,13 +15,20 @@ class FeedForward(keras.layers.Layer):
     position alike; the output has the input's feature size. Keras masks
     pass through unchanged.
 
+    Gated (`gated=True`, the GLU variants of Shazeer 2020: SwiGLU with
+    `activation="silu"`, GEGLU with `"gelu"`, as in Llama, Mistral and
+    Gemma): `FFN(x) = W2 dropout(activation(x Wg + bg) * (x W1 + b1)) +
+    b2`, a third `(d, intermediate_dim)` projection `gate_dense`.
+
     Args:
         intermediate_dim: int, width of the hidden layer (`d_ff`).
         activation: activation of the hidden layer.
         dropout: float in [0, 1), dropout on the hidden activations.
         use_bias: bool.
-        kernel_initializer: initializer of both layers' kernels.
-        bias_initializer: initializer of both layers' biases.
+        kernel_initializer: initializer of the layers' kernels.
+        bias_initializer: initializer of the layers' biases.
+        gated: bool, the gated (GLU) form above; default False (the
+            Transformer's).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -38,9 +45,14 @@ class FeedForward(keras.layers.Layer):
     >>> ffn = keras_attention.layers.FeedForward(intermediate_dim=32)
     >>> tuple(ffn(np.ones((2, 5, 8), "float32")).shape)
     (2, 5, 8)
+    >>> swiglu = keras_attention.layers.FeedForward(
+    ...     32, activation="silu", use_bias=False, gated=True)
+    >>> tuple(swiglu(np.ones((2, 5, 8), "float32")).shape)
+    (2, 5, 8)
 
     References:
         - Vaswani et al., 2017, "Attention Is All You Need", section 3.3.
+        - Shazeer, 2020, "GLU Variants Improve Transformer" (`gated`).
     """
 
     def __init__(
@@ -51,6 +63,7 @@ class FeedForward(keras.layers.Layer):
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        gated=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -60,6 +73,7 @@ class FeedForward(keras.layers.Layer):
         self.dropout = validation.check_rate("dropout", dropout)
         self.activation = keras.activations.get(activation)
         self.use_bias = validation.check_bool("use_bias", use_bias)
+        self.gated = validation.check_bool("gated", gated)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -85,9 +99,16 @@ class FeedForward(keras.layers.Layer):
         )
         hidden_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
         self.intermediate_dense = self._dense(
-            self.intermediate_dim, "intermediate_dense", self.activation
+            self.intermediate_dim,
+            "intermediate_dense",
+            None if self.gated else self.activation,
         )
         self.intermediate_dense.build(inputs_shape)
+        if self.gated:
+            self.gate_dense = self._dense(
+                self.intermediate_dim, "gate_dense", self.activation
+            )
+            self.gate_dense.build(inputs_shape)
         self.dropout_layer = keras.layers.Dropout(
             self.dropout, dtype=self.dtype_policy
         )
@@ -100,6 +121,8 @@ class FeedForward(keras.layers.Layer):
             "inputs", inputs, self._features, _RANKS, _LAYOUT
         )
         hidden = self.intermediate_dense(inputs)
+        if self.gated:
+            hidden = self.gate_dense(inputs) * hidden
         hidden = self.dropout_layer(hidden, training=training)
         return self.output_dense(hidden)
 
@@ -114,6 +137,7 @@ class FeedForward(keras.layers.Layer):
                 "activation": keras.activations.serialize(self.activation),
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
+                "gated": self.gated,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

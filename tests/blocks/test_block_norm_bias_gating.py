@@ -1,0 +1,99 @@
+"""The blocks' `normalization`, `use_bias`, `gated_feed_forward` options
+and `FeedForward(gated=True)`: the forms of Llama-style models."""
+
+import keras
+import numpy as np
+import pytest
+from keras.ops import convert_to_numpy as to_numpy
+
+from keras_attention.blocks import TransformerDecoderBlock
+from keras_attention.blocks import TransformerEncoderBlock
+from keras_attention.layers import FeedForward
+
+X = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+LLAMA_STYLE = dict(
+    normalization="rms_norm",
+    use_bias=False,
+    gated_feed_forward=True,
+    activation="silu",
+    norm_first=True,
+)
+
+
+def blocks(**kwargs):
+    return [
+        TransformerEncoderBlock(2, 16, causal=True, **kwargs),
+        TransformerDecoderBlock(2, 16, cross_attention=False, **kwargs),
+    ]
+
+
+@pytest.mark.parametrize("block", blocks(), ids=["encoder", "decoder"])
+def test_defaults_keep_the_layout(block):
+    block(X)
+    names = [w.path.split("/", 1)[1] for w in block.weights]
+    assert "self_attention_norm/beta" in names
+    assert "self_attention/query/bias" in names
+    assert not any("gate_dense" in n for n in names)
+    config = block.get_config()
+    assert config["normalization"] == "layer_norm"
+    assert config["use_bias"] is True
+    assert config["gated_feed_forward"] is False
+
+
+@pytest.mark.parametrize(
+    "block", blocks(**LLAMA_STYLE), ids=["encoder", "decoder"]
+)
+def test_llama_style_weights_and_round_trip(block):
+    y = block(X)
+    names = sorted(w.path.split("/", 1)[1] for w in block.weights)
+    assert names == sorted(
+        [
+            "self_attention/query/kernel",
+            "self_attention/key/kernel",
+            "self_attention/value/kernel",
+            "self_attention/attention_output/kernel",
+            "self_attention_norm/scale",
+            "feed_forward/intermediate_dense/kernel",
+            "feed_forward/gate_dense/kernel",
+            "feed_forward/output_dense/kernel",
+            "feed_forward_norm/scale",
+        ]
+    )
+    clone = type(block).from_config(block.get_config())
+    clone(X)
+    clone.set_weights(block.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(X)), to_numpy(y), atol=1e-6)
+
+
+def test_rms_norm_is_keras_rms_normalization():
+    block = TransformerEncoderBlock(2, 16, normalization="rms_norm")
+    block(X)
+    assert isinstance(block.self_attention_norm, keras.layers.RMSNormalization)
+    assert block.self_attention_norm.epsilon == block.layer_norm_epsilon
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("normalization", "batch_norm"),
+        ("use_bias", "yes"),
+        ("gated_feed_forward", 1.5),
+    ],
+)
+def test_bad_options_name_the_argument(name, value):
+    with pytest.raises((ValueError, TypeError), match=name):
+        TransformerEncoderBlock(2, 16, **{name: value})
+
+
+def test_gated_feed_forward_formula():
+    ffn = FeedForward(16, activation="silu", gated=True)
+    y = to_numpy(ffn(X))
+    w1, b1 = (to_numpy(w) for w in ffn.intermediate_dense.weights)
+    wg, bg = (to_numpy(w) for w in ffn.gate_dense.weights)
+    w2, b2 = (to_numpy(w) for w in ffn.output_dense.weights)
+    gate = X @ wg + bg
+    hidden = gate / (1 + np.exp(-gate)) * (X @ w1 + b1)
+    np.testing.assert_allclose(y, hidden @ w2 + b2, atol=1e-5)
+    clone = FeedForward.from_config(ffn.get_config())
+    assert clone.gated is True
+    assert FeedForward(16).get_config()["gated"] is False
