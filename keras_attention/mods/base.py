@@ -16,29 +16,14 @@ function for one call. A score object with weights (a learned bias) is a
 saves its weights.
 """
 
-import contextlib
-
 import keras
 
 from keras_attention.ops.scoring import check_mod  # noqa: F401
+from keras_attention.ops.scoring import full_precision_variables
 from keras_attention.utils import keras_utils
-
-try:  # Keras >= 3.0: the scope layers use for mixed precision.
-    from keras.src.backend.common.variables import AutocastScope
-except ImportError:  # pragma: no cover
-    AutocastScope = None
 
 #: The package name mask and score objects are registered under.
 PACKAGE = "keras_attention"
-
-
-def _full_precision_variables():
-    """Variables read at their own dtype (float32), not autocast to the
-    attention layer's compute dtype: scores are float32 under every
-    policy, so a learned bias must be too."""
-    if AutocastScope is None:  # pragma: no cover
-        return contextlib.nullcontext()
-    return AutocastScope(None)
 
 
 class _Bindable:
@@ -140,7 +125,7 @@ class ScoreLayer(keras.layers.Layer, _Bindable):
     def __call__(self, score, batch, head, q_idx, kv_idx):
         # Not Layer.__call__: scores and index grids are no layer inputs
         # (no masks, no autocasting of the int indices).
-        with _full_precision_variables():
+        with full_precision_variables():
             return self.score_fn(score, batch, head, q_idx, kv_idx)
 
     def get_config(self):

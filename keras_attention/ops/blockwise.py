@@ -89,8 +89,10 @@ class _Plan:
         mask_mod=None,
         score_fn=None,
         keep_probabilities=None,
+        relative_fn=None,
     ):
         self.tq, self.tk = tq, tk
+        self.relative_fn = relative_fn
         self.query_block, self.key_block = query_block, key_block
         self.heads = heads
         self.mask_mod, self.score_fn = mask_mod, score_fn
@@ -231,6 +233,56 @@ def _score_function(plan, params):
     return score_mod
 
 
+def _distances(grid, cols):
+    """The `Bq + Bk - 1` distances `q_idx - kv_idx` of a tile, ascending
+    (1-D int32), and each pair's index among them, `(Bq, Bk)`."""
+    q = ops.reshape(grid.q_idx, (-1,))
+    kv_last = ops.reshape(grid.kv_idx, (-1,))[cols - 1]
+    start = q[0] - kv_last
+    n = q.shape[0] + cols - 1
+    distances = ops.arange(n, dtype="int32") + start
+    index = ops.reshape(grid.q_idx - grid.kv_idx, (-1, cols)) - start
+    return distances, index
+
+
+def _relative_scores(plan, params, raw, grid):
+    """`raw` `(b, h, Bq, k)` plus a relative bias (`plan.relative_fn`):
+    the tile's `Bq + Bk - 1` biases per head gathered to the tile."""
+    distances, index = _distances(grid, raw.shape[-1])
+    bias = plan.relative_fn(params, distances)  # (h | 1, n)
+    return raw + ops.take(bias, index, axis=1)[None]
+
+
+def _relative_pullback(plan, params, grid, cols):
+    """The pullback of a relative bias over one tile: `ds` `(b, h, Bq,
+    k)` is summed over the batch and along the tile's diagonals (one
+    value per distance, a skew of the padded tile: no scatter of every
+    score), then pulled back to the parameters."""
+    distances, _ = _distances(grid, cols)
+    bias, pull = _backend.vjp(
+        lambda *p: plan.relative_fn(p, distances), tuple(params)
+    )
+
+    def pullback(ds):
+        x = ops.sum(ds, axis=0)  # (h, Bq, k)
+        heads, rows = plan.heads, x.shape[1]
+        # Row i padded with Bq zeros in front and read with a stride of
+        # one more than its length: pair (i, j) lands in column
+        # Bq + j - i, so each column holds one diagonal.
+        x = ops.pad(x, ((0, 0), (0, 0), (rows, 0)))
+        width = rows + cols
+        x = ops.reshape(x, (heads, rows * width))
+        x = ops.pad(x, ((0, 0), (0, rows)))
+        x = ops.reshape(x, (heads, rows, width + 1))
+        # Column Bq + k - 1 - t holds distance `start + t`.
+        sums = ops.flip(ops.sum(x, axis=1)[:, 1:width], axis=-1)
+        if bias.shape[0] == 1:
+            sums = ops.sum(sums, axis=0, keepdims=True)
+        return (ds,) + tuple(pull(sums))
+
+    return pullback
+
+
 def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
     """Scores of one tile (`_raw_scores`), modified and masked by
     `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
@@ -241,6 +293,8 @@ def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
         tile = _grid_and_mask(plan, aux, s, i0, i1, chunk)
     grid, mask = tile
     score_mod = _score_function(plan, params)
+    if plan.relative_fn is not None:
+        s, score_mod = _relative_scores(plan, params, s, grid), None
     masked, _ = scoring.modify_scores(s, grid, score_mod, None, mask)
     return ops.reshape(masked, (-1, g, rows, cols)), tile
 
@@ -504,8 +558,22 @@ def _recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
     scores are recomputed then (for the pullback), no softmax. The score
     function runs once, its output serving both."""
     g, rows = q_t.shape[1], q_t.shape[2]
-    raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
     grid, mask = tile
+    if plan.relative_fn is not None:
+        # d score / d raw = 1: no raw scores for the pullback.
+        pull = None
+        if params:
+            pull = _relative_pullback(plan, params, grid, j1 - j0)
+        if p_t is not None:
+            return p_t, pull
+        raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
+        s = _relative_scores(plan, params, raw, grid)
+        s, _ = scoring.modify_scores(s, grid, None, None, mask)
+        s = ops.reshape(s, (-1, g, rows, j1 - j0))
+        if lse_t is None:
+            return scoring.plain_softmax(s, -1), pull
+        return ops.exp(s - lse_t), pull
+    raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
     pull = None
     s = raw
     if plan.score_fn is not None:
@@ -603,6 +671,7 @@ def blockwise_attention(
     r = h // g
     d, e = query.shape[-1], value.shape[-1]
     score_fn, params = scoring.split_score_mod(score_mod)
+    relative_fn = scoring.split_relative_bias(score_mod)
     plan = _Plan(
         b_tq,
         tk,
@@ -614,6 +683,7 @@ def blockwise_attention(
         mask_mod=mask_mod,
         score_fn=score_fn,
         keep_probabilities=keep_probabilities,
+        relative_fn=relative_fn,
     )
     if mask is not None:
         mask = ops.cast(mask, "bool")

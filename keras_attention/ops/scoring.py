@@ -34,11 +34,18 @@ evaluated on each tile while tracing, and fully masked tiles are skipped
 Axes in comments: b - batch, h - heads, i/j - query/key positions.
 """
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention.masks import combine_masks
+
+try:  # Keras >= 3.0: the scope layers use for mixed precision.
+    from keras.src.backend.common.variables import AutocastScope
+except ImportError:  # pragma: no cover
+    AutocastScope = None
 
 # Fill values and dtypes -------------------------------------------------
 
@@ -299,13 +306,17 @@ def split_score_mod(score_mod):
     q_idx, kv_idx)` reads its trainable tensors from `params` (a tuple),
     so that hand-written backward passes can differentiate them.
 
-    A Keras layer (`keras_attention.mods.ScoreLayer`) gives its trainable
-    variables' values as `params` and runs in a `keras.StatelessScope`
-    mapping the variables to them; any other callable gets `params=()`.
+    A Keras layer (`keras_attention.mods.ScoreLayer`) gives its variables'
+    values (trainable or frozen) as `params` and runs in a
+    `keras.StatelessScope` mapping the variables to them; any other
+    callable gets `params=()`.
     """
     if score_mod is None:
         return None, ()
-    variables = list(getattr(score_mod, "trainable_variables", ()) or ())
+    # Every variable, trainable or not: a frozen layer's weights are read
+    # through `params` too (a hand-written backward pass must not see a
+    # variable it is not given: TensorFlow's custom gradient refuses it).
+    variables = list(getattr(score_mod, "variables", ()) or ())
     if not isinstance(score_mod, keras.layers.Layer) or not variables:
         return (lambda params, *args: score_mod(*args)), ()
 
@@ -317,6 +328,65 @@ def split_score_mod(score_mod):
     # Keras variable is the `tf.Variable` itself, which a custom gradient
     # would see as a variable it must differentiate).
     return fn, tuple(ops.copy(v) for v in variables)
+
+
+def full_precision_variables():
+    """Variables read at their own dtype (float32), not autocast to the
+    attention layer's compute dtype: scores are float32 under every
+    policy, so a learned bias must be too."""
+    if AutocastScope is None:  # pragma: no cover
+        return contextlib.nullcontext()
+    return AutocastScope(None)
+
+
+def _defining_class(obj, name):
+    for cls in type(obj).__mro__:
+        if name in vars(cls):
+            return cls
+    return None
+
+
+def split_relative_bias(score_mod):
+    """A relative bias as `fn(params, distance) -> (heads | 1, n)`, or None.
+
+    A score object may declare that it only adds a bias depending on the
+    head and the distance `q_idx - kv_idx`, by implementing
+    `relative_bias(distance)` beside its score function: `distance` a
+    1-D int32 tensor of distances, the result float32 `(heads | 1, n)`,
+    such that `score(s, b, h, q, kv) == s + relative_bias(q - kv)[h]`
+    (`keras_attention.scores.ALiBi` and `T5RelativeBias` do). The
+    blockwise path then forms each tile's bias from the tile's
+    `Bq + Bk - 1` distances, skips the raw scores in the backward pass
+    (the derivative w.r.t. the score is 1) and sums the gradient along
+    the tile's diagonals before it reaches the weights (no scatter of
+    every score into the table). Used only when the same class defines
+    both methods: a subclass overriding one of them gets the general
+    path. `params` are those of `split_score_mod` (same order).
+    """
+    method = getattr(score_mod, "relative_bias", None)
+    if method is None or not callable(method):
+        return None
+    scorer = "score_fn" if hasattr(score_mod, "score_fn") else "__call__"
+    if _defining_class(score_mod, "relative_bias") is not _defining_class(
+        score_mod, scorer
+    ):
+        return None
+    variables = list(getattr(score_mod, "variables", ()) or ())
+    if not isinstance(score_mod, keras.layers.Layer) or not variables:
+
+        def plain(params, distance):
+            with full_precision_variables():
+                return ops.cast(method(distance), "float32")
+
+        return plain
+
+    def fn(params, distance):
+        mapping = list(zip(variables, params))
+        with keras.StatelessScope(state_mapping=mapping):
+            with full_precision_variables():
+                return ops.cast(method(distance), "float32")
+
+    return fn
 
 
 def closes_over_tensors(fn):

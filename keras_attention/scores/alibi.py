@@ -128,6 +128,17 @@ class ALiBi(ScoreLayer):
         slope = ops.take(self.slopes, head)
         return ops.subtract(score, slope * ops.cast(distance, "float32"))
 
+    def relative_bias(self, distance):
+        """The bias of each head at each distance `q_idx - kv_idx`
+        (`distance`: 1-D int32): float32 `(num_heads, n)`. The blockwise
+        path forms a tile's biases from it (`keras_attention.ops.scoring`)."""
+        if not self.built:
+            self.build(None)
+        if self.bidirectional:
+            distance = ops.abs(distance)
+        slopes = ops.convert_to_tensor(self.slopes[:, None])
+        return -slopes * ops.cast(distance, "float32")[None, :]
+
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -180,6 +180,17 @@ class T5RelativeBias(ScoreLayer):
         bias = ops.take(by_position, relative * self.num_heads + head)
         return ops.add(score, ops.cast(bias, "float32"))
 
+    def relative_bias(self, distance):
+        """The bias of each head at each distance `q_idx - kv_idx`
+        (`distance`: 1-D int32): float32 `(num_heads, n)`. The blockwise
+        path forms a tile's biases from it and sums their gradient along
+        the tile's diagonals (`keras_attention.ops.scoring`)."""
+        m = self.max_distance
+        relative = ops.clip(-distance, -m, m) + m
+        buckets = ops.take(self._buckets, relative, axis=0)
+        bias = ops.take(self.embeddings, buckets, axis=0)  # (n, heads)
+        return ops.transpose(ops.cast(bias, "float32"))
+
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -279,3 +279,101 @@ def test_one_t5_table_shared_by_every_block_trains_saves_and_loads(tmp_path):
     targets = RNG.normal(size=data.shape).astype("float32")
     model.fit(data, targets, epochs=1, verbose=0)
     assert np.abs(np_(tables[0]) - before).max() > 0
+
+
+# The relative-bias fast path ----------------------------------------------
+# ALiBi and T5 declare `relative_bias(distance)`: the blockwise path forms
+# each tile's bias from its Bq + Bk - 1 distances and sums the table's
+# gradient along the tile's diagonals. A subclass that overrides the score
+# function takes the general path (a per-score function and its vjp); the
+# two must agree, forward and backward, whatever the tiles.
+
+
+class _GeneralT5(scores.T5RelativeBias):
+    def score_fn(self, score, batch, head, q_idx, kv_idx):
+        return super().score_fn(score, batch, head, q_idx, kv_idx)
+
+
+class _GeneralALiBi(scores.ALiBi):
+    def score_fn(self, score, batch, head, q_idx, kv_idx):
+        return super().score_fn(score, batch, head, q_idx, kv_idx)
+
+
+def test_relative_bias_is_used_only_when_one_class_defines_both():
+    from keras_attention.ops import scoring
+
+    assert scoring.split_relative_bias(scores.ALiBi(num_heads=2)) is not None
+    assert scoring.split_relative_bias(_t5()) is not None
+    assert scoring.split_relative_bias(_GeneralALiBi(num_heads=2)) is None
+    assert scoring.split_relative_bias(scores.SoftCap(5.0)) is None
+
+
+@pytest.mark.parametrize(
+    "blocks,keep",
+    [((8, 8), None), ((5, 24), True), ((7, 10), False), ((24, 9), None)],
+)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_t5_relative_path_equals_the_general_path(blocks, keep, bidirectional):
+    fast = _t5(bidirectional)
+    general = _GeneralT5(
+        num_buckets=8, max_distance=16, bidirectional=bidirectional
+    )
+    general.build(H)
+    general.embeddings.assign(fast.embeddings)
+    options = dict(
+        query_block=blocks[0], key_block=blocks[1], keep_probabilities=keep
+    )
+    for causal in (True, False):
+        np.testing.assert_allclose(
+            np_(attend(fast, "blockwise", options, causal)),
+            np_(attend(general, "blockwise", options, causal)),
+            atol=2e-6,
+        )
+    want = _gradients(general, "blockwise", options, general.embeddings)
+    got = _gradients(fast, "blockwise", options, fast.embeddings)
+    for name, a, b in zip(["q", "k", "v", "table"], want, got):
+        np.testing.assert_allclose(b, a, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_alibi_relative_path_gradients_equal_the_general_path(bidirectional):
+    options = dict(query_block=7, key_block=10, keep_probabilities=False)
+    want = _gradients(
+        _GeneralALiBi(num_heads=H, bidirectional=bidirectional),
+        "blockwise",
+        options,
+        None,
+    )
+    got = _gradients(
+        scores.ALiBi(num_heads=H, bidirectional=bidirectional),
+        "blockwise",
+        options,
+        None,
+    )
+    for name, a, b in zip("qkv", want, got):
+        np.testing.assert_allclose(b, a, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("path,options", PATHS)
+def test_a_frozen_t5_table_is_read_not_trained(path, options):
+    # `trainable=False` (fine-tuning with frozen layers): its weight is
+    # still read on every path (TensorFlow's custom gradient refused a
+    # variable it was not given); the inputs' gradients are unchanged.
+    bias = _t5()
+    want = _gradients(bias, path, options, None)
+    bias.trainable = False
+    got = _gradients(bias, path, options, None)
+    for name, a, b in zip("qkv", want, got):
+        np.testing.assert_allclose(b, a, atol=1e-6, err_msg=name)
+    frozen = scores.T5RelativeBias(num_buckets=8, max_distance=16)
+    inputs = keras.Input((6, 8))
+    model = keras.Model(
+        inputs, ka.SelfAttention(2, 4, causal=True, score_mod=frozen)(inputs)
+    )
+    frozen.trainable = False
+    assert len(model.trainable_weights) == 8  # q, k, v, o: not the table
+    before = np.array(np_(frozen.embeddings), copy=True)
+    model.compile("sgd", "mse")
+    x = RNG.normal(size=(4, 6, 8)).astype("float32")
+    model.fit(x, x, epochs=2, verbose=0)
+    np.testing.assert_array_equal(np_(frozen.embeddings), before)
