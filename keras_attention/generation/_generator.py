@@ -494,8 +494,8 @@ class Generator:
             index, block = limit
             raise ValueError(
                 "`sink_tokens` needs a rolling cache, so windowed "
-                "self-attention (`window_size`) without score or mask "
-                f"functions in every block; block {index} ({block.name!r}, "
+                "self-attention (`window_size`) in every block; block "
+                f"{index} ({block.name!r}, "
                 f"self-attention {type(block.self_attention).__name__}) "
                 f"has none. Received: sink_tokens={sink_tokens!r}"
             )

@@ -77,8 +77,9 @@ def stack_caches(caches):
 
 def unwindowed_block(blocks):
     """The first block whose self-attention cannot use a rolling cache
-    (not windowed, or with score or mask functions), as `(index, block)`;
-    None when every one can.
+    (not windowed), as `(index, block)`; None when every one can. Score
+    and mask functions do not prevent it: they see the absolute position
+    each slot holds.
 
     Args:
         blocks: list of built `TransformerDecoderBlock`s.
@@ -90,8 +91,6 @@ def unwindowed_block(blocks):
         attention = block.self_attention
         window = getattr(attention, "cache_window", None)
         if window is None or window() is None:
-            return index, block
-        if attention.score_mod is not None or attention.mask_mod is not None:
             return index, block
     return None
 

@@ -114,8 +114,9 @@ class CausalLMGenerator(Generator):
                 (windowed models, samplers that draw each token from the
                 logits alone: greedy, top-k, top-p, random).
 
-        With every self-attention windowed (`window_size`, without score
-        or mask functions), the generator keeps a rolling cache of
+        With every self-attention windowed (`window_size`; score and mask
+        objects such as `ALiBi` or `T5RelativeBias` see absolute
+        positions), the generator keeps a rolling cache of
         `sink_tokens + window + 1` slots per block (`rolling_cache_size`):
         each token costs the same time and memory whatever its position,
         and `max_length` is bounded only by learned position tables
@@ -167,8 +168,8 @@ class CausalLMGenerator(Generator):
             index, block = unwindowed_block(self.blocks)
             raise ValueError(
                 "`stream` needs a rolling cache, so windowed self-attention "
-                "(`window_size`) without score or mask functions in every "
-                f"block; block {index} ({block.name!r}) has none. "
+                f"(`window_size`) in every block; block {index} "
+                f"({block.name!r}) has none. "
                 f"Received: stream={stream!r}"
             )
         if _checks.is_integer(max_length):

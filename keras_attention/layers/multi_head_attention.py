@@ -10,6 +10,7 @@ from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import DocumentMask
 from keras_attention.mods.masks import KerasSlidingWindowMask
+from keras_attention.ops import scoring
 from keras_attention.ops.attention import dense_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
@@ -325,8 +326,9 @@ class MultiHeadAttention(
             cache_update_index - 1` must have been written in order. Each
             query attends to the cached positions within its window or
             below `cache_sink_tokens`, and to this call's keys up to its
-            own; then this call's keys and values are written. A step costs
-            `O(S)` whatever its position. `S` must be at least
+            own; then this call's keys and values are written (score and
+            mask functions see absolute positions). A step costs `O(S)`
+            whatever its position. `S` must be at least
             `cache_sink_tokens + sliding_window`; `attention_mask` (if
             any) covers `S + T` keys: the `S` slots, then this call's `T`.
         segment_ids: optional integer `(batch, T)` (self-attention, no
@@ -1037,6 +1039,7 @@ class MultiHeadAttention(
                 cache_update_index,
                 cache_sink_tokens,
                 step_inputs,
+                mod_inputs,
             )
             return self._finish(
                 result, scores, cache, gate, return_attention_scores
@@ -1148,9 +1151,7 @@ class MultiHeadAttention(
 
     def _check_rolling_cache(self, cache, cache_update_index, sink_tokens):
         """`ValueError` unless a rolling cache can be used here: a window,
-        no score or mask functions (they would see slot indices, not
-        positions), an update index, and room for the window beside the
-        sinks."""
+        an update index, and room for the window beside the sinks."""
         window = self.cache_window()
         size = cache.shape[2] if cache is not None else None
         problem = None
@@ -1165,11 +1166,6 @@ class MultiHeadAttention(
             problem = (
                 "a rolling cache needs windowed attention (`sliding_window`, "
                 "or `LocalSelfAttention`'s causal `window_size`)"
-            )
-        elif self.score_mod is not None or self.mask_mod is not None:
-            problem = (
-                "a rolling cache does not take `score_mod` or `mask_mod` "
-                "(they would see cache slots, not positions)"
             )
         elif size is not None and size < sink_tokens + window + 1:
             problem = (
@@ -1198,6 +1194,7 @@ class MultiHeadAttention(
         start,
         sink_tokens,
         step_inputs,
+        mod_inputs=None,
     ):
         """Attention of `T` queries at positions `start ..` over a rolling
         cache (positions `0 .. start - 1` written in order, see
@@ -1206,7 +1203,9 @@ class MultiHeadAttention(
 
         Keys are `[cache slots, this call's T keys]`: each query sees those
         whose position is at most its own, within the window or below
-        `sink_tokens`. Returns `(heads result, scores or None, cache)`.
+        `sink_tokens`. Score and mask functions see absolute positions:
+        the query's, and the one each slot holds (`scoring.AtPositions`).
+        Returns `(heads result, scores or None, cache)`.
         """
         self._check_rolling_cache(cache, start, sink_tokens)
         size, steps = cache.shape[2], q.shape[1]
@@ -1239,12 +1238,25 @@ class MultiHeadAttention(
             key_mask=key_mask,
             attention_mask=mask,
         )
+        # The functions index keys by slot: give them the positions (an
+        # unwritten slot, -1, is masked; any valid position will do).
+        mods = mods_base.bind_all(self.score_mod, self.mask_mod, mod_inputs)
+        score_mod, mask_mod = (
+            None
+            if fn is None
+            else scoring.AtPositions(
+                fn, query_positions, ops.maximum(key_positions, 0)
+            )
+            for fn in mods
+        )
         result = self._attention_step(
             q,
             k,
             v,
             return_attention_scores,
             training,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
             **masks,
             **(step_inputs or {}),
         )

@@ -160,6 +160,61 @@ class Grid:
         return iter((self.batch, self.head, self.q_idx, self.kv_idx))
 
 
+class AtPositions:
+    """A score or mask function seen through a position table: the query
+    and key indices of the block (`0 ..` along the axes of the scores) are
+    replaced by `q_positions[q_idx]` and `kv_positions[kv_idx]` before
+    `fn` sees them.
+
+    For keys that are not in position order: a rolling key/value cache
+    holds its positions in ring slots, so the index of a key along the
+    scores is its slot, not its position. Indices beyond a table (padding
+    of a tile) read its last entry; give the entries of slots that hold
+    no position any valid position (they are masked anyway).
+    `split_score_mod` and `closes_over_tensors` see through it to `fn`
+    (a `ScoreLayer` keeps passing its weights explicitly).
+
+    Args:
+        fn: `score_mod(score, batch, head, q_idx, kv_idx)` or
+            `mask_mod(batch, head, q_idx, kv_idx)` (the indices are the
+            last two arguments either way).
+        q_positions: int `(Tq,)` tensor, the position of each query.
+        kv_positions: int `(Tk,)` tensor, the position of each key.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> from keras_attention.ops.scoring import AtPositions
+    >>> distance = AtPositions(
+    ...     lambda b, h, q, kv: q - kv, np.array([7]), np.array([5, 6, 4]))
+    >>> keras.ops.convert_to_numpy(
+    ...     distance(0, 0, np.zeros((1, 1)), np.arange(3)[None])).tolist()
+    [[2, 1, 3]]
+    """
+
+    def __init__(self, fn, q_positions, kv_positions):
+        self.fn = fn
+        self.q_positions = ops.cast(q_positions, "int32")
+        self.kv_positions = ops.cast(kv_positions, "int32")
+
+    @staticmethod
+    def _look_up(table, index):
+        last = ops.shape(table)[0] - 1
+        index = ops.clip(ops.cast(index, "int32"), 0, last)
+        return ops.take(table, index)
+
+    def positions(self, q_idx, kv_idx):
+        """`(q_positions[q_idx], kv_positions[kv_idx])`."""
+        return (
+            self._look_up(self.q_positions, q_idx),
+            self._look_up(self.kv_positions, kv_idx),
+        )
+
+    def __call__(self, *args):
+        return self.fn(*args[:-2], *self.positions(*args[-2:]))
+
+
 def modify_scores(scores, grid, score_mod=None, mask_mod=None, mask=None):
     """The one place scores are modified and masked.
 
@@ -313,6 +368,14 @@ def split_score_mod(score_mod):
     """
     if score_mod is None:
         return None, ()
+    if isinstance(score_mod, AtPositions):
+        inner, params = split_score_mod(score_mod.fn)
+
+        def at_positions(params, score, batch, head, q_idx, kv_idx):
+            q_idx, kv_idx = score_mod.positions(q_idx, kv_idx)
+            return inner(params, score, batch, head, q_idx, kv_idx)
+
+        return at_positions, params
     # Every variable, trainable or not: a frozen layer's weights are read
     # through `params` too (a hand-written backward pass must not see a
     # variable it is not given: TensorFlow's custom gradient refuses it).
@@ -395,6 +458,8 @@ def closes_over_tensors(fn):
     attributes): its gradients would not reach them through a hand-
     written backward pass. Layers (`ScoreLayer`) pass their weights
     explicitly and are not such functions."""
+    if isinstance(fn, AtPositions):
+        return closes_over_tensors(fn.fn)
     if fn is None or isinstance(fn, keras.layers.Layer):
         return False
     cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]

@@ -1,8 +1,10 @@
 """The rolling key/value cache of windowed models: cached generation
 against the uncached windowed forward pass (several wraps of the ring,
 grouped-query attention, chunked prompts), attention sinks against the
-uncached mask "window or first k keys", streaming, lengths beyond every
-position table, and the arguments refused (every backend)."""
+uncached mask "window or first k keys", score and mask objects (ALiBi, T5
+relative bias, soft-capping, a chunked mask) on absolute positions,
+streaming, lengths beyond every position table, and the arguments refused
+(every backend)."""
 
 import keras
 import keras_hub
@@ -17,9 +19,13 @@ from keras_attention.generation import rolling_cache_size
 from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.mods import ChunkedCausalMask
 from keras_attention.mods import MaskMod
 from keras_attention.mods import SlidingWindowMask
 from keras_attention.mods import or_masks
+from keras_attention.scores import ALiBi
+from keras_attention.scores import SoftCap
+from keras_attention.scores import T5RelativeBias
 
 VOCAB, END = 17, 16
 WINDOWS = (3, 5)  # ring of 6 slots: the test lengths wrap it many times
@@ -112,6 +118,80 @@ def assert_greedy(model, prompt, tokens):
         np.testing.assert_array_equal(
             tokens[row, length:], logits[row, length - 1 : -1].argmax(-1)
         )
+
+
+# Score and mask objects: built per block (T5's table is a weight).
+MODS = {
+    "alibi": lambda: dict(score_mod=ALiBi()),
+    "t5": lambda: dict(
+        score_mod=T5RelativeBias(
+            num_buckets=8,
+            max_distance=16,
+            bidirectional=False,
+            embeddings_initializer="random_normal",
+        )
+    ),
+    "softcap_chunked": lambda: dict(
+        score_mod=SoftCap(2.0), mask_mod=ChunkedCausalMask(4)
+    ),
+}
+
+
+def build_lm_with_mods(mods, windows=WINDOWS):
+    """`build_lm`'s grouped-query model without rotary positions, each
+    windowed block with the score/mask objects of `MODS[mods]` (ALiBi and
+    T5 carry the positions). Returns `(model, generator)`."""
+    embedding = keras.layers.Embedding(VOCAB, 16, mask_zero=True)
+    blocks = [
+        TransformerDecoderBlock(
+            num_heads=4,
+            intermediate_dim=32,
+            cross_attention=False,
+            num_key_value_heads=2,
+            norm_first=True,
+            window_size=window,
+            **MODS[mods](),
+        )
+        for window in windows
+    ]
+    head = keras.layers.Dense(VOCAB)
+    ids = keras.Input((None,), dtype="int32")
+    x = embedding(ids)
+    for block in blocks:
+        x = block(x)
+    return keras.Model(ids, head(x)), CausalLMGenerator(embedding, blocks, head)
+
+
+@pytest.mark.parametrize("mods", sorted(MODS))
+def test_score_objects_see_positions_on_the_rolling_cache(mods):
+    # 29 positions through a ring of 6 slots (about five wraps), one, four
+    # and nine at a time: the functions must see each slot's position.
+    keras.utils.set_random_seed(5)
+    model, lm = build_lm_with_mods(mods)
+    ids = random_tokens((2, 29), seed=2)
+    ids[1, 17] = 0  # a token the embedding masks
+    full = to_numpy(model(ids))
+    valid = ids != 0
+    for chunk in (1, 4, 9):
+        rolled = rolling_logits(lm, ids, chunk)
+        np.testing.assert_allclose(rolled[valid], full[valid], atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+@pytest.mark.parametrize("mods", ["alibi", "t5"])
+def test_greedy_with_score_objects_uses_the_rolling_cache(mods):
+    keras.utils.set_random_seed(6)
+    model, lm = build_lm_with_mods(mods)
+    # A rolling cache (streaming needs one), prompts longer than a
+    # prefill chunk (32) and of different lengths.
+    assert rolling_cache_size(lm.blocks) == max(WINDOWS) + 1
+    prompt = np.zeros((2, 36), "int32")
+    prompt[0] = random_tokens(36, seed=7)
+    prompt[1, :5] = random_tokens(5, seed=8)
+    tokens, _ = lm.generate(prompt, max_length=50, sampler="greedy")
+    assert_greedy(model, prompt, tokens)
+    pieces = list(lm.generate(prompt, max_length=50, stream=8))
+    np.testing.assert_array_equal(np.concatenate(pieces, 1), to_numpy(tokens))
 
 
 def test_cache_holds_the_window_only():
