@@ -2,6 +2,8 @@
 
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.gpt2 import convert_gpt2
+from keras_attention.interop.llama import convert_llama
+from keras_attention.interop.mistral import convert_mistral
 
 # keras-hub backbone class name (in `keras_hub.models`) -> its converter.
 # Resolved to the classes at call time: keras-hub is an optional extra,
@@ -9,6 +11,8 @@ from keras_attention.interop.gpt2 import convert_gpt2
 CONVERTERS = {
     "BertBackbone": convert_bert,
     "GPT2Backbone": convert_gpt2,
+    "LlamaBackbone": convert_llama,
+    "MistralBackbone": convert_mistral,
 }
 
 
@@ -38,18 +42,20 @@ def from_keras_hub(backbone):
     (`token_ids`, `padding_mask`, and BERT's `segment_ids`, int
     `(batch, T)`) and outputs, equal to the backbone's at every real (not
     padded) position (float32: within 1e-5 on TensorFlow, JAX and
-    PyTorch). At padded query positions the values differ: our attention
-    gives a padded query a zero attention result, keras-hub lets it attend
-    to the real keys; neither is meaningful. Every feature of the library
-    then works on the model: attention weights of every layer
-    (`keras_attention.visualization.collect_attention`), score and mask
-    objects, the blockwise path, layout maps. It saves as `.keras` and
+    PyTorch; left or right padding). At padded query positions the values
+    differ: our attention gives a padded query a zero attention result,
+    keras-hub lets it attend to the real keys; neither is meaningful.
+    Every feature of the library then works on the model: attention
+    weights of every layer (`visualization.collect_attention`), score and
+    mask objects, the blockwise path, layout maps. It saves as `.keras` and
     reloads with `safe_mode=True`.
 
-    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone` and their
-    subclasses (`supported_backbones()`); one converter per family in
-    `keras_attention.interop.<family>`, where the table of weight paths
-    (theirs -> ours) is `WEIGHT_TABLE`.
+    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`,
+    `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
+    `MistralBackbone` (its sliding window as the blocks' `window_size`)
+    and their subclasses (`supported_backbones()`); one converter per
+    family in `keras_attention.interop.<family>`, where the table of
+    weight paths (theirs -> ours) is `WEIGHT_TABLE`.
 
     Args:
         backbone: a built keras-hub backbone (`keras_hub.models.*Backbone`,
@@ -88,6 +94,9 @@ def from_keras_hub(backbone):
         - Devlin et al., 2019, "BERT".
         - Radford et al., 2019, "Language Models are Unsupervised Multitask
           Learners" (GPT-2).
+        - Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
+          Language Models".
+        - Jiang et al., 2023, "Mistral 7B".
     """
     import keras_hub  # an optional extra, needed only to convert
 

@@ -18,35 +18,40 @@ VOCAB, LENGTH, BATCH = 20, 8, 2
 # token, which must be real) or a left-padded one (the causal models).
 PADDING = {
     "bert": [[1] * 5 + [0] * 3, [1] * 8],
-    "gpt2": [[1] * 5 + [0] * 3, [0] * 3 + [1] * 5],
+    "causal": [[1] * 5 + [0] * 3, [0] * 3 + [1] * 5],
 }
+HEADS = 4
 TOLERANCE = 1e-5
 
 
-def tiny(name):
+def tiny(name, **kwargs):
     common = dict(
-        vocabulary_size=VOCAB,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
+        vocabulary_size=VOCAB, num_layers=2, hidden_dim=16, intermediate_dim=16
     )
-    if name == "bert":
-        return keras_hub.models.BertBackbone(
-            max_sequence_length=LENGTH, **common
+    models = keras_hub.models
+    if name in ("bert", "gpt2"):
+        cls = models.BertBackbone if name == "bert" else models.GPT2Backbone
+        return cls(
+            num_heads=HEADS, max_sequence_length=LENGTH, **common, **kwargs
         )
-    if name == "gpt2":
-        return keras_hub.models.GPT2Backbone(
-            max_sequence_length=LENGTH, **common
+    llama_style = dict(num_query_heads=HEADS, num_key_value_heads=2, **common)
+    if name == "llama":
+        return models.LlamaBackbone(**llama_style, **kwargs)
+    if name == "llama3":  # a subclass of LlamaBackbone
+        return models.Llama3Backbone(**llama_style, **kwargs)
+    if name == "mistral":
+        # A window shorter than the inputs; heads of 6 (not 16 // 4).
+        return models.MistralBackbone(
+            sliding_window=3, head_dim=6, **llama_style, **kwargs
         )
     raise ValueError(name)
 
 
-FAMILIES = ("bert", "gpt2")
+FAMILIES = ("bert", "gpt2", "llama", "llama3", "mistral")
 
 
 def family(backbone):
-    return "bert" if "segment_ids" in backbone.input else "gpt2"
+    return "bert" if "segment_ids" in backbone.input else "causal"
 
 
 def make_inputs(backbone, seed=0):
@@ -132,7 +137,7 @@ def test_attention_weights_of_every_layer(converted):
     maps = keras_attention.visualization.collect_attention(model, inputs)
     assert len(maps) == 2  # one per layer
     for weights in maps.values():
-        assert weights.shape == (BATCH, 2, LENGTH, LENGTH)
+        assert weights.shape[:3] == (BATCH, HEADS, LENGTH)
 
 
 def test_keras_round_trip_safe_mode(converted, tmp_path):
@@ -151,8 +156,23 @@ def test_unsupported_backbone_lists_the_supported_ones():
     other = keras_hub.models.Backbone(
         inputs=ids, outputs=keras.layers.Embedding(4, 2)(ids)
     )
-    with pytest.raises(ValueError, match="BertBackbone, GPT2Backbone"):
+    with pytest.raises(
+        ValueError,
+        match="BertBackbone, GPT2Backbone, LlamaBackbone, MistralBackbone",
+    ):
         from_keras_hub(other)
+
+
+@pytest.mark.parametrize(
+    "name, argument, value",
+    [
+        ("llama", "rope_position_scaling_factor", 8.0),
+        ("mistral", "rope_scaling_factor", 2.0),
+    ],
+)
+def test_rope_scaling_is_refused_by_name(name, argument, value):
+    with pytest.raises(ValueError, match=argument):
+        from_keras_hub(tiny(name, **{argument: value}))
 
 
 def test_not_a_backbone():
@@ -163,6 +183,11 @@ def test_not_a_backbone():
 def test_supported_backbones():
     names = keras_attention.interop.supported_backbones()
     assert names == sorted(names)
-    assert {"BertBackbone", "GPT2Backbone"} <= set(names)
+    assert names == [
+        "BertBackbone",
+        "GPT2Backbone",
+        "LlamaBackbone",
+        "MistralBackbone",
+    ]
     for name in names:
         assert hasattr(keras_hub.models, name)

@@ -1,0 +1,178 @@
+"""keras-hub's `LlamaBackbone` rebuilt from `keras_attention` blocks."""
+
+import keras
+
+from keras_attention.blocks.transformer_decoder_block import (
+    TransformerDecoderBlock,
+)
+from keras_attention.interop import _common
+
+# Their weight path prefix -> ours (`{i}`: the layer index); the weights
+# under each prefix have the same names and shapes on both sides (the
+# attention projections have no biases; `query` is `(hidden, heads,
+# head_dim)`, `key`/`value` `(hidden, kv_heads, head_dim)`).
+WEIGHT_TABLE = (
+    ("token_embedding", "token_embedding"),
+    (
+        "transformer_layer_{i}/self_attention",
+        "transformer_layer_{i}/self_attention",
+    ),
+    (
+        "transformer_layer_{i}/self_attention_layernorm",
+        "transformer_layer_{i}/self_attention_norm",
+    ),
+    (
+        "transformer_layer_{i}/feedforward_intermediate_dense",
+        "transformer_layer_{i}/feed_forward/intermediate_dense",
+    ),
+    (
+        "transformer_layer_{i}/feedforward_gate_dense",
+        "transformer_layer_{i}/feed_forward/gate_dense",
+    ),
+    (
+        "transformer_layer_{i}/feedforward_output_dense",
+        "transformer_layer_{i}/feed_forward/output_dense",
+    ),
+    (
+        "transformer_layer_{i}/feedforward_layernorm",
+        "transformer_layer_{i}/feed_forward_norm",
+    ),
+    ("sequence_output_layernorm", "sequence_output_layernorm"),
+)
+
+
+def check_no_rope_scaling(backbone, **arguments):
+    """`ValueError` naming the first RoPE scaling argument of `backbone`
+    that is set (a factor other than 1, or any Llama 3.1 argument): the
+    blocks' rotary embeddings take only a maximum wavelength."""
+    for name, value in arguments.items():
+        is_factor = name.endswith("scaling_factor")
+        if value is not None and not (is_factor and value == 1):
+            raise ValueError(
+                f"{type(backbone).__name__} with RoPE scaling is not "
+                "supported yet (the blocks take `rotary_max_wavelength` "
+                f"only). Received: {name}={value!r}"
+            )
+
+
+def build_llama_style(backbone, config, window_size=None, key_dim=None):
+    """The Llama-style model: a token embedding (`ReversibleEmbedding`,
+    tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
+    with RMS norms, no biases, grouped-query attention, rotary positions
+    and a SwiGLU feed-forward, then a final RMS norm; the backbone's
+    weights copied in by `WEIGHT_TABLE`.
+
+    Args:
+        backbone: the keras-hub backbone.
+        config: dict with `vocabulary_size`, `num_layers`,
+            `num_query_heads`, `num_key_value_heads`, `hidden_dim`,
+            `intermediate_dim`, `rope_max_wavelength`,
+            `layer_norm_epsilon`, `dropout`, `tie_word_embeddings`.
+        window_size: optional int, the blocks' causal `window_size`
+            (position `i` sees `i - window_size .. i`).
+        key_dim: optional int, the head size (default `hidden_dim //
+            num_query_heads`).
+
+    Returns:
+        The converted `keras.Model`.
+    """
+    dtype = backbone.dtype_policy
+    inputs = _common.token_inputs("token_ids", "padding_mask")
+    x = keras.layers.ReversibleEmbedding(
+        config["vocabulary_size"],
+        config["hidden_dim"],
+        tie_weights=config["tie_word_embeddings"],
+        dtype=dtype,
+        name="token_embedding",
+    )(inputs["token_ids"])
+    for i in range(config["num_layers"]):
+        x = TransformerDecoderBlock(
+            num_heads=config["num_query_heads"],
+            intermediate_dim=config["intermediate_dim"],
+            cross_attention=False,
+            key_dim=key_dim,
+            num_key_value_heads=config["num_key_value_heads"],
+            dropout=config["dropout"],
+            activation="silu",
+            norm_first=True,
+            layer_norm_epsilon=config["layer_norm_epsilon"],
+            rotary_max_wavelength=config["rope_max_wavelength"],
+            window_size=window_size,
+            normalization="rms_norm",
+            use_bias=False,
+            gated_feed_forward=True,
+            dtype=dtype,
+            name=f"transformer_layer_{i}",
+        )(x, padding_mask=inputs["padding_mask"])
+    x = keras.layers.RMSNormalization(
+        epsilon=config["layer_norm_epsilon"],
+        dtype=dtype,
+        name="sequence_output_layernorm",
+    )(x)
+    model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
+    prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
+    _common.copy_weights(backbone, model, prefixes)
+    return model
+
+
+def convert_llama(backbone):
+    """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
+    `LlamaBackbone` (and `Llama3Backbone`), holding a copy of its weights.
+
+    Inputs `token_ids`, `padding_mask` (int `(batch, T)`); output the
+    sequence output `(batch, T, hidden)`. Pre-norm decoder blocks with
+    `normalization="rms_norm"`, `use_bias=False`, grouped-query attention
+    (`num_key_value_heads`), rotary positions (`rotary_max_wavelength`)
+    and `gated_feed_forward=True` with `activation="silu"` (SwiGLU). RoPE
+    scaling (`rope_position_scaling_factor` other than 1, Llama 3.1's
+    frequency adjustment) is not supported yet: `ValueError`.
+
+    Args:
+        backbone: a built `keras_hub.models.LlamaBackbone`.
+
+    Returns:
+        The converted `keras.Model`.
+
+    Example:
+
+    >>> import keras_hub
+    >>> from keras_attention.interop.llama import convert_llama
+    >>> backbone = keras_hub.models.LlamaBackbone(
+    ...     vocabulary_size=20, num_layers=1, num_query_heads=4,
+    ...     num_key_value_heads=2, hidden_dim=8, intermediate_dim=16)
+    >>> convert_llama(backbone).output.shape
+    (None, None, 8)
+
+    References:
+        - Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
+          Language Models".
+    """
+    get = backbone.get_config()
+    check_no_rope_scaling(
+        backbone,
+        rope_position_scaling_factor=get.get("rope_position_scaling_factor"),
+        rope_frequency_adjustment_factor=get.get(
+            "rope_frequency_adjustment_factor"
+        ),
+        rope_low_freq_factor=get.get("rope_low_freq_factor"),
+        rope_high_freq_factor=get.get("rope_high_freq_factor"),
+        rope_pretraining_sequence_length=get.get(
+            "rope_pretraining_sequence_length"
+        ),
+    )
+    config = {
+        name: _common.config_value(backbone, name)
+        for name in (
+            "vocabulary_size",
+            "num_layers",
+            "num_query_heads",
+            "num_key_value_heads",
+            "hidden_dim",
+            "intermediate_dim",
+            "rope_max_wavelength",
+            "layer_norm_epsilon",
+            "dropout",
+            "tie_word_embeddings",
+        )
+    }
+    return build_llama_style(backbone, config)
