@@ -1,0 +1,90 @@
+"""Measures how equal `keras_attention.interop.from_keras_hub` models are
+to their keras-hub backbones, on the current Keras backend.
+
+Random backbones (no downloads) of 4 layers, hidden size 64 (4 heads; 2
+key/value heads for Llama and Mistral, Mistral's window 16), a batch of 4
+sequences of 64 tokens with padding (right-padded rows, and a left-padded
+one for the causal models); prints the largest absolute difference of
+each output over the real positions, as a Markdown table row per family:
+
+    KERAS_BACKEND=jax python tools/interop_equality.py
+
+The figures are those of docs/guides/pretrained.md.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+import numpy as np  # noqa: E402
+from keras.ops import convert_to_numpy as to_numpy  # noqa: E402
+
+from keras_attention.interop import from_keras_hub  # noqa: E402
+
+LENGTH, BATCH, VOCAB = 64, 4, 100
+REAL_LENGTHS = (64, 40, 17, 50)
+
+
+def backbones():
+    models = keras_hub.models
+    common = dict(
+        vocabulary_size=VOCAB, num_layers=4, hidden_dim=64, intermediate_dim=128
+    )
+    llama_style = dict(num_query_heads=4, num_key_value_heads=2, **common)
+    return {
+        "BERT": models.BertBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
+        "GPT-2": models.GPT2Backbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
+        "Llama": models.LlamaBackbone(**llama_style),
+        "Mistral": models.MistralBackbone(sliding_window=16, **llama_style),
+    }
+
+
+def inputs(backbone, rng):
+    causal = "segment_ids" not in backbone.input
+    padding = np.zeros((BATCH, LENGTH), "int32")
+    for row, n in enumerate(REAL_LENGTHS):
+        if causal and row == BATCH - 1:
+            padding[row, LENGTH - n :] = 1  # left padding
+        else:
+            padding[row, :n] = 1
+    ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32") * padding
+    out = {"token_ids": ids, "padding_mask": padding}
+    if not causal:
+        segments = (np.arange(LENGTH)[None] >= 10).astype("int32")
+        out["segment_ids"] = np.repeat(segments, BATCH, 0) * padding
+    return out
+
+
+def errors(backbone, rng):
+    data = inputs(backbone, rng)
+    ours, theirs = from_keras_hub(backbone)(data), backbone(data)
+    if not isinstance(theirs, dict):
+        ours, theirs = {"sequence_output": ours}, {"sequence_output": theirs}
+    real = data["padding_mask"].astype(bool)
+    out = {}
+    for key in sorted(theirs):
+        diff = np.abs(to_numpy(ours[key]) - to_numpy(theirs[key]))
+        out[key] = float(diff[real].max() if diff.ndim == 3 else diff.max())
+    return out
+
+
+def main():
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    backend = keras.backend.backend()
+    print("| family | backend | largest difference (real positions) |")
+    print("|---|---|---|")
+    for name, backbone in backbones().items():
+        found = errors(backbone, rng)
+        text = ", ".join(f"`{k}` {v:.1e}" for k, v in found.items())
+        print(f"| {name} | {backend} | {text} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
