@@ -133,6 +133,17 @@ def vjp(fn, primals):
     raise NotImplementedError(f"vjp on the {backend!r} backend")
 
 
+def tanh_grad(t, d):
+    """`d * (1 - t ** 2)`: the gradient through `t = tanh(x)` from `t`
+    (one fused op on TensorFlow, `TanhGrad`; XLA and PyTorch fuse or run
+    the elementwise form)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.raw_ops.TanhGrad(y=t, dy=d)
+    return d * (1.0 - t * t)
+
+
 def after(tensors, dependencies):
     """`tensors` (a tuple), computed only after `dependencies` (a list of
     tensors; None entries ignored).

@@ -90,9 +90,10 @@ class _Plan:
         score_fn=None,
         keep_probabilities=None,
         relative_fn=None,
+        soft_cap=None,
     ):
         self.tq, self.tk = tq, tk
-        self.relative_fn = relative_fn
+        self.relative_fn, self.soft_cap = relative_fn, soft_cap
         self.query_block, self.key_block = query_block, key_block
         self.heads = heads
         self.mask_mod, self.score_fn = mask_mod, score_fn
@@ -212,14 +213,27 @@ def _live(plan, chunk, mask):
     return ops.any(mask)
 
 
-def _raw_scores(plan, q_t, k_c, i0, i1):
+def _raw_scores(plan, q_t, k_c, i0, i1, scale=None):
     """Scores of one tile, formed in the keys' dtype `k_c` (`score_dtype`:
     float32 for float16, whose products of large queries and keys would
-    overflow; bfloat16 stays bfloat16): float32 `(b, h, Bq, k)`."""
+    overflow; bfloat16 stays bfloat16): float32 `(b, h, Bq, k)`, times
+    `scale` if given (applied to the tile's queries in float32: a
+    `(b, g, q, d)` product instead of a `(b, g, q, k)` one)."""
     cols = k_c.shape[2]
-    s = ops.einsum("bgqd,bgkd->bgqk", ops.cast(q_t, k_c.dtype), k_c)
+    q_t = ops.cast(q_t, k_c.dtype)
+    prescale = scale is not None and k_c.dtype == "float32"
+    if prescale:
+        q_t = q_t * scale
+    s = ops.einsum("bgqd,bgkd->bgqk", q_t, k_c)
     # (b, g, r Bq, k) -> (b, h, Bq, k): query head g r + r'.
-    return ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+    s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+    return s * scale if scale is not None and not prescale else s
+
+
+def _soft_capped_tanh(plan, q_t, k_c, i0, i1):
+    """`tanh(raw / cap)` of one tile (`plan.soft_cap`): the scores are
+    `cap` times it, and its derivative `1 - tanh^2` is read from it."""
+    return ops.tanh(_raw_scores(plan, q_t, k_c, i0, i1, 1.0 / plan.soft_cap))
 
 
 def _score_function(plan, params):
@@ -288,11 +302,15 @@ def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
     `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
     tile's grid and mask."""
     g, rows, cols = q_t.shape[1], q_t.shape[2], k_c.shape[2]
-    s = _raw_scores(plan, q_t, k_c, i0, i1)
+    score_mod = _score_function(plan, params)
+    if plan.soft_cap is not None:
+        s = plan.soft_cap * _soft_capped_tanh(plan, q_t, k_c, i0, i1)
+        score_mod = None
+    else:
+        s = _raw_scores(plan, q_t, k_c, i0, i1)
     if tile is None:
         tile = _grid_and_mask(plan, aux, s, i0, i1, chunk)
     grid, mask = tile
-    score_mod = _score_function(plan, params)
     if plan.relative_fn is not None:
         s, score_mod = _relative_scores(plan, params, s, grid), None
     masked, _ = scoring.modify_scores(s, grid, score_mod, None, mask)
@@ -556,35 +574,46 @@ def _recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
     pullback of its score function (None without one). Kept
     probabilities `p_t` are reused: with a score function only the raw
     scores are recomputed then (for the pullback), no softmax. The score
-    function runs once, its output serving both."""
+    function runs once, its output serving both. Soft-capping keeps
+    `tanh` of the raw scores for its derivative; a relative bias needs no
+    raw scores for its pullback (d score / d raw = 1)."""
     g, rows = q_t.shape[1], q_t.shape[2]
     grid, mask = tile
-    if plan.relative_fn is not None:
-        # d score / d raw = 1: no raw scores for the pullback.
+    k_c = _slice(ks, 2, j0, j1)
+    if plan.soft_cap is not None:
+        t = _soft_capped_tanh(plan, q_t, k_c, i0, i1)
+
+        def pull(ds):
+            return (_backend.tanh_grad(t, ds),)
+
+        def scores():
+            return plan.soft_cap * t
+
+    elif plan.relative_fn is not None:
         pull = None
         if params:
             pull = _relative_pullback(plan, params, grid, j1 - j0)
-        if p_t is not None:
-            return p_t, pull
-        raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
-        s = _relative_scores(plan, params, raw, grid)
-        s, _ = scoring.modify_scores(s, grid, None, None, mask)
-        s = ops.reshape(s, (-1, g, rows, j1 - j0))
-        if lse_t is None:
-            return scoring.plain_softmax(s, -1), pull
-        return ops.exp(s - lse_t), pull
-    raw = _raw_scores(plan, q_t, _slice(ks, 2, j0, j1), i0, i1)
-    pull = None
-    s = raw
-    if plan.score_fn is not None:
 
-        def fn(scores, *p):
-            return ops.cast(plan.score_fn(p, scores, *grid), "float32")
+        def scores():
+            raw = _raw_scores(plan, q_t, k_c, i0, i1)
+            return _relative_scores(plan, params, raw, grid)
 
-        s, pull = _backend.vjp(fn, (raw,) + tuple(params))
+    else:
+        s = _raw_scores(plan, q_t, k_c, i0, i1)
+        pull = None
+        if plan.score_fn is not None:
+
+            def fn(scores, *p):
+                return ops.cast(plan.score_fn(p, scores, *grid), "float32")
+
+            s, pull = _backend.vjp(fn, (s,) + tuple(params))
+
+        def scores():
+            return s
+
     if p_t is not None:
         return p_t, pull
-    s, _ = scoring.modify_scores(s, grid, None, None, mask)
+    s, _ = scoring.modify_scores(scores(), grid, None, None, mask)
     s = ops.reshape(s, (-1, g, rows, j1 - j0))
     p = scoring.plain_softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
     return p, pull
@@ -672,6 +701,7 @@ def blockwise_attention(
     d, e = query.shape[-1], value.shape[-1]
     score_fn, params = scoring.split_score_mod(score_mod)
     relative_fn = scoring.split_relative_bias(score_mod)
+    soft_cap = scoring.split_soft_cap(score_mod)
     plan = _Plan(
         b_tq,
         tk,
@@ -684,6 +714,7 @@ def blockwise_attention(
         score_fn=score_fn,
         keep_probabilities=keep_probabilities,
         relative_fn=relative_fn,
+        soft_cap=soft_cap,
     )
     if mask is not None:
         mask = ops.cast(mask, "bool")

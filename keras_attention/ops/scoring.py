@@ -452,6 +452,27 @@ def split_relative_bias(score_mod):
     return fn
 
 
+def split_soft_cap(score_mod):
+    """The cap of a score object that is logit soft-capping,
+    `cap * tanh(score / cap)`, or None.
+
+    A score object says so by implementing `tanh_soft_cap()` (returning
+    its cap) beside `__call__` in the same class
+    (`keras_attention.scores.SoftCap`). The blockwise path then scales
+    the tile's raw scores once, keeps `tanh` of them for the backward
+    pass and differentiates through it in one op (FlashAttention's
+    `softcap` option), instead of a general score function's vjp.
+    """
+    method = getattr(score_mod, "tanh_soft_cap", None)
+    if method is None or not callable(method):
+        return None
+    if _defining_class(score_mod, "tanh_soft_cap") is not _defining_class(
+        score_mod, "__call__"
+    ):
+        return None
+    return float(method())
+
+
 def closes_over_tensors(fn):
     """Whether a plain function `fn` holds a tensor or variable in its
     closure (or is a bound method of an object holding one among its

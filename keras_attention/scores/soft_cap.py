@@ -42,5 +42,11 @@ class SoftCap(ScoreMod):
     def __call__(self, score, batch, head, q_idx, kv_idx):
         return self.cap * ops.tanh(score / self.cap)
 
+    def tanh_soft_cap(self):
+        """The cap: this score function is `cap * tanh(score / cap)` (the
+        blockwise path differentiates it in one op:
+        `keras_attention.ops.scoring.split_soft_cap`)."""
+        return self.cap
+
     def get_config(self):
         return {"cap": self.cap}

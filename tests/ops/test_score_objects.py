@@ -377,3 +377,67 @@ def test_a_frozen_t5_table_is_read_not_trained(path, options):
     x = RNG.normal(size=(4, 6, 8)).astype("float32")
     model.fit(x, x, epochs=2, verbose=0)
     np.testing.assert_array_equal(np_(frozen.embeddings), before)
+
+
+class _GeneralSoftCap(scores.SoftCap):
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        return super().__call__(score, batch, head, q_idx, kv_idx)
+
+
+def test_soft_cap_fast_path_only_for_the_class_defining_it():
+    from keras_attention.ops import scoring
+
+    assert scoring.split_soft_cap(scores.SoftCap(3.0)) == 3.0
+    assert scoring.split_soft_cap(_GeneralSoftCap(3.0)) is None
+    assert scoring.split_soft_cap(scores.ALiBi(num_heads=2)) is None
+
+
+@pytest.mark.parametrize(
+    "blocks,keep", [((8, 8), None), ((5, 24), True), ((7, 10), False)]
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_soft_cap_fast_path_equals_the_general_path(blocks, keep, dtype):
+    # The blockwise path scales the tile's queries by 1 / cap (float32) or
+    # its scores (other dtypes), keeps tanh for the derivative.
+    options = dict(
+        query_block=blocks[0], key_block=blocks[1], keep_probabilities=keep
+    )
+    q, k, v = (ops.cast(x * 4.0, dtype) for x in (Q, K, V))
+    tol = 2e-5 if dtype == "float32" else 3e-2
+    for causal in (True, False):
+        np.testing.assert_allclose(
+            np_(
+                ops.cast(
+                    attend(
+                        scores.SoftCap(2.0),
+                        "blockwise",
+                        options,
+                        causal,
+                        q,
+                        k,
+                        v,
+                    ),
+                    "float32",
+                )
+            ),
+            np_(
+                ops.cast(
+                    attend(
+                        _GeneralSoftCap(2.0),
+                        "blockwise",
+                        options,
+                        causal,
+                        q,
+                        k,
+                        v,
+                    ),
+                    "float32",
+                )
+            ),
+            atol=tol,
+        )
+    if dtype == "float32":
+        want = _gradients(_GeneralSoftCap(2.0), "blockwise", options, None)
+        got = _gradients(scores.SoftCap(2.0), "blockwise", options, None)
+        for name, a, b in zip("qkv", want, got):
+            np.testing.assert_allclose(b, a, atol=2e-5, err_msg=name)
