@@ -3,6 +3,7 @@ backbones (no downloads; the configs of keras-hub's own tests, smaller):
 equal outputs at the real positions with padding, weights copied, `.keras`
 round trip with `safe_mode=True`, errors. Backend-neutral."""
 
+import harness
 import keras
 import numpy as np
 import pytest
@@ -191,3 +192,18 @@ def test_supported_backbones():
     ]
     for name in names:
         assert hasattr(keras_hub.models, name)
+
+
+@pytest.mark.tf_only("SavedModel export is the TensorFlow part's check")
+def test_saved_model_export_serves_with_tensorflow_alone(converted):
+    backbone, model = converted
+    if type(backbone).__name__ == "Llama3Backbone":
+        pytest.skip("converted as LlamaBackbone: the Llama export covers it")
+    data = make_inputs(backbone, seed=5)
+    names = sorted(data)
+    inputs = [keras.Input((None,), dtype="int32", name=n) for n in names]
+    outputs = model(dict(zip(names, inputs)))
+    if isinstance(outputs, dict):
+        outputs = [outputs[k] for k in sorted(outputs)]
+    wrapped = keras.Model(inputs, outputs)
+    harness.check_saved_model(wrapped, [{n: data[n] for n in names}])
