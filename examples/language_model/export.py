@@ -13,6 +13,7 @@ needs neither keras_attention nor keras_hub:
 import tensorflow as tf
 
 from examples.language_model.model import SAMPLERS
+from examples.language_model.model import generates_any_length
 from examples.language_model.model import make_sampler
 
 
@@ -21,9 +22,15 @@ class LanguageModelServer(tf.Module):
 
     One signature per sampler (`greedy`, `beam`, `top_k`, `top_p`), each
     `(batch,) string -> {"completion": (batch,) string}`: the text generated
-    after the prompt, up to the end of the line (the model's "verse end")
-    or `max_length` characters in all. Tokenization (Unicode code points),
-    the cached generation loop and detokenization run inside the graph.
+    after the prompt, up to the end of the line (the model's "verse end").
+    A windowed model (`generates_any_length`) generates with the rolling
+    cache: it reads prompts of any length whole and completes each with up
+    to `max_length` characters, in memory that grows with neither.
+    Otherwise prompts are cut to their last `max_length // 2` characters
+    and the completion stops at `max_length` characters in all.
+    Tokenization (Unicode code points), the cached generation loop and
+    detokenization run inside the graph (as `model.complete` does around
+    the generator).
     """
 
     def __init__(
@@ -34,6 +41,7 @@ class LanguageModelServer(tf.Module):
         self.generator = generator
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.any_length = generates_any_length(generator)
         self.samplers = {
             name: make_sampler(name, seed=seed) for name in samplers
         }
@@ -53,18 +61,26 @@ class LanguageModelServer(tf.Module):
         # b - prompts, t - character positions
         # A newline first: the model learned that lines start after one.
         ids = self.tokenizer(tf.strings.join(["\n", prompt]))
-        ids = tf.cast(ids[:, -(self.max_length // 2) :], tf.int32)  # ragged
-        lengths = tf.cast(ids.row_lengths(), tf.int32)
-        dense = ids.to_tensor(0, shape=[None, self.max_length])
+        ids = tf.cast(ids, tf.int32)  # ragged
+        if self.any_length:
+            # The whole prompts, then `max_length` positions to generate:
+            # a buffer whose length is known at run time only.
+            dense = tf.pad(ids.to_tensor(0), [[0, 0], [0, self.max_length]])
+        else:
+            ids = ids[:, -(self.max_length // 2) :]
+            dense = ids.to_tensor(0, shape=[None, self.max_length])
+        lengths = tf.cast(ids.row_lengths(), tf.int32)[:, tf.newaxis]
         out, mask = self.generator.generate(
             dense, sampler=self.samplers[sampler], stop_token_ids=(ord("\n"),)
         )
-        positions = tf.range(self.max_length)[tf.newaxis, :]
+        positions = tf.range(tf.shape(dense)[1])[tf.newaxis, :]
         keep = (
-            (positions >= lengths[:, tf.newaxis])
+            (positions >= lengths)
             & tf.cast(mask, tf.bool)
             & tf.not_equal(out, ord("\n"))
         )
+        if self.any_length:
+            keep &= positions < lengths + self.max_length
         completion = tf.ragged.boolean_mask(out, keep)
         return {"completion": self.tokenizer.detokenize(completion)}
 

@@ -226,6 +226,28 @@ def make_distribution(kind, model_axis_size=2):
     )
 
 
+def generates_any_length(generator):
+    """Whether `generator` completes prompts of any length: every block's
+    self-attention is windowed (the generator keeps a rolling cache of
+    the window, whatever the length) and the embedding has no learned
+    position table (`positions="learned"`).
+
+    Example:
+
+    >>> from examples.language_model.model import build_language_model
+    >>> from examples.language_model.model import generates_any_length
+    >>> _, generator = build_language_model(40, 24, hidden_dim=8, window=4)
+    >>> generates_any_length(generator)
+    True
+    """
+    windowed = all(
+        block.self_attention.cache_window() is not None
+        for block in generator.blocks
+    )
+    learned = isinstance(generator.embedding, TokenAndPositionEmbedding)
+    return windowed and not learned
+
+
 def complete(generator, prompts, sampler, max_length, vocabulary_size):
     """Completes strings with the cached generator, on any backend.
 
@@ -233,34 +255,43 @@ def complete(generator, prompts, sampler, max_length, vocabulary_size):
     (`export.LanguageModelServer`), in NumPy around `generator.generate`:
     each prompt, after a newline (lines start after one in training), is
     encoded as code points (those above the vocabulary map to its last id,
-    as in `examples.common.text.character_tokenizer`), cut to its last
-    `max_length // 2`, completed up to the end of the line or `max_length`
-    characters in all.
+    as in `examples.common.text.character_tokenizer`). A windowed model
+    (`generates_any_length`: a rolling cache) reads the whole prompt and
+    completes it up to the end of the line or `max_length` characters;
+    otherwise the prompt is cut to its last `max_length // 2` and completed
+    up to the end of the line or `max_length` characters in all.
 
     Args:
         generator: the `CausalLMGenerator` of `build_language_model`.
         prompts: a sequence of strings.
         sampler: a `keras_hub` sampler or its name.
-        max_length: prompt + completion characters.
+        max_length: completion characters (a windowed model), or prompt +
+            completion characters.
         vocabulary_size: the model's vocabulary size.
 
     Returns:
         a list of strings, the completions (without the prompts).
     """
     # b - prompts, t - character positions
-    ids = np.zeros((len(prompts), max_length), "int32")
-    lengths = np.zeros((len(prompts), 1), "int32")
-    for row, prompt in enumerate(prompts):
+    any_length = generates_any_length(generator)
+    encoded = []
+    for prompt in prompts:
         codes = [min(ord(c), vocabulary_size - 1) for c in "\n" + prompt]
-        codes = codes[-(max_length // 2) :]
+        encoded.append(codes if any_length else codes[-(max_length // 2) :])
+    lengths = np.array([[len(codes)] for codes in encoded], "int32")
+    width = int(lengths.max()) + max_length if any_length else max_length
+    ids = np.zeros((len(prompts), width), "int32")
+    for row, codes in enumerate(encoded):
         ids[row, : len(codes)] = codes
-        lengths[row] = len(codes)
     out, mask = generator.generate(
         ids, sampler=sampler, stop_token_ids=(NEWLINE,)
     )
     out = keras.ops.convert_to_numpy(out)  # (b, t)
     mask = keras.ops.convert_to_numpy(mask).astype(bool)  # (b, t)
-    keep = (np.arange(max_length) >= lengths) & mask & (out != NEWLINE)
+    positions = np.arange(width)
+    keep = (positions >= lengths) & mask & (out != NEWLINE)
+    if any_length:
+        keep &= positions < lengths + max_length
     return ["".join(map(chr, row[k])) for row, k in zip(out, keep)]
 
 

@@ -427,16 +427,21 @@ class Generator:
         shortest prompt's length (where the samplers start: they run the
         token at `index - 1` again, which rewrites its slot with the same
         keys and sees the same ones).
+
+        The buffer's length may be unknown while tracing (a `tf.function`
+        taking prompts of any length): only the chunks are static.
         """
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
         size = self._rolling_size(sink_tokens)
         dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
         cache = init_rolling_cache(self.blocks, batch, size, dtype)
-        chunk = min(max(size - sink_tokens, 32), width)
+        chunk = max(size - sink_tokens, 32)
+        if width is not None:
+            chunk = min(chunk, width)
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
         chunks = (shortest - 1) // chunk
         features = self.embed(token_ids[:, :1]).shape[-1]
-        hidden = ops.zeros((batch, width, features), dtype)
+        hidden = ops.zeros((batch, ops.shape(token_ids)[1], features), dtype)
 
         def cond(i, hidden, cache):
             return i < chunks

@@ -357,6 +357,47 @@ def test_random_samplers_complete_prompts():
             assert "\n" not in text and len(text) < 16, (name, text)
 
 
+def test_exported_windowed_model_completes_prompts_of_any_length(tmp_path):
+    # Issue 26, item 6: a windowed model's SavedModel reads a prompt far
+    # longer than `max_length` (and than the model's training length, 24)
+    # whole, through the rolling cache; each greedy completion is the
+    # uncached model's argmax after the whole text, up to the end of the
+    # line or `max_length` characters.
+    import tensorflow as tf
+
+    from examples.common.text import character_tokenizer
+    from examples.language_model.export import export_language_model
+    from examples.language_model.model import complete
+    from examples.language_model.model import generates_any_length
+
+    tokenizer = character_tokenizer(tf.data.Dataset.from_tensor_slices(["ab"]))
+    vocabulary_size = tokenizer.vocabulary_size()
+    model, generator = _tiny_lm(window=3, vocabulary_size=vocabulary_size)
+    assert generates_any_length(generator)
+    max_length = 6
+    export_language_model(
+        str(tmp_path / "saved_model"),
+        model,
+        generator,
+        tokenizer,
+        max_length,
+        ("greedy",),
+    )
+    served = tf.saved_model.load(str(tmp_path / "saved_model"))
+    prompts = ["ab", "", "The beginning " * 20 + "and the end"]
+    out = served.greedy(tf.constant(prompts))["completion"].numpy()
+    completions = [c.decode("utf-8") for c in out]
+    assert completions == complete(
+        generator, prompts, "greedy", max_length, vocabulary_size
+    )
+    for prompt, completion in zip(prompts, completions):
+        text = [ord(c) for c in "\n" + prompt + completion]
+        predicted = np.asarray(model(np.array([text])))[0].argmax(-1)
+        start = len(prompt) + 1
+        assert text[start:] == predicted[start - 1 : -1].tolist()
+        assert len(completion) == max_length or predicted[-1] == ord("\n")
+
+
 def test_unknown_sampler_is_rejected():
     from examples.language_model.model import make_sampler
 

@@ -309,6 +309,27 @@ def test_stream_pads_after_stop_tokens_and_ends():
     assert np.all(expected[:, n:] == 0)
 
 
+@pytest.mark.tf_only("a tf.function of prompts of unknown length")
+def test_rolling_cache_in_a_graph_of_unknown_length():
+    # What a SavedModel serving strings of any length traces: a buffer
+    # `(None, None)`, its length known at run time only.
+    import tensorflow as tf
+
+    _, lm = build_lm()
+    generate = tf.function(
+        lambda ids: lm.generate(ids, sampler="greedy")[0],
+        input_signature=[tf.TensorSpec([None, None], tf.int32)],
+    )
+    for width in (9, 45):
+        prompt = np.zeros((2, width), "int32")
+        prompt[0, : width - 4] = random_tokens(width - 4, seed=width)
+        prompt[1, :3] = [3, 4, 5]
+        expected, _ = lm.generate(prompt, sampler="greedy")
+        np.testing.assert_array_equal(
+            generate(prompt).numpy(), to_numpy(expected)
+        )
+
+
 def test_lengths_beyond_every_position_table_when_windowed():
     _, lm = build_lm()
     tokens, _ = lm.generate(np.array([[3, 4]]), max_length=300)
