@@ -322,11 +322,15 @@ class TransformerBlock(keras.layers.Layer):
 
     # Shapes and config.
 
-    def _self_attention_scores_spec(self, inputs, cache=None):
+    def _self_attention_scores_spec(self, inputs, cache=None, sink_tokens=None):
         """Shape of the self-attention weights, as the attention layer says
-        (a local attention layer may return banded weights)."""
+        (a local attention layer may return banded weights; a rolling
+        cache, `sink_tokens`, its slots and this call's keys)."""
+        rolling = (
+            {} if sink_tokens is None else {"cache_sink_tokens": sink_tokens}
+        )
         spec = self.self_attention.compute_output_spec(
-            inputs, return_attention_scores=True, cache=cache
+            inputs, return_attention_scores=True, cache=cache, **rolling
         )[1]
         return keras.KerasTensor(spec.shape, dtype=self.compute_dtype)
 

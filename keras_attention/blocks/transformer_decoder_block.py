@@ -322,13 +322,18 @@ class TransformerDecoderBlock(TransformerBlock):
         return_attention_scores=False,
         self_attention_cache=None,
         cross_attention_cache=None,
+        self_attention_cache_sink_tokens=None,
         **kwargs,
     ):
         b, t = inputs.shape[0], inputs.shape[1]
         outputs = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
         if return_attention_scores:
             outputs += (
-                self._self_attention_scores_spec(inputs, self_attention_cache),
+                self._self_attention_scores_spec(
+                    inputs,
+                    self_attention_cache,
+                    self_attention_cache_sink_tokens,
+                ),
             )
             if self.cross_attention:
                 s = (

@@ -429,6 +429,7 @@ class LocalSelfAttention(SelfAttention):
         return_attention_scores=False,
         cache=None,
         global_mask=None,
+        cache_sink_tokens=None,
         **kwargs,
     ):
         if cache is not None:
@@ -436,6 +437,7 @@ class LocalSelfAttention(SelfAttention):
                 inputs,
                 return_attention_scores=return_attention_scores,
                 cache=cache,
+                cache_sink_tokens=cache_sink_tokens,
             )
         batch, steps = inputs.shape[0], inputs.shape[1]
         out_dim = self._output_shape or inputs.shape[-1]

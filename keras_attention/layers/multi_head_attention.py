@@ -1302,6 +1302,7 @@ class MultiHeadAttention(
         key=None,
         return_attention_scores=False,
         cache=None,
+        cache_sink_tokens=None,
         **kwargs,
     ):
         key = value if key is None else key
@@ -1315,7 +1316,12 @@ class MultiHeadAttention(
             )
         else:
             shape = query_shape[:-1] + (self._output_shapes or query_shape[-1:])
-            key_shape = (key_shape[0], cache.shape[2]) + key_shape[2:]
+            keys = cache.shape[2]
+            if cache_sink_tokens is not None:
+                # A rolling cache: the slots, then this call's keys.
+                steps = query_shape[1]
+                keys = None if None in (keys, steps) else keys + steps
+            key_shape = (key_shape[0], keys) + key_shape[2:]
         outputs = (keras.KerasTensor(shape, dtype=self.compute_dtype),)
         if return_attention_scores:
             outputs += (

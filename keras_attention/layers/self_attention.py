@@ -118,13 +118,19 @@ class SelfAttention(MultiHeadAttention):
         return mask
 
     def compute_output_spec(
-        self, inputs, return_attention_scores=False, cache=None, **kwargs
+        self,
+        inputs,
+        return_attention_scores=False,
+        cache=None,
+        cache_sink_tokens=None,
+        **kwargs,
     ):
         return super().compute_output_spec(
             inputs,
             inputs,
             return_attention_scores=return_attention_scores,
             cache=cache,
+            cache_sink_tokens=cache_sink_tokens,
         )
 
     def describe_attention(self, arguments, scores, options):

@@ -432,3 +432,39 @@ def test_rolling_cache_without_a_window_is_refused():
             cache_update_index=0,
             cache_sink_tokens=0,
         )
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_output_spec_gives_the_scores_shape_of_the_rolling_cache(steps):
+    # The keys of a rolling-cache call are the slots, then the call's own:
+    # scores `(batch, heads, T, S + T)`, not `(T, S)`.
+    x = np.ones((2, steps, 8), "float32")
+    cache = np.zeros((2, 2, 6, 2, 4), "float32")
+    rolling = dict(cache=cache, cache_update_index=7, cache_sink_tokens=1)
+    mha = MultiHeadAttention(4, 4, sliding_window=4, num_key_value_heads=2)
+    local = LocalSelfAttention(
+        4, 4, window_size=3, causal=True, num_key_value_heads=2
+    )
+    block = TransformerDecoderBlock(
+        4,
+        16,
+        cross_attention=False,
+        key_dim=4,
+        num_key_value_heads=2,
+        window_size=4,
+    )
+    block(x)
+    block_rolling = {f"self_attention_{k}": v for k, v in rolling.items()}
+    calls = [
+        (mha, (x, x), rolling),
+        (local, (x,), rolling),
+        (block, (x,), block_rolling),
+    ]
+    for layer, inputs, kwargs in calls:
+        kwargs = dict(kwargs, return_attention_scores=True)
+        _, scores, new_cache = layer(*inputs, **kwargs)
+        symbolic = [keras.KerasTensor(a.shape) for a in inputs]
+        spec = layer.compute_output_spec(*symbolic, **kwargs)
+        assert tuple(scores.shape) == (2, 4, steps, 6 + steps), layer.name
+        assert tuple(spec[1].shape) == tuple(scores.shape), layer.name
+        assert tuple(spec[2].shape) == tuple(new_cache.shape), layer.name
