@@ -6,13 +6,17 @@ inputs and outputs and a copy of its weights, so that every feature of the
 library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
 per family (`bert`, `gpt2`, `llama`, `mistral`), each with its table of
-weight paths. keras-hub is imported only when a backbone is converted.
+weight paths. `causal_lm_generator(model)` decodes a converted GPT-2,
+Llama or Mistral with the library's cached generator. keras-hub is
+imported only when a backbone is converted.
 """
 
 from keras_attention.interop.convert import from_keras_hub
 from keras_attention.interop.convert import supported_backbones
+from keras_attention.interop.generation import causal_lm_generator
 
 __all__ = [
+    "causal_lm_generator",
     "from_keras_hub",
     "supported_backbones",
 ]

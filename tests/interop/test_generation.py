@@ -1,0 +1,61 @@
+"""Greedy generation of converted decoder-only keras-hub models with our
+cached generator (`interop.causal_lm_generator`) gives the tokens of
+keras-hub's `CausalLM.generate` on the same prompts. Backend-neutral."""
+
+import keras
+import numpy as np
+import pytest
+from keras.ops import convert_to_numpy as to_numpy
+
+from keras_attention.interop import causal_lm_generator
+from keras_attention.interop import from_keras_hub
+
+keras_hub = pytest.importorskip("keras_hub")
+
+VOCAB, LENGTH = 30, 10
+# Right-padded prompts (keras-hub's layout) of 3 and 5 tokens.
+PROMPTS = np.array([[5, 7, 9] + [0] * 7, [3, 4, 11, 12, 13] + [0] * 5], "int32")
+
+
+def tiny(name):
+    models = keras_hub.models
+    common = dict(
+        vocabulary_size=VOCAB, num_layers=2, hidden_dim=16, intermediate_dim=16
+    )
+    llama_style = dict(num_query_heads=4, num_key_value_heads=2, **common)
+    if name == "gpt2":
+        backbone = models.GPT2Backbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        )
+        return backbone, models.GPT2CausalLM
+    if name == "llama":
+        return models.LlamaBackbone(**llama_style), models.LlamaCausalLM
+    # A window shorter than the outputs: our generator's rolling cache.
+    backbone = models.MistralBackbone(sliding_window=3, **llama_style)
+    return backbone, models.MistralCausalLM
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral"])
+def test_greedy_tokens_equal_keras_hub(name):
+    keras.utils.set_random_seed(2)
+    backbone, causal_lm_class = tiny(name)
+    padding_mask = PROMPTS != 0
+    theirs = causal_lm_class(backbone=backbone, preprocessor=None)
+    theirs.compile(sampler="greedy")
+    want = theirs.generate(
+        {"token_ids": PROMPTS, "padding_mask": padding_mask},
+        stop_token_ids=None,
+    )["token_ids"]
+    ours = causal_lm_generator(from_keras_hub(backbone), jit_compile=False)
+    got, _ = ours.generate(
+        PROMPTS, max_length=LENGTH, sampler="greedy", padding_mask=padding_mask
+    )
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+
+
+def test_not_a_converted_decoder_only_model():
+    ids = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(VOCAB, 8)(ids)
+    model = keras.Model(ids, keras.layers.LayerNormalization()(hidden))
+    with pytest.raises(ValueError, match="decoder-only"):
+        causal_lm_generator(model)
