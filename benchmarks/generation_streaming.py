@@ -17,11 +17,13 @@ weights. Two generators over the same weights:
 Both give the same tokens (checked at the shortest length). Reports the
 median time per generated token at each length, the ratio to the
 shortest length, and the peak RSS of a fresh process per configuration;
-then a prompt of `--prefill-prompt` tokens followed by `--prefill-new`
-generated ones, both caches.
+then a prompt of `--prefill-prompt` tokens (4,096) followed by
+`--prefill-new` generated ones (256), both caches: time and peak RSS
+(`--only-prefill`: that table alone).
 
     python benchmarks/generation_streaming.py [--markdown FILE]
     python benchmarks/generation_streaming.py --lengths 64 128 --repeats 1
+    python benchmarks/generation_streaming.py --only-prefill
 
 Numbers for publishing need an idle machine (see `_timing.load_average`).
 """
@@ -135,6 +137,11 @@ def main():
     )
     parser.add_argument("--prefill-prompt", type=int, default=4096)
     parser.add_argument("--prefill-new", type=int, default=256)
+    parser.add_argument(
+        "--only-prefill",
+        action="store_true",
+        help="only the table of a long prompt then --prefill-new tokens",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -148,14 +155,16 @@ def main():
     kinds = ["rolling"] if args.no_full else ["rolling", "full"]
     ids = prompt(args.prompt_length)
     shortest = min(args.lengths)
-    outputs = {
-        kind: generate(generators[kind], kind, ids, shortest) for kind in kinds
-    }
-    if not args.no_full:
-        same = float(np.mean(outputs["rolling"] == outputs["full"]))
-        print(f"rolling and full caches agree on {same:.1%} of tokens")
+    if not args.only_prefill:
+        outputs = {
+            kind: generate(generators[kind], kind, ids, shortest)
+            for kind in kinds
+        }
+        if not args.no_full:
+            same = float(np.mean(outputs["rolling"] == outputs["full"]))
+            print(f"rolling and full caches agree on {same:.1%} of tokens")
     rows, first = [], {}
-    for length in args.lengths:
+    for length in [] if args.only_prefill else args.lengths:
         new = length - args.prompt_length
         times = time_interleaved(
             {
@@ -189,6 +198,15 @@ def main():
         ]
     prefill_ids = prompt(args.prefill_prompt, seed=1)
     total = args.prefill_prompt + args.prefill_new
+    outputs = {
+        kind: generate(generators[kind], kind, prefill_ids, total)
+        for kind in kinds
+    }
+    if not args.no_full:
+        same = float(np.mean(outputs["rolling"] == outputs["full"]))
+        print(
+            f"after the long prompt, the caches agree on {same:.1%} of tokens"
+        )
     times = time_interleaved(
         {
             kind: (
@@ -206,16 +224,17 @@ def main():
         for kind in kinds
     ]
     title = (
-        f"Greedy generation, batch 1, prompt {args.prompt_length} tokens, "
-        f"{LAYERS} pre-norm decoder blocks (d={DIM}, {HEADS} heads, window "
+        "Greedy generation, batch 1, "
+        + ("" if args.only_prefill else f"prompt {args.prompt_length} tokens, ")
+        + f"{LAYERS} pre-norm decoder blocks (d={DIM}, {HEADS} heads, window "
         f"{WINDOW}, rotary), vocabulary {VOCAB}; XLA; rolling streamed in "
         f"pieces of {PIECE}; median of {args.repeats}.\n"
         f"{machine_summary()}\n\n"
     )
     tables = (
         title
-        + markdown_table(headers, rows)
-        + f"\n\nPrompt of {args.prefill_prompt} tokens, then "
+        + ("" if args.only_prefill else markdown_table(headers, rows) + "\n\n")
+        + f"Prompt of {args.prefill_prompt} tokens, then "
         f"{args.prefill_new} generated:\n\n"
         + markdown_table(["cache", "seconds", "peak RSS MiB"], prefill_rows)
     )
