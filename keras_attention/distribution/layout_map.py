@@ -31,9 +31,10 @@ _KEY_VALUE = (
 _REST = (
     # Output projection (h, k, d): row-parallel over the heads.
     (r".*/attention_output/kernel", ("model",)),
-    # `FeedForward`: column-parallel (d, f), then row-parallel (f, d).
-    (r".*/intermediate_dense/kernel", (None, "model")),
-    (r".*/intermediate_dense/bias", ("model",)),
+    # `FeedForward`: column-parallel (d, f) (and its gate's, `gated=True`),
+    # then row-parallel (f, d).
+    (r".*/(intermediate_dense|gate_dense)/kernel", (None, "model")),
+    (r".*/(intermediate_dense|gate_dense)/bias", ("model",)),
     (r".*/output_dense/kernel", ("model",)),
     # `BahdanauAttention` v and bias (u,), `LuongAttention(score_mode=
     # "concat")` v (u,) and kernel (d_q + d_v, u): sharded over units.
@@ -61,6 +62,7 @@ def get_layout_map(
     | their biases | `(heads, head_dim)` | heads |
     | `attention_output` kernel | `(heads, head_dim, d)` | heads |
     | `FeedForward` `intermediate_dense` kernel, bias | `(d, f)`, `(f,)` | f |
+    | gated `FeedForward` `gate_dense` kernel, bias | `(d, f)`, `(f,)` | f |
     | `FeedForward` `output_dense` kernel | `(f, d)` | f |
     | `BahdanauAttention` `query`, `key` kernels | `(d, u)` | units u |
     | `BahdanauAttention` `attention_v`, `attention_bias` | `(u,)` | u |
