@@ -1,24 +1,34 @@
 """Which attention should I use? Trains every attention variant of the
-library on the same tasks, data, budget and seeds, and writes a report.
+library on the same tasks and data until its validation exact match stops
+improving, over several seeds, and writes a report.
 
-    python -m examples.compare_attention                  # ~30 CPU-minutes
-    python -m examples.compare_attention --full           # longer, 3 seeds
+    python -m examples.compare_attention            # subset, <= 30 min
+    python -m examples.compare_attention --full     # all, about 2 hours
     python -m examples.compare_attention --variants rnn-none,rnn-bahdanau
-    python -m examples.compare_attention --seeds 0,1,2 --steps 800
-    python -m examples.compare_attention --quick          # smoke test
+    python -m examples.compare_attention --quick    # smoke test
 
 Variants (`--variants`): an RNN encoder-decoder (bidirectional GRU,
 `EncoderBridge`, `AttentionRNNDecoder`) with no attention (the bridge
 state only), Bahdanau (plain / normalized), Luong dot / general / concat,
 Luong local-m / local-p; a transformer encoder-decoder with full, local
-(`window_size`) and grouped-query attention. Tasks (`--tasks`): the
-`translate` example's dates, and the same dates hidden in long noisy
-sentences (`long_dates`). Every variant trains `--steps` Adam steps of the
-same batches (per seed) with the same learning rate, no tuning per
-variant; the report (`<out>/report.md`, PNG plots, `results.json`) gives
-the held-out exact match (mean ± standard deviation over the seeds),
-accuracy by source length, parameters, training time per step, greedy
-inference latency per sequence and peak memory.
+(`window_size`) and grouped-query attention, ALiBi, a T5 relative bias or
+soft-capped scores. Tasks (`--tasks`): the `translate` example's dates,
+the same dates hidden in long noisy sentences (`long_dates`), and length
+generalisation (`length_generalization`: trained on noisy sources up to
+40 characters, tested up to 96). Every variant trains with the same
+batches (per seed) and learning rate, no tuning per variant, until its
+validation exact match has not improved for `--patience` evaluations
+(one every `--eval-every` steps; at most `--max-steps` steps), and is
+tested with its best weights. The report (`<out>/report.md`, PNG plots,
+`results.json`) gives the held-out exact match (mean ± standard
+deviation over the seeds), accuracy by source length, the steps trained,
+parameters, training time per step, greedy inference latency per
+sequence and peak memory, and a reading generated from the numbers.
+
+The default run is a subset (`DEFAULT_VARIANTS` on `DEFAULT_TASKS`, 3
+seeds); `--full` runs every variant on every task. Both train the same
+models with the same budget, so a `--full` run after a default one (same
+`--out`) reuses its runs.
 """
 
 import argparse
@@ -38,16 +48,46 @@ from examples.common import setup_runtime
 
 logger = logging.getLogger("examples")
 
-DEFAULTS = {  # steps, seeds, test examples, model size
-    "default": (300, "0", 400, "default"),
-    "full": (3000, "0,1,2", 2000, "full"),
-    "quick": (4, "0", 16, "quick"),
+# The default run's subset: the no-attention baseline, the two classic
+# attentions and the transformer, on the length-generalisation task (the
+# Bahdanau et al. Fig. 2 result) and the plain dates.
+DEFAULT_VARIANTS = (
+    "rnn-none",
+    "rnn-bahdanau",
+    "rnn-luong-general",
+    "transformer-full",
+)
+DEFAULT_TASKS = ("length_generalization",)
+
+# The budget of each mode: model size, seeds, early stopping (an
+# evaluation every `eval_every` steps, `patience` evaluations without a
+# better validation exact match, at most `max_steps` steps), validation
+# and test examples. The default run and `--full` share it.
+BUDGETS = {
+    "default": dict(
+        size="default",
+        seeds="0,1,2",
+        max_steps=1500,
+        eval_every=100,
+        patience=3,
+        max_validation=300,
+        max_test=600,
+    ),
+    "quick": dict(
+        size="quick",
+        seeds="0,1",
+        max_steps=30,
+        eval_every=5,
+        patience=2,
+        max_validation=16,
+        max_test=24,
+    ),
 }
+BUDGETS["full"] = BUDGETS["default"]
 
 
 def parse_args(argv=None):
-    from examples.compare_attention import models
-    from examples.compare_attention import tasks
+    from examples.compare_attention import options
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.compare_attention",
@@ -60,52 +100,77 @@ def parse_args(argv=None):
         default="runs/compare_attention",
         help="output directory: report.md, plots, results.json",
     )
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--full",
         action="store_true",
-        help="bigger models, 3000 steps, seeds 0,1,2, the whole test split",
+        help="every variant on every task (default: a subset, see above)",
     )
-    size.add_argument(
+    mode.add_argument(
         "--quick",
         action="store_true",
-        help="tiny data, models and steps (the test's smoke run)",
+        help="tiny data, models and budget, 2 seeds (the test's run)",
     )
     parser.add_argument(
         "--variants",
-        default=",".join(models.VARIANTS),
-        help="comma-separated subset of: " + ", ".join(models.VARIANTS),
+        default=None,
+        help="comma-separated subset of: "
+        + ", ".join(options.VARIANTS)
+        + " (default: "
+        + ",".join(DEFAULT_VARIANTS)
+        + "; --full: all)",
     )
     parser.add_argument(
         "--tasks",
-        default=",".join(tasks.TASKS),
-        help="comma-separated subset of: " + ", ".join(tasks.TASKS),
-    )
-    parser.add_argument(
-        "--seeds",
         default=None,
-        help="comma-separated seeds (default: 0; --full: 0,1,2)",
+        help="comma-separated subset of: "
+        + ", ".join(options.TASKS)
+        + " (default: "
+        + ",".join(DEFAULT_TASKS)
+        + "; --full: all)",
     )
-    parser.add_argument(
-        "--steps",
+    budget = parser.add_argument_group("budget (default and --full / --quick)")
+    budget.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (0,1,2 / 0,1)"
+    )
+    budget.add_argument(
+        "--max-steps",
         type=int,
         default=None,
-        help="training steps per variant, task and seed (default: 300; "
-        "--full: 3000)",
+        help="cap on the training steps of one run (1500 / 30)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    budget.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="steps between validation evaluations (100 / 5)",
+    )
+    budget.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="evaluations without a better validation exact match "
+        "before stopping (3 / 2)",
+    )
+    budget.add_argument(
+        "--max-validation",
+        type=int,
+        default=None,
+        help="validation examples per task (300 / 16)",
+    )
+    budget.add_argument(
+        "--max-test",
+        type=int,
+        default=None,
+        help="held-out test examples per task (600 / 24)",
+    )
+    budget.add_argument("--batch-size", type=int, default=64)
+    budget.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument(
         "--window",
         type=int,
         default=8,
         help="Luong local half-width D and the transformer's window_size",
-    )
-    parser.add_argument(
-        "--max-test",
-        type=int,
-        default=None,
-        help="held-out examples per task (default: 400; --full: 2000)",
     )
     parser.add_argument(
         "--latency-samples",
@@ -120,15 +185,25 @@ def parse_args(argv=None):
         "<out>/runs (skipping missing ones), train nothing",
     )
     args = parser.parse_args(argv)
-    mode = "full" if args.full else "quick" if args.quick else "default"
-    steps, seeds, max_test, args.size = DEFAULTS[mode]
-    args.steps = args.steps or steps
-    args.max_test = args.max_test or max_test
-    args.seeds = [int(s) for s in (args.seeds or seeds).split(",")]
+    args.mode = "full" if args.full else "quick" if args.quick else "default"
+    for key, value in BUDGETS[args.mode].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.seeds = [int(s) for s in str(args.seeds).split(",")]
+    every = args.full
     args.variants = parse_choices(
-        parser, "--variants", args.variants, models.VARIANTS
+        parser,
+        "--variants",
+        args.variants
+        or ",".join(options.VARIANTS if every else DEFAULT_VARIANTS),
+        options.VARIANTS,
     )
-    args.tasks = parse_choices(parser, "--tasks", args.tasks, tasks.TASKS)
+    args.tasks = parse_choices(
+        parser,
+        "--tasks",
+        args.tasks or ",".join(options.TASKS if every else DEFAULT_TASKS),
+        options.TASKS,
+    )
     if args.quick:
         args.latency_samples = min(args.latency_samples, 2)
     return args
@@ -172,26 +247,103 @@ def _step_timer(keras):
         def __init__(self):
             super().__init__()
             self.times = []
+            self.cpu_times = []  # process CPU time, all threads
 
         def on_train_batch_begin(self, batch, logs=None):
-            self._start = time.perf_counter()
+            self._start = time.perf_counter(), time.process_time()
 
         def on_train_batch_end(self, batch, logs=None):
-            self.times.append(time.perf_counter() - self._start)
+            self.times.append(time.perf_counter() - self._start[0])
+            self.cpu_times.append(time.process_time() - self._start[1])
 
     return StepTimer()
 
 
+class Patience:
+    """Early stopping on a score to maximize (no Keras): `update(step,
+    score)` after each evaluation returns whether to stop, and why in
+    `reason`: "patience" after `patience` evaluations in a row without a
+    better score than the best so far, "perfect" when the score reaches
+    `perfect` (it cannot improve), "cap" when `step` reaches `max_steps`.
+    `best_step` and `best` say which evaluation to restore; `curve` keeps
+    every `(step, score)`."""
+
+    def __init__(self, patience, max_steps, perfect=100.0):
+        self.patience = patience
+        self.max_steps = max_steps
+        self.perfect = perfect
+        self.best = float("-inf")
+        self.best_step = 0
+        self.waited = 0
+        self.curve = []
+        self.reason = None
+
+    def update(self, step, score):
+        self.curve.append((step, score))
+        if score > self.best:
+            self.best, self.best_step, self.waited = score, step, 0
+        else:
+            self.waited += 1
+        if self.best >= self.perfect:
+            self.reason = "perfect"
+        elif self.waited >= self.patience:
+            self.reason = "patience"
+        elif step >= self.max_steps:
+            self.reason = "cap"
+        return self.reason is not None
+
+
+def _early_stopping(keras, patience, evaluate, eval_every):
+    class EarlyStopping(keras.callbacks.Callback):
+        """Every epoch (`eval_every` steps): `evaluate()` (validation
+        exact match), keep the best weights, stop per `patience`
+        (a `Patience`); the best weights are restored at the end."""
+
+        def __init__(self):
+            super().__init__()
+            self.patience = patience
+            self.eval_seconds = 0.0
+            self.eval_cpu_seconds = 0.0  # process CPU time, all threads
+            self._best_weights = None
+
+        def on_epoch_end(self, epoch, logs=None):
+            started = time.perf_counter(), time.process_time()
+            score = evaluate()
+            self.eval_seconds += time.perf_counter() - started[0]
+            self.eval_cpu_seconds += time.process_time() - started[1]
+            step = (epoch + 1) * eval_every
+            if score > self.patience.best:
+                self._best_weights = self.model.get_weights()
+            if self.patience.update(step, score):
+                self.model.stop_training = True
+            logger.debug("step %d: validation exact match %.1f", step, score)
+
+        def on_train_end(self, logs=None):
+            if self._best_weights is not None:
+                self.model.set_weights(self._best_weights)
+
+    return EarlyStopping()
+
+
+def exact_match(serve, pairs, batch_size=200):
+    """Greedy translations of `pairs`' sources and their hits (0/1)."""
+    from examples.translate.__main__ import translate_all
+
+    sources = [s for s, _ in pairs]
+    hypotheses = translate_all(serve, sources, batch_size=batch_size)
+    return hypotheses, [int(h == r) for h, (_, r) in zip(hypotheses, pairs)]
+
+
 def run_one(task, variant, seed, args):
-    """Trains and evaluates `variant` on `task` with `seed`; returns the
-    measurements (a dict of `report.summarize`'s inputs)."""
+    """Trains `variant` on `task` with `seed` until early stopping,
+    evaluates its best weights; returns the measurements (a dict of
+    `report.summarize`'s inputs)."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     from examples.common import text
     from examples.compare_attention.models import build_variant
-    from examples.translate.__main__ import translate_all
     from examples.translate.export import StringTranslator
 
     keras.backend.clear_session()
@@ -220,26 +372,37 @@ def run_one(task, variant, seed, args):
             ),
             jit_compile=False,
         )
-        timer = _step_timer(keras)
-        started = time.perf_counter()
-        history = model.fit(
-            train,
-            epochs=1,
-            steps_per_epoch=args.steps,
-            callbacks=[timer],
-            verbose=0,
-            shuffle=False,  # the pipeline shuffles (Keras would warn)
-        )
-        train_seconds = time.perf_counter() - started
         serve = StringTranslator(
             translator,
             task.source_tokenizer,
             task.target_tokenizer,
             task.max_source_length,
         ).translate
-        sources = [s for s, _ in task.test_pairs]
-        references = [t for _, t in task.test_pairs]
-        hypotheses = translate_all(serve, sources, batch_size=200)
+
+        def validation_score():
+            _, hits = exact_match(serve, task.validation_pairs)
+            return 100.0 * sum(hits) / max(len(hits), 1)
+
+        timer = _step_timer(keras)
+        stopper = _early_stopping(
+            keras,
+            Patience(args.patience, args.max_steps),
+            validation_score,
+            args.eval_every,
+        )
+        started = time.perf_counter(), time.process_time()
+        history = model.fit(
+            train,
+            epochs=max(args.max_steps // args.eval_every, 1),
+            steps_per_epoch=args.eval_every,
+            callbacks=[timer, stopper],
+            verbose=0,
+            shuffle=False,  # the pipeline shuffles (Keras would warn)
+        )
+        train_seconds = time.perf_counter() - started[0]
+        train_cpu_seconds = time.process_time() - started[1]
+        hypotheses, hits = exact_match(serve, task.test_pairs)
+    sources = [s for s, _ in task.test_pairs]
     # Latency: one sentence at a time, after a warm-up call (tracing).
     serve(tf.constant(sources[:1]))
     latencies = []
@@ -249,32 +412,49 @@ def run_one(task, variant, seed, args):
         latencies.append(time.perf_counter() - begin)
     # Steady-state steps: drop the first ones (graph tracing).
     steady = timer.times[min(5, len(timer.times) - 1) :]
-    hits = [int(h == r) for h, r in zip(hypotheses, references)]
+    patience = stopper.patience
     result = {
         "task": task.name,
         "variant": variant,
         "seed": seed,
         "exact_match": 100.0 * sum(hits) / max(len(hits), 1),
+        "validation_exact_match": patience.best,
+        "steps": len(timer.times),
+        "best_step": patience.best_step,
+        "stopped": patience.reason or "cap",
+        "validation_curve": patience.curve,
         "params": int(model.count_params()),
         "train_ms_per_step": 1000.0 * float(np.median(steady)),
+        "train_cpu_ms_per_step": 1000.0
+        * float(np.median(timer.cpu_times[len(timer.times) - len(steady) :])),
         "train_seconds": round(train_seconds, 1),
+        "eval_seconds": round(stopper.eval_seconds, 1),
+        # Process CPU time (all threads): on a loaded machine wall times
+        # stretch, CPU time much less; the study's time estimates use it.
+        "train_cpu_seconds": round(train_cpu_seconds, 1),
+        "eval_cpu_seconds": round(stopper.eval_cpu_seconds, 1),
         "final_loss": float(history.history["loss"][-1]),
         "latency_ms": 1000.0 * float(np.median(latencies)),
         "peak_mib": round(memory.peak_mib, 1),
         "source_lengths": [len(s) for s in sources],
         "hits": hits,
+        "train_max_length": task.train_max_length,
         "examples": [
             {"source": s, "reference": r, "output": h}
-            for s, r, h in list(zip(sources, references, hypotheses))[:3]
+            for (s, r), h in list(zip(task.test_pairs, hypotheses))[:3]
         ],
     }
     logger.info(
-        "%-11s %-18s seed %d: exact match %5.1f%%, loss %.3f, %.0f s",
+        "%-11s %-18s seed %d: exact match %5.1f%% (validation %5.1f%%), "
+        "%d steps (best %d, stopped: %s), %.0f s",
         task.name,
         variant,
         seed,
         result["exact_match"],
-        result["final_loss"],
+        result["validation_exact_match"],
+        result["steps"],
+        result["best_step"],
+        result["stopped"],
         train_seconds,
     )
     return result
@@ -305,18 +485,12 @@ def machine():
 
 def header(args, command, seconds):
     from examples.compare_attention.models import SIZES
+    from examples.compare_attention.tasks import LENGTH_MIN_LENGTH
+    from examples.compare_attention.tasks import LENGTH_TEST_MAX
+    from examples.compare_attention.tasks import LENGTH_TRAIN_MAX
     from examples.compare_attention.tasks import LONG_MAX_LENGTH
 
     sizes = ", ".join(f"{k}={v}" for k, v in SIZES[args.size].items())
-    budget = (
-        "This is the default budget, sized to finish in about 30 "
-        "CPU-minutes on 2 cores: each variant trains far fewer steps than it "
-        "would need to converge, so the numbers rank how fast each "
-        "variant learns under the same small budget, not how well it "
-        "ends up; `--full` trains longer."
-        if args.size == "default"
-        else "Budget: see the command."
-    )
     return "\n\n".join(
         [
             "# Attention variants compared",
@@ -324,17 +498,29 @@ def header(args, command, seconds):
             f"Machine: {machine()}.",
             f"Date: {datetime.date.today().isoformat()}; wall time of the "
             f"runs: {seconds / 60:.1f} min in all.",
-            f"Budget: {args.steps} Adam steps of batch {args.batch_size} "
-            f"(learning rate {args.learning_rate}, clipnorm 1) per "
-            f"variant, task and seed; seeds {args.seeds}; model size "
-            f"`{args.size}` ({sizes}); local window {args.window}; "
-            f"{args.max_test} held-out examples per task. {budget}",
+            f"Budget: Adam (learning rate {args.learning_rate}, clipnorm "
+            f"1), batches of {args.batch_size}, until the validation exact "
+            f"match ({args.max_validation} examples of the training "
+            f"distribution, greedy decoding) has not improved for "
+            f"{args.patience} evaluations in a row, one evaluation every "
+            f"{args.eval_every} steps, at most {args.max_steps} steps (the "
+            "cap); training also stops at 100 % validation exact match. "
+            "The weights of the best evaluation are restored and tested. "
+            f"Seeds {args.seeds}; model size `{args.size}` ({sizes}); "
+            f"local window {args.window}; {args.max_test} held-out test "
+            "examples per task.",
             "Tasks: `dates` is the `translate` example's default data "
             "(`multilingual_dates`, human-written dates in eight languages "
             "to ISO 8601); `long_dates` hides the same dates in random "
-            f"filler words, sources up to {LONG_MAX_LENGTH} characters.",
+            f"filler words, sources up to {LONG_MAX_LENGTH} characters; "
+            "`length_generalization` hides them the same way but trains "
+            f"and validates on sources of {LENGTH_MIN_LENGTH}-"
+            f"{LENGTH_TRAIN_MAX} characters only and tests on sources of "
+            f"up to {LENGTH_TEST_MAX} (lengths uniform).",
             "Columns: held-out exact match (greedy decoding; mean ± "
-            "standard deviation over the seeds when there are several); "
+            "standard deviation over the seeds); steps: training steps "
+            "run (mean over seeds) and where the best validation score "
+            "was (mean), with the runs that reached the cap; "
             "trainable and non-trainable parameters; training time per "
             "step (median over the steps after the first 5, which trace "
             "the graph; median over seeds); inference latency per "
@@ -352,8 +538,18 @@ def header(args, command, seconds):
 
 def _config(args):
     """What a saved run must match to be reused."""
-    keys = ("steps", "size", "batch_size", "learning_rate", "window")
-    return {k: getattr(args, k) for k in keys} | {"max_test": args.max_test}
+    keys = (
+        "size",
+        "max_steps",
+        "eval_every",
+        "patience",
+        "max_validation",
+        "max_test",
+        "batch_size",
+        "learning_rate",
+        "window",
+    )
+    return {k: getattr(args, k) for k in keys}
 
 
 def _run_path(args, task, variant, seed):
@@ -400,11 +596,17 @@ def main(argv=None):
                 if saved is None and not args.report_only:
                     if task is None:
                         task = load_task(
-                            name, quick=args.quick, max_test=args.max_test
+                            name,
+                            quick=args.quick,
+                            max_test=args.max_test,
+                            max_validation=args.max_validation,
                         )
-                    started = time.time()
+                    started = time.time(), time.process_time()
                     saved = run_one(task, variant, seed, args)
-                    saved["seconds"] = round(time.time() - started, 1)
+                    saved["seconds"] = round(time.time() - started[0], 1)
+                    saved["cpu_seconds"] = round(
+                        time.process_time() - started[1], 1
+                    )
                     saved["config"] = _config(args)
                     with open(path, "w") as f:
                         json.dump(saved, f)
@@ -419,6 +621,7 @@ def main(argv=None):
         args.tasks,
         args.variants,
         header(args, command.strip(), sum(r["seconds"] for r in runs)),
+        max_steps=args.max_steps,
     )
     print(f"Report: {paths['report']}")
     print("Plots:", *paths["plots"], sep="\n  ")

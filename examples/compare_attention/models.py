@@ -25,6 +25,7 @@ import keras
 import keras_hub
 from keras import ops
 
+from examples.compare_attention import options
 from examples.translate.model import PAD
 from examples.translate.model import RNNTranslator
 from examples.translate.model import TransformerTranslator
@@ -64,6 +65,8 @@ VARIANTS = {
     "transformer-t5": ("transformer", {"score": "t5"}),
     "transformer-softcap": ("transformer", {"score": "softcap"}),
 }
+
+assert tuple(VARIANTS) == options.VARIANTS  # the command line's names
 
 # The soft-capping variant's cap: Gemma 2 caps attention logits at 50,
 # on far larger scores than this study's small models reach; 5 makes

@@ -1,4 +1,4 @@
-"""The two tasks of the study, on the `translate` example's dates.
+"""The three tasks of the study, on the `translate` example's dates.
 
 - `dates`: the `translate` example's default data as it is: human-written
   dates in eight languages -> ISO 8601 (`multilingual_dates`), sources of
@@ -9,8 +9,14 @@
   random place. The target is unchanged, so only the source grows: a model
   that must squeeze the source into one state (`rnn-none`) has to carry
   the date across the noise, one with attention can look it up.
+- `length_generalization`: length generalisation (the shape of Bahdanau
+  et al., 2015, Fig. 2): the same dates in noise, but training and
+  validation sources of `LENGTH_MIN_LENGTH`-`LENGTH_TRAIN_MAX` characters
+  only, test sources up to `LENGTH_TEST_MAX` characters (lengths drawn
+  uniformly), so that most test sources are longer than any training
+  one; the report gives accuracy by source length.
 
-Both use the `translate` example's loading, tokenizers and encoding
+All use the `translate` example's loading, tokenizers and encoding
 (`examples.translate.data`) and the shared batching (`examples.common`).
 """
 
@@ -20,12 +26,16 @@ import random
 import tensorflow as tf
 
 from examples.common import text
+from examples.compare_attention import options
 from examples.translate import data as translate_data
 
-TASKS = ("dates", "long_dates")
+TASKS = options.TASKS
 DATES_MAX_LENGTH = 48  # as the translate example
 LONG_MAX_LENGTH = 64
 LONG_MIN_LENGTH = 24
+LENGTH_MIN_LENGTH = 12  # length_generalization: all splits from here
+LENGTH_TRAIN_MAX = 40  # training and validation sources up to here
+LENGTH_TEST_MAX = 96  # test sources up to here
 TARGET_LENGTH = 12  # [START] + 10 characters of YYYY-MM-DD + [END]
 SYLLABLES = (
     "ka ro mi te lu sa no ve di pa zo gu ha be fi jo ne ti wa qu ly xe co ru mo"
@@ -38,11 +48,13 @@ class Task:
 
     name: str
     train_pairs: list  # [(source, reference)]
+    validation_pairs: list  # early stopping (the training distribution)
     test_pairs: list
     source_tokenizer: object
     target_tokenizer: object
     max_source_length: int
     max_target_length: int
+    train_max_length: int = None  # longest training source, if capped
 
     def batches(self, batch_size, seed=0):
         """Training batches `({"encoder_ids", "decoder_ids"}, labels)`,
@@ -67,11 +79,13 @@ def _filler(rng, length):
     return out[:length]
 
 
-def hide_in_noise(source, rng, max_length=LONG_MAX_LENGTH):
+def hide_in_noise(
+    source, rng, max_length=LONG_MAX_LENGTH, min_length=LONG_MIN_LENGTH
+):
     """`source` inside filler words: total length uniform in
-    `[max(LONG_MIN_LENGTH, len(source)), max_length]`, the date at a random
+    `[max(min_length, len(source)), max_length]`, the date at a random
     offset."""
-    total = rng.randint(max(LONG_MIN_LENGTH, len(source)), max_length)
+    total = rng.randint(max(min_length, len(source)), max_length)
     noise = total - len(source)
     before = rng.randint(0, noise)
     left, right = _filler(rng, before), _filler(rng, noise - before)
@@ -129,24 +143,40 @@ def _pipeline(
     )
 
 
-def load_task(name, quick=False, max_test=None):
-    """The `Task` `name` (one of `TASKS`). The noise of `long_dates` is
-    fixed (seed 0) so that every seed and variant sees the same examples.
-    `max_test` keeps the first test pairs only."""
+def load_task(name, quick=False, max_test=None, max_validation=None):
+    """The `Task` `name` (one of `TASKS`). The noise of `long_dates` and
+    `length_generalization` is fixed (seed 0) so that every seed and
+    variant sees the same examples. `max_test` and `max_validation` keep
+    the first pairs of those splits only."""
     if name not in TASKS:
         raise ValueError(f"`name` must be one of {TASKS}. Received: {name!r}")
-    train, _, test = translate_data.load_pairs(
+    train, validation, test = translate_data.load_pairs(
         translate_data.DATES, quick=quick
     )
-    train_pairs, test_pairs = _as_strings(train), _as_strings(test)
-    if max_test:
-        test_pairs = test_pairs[:max_test]
-    max_length = DATES_MAX_LENGTH
+    train_pairs = _as_strings(train)
+    validation_pairs = _as_strings(validation)[:max_validation]
+    test_pairs = _as_strings(test)[:max_test]
+    max_length, train_max = DATES_MAX_LENGTH, None
     if name == "long_dates":
         max_length = LONG_MAX_LENGTH
         rng = random.Random(0)
-        train_pairs = [(hide_in_noise(s, rng), t) for s, t in train_pairs]
-        test_pairs = [(hide_in_noise(s, rng), t) for s, t in test_pairs]
+        train_pairs, validation_pairs, test_pairs = (
+            [(hide_in_noise(s, rng), t) for s, t in pairs]
+            for pairs in (train_pairs, validation_pairs, test_pairs)
+        )
+    if name == "length_generalization":
+        max_length, train_max = LENGTH_TEST_MAX, LENGTH_TRAIN_MAX
+        rng = random.Random(0)
+
+        def noisy(pairs, longest):
+            return [
+                (hide_in_noise(s, rng, longest, LENGTH_MIN_LENGTH), t)
+                for s, t in pairs
+            ]
+
+        train_pairs = noisy(train_pairs, train_max)
+        validation_pairs = noisy(validation_pairs, train_max)
+        test_pairs = noisy(test_pairs, max_length)
     source_tokenizer, target_tokenizer = translate_data.build_tokenizers(
         translate_data.DATES,
         tf.data.Dataset.from_tensor_slices(
@@ -156,9 +186,11 @@ def load_task(name, quick=False, max_test=None):
     return Task(
         name=name,
         train_pairs=train_pairs,
+        validation_pairs=validation_pairs,
         test_pairs=test_pairs,
         source_tokenizer=source_tokenizer,
         target_tokenizer=target_tokenizer,
         max_source_length=max_length,
         max_target_length=TARGET_LENGTH,
+        train_max_length=train_max,
     )

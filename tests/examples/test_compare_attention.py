@@ -1,16 +1,28 @@
-"""Smoke test of `python -m examples.compare_attention` (tiny size): the
-study runs end to end and writes a well-formed report and valid plots."""
+"""`python -m examples.compare_attention` at its tiny size: early
+stopping stops and restores the best weights, seeds give mean ± sd, the
+length task tests longer sources than it trains on and reports (and
+plots) accuracy by length, and the reading follows the numbers."""
 
 import json
 import random
 import re
+import statistics
 import struct
 
 import example_output
 import pytest
 
 VARIANTS = ["rnn-none", "rnn-bahdanau-norm", "transformer-local"]
-TASKS = ["long_dates"]  # the dates pipeline with longer sources
+TASKS = ["length_generalization"]  # long_dates with longer test sources
+COLUMNS = [
+    "variant",
+    "exact match %",
+    "steps (best)",
+    "params",
+    "train ms/step",
+    "latency ms/seq",
+    "peak MiB",
+]
 
 
 def _png_size(path):
@@ -21,21 +33,27 @@ def _png_size(path):
 
 
 def _tables(report):
-    """`{task: [[cells], ...]}` of the report's Markdown tables."""
+    """`{task: [main table rows, length table rows]}` of the report's
+    Markdown tables, each row a list of cells."""
     tables = {}
     for section in report.split("\n## Task `")[1:]:
         task = section.split("`", 1)[0]
-        lines = [line for line in section.splitlines() if line.startswith("|")]
-        tables[task] = [
-            [c.strip() for c in line.strip("|").split("|")] for line in lines
-        ]
+        section = section.split("\n## ", 1)[0]
+        blocks, rows = [], []
+        for line in section.splitlines() + [""]:
+            if line.startswith("|"):
+                rows.append([c.strip() for c in line.strip("|").split("|")])
+            elif rows:
+                blocks.append(rows)
+                rows = []
+        tables[task] = blocks
     return tables
 
 
 def _number(cell):
     if cell.strip() == "n/a":
         return float("nan")
-    return float(cell.split("±")[0].replace(",", "").strip())
+    return float(cell.split("±")[0].split("(")[0].replace(",", "").strip())
 
 
 def _allocator_keeps_stats():
@@ -50,14 +68,15 @@ def _allocator_keeps_stats():
     return True
 
 
-@pytest.mark.tf_only(reason="trains models end to end; once is enough")
-def test_study_runs_and_writes_a_well_formed_report(tmp_path):
+@pytest.fixture(scope="module")
+def quick_study(tmp_path_factory):
     from examples.compare_attention import __main__ as study
 
+    out = tmp_path_factory.mktemp("compare_attention")
     flags = [
         "--quick",
         "--out",
-        str(tmp_path),
+        str(out),
         "--variants",
         ",".join(VARIANTS),
         "--tasks",
@@ -65,43 +84,44 @@ def test_study_runs_and_writes_a_well_formed_report(tmp_path):
     ]
     with example_output.captured() as output:
         paths = study.main(flags)
+    return study, flags, paths, output
+
+
+@pytest.mark.tf_only(reason="trains models end to end; once is enough")
+def test_study_writes_a_well_formed_report(quick_study):
+    study, flags, paths, output = quick_study
     # It used to print Keras's "`shuffle=True` was passed, but will be
     # ignored" and, for rnn-none, "Layer 'gru_cell' (of type GRUCell) was
     # passed an input with a mask attached to it".
-    assert "long_dates  rnn-none" in output.log  # the run's own messages
+    assert "length_generalization rnn-none" in output.log  # its messages
     found = output.problems()
     assert not found, "\n".join(found)
     report = open(paths["report"]).read()
     assert "Command: `python -m examples.compare_attention --quick" in report
     assert "Machine: " in report and "Budget: " in report
+    # The cap and the early-stopping rule are stated.
+    assert "at most 30 steps (the cap)" in report
+    assert "2 evaluations in a row, one evaluation every 5 steps" in report
     tables = _tables(report)
     assert list(tables) == TASKS
-    for task, rows in tables.items():
-        header, rule, *body = rows
-        assert header == [
-            "variant",
-            "exact match %",
-            "params",
-            "train ms/step",
-            "latency ms/seq",
-            "peak MiB",
-        ]
-        assert all(re.fullmatch(r"-{3,}:?", c) for c in rule)
-        assert [r[0].strip("`") for r in body] == VARIANTS, task
-        for row in body:
-            assert len(row) == len(header)
-            match, params, step, latency, memory = map(_number, row[1:])
-            assert 0.0 <= match <= 100.0
-            assert params == int(params) and params > 1000
-            assert 0.0 < step < 60_000 and 0.0 < latency < 60_000
-            if _allocator_keeps_stats():
-                assert memory >= 0.0  # NaN fails too
-            else:
-                assert row[-1].strip() == "n/a"
-    # The no-attention model is the smallest RNN; params differ by task
-    # only through the vocabulary and the position tables.
-    body = tables["long_dates"][2:]
-    assert _number(body[0][2]) < _number(body[1][2])
+    (header, rule, *body), _ = tables[TASKS[0]]
+    assert header == COLUMNS
+    assert all(re.fullmatch(r"-{3,}:?", c) for c in rule)
+    assert [r[0].strip("`") for r in body] == VARIANTS
+    for row in body:
+        assert len(row) == len(header)
+        match, steps, params, step, latency, memory = map(_number, row[1:])
+        assert re.fullmatch(r"\d+\.\d ± \d+\.\d", row[1])  # 2 seeds
+        assert 0.0 <= match <= 100.0 and 0 < steps <= 30
+        assert params == int(params) and params > 1000
+        assert 0.0 < step < 60_000 and 0.0 < latency < 60_000
+        if _allocator_keeps_stats():
+            assert memory >= 0.0  # NaN fails too
+        else:
+            assert row[-1].strip() == "n/a"
+    # The no-attention model is the smallest RNN.
+    assert _number(body[0][3]) < _number(body[1][3])
+    assert "## Reading" in report and "**Rule**: means over 2 seeds" in report
 
     assert len(paths["plots"]) == len(TASKS) + 1
     for plot in paths["plots"]:
@@ -111,10 +131,216 @@ def test_study_runs_and_writes_a_well_formed_report(tmp_path):
     # The runs are saved: the report is written again without training.
     again = study.main(flags + ["--report-only"])
     assert _tables(open(again["report"]).read()) == tables
+
+
+@pytest.mark.tf_only(reason="trains models end to end; once is enough")
+def test_early_stopping_stops_before_the_cap(quick_study):
+    _, _, paths, _ = quick_study
+    runs = json.load(open(paths["results"]))["runs"]
+    assert len(runs) == len(VARIANTS) * len(TASKS) * 2  # seeds 0 and 1
+    for run in runs:
+        steps = [step for step, _ in run["validation_curve"]]
+        assert steps == list(range(5, run["steps"] + 1, 5))  # every 5
+        best = max(score for _, score in run["validation_curve"])
+        assert run["validation_exact_match"] == best
+        first_best = next(s for s, v in run["validation_curve"] if v == best)
+        assert run["best_step"] == first_best
+        if run["stopped"] == "patience":  # 2 evaluations without better
+            assert run["steps"] == run["best_step"] + 2 * 5 <= 30
+        else:
+            assert run["stopped"] in ("cap", "perfect")
+    # Tiny models learn nothing in a few steps: patience ends them early.
+    assert any(r["stopped"] == "patience" and r["steps"] < 30 for r in runs)
+
+
+@pytest.mark.tf_only(reason="trains models end to end; once is enough")
+def test_seeds_give_mean_and_sd_and_accuracy_by_length(quick_study):
+    from examples.compare_attention import report as report_module
+    from examples.compare_attention import tasks
+
+    _, _, paths, _ = quick_study
     results = json.load(open(paths["results"]))
-    assert len(results["runs"]) == len(VARIANTS) * len(TASKS)
-    for run in results["runs"]:
-        assert len(run["hits"]) == len(run["source_lengths"]) > 0
+    runs = results["runs"]
+    report = open(paths["report"]).read()
+    (_, _, *body), (length_header, _, *length_body) = _tables(report)[TASKS[0]]
+    for row in body:
+        mine = [r for r in runs if r["variant"] == row[0].strip("`")]
+        assert sorted(r["seed"] for r in mine) == [0, 1]
+        values = [r["exact_match"] for r in mine]
+        mean, sd = statistics.mean(values), statistics.stdev(values)
+        assert row[1] == f"{mean:.1f} ± {sd:.1f}"
+    # Accuracy by source length: bins up to the longest training source,
+    # then longer ones (marked *), one row per variant.
+    lengths = runs[0]["source_lengths"]
+    assert max(lengths) > tasks.LENGTH_TRAIN_MAX
+    assert all(r["train_max_length"] == tasks.LENGTH_TRAIN_MAX for r in runs)
+    names = length_header[1:]
+    beyond = [n for n in names if n.endswith("*")]
+    assert beyond and len(beyond) < len(names)
+    for name in beyond:
+        assert int(name.split("-")[0]) > tasks.LENGTH_TRAIN_MAX
+    bins = report_module.length_bins(lengths, split=tasks.LENGTH_TRAIN_MAX)
+    assert len(bins) == len(names)
+    for row in length_body:
+        variant = row[0].strip("`")
+        mine = [r for r in runs if r["variant"] == variant]
+        for cell, (low, high) in zip(row[1:], bins):
+            per_seed = []
+            for r in mine:
+                hits = [
+                    h
+                    for n, h in zip(r["source_lengths"], r["hits"])
+                    if low <= n < high
+                ]
+                if hits:
+                    per_seed.append(100.0 * sum(hits) / len(hits))
+            if per_seed:
+                assert _number(cell) == pytest.approx(
+                    statistics.mean(per_seed), abs=0.051
+                )
+    assert any("length_length_generalization.png" in p for p in paths["plots"])
+
+
+@pytest.mark.tf_only(reason="imports TensorFlow (the data pipeline)")
+def test_length_task_trains_short_and_tests_long():
+    from examples.compare_attention import tasks
+
+    task = tasks.load_task(
+        "length_generalization", quick=True, max_test=200, max_validation=50
+    )
+    train = [len(s) for s, _ in task.train_pairs]
+    validation = [len(s) for s, _ in task.validation_pairs]
+    test = [len(s) for s, _ in task.test_pairs]
+    assert max(train + validation) <= tasks.LENGTH_TRAIN_MAX
+    assert min(train + test) >= tasks.LENGTH_MIN_LENGTH
+    assert max(test) <= tasks.LENGTH_TEST_MAX
+    longer = sum(n > tasks.LENGTH_TRAIN_MAX for n in test)
+    assert longer > len(test) // 2  # most test sources are longer
+    assert len(validation) == 50 and len(test) == 200
+    assert task.max_source_length == tasks.LENGTH_TEST_MAX
+    # The dates are the targets, unchanged.
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d", t) for _, t in task.test_pairs)
+
+
+def test_patience_stops_after_patience_evaluations_without_better():
+    from examples.compare_attention.__main__ import Patience
+
+    patience = Patience(patience=2, max_steps=100)
+    scores = [10.0, 30.0, 30.0, 20.0]
+    stops = [patience.update(10 * (i + 1), s) for i, s in enumerate(scores)]
+    assert stops == [False, False, False, True]
+    assert (patience.reason, patience.best, patience.best_step) == (
+        "patience",
+        30.0,
+        20,
+    )
+    capped = Patience(patience=5, max_steps=30)
+    assert [capped.update(s, s) for s in (10, 20, 30)] == [False, False, True]
+    assert capped.reason == "cap"
+    perfect = Patience(patience=5, max_steps=30)
+    assert perfect.update(10, 100.0) and perfect.reason == "perfect"
+
+
+@pytest.mark.tf_only(reason="trains a tiny Keras model")
+def test_early_stopping_restores_the_weights_of_the_best_evaluation():
+    import keras
+    import numpy as np
+
+    from examples.compare_attention.__main__ import Patience
+    from examples.compare_attention.__main__ import _early_stopping
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    scores = iter([10.0, 40.0, 20.0, 30.0, 35.0, 90.0])
+    seen = []
+
+    def evaluate():
+        seen.append([w.copy() for w in model.get_weights()])
+        return next(scores)
+
+    stopper = _early_stopping(keras, Patience(3, 100), evaluate, 2)
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
+    model.fit(
+        x, x[:, :1], batch_size=4, epochs=50, callbacks=[stopper], verbose=0
+    )
+    # Stopped 3 evaluations after the best (the second, at step 4).
+    assert len(seen) == 5 and stopper.patience.best_step == 4
+    for restored, best in zip(model.get_weights(), seen[1]):
+        np.testing.assert_array_equal(restored, best)
+    assert not np.array_equal(model.get_weights()[0], seen[-1][0])
+
+
+def _fake_run(variant, seed, inside, beyond, task="length_generalization"):
+    """A saved run whose hits give `inside` % on sources of 20 characters
+    and `beyond` % on sources of 80 (training sources up to 40)."""
+    lengths = [20] * 10 + [80] * 10
+    hits = [int(i < inside / 10) for i in range(10)]
+    hits += [int(i < beyond / 10) for i in range(10)]
+    return {
+        "task": task,
+        "variant": variant,
+        "seed": seed,
+        "exact_match": 100.0 * sum(hits) / len(hits),
+        "steps": 300,
+        "best_step": 200,
+        "stopped": "patience",
+        "params": 1000,
+        "train_ms_per_step": 1.0,
+        "latency_ms": 1.0,
+        "peak_mib": 1.0,
+        "source_lengths": lengths,
+        "hits": hits,
+        "train_max_length": 40,
+    }
+
+
+def test_reading_follows_the_numbers():
+    from examples.compare_attention import report
+
+    runs = [
+        # Degrades: 100 % on training lengths, 20-30 % beyond.
+        _fake_run("rnn-none", 0, 100, 20),
+        _fake_run("rnn-none", 1, 100, 30),
+        # Holds up: 90-100 % on both.
+        _fake_run("rnn-bahdanau", 0, 100, 90),
+        _fake_run("rnn-bahdanau", 1, 90, 100),
+        # Within a standard deviation of rnn-bahdanau overall.
+        _fake_run("rnn-luong-dot", 0, 100, 80),
+        _fake_run("rnn-luong-dot", 1, 100, 100),
+        # Learned nothing: no verdict on length.
+        _fake_run("transformer-full", 0, 10, 0),
+        _fake_run("transformer-full", 1, 20, 0),
+    ]
+    variants = ["rnn-none", "rnn-bahdanau", "rnn-luong-dot", "transformer-full"]
+    rows = {
+        "length_generalization": report.summarize(
+            runs, "length_generalization", variants
+        )
+    }
+    text = report.reading(runs, rows, variants, max_steps=1000)
+    ranking, length = [
+        line for line in text.splitlines() if "length_generalization" in line
+    ]
+    assert "best `rnn-bahdanau` (95.0 ± 0.0 %)" in ranking
+    assert (
+        "tied with it" in ranking and "`rnn-luong-dot` (95.0 ± 7.1)" in ranking
+    )
+    assert "below it: `rnn-none` (62.5 ± 3.5)" in ranking
+    degrades = length.split("degrades on longer sources: ")[1].split(";")[0]
+    holds = length.split("holds up")[1].split(";")[0]
+    weak = length.split("too weak for the question: ")[1]
+    assert "`rnn-none` (100.0 ± 0.0 -> 25.0 ± 7.1)" in degrades
+    assert "rnn-bahdanau" in holds and "rnn-luong-dot" in holds
+    assert "rnn-none" not in holds and "transformer-full" in weak
+    assert "of 8 runs, 8 stopped by patience" in text
+    # One seed: no difference is called established.
+    one = [r for r in runs if r["seed"] == 0]
+    rows = {
+        "length_generalization": report.summarize(
+            one, "length_generalization", variants
+        )
+    }
+    assert "**One seed**" in report.reading(one, rows, variants)
 
 
 @pytest.mark.tf_only(reason="imports TensorFlow (the data pipeline)")
