@@ -36,6 +36,9 @@ of --max-length characters from --prompt, printing it as it is produced
 with a progress line (on stderr): with a --window the generator keeps a
 rolling key/value cache of window + 1 positions (plus --sink-tokens), so
 the time per character and the peak memory do not depend on --max-length.
+The SavedModel of a windowed model (positions other than learned)
+generates through that rolling cache too: it reads prompts of any length
+whole and completes each with up to --max-length characters.
 
 --backend tensorflow|jax|torch trains the same model on each Keras backend
 (the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
@@ -139,7 +142,9 @@ def parse_args(argv=None):
         "--max-length",
         type=int,
         default=256,
-        help="prompt + completion characters when generating",
+        help="prompt + completion characters when generating (a windowed "
+        "model's SavedModel and printed completions: completion characters, "
+        "after a prompt of any length)",
     )
     gen.add_argument(
         "--samplers",
