@@ -372,26 +372,36 @@ def test_beam_cannot_stream():
         lm.generate(np.array([[3, 4]]), 8, sampler="beam", stream=True)
 
 
-def layer_pairs():
+def layer_pairs(mods=None):
     """`(layer, wide twin, left bound, is_local)`: the windowed layer, the
     same weights without a window (the uncached reference takes the mask
-    as `attention_mask`)."""
-    mha = MultiHeadAttention(4, 4, sliding_window=4, num_key_value_heads=2)
-    wide_mha = MultiHeadAttention(4, 4, num_key_value_heads=2)
-    local = LocalSelfAttention(4, 4, window_size=3, causal=True)
-    wide_local = LocalSelfAttention(4, 4, window_size=14, causal=True)
+    as `attention_mask`); each with the objects of `MODS[mods]`."""
+
+    def extra():
+        return MODS[mods]() if mods else {}
+
+    mha = MultiHeadAttention(
+        4, 4, sliding_window=4, num_key_value_heads=2, **extra()
+    )
+    wide_mha = MultiHeadAttention(4, 4, num_key_value_heads=2, **extra())
+    local = LocalSelfAttention(4, 4, window_size=3, causal=True, **extra())
+    wide_local = LocalSelfAttention(
+        4, 4, window_size=14, causal=True, **extra()
+    )
     return [(mha, wide_mha, 3, False), (local, wide_local, 3, True)]
 
 
+@pytest.mark.parametrize("mods", [None] + sorted(MODS))
 @pytest.mark.parametrize("sinks", [0, 2])
-def test_layers_rolling_cache_equals_uncached_window(sinks):
+def test_layers_rolling_cache_equals_uncached_window(sinks, mods):
     """`MultiHeadAttention(sliding_window=4)` and `LocalSelfAttention(
     window_size=3, causal=True)` with a rolling cache, one step and five
     at a time, against the uncached layer under the mask "window or first
-    `sinks` keys"."""
+    `sinks` keys" (with the same score and mask objects: they see the
+    sinks' and the ring's positions)."""
     x = np.random.default_rng(0).normal(size=(2, 14, 8)).astype("float32")
     i, j = np.arange(14)[:, None], np.arange(14)[None]
-    for layer, wide, left, is_local in layer_pairs():
+    for layer, wide, left, is_local in layer_pairs(mods):
 
         def run(attention, inputs, **kwargs):
             if is_local:
