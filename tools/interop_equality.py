@@ -2,7 +2,8 @@
 to their keras-hub backbones, on the current Keras backend.
 
 Random backbones (no downloads) of 4 layers, hidden size 64 (4 heads; 2
-key/value heads for Llama and Mistral, Mistral's window 16), a batch of 4
+key/value heads for Llama, Mistral and Gemma, Mistral's window 16; noise
+added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
 one for the causal models); prints the largest absolute difference of
 each output over the real positions, as a Markdown table row per family:
@@ -42,6 +43,7 @@ def backbones():
         ),
         "Llama": models.LlamaBackbone(**llama_style),
         "Mistral": models.MistralBackbone(sliding_window=16, **llama_style),
+        "Gemma": models.GemmaBackbone(head_dim=16, **llama_style),
     }
 
 
@@ -61,7 +63,14 @@ def inputs(backbone, rng):
     return out
 
 
+def perturb(backbone, rng):
+    for weight in backbone.weights:
+        noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
+        weight.assign(to_numpy(weight) + noise)
+
+
 def errors(backbone, rng):
+    perturb(backbone, rng)
     data = inputs(backbone, rng)
     ours, theirs = from_keras_hub(backbone)(data), backbone(data)
     if not isinstance(theirs, dict):

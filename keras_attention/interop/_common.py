@@ -39,13 +39,15 @@ def our_path(path, prefixes):
     return None
 
 
-def copy_weights(backbone, model, prefixes):
+def copy_weights(backbone, model, prefixes, transform=None):
     """Copies (never shares) every weight of `backbone` into `model`.
 
     Each backbone weight goes to the weight of `model` at `our_path`; every
     weight of both must be matched exactly once and shapes must agree, else
     `ValueError` (a keras-hub version whose layout the table does not
-    describe). Returns the list of `(their path, our path)` pairs.
+    describe). `transform(their_path, value)`, when given, maps each NumPy
+    value first (a transposed kernel, an offset scale). Returns the list of
+    `(their path, our path)` pairs.
     """
     ours = {w.path: w for w in model.weights}
     pairs, unmatched = [], []
@@ -56,6 +58,8 @@ def copy_weights(backbone, model, prefixes):
             continue
         variable = ours.pop(target)
         value = np.array(keras.ops.convert_to_numpy(weight.value))
+        if transform is not None:
+            value = np.asarray(transform(weight.path, value))
         if tuple(variable.shape) != value.shape:
             raise ValueError(
                 f"Weight {weight.path!r} of {type(backbone).__name__} has "

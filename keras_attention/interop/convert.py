@@ -1,6 +1,7 @@
 """`from_keras_hub`: a keras-hub backbone rebuilt from our blocks."""
 
 from keras_attention.interop.bert import convert_bert
+from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
@@ -11,6 +12,7 @@ from keras_attention.interop.mistral import convert_mistral
 CONVERTERS = {
     "BertBackbone": convert_bert,
     "GPT2Backbone": convert_gpt2,
+    "GemmaBackbone": convert_gemma,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
 }
@@ -52,8 +54,9 @@ def from_keras_hub(backbone):
 
     Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`,
     `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
-    `MistralBackbone` (its sliding window as the blocks' `window_size`)
-    and their subclasses (`supported_backbones()`); one converter per
+    `MistralBackbone` (its sliding window as the blocks' `window_size`),
+    `GemmaBackbone` (Gemma 1; not Gemma 2's options yet) and their
+    subclasses (`supported_backbones()`); one converter per
     family in `keras_attention.interop.<family>`, where the table of
     weight paths (theirs -> ours) is `WEIGHT_TABLE`.
 
@@ -97,6 +100,8 @@ def from_keras_hub(backbone):
         - Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
           Language Models".
         - Jiang et al., 2023, "Mistral 7B".
+        - Gemma Team, 2024, "Gemma: Open Models Based on Gemini Research
+          and Technology".
     """
     import keras_hub  # an optional extra, needed only to convert
 

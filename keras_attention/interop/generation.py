@@ -81,8 +81,20 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         if isinstance(layer, TransformerDecoderBlock)
     ]
     norm = model.layers[-1] if model.layers else None
+    # What the generator runs (dropout is the identity at inference); any
+    # other step between them (Gemma's embedding scale) it would skip.
+    known = (keras.layers.InputLayer, keras.layers.Dropout)
+    others = [
+        type(op).__name__
+        for op in model.operations
+        if not isinstance(op, known)
+        and op is not norm
+        and op not in embeddings
+        and op not in blocks
+    ]
     if (
-        len(embeddings) != 1
+        others
+        or len(embeddings) != 1
         or not blocks
         or not isinstance(
             norm,
@@ -92,8 +104,8 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         raise ValueError(
             "`model` must be a decoder-only model converted by "
             "`from_keras_hub` (one token embedding, decoder blocks, a final "
-            f"norm). Received: model={model.name!r} with layers "
-            f"{[type(layer).__name__ for layer in model.layers]!r}"
+            f"norm, nothing else). Received: model={model.name!r} with "
+            f"operations {[type(op).__name__ for op in model.operations]!r}"
         )
     embedding = embeddings[0]
     table = getattr(embedding, "token_embedding", embedding)

@@ -45,10 +45,24 @@ def tiny(name, **kwargs):
         return models.MistralBackbone(
             sliding_window=3, head_dim=6, **llama_style, **kwargs
         )
+    if name == "gemma":
+        gemma = dict(llama_style, intermediate_dim=32)
+        return models.GemmaBackbone(head_dim=6, **gemma, **kwargs)
     raise ValueError(name)
 
 
-FAMILIES = ("bert", "gpt2", "llama", "llama3", "mistral")
+def perturbed(backbone):
+    """`backbone` with noise on every weight: the norms' initial ones and
+    zeros (and Gemma's zero scales) would hide a swapped or untransformed
+    weight."""
+    rng = np.random.default_rng(7)
+    for weight in backbone.weights:
+        noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
+        weight.assign(to_numpy(weight) + noise)
+    return backbone
+
+
+FAMILIES = ("bert", "gpt2", "llama", "llama3", "mistral", "gemma")
 
 
 def family(backbone):
@@ -91,7 +105,7 @@ def real_positions_error(ours, theirs, padding):
 @pytest.fixture(scope="module", params=FAMILIES)
 def converted(request):
     keras.utils.set_random_seed(1)
-    backbone = tiny(request.param)
+    backbone = perturbed(tiny(request.param))
     return backbone, from_keras_hub(backbone)
 
 
@@ -123,7 +137,8 @@ def test_weights_are_copied_not_shared(converted):
     assert not theirs & {id(w) for w in model.weights}
     assert len(model.weights) == len(backbone.weights)
     # Changing ours leaves theirs as it was.
-    weight = model.get_layer("transformer_layer_0").self_attention.weights[0]
+    block = next(layer for layer in model.layers if hasattr(layer, "causal"))
+    weight = block.self_attention.weights[0]
     before = to_numpy(backbone.weights[5])
     weight.assign(weight + 1.0)
     try:
@@ -159,7 +174,8 @@ def test_unsupported_backbone_lists_the_supported_ones():
     )
     with pytest.raises(
         ValueError,
-        match="BertBackbone, GPT2Backbone, LlamaBackbone, MistralBackbone",
+        match="BertBackbone, GPT2Backbone, GemmaBackbone, LlamaBackbone, "
+        "MistralBackbone",
     ):
         from_keras_hub(other)
 
@@ -169,9 +185,11 @@ def test_unsupported_backbone_lists_the_supported_ones():
     [
         ("llama", "rope_position_scaling_factor", 8.0),
         ("mistral", "rope_scaling_factor", 2.0),
+        ("gemma", "attention_logit_soft_cap", 50.0),
+        ("gemma", "use_post_ffw_norm", True),
     ],
 )
-def test_rope_scaling_is_refused_by_name(name, argument, value):
+def test_unconverted_options_are_refused_by_name(name, argument, value):
     with pytest.raises(ValueError, match=argument):
         from_keras_hub(tiny(name, **{argument: value}))
 
@@ -187,6 +205,7 @@ def test_supported_backbones():
     assert names == [
         "BertBackbone",
         "GPT2Backbone",
+        "GemmaBackbone",
         "LlamaBackbone",
         "MistralBackbone",
     ]
