@@ -90,7 +90,7 @@ def make_score(kind, causal):
     )
 
 
-# Model sizes: the study's default, `--quick` and `--full`.
+# Model sizes: the study's (default and `--full`) and `--quick`'s.
 SIZES = {
     "default": dict(
         embedding_dim=64,
@@ -109,15 +109,6 @@ SIZES = {
         num_heads=2,
         intermediate_dim=32,
         num_layers=1,
-    ),
-    "full": dict(
-        embedding_dim=64,
-        encoder_units=128,
-        decoder_units=256,
-        hidden_dim=128,
-        num_heads=4,
-        intermediate_dim=512,
-        num_layers=2,
     ),
 }
 

@@ -134,23 +134,57 @@ def test_study_writes_a_well_formed_report(quick_study):
 
 
 @pytest.mark.tf_only(reason="trains models end to end; once is enough")
-def test_early_stopping_stops_before_the_cap(quick_study):
+def test_runs_record_how_early_stopping_ended(quick_study):
     _, _, paths, _ = quick_study
     runs = json.load(open(paths["results"]))["runs"]
     assert len(runs) == len(VARIANTS) * len(TASKS) * 2  # seeds 0 and 1
     for run in runs:
-        steps = [step for step, _ in run["validation_curve"]]
-        assert steps == list(range(5, run["steps"] + 1, 5))  # every 5
-        best = max(score for _, score in run["validation_curve"])
-        assert run["validation_exact_match"] == best
-        first_best = next(s for s, v in run["validation_curve"] if v == best)
-        assert run["best_step"] == first_best
+        curve = run["validation_curve"]  # [step, exact match, characters]
+        assert [step for step, *_ in curve] == list(
+            range(5, run["steps"] + 1, 5)
+        )
+        best = max(tuple(scores) for _, *scores in curve)
+        assert run["validation_exact_match"] == best[0]
+        first = next(step for step, *scores in curve if tuple(scores) == best)
+        assert run["best_step"] == first
         if run["stopped"] == "patience":  # 2 evaluations without better
             assert run["steps"] == run["best_step"] + 2 * 5 <= 30
+        elif run["stopped"] == "cap":
+            assert run["steps"] == 30
         else:
-            assert run["stopped"] in ("cap", "perfect")
-    # Tiny models learn nothing in a few steps: patience ends them early.
-    assert any(r["stopped"] == "patience" and r["steps"] < 30 for r in runs)
+            assert run["stopped"] == "perfect" and best[0] == 100.0
+
+
+@pytest.mark.tf_only(reason="trains a model end to end")
+def test_early_stopping_stops_a_run_that_does_not_improve(tmp_path):
+    from examples.compare_attention import __main__ as study
+
+    # Learning rate 0: the validation scores never change, so the run
+    # stops 2 evaluations (10 steps) after the first, far from the cap.
+    paths = study.main(
+        [
+            "--quick",
+            "--learning-rate",
+            "0",
+            "--variants",
+            "rnn-none",
+            "--tasks",
+            "length_generalization",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    (run,) = json.load(open(paths["results"]))["runs"]
+    assert (run["stopped"], run["steps"], run["best_step"]) == (
+        "patience",
+        15,
+        5,
+    )
+    assert len({tuple(scores) for _, *scores in run["validation_curve"]}) == 1
+    report = open(paths["report"]).read()
+    assert "of 1 runs, 1 stopped by patience" in report
 
 
 @pytest.mark.tf_only(reason="trains models end to end; once is enough")
@@ -239,6 +273,12 @@ def test_patience_stops_after_patience_evaluations_without_better():
     assert capped.reason == "cap"
     perfect = Patience(patience=5, max_steps=30)
     assert perfect.update(10, 100.0) and perfect.reason == "perfect"
+    # (exact match, characters): the second breaks ties of the first.
+    pairs = Patience(patience=1, max_steps=100)
+    assert not pairs.update(10, (0.0, 20.0))
+    assert not pairs.update(20, (0.0, 35.0))  # still learning
+    assert pairs.update(30, (0.0, 30.0)) and pairs.best_step == 20
+    assert pairs.curve == [(10, 0.0, 20.0), (20, 0.0, 35.0), (30, 0.0, 30.0)]
 
 
 @pytest.mark.tf_only(reason="trains a tiny Keras model")
@@ -292,6 +332,14 @@ def _fake_run(variant, seed, inside, beyond, task="length_generalization"):
         "hits": hits,
         "train_max_length": 40,
     }
+
+
+def test_character_accuracy():
+    from examples.compare_attention.__main__ import character_accuracy
+
+    references = ["2026-11-29", "1951-04-03"]
+    assert character_accuracy(references, references) == 100.0
+    assert character_accuracy(["2026-11-28", "1951"], references) == 65.0
 
 
 def test_reading_follows_the_numbers():
