@@ -7,7 +7,7 @@ library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
 per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`), each with its
 table of weight paths. `causal_lm_generator(model)` decodes a converted
-GPT-2, Llama or Mistral with the library's cached generator. keras-hub
+GPT-2, Llama, Mistral or Gemma with the library's cached generator. keras-hub
 is imported only when a backbone is converted.
 """
 

@@ -134,7 +134,9 @@ def convert_gemma(backbone):
         dtype=dtype,
         name="token_embedding",
     )(inputs["token_ids"])
-    x = x * math.sqrt(config["hidden_dim"])
+    x = keras.layers.Rescaling(
+        math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
+    )(x)
     for i in range(config["num_layers"]):
         x = TransformerDecoderBlock(
             num_heads=config["num_query_heads"],

@@ -12,6 +12,18 @@ from keras_attention.layers.token_and_position_embedding import (
 )
 
 
+class _ScaledEmbedding:
+    """The token embedding followed by the model's `Rescaling` (Gemma's
+    `sqrt(hidden_dim)`)."""
+
+    def __init__(self, embedding, rescaling):
+        self.embedding = embedding
+        self.rescaling = rescaling
+
+    def __call__(self, token_ids):
+        return self.rescaling(self.embedding(token_ids))
+
+
 class _ReverseEmbedding:
     """The logits head: hidden states through the token table's reverse
     projection (`ReversibleEmbedding(..., reverse=True)`)."""
@@ -25,7 +37,7 @@ class _ReverseEmbedding:
 
 def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     """A `CausalLMGenerator` on a decoder-only model converted by
-    `from_keras_hub` (GPT-2, Llama, Mistral), with keras-hub's
+    `from_keras_hub` (GPT-2, Llama, Mistral, Gemma), with keras-hub's
     `CausalLM` head: the logits are the final norm's output through the
     token embedding's reverse projection (the tied table, or Llama's and
     Mistral's separate one).
@@ -38,7 +50,9 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         model: a converted decoder-only model (or one reloaded from its
             `.keras` file): a token embedding (`TokenAndPositionEmbedding`
             or `keras.layers.ReversibleEmbedding`), then
-            `TransformerDecoderBlock`s, then a final norm (its last layer).
+            an optional `keras.layers.Rescaling` (Gemma's embedding
+            scale), `TransformerDecoderBlock`s, then a final norm (its last
+            layer).
         pad_token_id: int, the prompts' padding id (keras-hub's
             preprocessors pad with 0 by default for these models).
         jit_compile: bool, compile `generate` with XLA (TensorFlow).
@@ -81,8 +95,13 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         if isinstance(layer, TransformerDecoderBlock)
     ]
     norm = model.layers[-1] if model.layers else None
-    # What the generator runs (dropout is the identity at inference); any
-    # other step between them (Gemma's embedding scale) it would skip.
+    rescalings = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Rescaling)
+    ]
+    # What the generator runs (dropout is the identity at inference); it
+    # would skip any other step.
     known = (keras.layers.InputLayer, keras.layers.Dropout)
     others = [
         type(op).__name__
@@ -91,9 +110,11 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         and op is not norm
         and op not in embeddings
         and op not in blocks
+        and op not in rescalings
     ]
     if (
         others
+        or len(rescalings) > 1
         or len(embeddings) != 1
         or not blocks
         or not isinstance(
@@ -103,12 +124,15 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     ):
         raise ValueError(
             "`model` must be a decoder-only model converted by "
-            "`from_keras_hub` (one token embedding, decoder blocks, a final "
-            f"norm, nothing else). Received: model={model.name!r} with "
-            f"operations {[type(op).__name__ for op in model.operations]!r}"
+            "`from_keras_hub` (one token embedding, maybe a rescaling, "
+            "decoder blocks, a final norm, nothing else). Received: "
+            f"model={model.name!r} with operations "
+            f"{[type(op).__name__ for op in model.operations]!r}"
         )
     embedding = embeddings[0]
     table = getattr(embedding, "token_embedding", embedding)
+    if rescalings:
+        embedding = _ScaledEmbedding(embedding, rescalings[0])
     return CausalLMGenerator(
         embedding,
         blocks,

@@ -30,12 +30,15 @@ def tiny(name):
         return backbone, models.GPT2CausalLM
     if name == "llama":
         return models.LlamaBackbone(**llama_style), models.LlamaCausalLM
+    if name == "gemma":
+        backbone = models.GemmaBackbone(head_dim=4, **llama_style)
+        return backbone, models.GemmaCausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "gemma"])
 def test_greedy_tokens_equal_keras_hub(name):
     keras.utils.set_random_seed(2)
     backbone, causal_lm_class = tiny(name)
