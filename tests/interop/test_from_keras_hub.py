@@ -226,3 +226,18 @@ def test_saved_model_export_serves_with_tensorflow_alone(converted):
         outputs = [outputs[k] for k in sorted(outputs)]
     wrapped = keras.Model(inputs, outputs)
     harness.check_saved_model(wrapped, [{n: data[n] for n in names}])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16"])
+def test_dtype_policy_is_kept(dtype):
+    keras.utils.set_random_seed(1)
+    backbone = tiny("llama", dtype=dtype)
+    model = from_keras_hub(backbone)
+    blocks = [layer for layer in model.layers if hasattr(layer, "causal")]
+    assert {b.dtype_policy.name for b in blocks} == {dtype}
+    inputs = make_inputs(backbone)
+    ours = to_numpy(keras.ops.cast(model(inputs), "float32"))
+    theirs = to_numpy(keras.ops.cast(backbone(inputs), "float32"))
+    real = inputs["padding_mask"].astype(bool)
+    # Within bfloat16 rounding (8 bits of mantissa) of outputs of about 3.
+    assert np.abs(ours[real] - theirs[real]).max() <= 0.05
