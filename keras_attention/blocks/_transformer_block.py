@@ -69,6 +69,10 @@ class TransformerBlock(keras.layers.Layer):
         gated_feed_forward: bool, the gated (GLU) feed-forward
             `FeedForward(gated=True)`: SwiGLU with `activation="silu"`
             (default False).
+        sandwich_norm: bool, also normalize each sublayer's output before
+            the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
+            post-attention and post-feed-forward norms, CogView's sandwich
+            layer norm; sublayers `*_post_norm`); default False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -93,6 +97,7 @@ class TransformerBlock(keras.layers.Layer):
         normalization="layer_norm",
         use_bias=True,
         gated_feed_forward=False,
+        sandwich_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -146,6 +151,9 @@ class TransformerBlock(keras.layers.Layer):
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.gated_feed_forward = validation.check_bool(
             "gated_feed_forward", gated_feed_forward
+        )
+        self.sandwich_norm = validation.check_bool(
+            "sandwich_norm", sandwich_norm
         )
         self.layer_norm_epsilon = layer_norm_epsilon
         self.rotary_max_wavelength = rotary_max_wavelength
@@ -220,14 +228,25 @@ class TransformerBlock(keras.layers.Layer):
 
     def _make_norm(self, name):
         if self.normalization == "rms_norm":
-            return keras.layers.RMSNormalization(
+            norm = keras.layers.RMSNormalization(
                 epsilon=self.layer_norm_epsilon,
                 dtype=self.dtype_policy,
                 name=name,
             )
+            # Per position, as LayerNormalization: Keras masks pass through.
+            norm.supports_masking = True
+            return norm
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
+
+    def _make_post_norm(self, name, inputs_shape):
+        """A built norm of a sublayer's output (`sandwich_norm`), or None."""
+        if not self.sandwich_norm:
+            return None
+        norm = self._make_norm(name)
+        norm.build(inputs_shape)
+        return norm
 
     def _make_dropout(self, name):
         return keras.layers.Dropout(
@@ -266,16 +285,23 @@ class TransformerBlock(keras.layers.Layer):
         self.feed_forward_norm = self._make_norm("feed_forward_norm")
         self.feed_forward_norm.build(inputs_shape)
         self.feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+        self.self_attention_post_norm = self._make_post_norm(
+            "self_attention_post_norm", inputs_shape
+        )
+        self.feed_forward_post_norm = self._make_post_norm(
+            "feed_forward_post_norm", inputs_shape
+        )
         self.built = True
 
     # Residual wiring.
 
-    def _residual(self, x, sublayer, norm, dropout, training):
+    def _residual(self, x, sublayer, norm, dropout, training, post_norm=None):
         """Runs `sublayer` with residual + norm; returns (x, extra outputs).
 
         Post-norm: `norm(x + dropout(sublayer(x)))`; pre-norm:
-        `x + dropout(sublayer(norm(x)))`. A sublayer returning a tuple
-        gives its first item to the residual and the rest as extras.
+        `x + dropout(sublayer(norm(x)))`; `post_norm` (`sandwich_norm`)
+        normalizes the sublayer's output first. A sublayer returning a
+        tuple gives its first item to the residual and the rest as extras.
         """
         y = norm(x) if self.norm_first else x
         outputs = sublayer(y)
@@ -283,6 +309,8 @@ class TransformerBlock(keras.layers.Layer):
             y, extra = outputs[0], outputs[1:]
         else:
             y, extra = outputs, ()
+        if post_norm is not None:
+            y = post_norm(y)
         x = x + dropout(y, training=training)
         if not self.norm_first:
             x = norm(x)
@@ -308,6 +336,7 @@ class TransformerBlock(keras.layers.Layer):
             self.self_attention_norm,
             self.self_attention_dropout,
             training,
+            post_norm=self.self_attention_post_norm,
         )
 
     def _feed_forward_residual(self, x, training):
@@ -317,6 +346,7 @@ class TransformerBlock(keras.layers.Layer):
             self.feed_forward_norm,
             self.feed_forward_dropout,
             training,
+            post_norm=self.feed_forward_post_norm,
         )
         return x
 
@@ -349,6 +379,7 @@ class TransformerBlock(keras.layers.Layer):
                 "normalization": self.normalization,
                 "use_bias": self.use_bias,
                 "gated_feed_forward": self.gated_feed_forward,
+                "sandwich_norm": self.sandwich_norm,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
                 "window_size": self.window_size,
                 "kernel_initializer": keras.initializers.serialize(

@@ -54,8 +54,9 @@ class TransformerDecoderBlock(TransformerBlock):
         **kwargs: the block options `normalization` (`"layer_norm"`, the
             default, or `"rms_norm"`), `use_bias` (default True) and
             `gated_feed_forward` (default False; SwiGLU with
-            `activation="silu"`), and base layer arguments (`name`,
-            `dtype`, ...).
+            `activation="silu"`), `sandwich_norm` (default False; a norm
+            of each sublayer's output too, Gemma 2's post-norms), and base
+            layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.
@@ -190,6 +191,9 @@ class TransformerDecoderBlock(TransformerBlock):
         self.cross_attention_dropout = self._make_dropout(
             "cross_attention_dropout"
         )
+        self.cross_attention_post_norm = self._make_post_norm(
+            "cross_attention_post_norm", inputs_shape
+        )
         self.built = True
 
     def compute_cross_attention_cache(self, context):
@@ -313,6 +317,7 @@ class TransformerDecoderBlock(TransformerBlock):
             self.cross_attention_norm,
             self.cross_attention_dropout,
             training,
+            post_norm=self.cross_attention_post_norm,
         )
 
     def compute_output_spec(

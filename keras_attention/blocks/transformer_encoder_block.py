@@ -57,8 +57,9 @@ class TransformerEncoderBlock(TransformerBlock):
         **kwargs: the block options `normalization` (`"layer_norm"`, the
             default, or `"rms_norm"`), `use_bias` (default True) and
             `gated_feed_forward` (default False; SwiGLU with
-            `activation="silu"`), and base layer arguments (`name`,
-            `dtype`, ...).
+            `activation="silu"`), `sandwich_norm` (default False; a norm
+            of each sublayer's output too, Gemma 2's post-norms), and base
+            layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)`.

@@ -97,3 +97,38 @@ def test_gated_feed_forward_formula():
     clone = FeedForward.from_config(ffn.get_config())
     assert clone.gated is True
     assert FeedForward(16).get_config()["gated"] is False
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        TransformerEncoderBlock(2, 16, norm_first=True, sandwich_norm=True),
+        TransformerDecoderBlock(2, 16, norm_first=True, sandwich_norm=True),
+    ],
+    ids=["encoder", "decoder"],
+)
+def test_sandwich_norm(block):
+    context = X[:, :3]
+    cross = isinstance(block, TransformerDecoderBlock)
+    y = block(X, context) if cross else block(X)
+    names = {w.path.split("/", 1)[1] for w in block.weights}
+    want = {"self_attention_post_norm/gamma", "feed_forward_post_norm/gamma"}
+    if cross:
+        want.add("cross_attention_post_norm/gamma")
+    assert want <= names
+    # x + Post(Attention(Pre(x))), then x + Post'(FFN(Pre'(x))).
+    if not cross:
+        h = X + to_numpy(
+            block.self_attention_post_norm(
+                block.self_attention(block.self_attention_norm(X))
+            )
+        )
+        h = h + to_numpy(
+            block.feed_forward_post_norm(
+                block.feed_forward(block.feed_forward_norm(h))
+            )
+        )
+        np.testing.assert_allclose(to_numpy(y), h, atol=1e-5)
+    clone = type(block).from_config(block.get_config())
+    assert clone.sandwich_norm is True
+    assert TransformerEncoderBlock(2, 16).get_config()["sandwich_norm"] is False
