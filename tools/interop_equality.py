@@ -2,7 +2,8 @@
 to their keras-hub backbones, on the current Keras backend.
 
 Random backbones (no downloads) of 4 layers, hidden size 64 (4 heads; 2
-key/value heads for Llama, Mistral and Gemma, Mistral's window 16; noise
+key/value heads for Llama, Mistral and Gemma, Mistral's and Gemma 2's
+windows 16, Gemma 2's attention soft-cap 5; noise
 added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
 one for the causal models); prints the largest absolute difference of
@@ -44,6 +45,16 @@ def backbones():
         "Llama": models.LlamaBackbone(**llama_style),
         "Mistral": models.MistralBackbone(sliding_window=16, **llama_style),
         "Gemma": models.GemmaBackbone(head_dim=16, **llama_style),
+        "Gemma 2": models.GemmaBackbone(
+            head_dim=16,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=5.0,
+            final_logit_soft_cap=30.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+            **llama_style,
+        ),
     }
 
 

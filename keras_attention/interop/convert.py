@@ -55,10 +55,10 @@ def from_keras_hub(backbone):
     Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`,
     `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
     `MistralBackbone` (its sliding window as the blocks' `window_size`),
-    `GemmaBackbone` (Gemma 1; not Gemma 2's options yet) and their
-    subclasses (`supported_backbones()`); one converter per
-    family in `keras_attention.interop.<family>`, where the table of
-    weight paths (theirs -> ours) is `WEIGHT_TABLE`.
+    `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
+    post-norms) and their subclasses (`supported_backbones()`); one
+    converter per family in `keras_attention.interop.<family>`, where the
+    table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.
 
     Args:
         backbone: a built keras-hub backbone (`keras_hub.models.*Backbone`,
@@ -102,6 +102,8 @@ def from_keras_hub(backbone):
         - Jiang et al., 2023, "Mistral 7B".
         - Gemma Team, 2024, "Gemma: Open Models Based on Gemini Research
           and Technology".
+        - Gemma Team, 2024, "Gemma 2: Improving Open Language Models at a
+          Practical Size".
     """
     import keras_hub  # an optional extra, needed only to convert
 

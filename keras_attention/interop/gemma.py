@@ -1,5 +1,5 @@
-"""keras-hub's `GemmaBackbone` (Gemma 1) rebuilt from `keras_attention`
-blocks."""
+"""keras-hub's `GemmaBackbone` (Gemma 1 and 2) rebuilt from
+`keras_attention` blocks."""
 
 import math
 
@@ -11,6 +11,8 @@ from keras_attention.blocks.transformer_decoder_block import (
 )
 from keras_attention.interop import _common
 from keras_attention.layers.activations import gelu_approximate
+from keras_attention.mods.masks import KerasSlidingWindowMask
+from keras_attention.scores.soft_cap import SoftCap
 
 # Gemma's rotary embeddings (fixed in keras-hub's `GemmaAttention`).
 ROPE_MAX_WAVELENGTH = 10000.0
@@ -40,18 +42,19 @@ WEIGHT_TABLE = (
         "decoder_block_{i}/feed_forward/output_dense",
     ),
     ("decoder_block_{i}/pre_ffw_norm", "decoder_block_{i}/feed_forward_norm"),
+    (
+        "decoder_block_{i}/post_attention_norm",
+        "decoder_block_{i}/self_attention_post_norm",
+    ),
+    (
+        "decoder_block_{i}/post_ffw_norm",
+        "decoder_block_{i}/feed_forward_post_norm",
+    ),
     ("final_normalization", "final_normalization"),
 )
 
-# Gemma 2 options, not converted yet: (config key, its Gemma 1 value).
-GEMMA_1 = (
-    ("query_head_dim_normalize", True),
-    ("use_post_ffw_norm", False),
-    ("use_post_attention_norm", False),
-    ("attention_logit_soft_cap", None),
-    ("final_logit_soft_cap", None),
-    ("use_sliding_window_attention", False),
-)
+# Options not converted yet: (config key, the value converted).
+UNSUPPORTED = (("query_head_dim_normalize", True),)
 
 
 def transform_weight(path, value):
@@ -71,7 +74,7 @@ def transform_weight(path, value):
 
 def convert_gemma(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
-    `GemmaBackbone` (Gemma 1), holding a copy of its weights.
+    `GemmaBackbone` (Gemma 1 and 2), holding a copy of its weights.
 
     Inputs `token_ids`, `padding_mask` (int `(batch, T)`); output the
     sequence output `(batch, T, hidden)`. The tied token embedding scaled
@@ -80,9 +83,14 @@ def convert_gemma(backbone):
     with `key_dim=head_dim`, rotary positions (wavelength 10000) and a
     GeGLU feed-forward (`gated_feed_forward=True`, `gelu_approximate`,
     `intermediate_dim // 2` as keras-hub's); a final RMS norm. Gemma 2's
-    options (soft-capping, sliding windows, post-norms, query scaling by
-    `hidden_dim // num_query_heads`) are not converted yet: `ValueError`
-    naming the option.
+    options: `attention_logit_soft_cap` is the blocks' `score_mod=SoftCap`,
+    the alternating sliding windows (`use_sliding_window_attention`: layers
+    0, 2, 4, ...) a `mask_mod=KerasSlidingWindowMask(sliding_window_size)`,
+    the post-attention and post-feed-forward norms the blocks'
+    `sandwich_norm=True`, and `final_logit_soft_cap` the token embedding's
+    `logit_soft_cap` (its reverse projection, the logits). Query scaling by
+    `hidden_dim // num_query_heads` (`query_head_dim_normalize=False`) is
+    not converted yet: `ValueError`.
 
     Args:
         backbone: a built `keras_hub.models.GemmaBackbone`.
@@ -104,15 +112,32 @@ def convert_gemma(backbone):
     References:
         - Gemma Team, 2024, "Gemma: Open Models Based on Gemini Research
           and Technology".
+        - Gemma Team, 2024, "Gemma 2: Improving Open Language Models at a
+          Practical Size".
     """
     get = backbone.get_config()
-    for name, gemma_1 in GEMMA_1:
-        if name in get and get[name] != gemma_1:
+    for name, converted in UNSUPPORTED:
+        if name in get and get[name] != converted:
             raise ValueError(
                 f"{type(backbone).__name__} with `{name}` other than "
-                f"{gemma_1!r} (Gemma 2) is not supported yet. Received: "
+                f"{converted!r} is not supported yet. Received: "
                 f"{name}={get[name]!r}"
             )
+    post_norms = (
+        bool(get.get("use_post_attention_norm")),
+        bool(get.get("use_post_ffw_norm")),
+    )
+    if post_norms[0] != post_norms[1]:
+        raise ValueError(
+            "`use_post_attention_norm` and `use_post_ffw_norm` must be "
+            "both True or both False (the blocks' `sandwich_norm`). "
+            f"Received: use_post_attention_norm={post_norms[0]!r}, "
+            f"use_post_ffw_norm={post_norms[1]!r}"
+        )
+    soft_cap = get.get("attention_logit_soft_cap")
+    window = None
+    if get.get("use_sliding_window_attention"):
+        window = int(get["sliding_window_size"])
     config = {
         name: _common.config_value(backbone, name)
         for name in (
@@ -131,6 +156,7 @@ def convert_gemma(backbone):
     x = keras.layers.ReversibleEmbedding(
         config["vocabulary_size"],
         config["hidden_dim"],
+        logit_soft_cap=get.get("final_logit_soft_cap"),
         dtype=dtype,
         name="token_embedding",
     )(inputs["token_ids"])
@@ -138,6 +164,11 @@ def convert_gemma(backbone):
         math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
     )(x)
     for i in range(config["num_layers"]):
+        mods = {}
+        if soft_cap is not None:
+            mods["score_mod"] = SoftCap(soft_cap)
+        if window is not None and i % 2 == 0:
+            mods["mask_mod"] = KerasSlidingWindowMask(window)
         x = TransformerDecoderBlock(
             num_heads=config["num_query_heads"],
             intermediate_dim=config["intermediate_dim"] // 2,
@@ -152,8 +183,10 @@ def convert_gemma(backbone):
             normalization="rms_norm",
             use_bias=False,
             gated_feed_forward=True,
+            sandwich_norm=post_norms[0],
             dtype=dtype,
             name=f"decoder_block_{i}",
+            **mods,
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],

@@ -33,12 +33,26 @@ def tiny(name):
     if name == "gemma":
         backbone = models.GemmaBackbone(head_dim=4, **llama_style)
         return backbone, models.GemmaCausalLM
+    if name == "gemma2":
+        backbone = models.GemmaBackbone(
+            head_dim=4,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=1.0,
+            final_logit_soft_cap=2.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=3,
+            **llama_style,
+        )
+        return backbone, models.GemmaCausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "gemma"])
+@pytest.mark.parametrize(
+    "name", ["gpt2", "llama", "mistral", "gemma", "gemma2"]
+)
 def test_greedy_tokens_equal_keras_hub(name):
     keras.utils.set_random_seed(2)
     backbone, causal_lm_class = tiny(name)
