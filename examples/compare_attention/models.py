@@ -8,8 +8,9 @@ have, so they are small subclasses that reuse its decoding
 
 - `rnn-bahdanau-norm`: `BahdanauAttention(normalize=True)` (weight-
   normalized score vector, Luong-style scale `g`);
-- `rnn-none`: no attention at all, the decoder only starts from the
-  `EncoderBridge` state (Sutskever et al., 2014; Cho et al., 2014);
+- `rnn-none`: no attention at all: one fixed vector, the `EncoderBridge`
+  state, starts the decoder and is fed at every step (Cho et al., 2014,
+  the baseline of Bahdanau et al., 2015);
 - `transformer-local`: every block's self-attention in a `window_size`
   band (`LocalSelfAttention`); cross-attention stays full;
 - `transformer-gqa`: grouped-query attention, `num_key_value_heads=1`
@@ -115,8 +116,11 @@ SIZES = {
 
 class NoAttentionTranslator(Translator):
     """Bidirectional GRU encoder, `EncoderBridge`, plain GRU decoder: the
-    whole source reaches the decoder through the bridge state `s_0` only.
-    Same embeddings and sizes as `RNNTranslator`."""
+    whole source reaches the decoder through one fixed vector, the bridge
+    state `c`, which starts the decoder (`s_0 = c`) and is fed with every
+    target embedding, as in Cho et al. (2014)'s RNN encoder-decoder, the
+    baseline of Bahdanau et al. (2015). Same embeddings and sizes as
+    `RNNTranslator`."""
 
     def __init__(
         self,
@@ -157,10 +161,18 @@ class NoAttentionTranslator(Translator):
         self.head = keras.layers.Dense(
             target_vocabulary_size, dtype="float32", name="logits"
         )
-        outputs = self.decoder(
-            self.embedding(decoder_ids),
-            initial_state=self.encoder(encoder_ids),
+        context = self.encoder(encoder_ids)  # b, d
+        embedded = self.embedding(decoder_ids)  # b, t, e
+        repeated = keras.layers.Lambda(
+            lambda a: ops.repeat(
+                ops.expand_dims(a[0], 1), ops.shape(a[1])[1], axis=1
+            ),
+            name="repeat_context",
+        )([context, decoder_ids])  # b, t, d
+        inputs = keras.layers.Concatenate(name="with_context")(
+            [embedded, repeated]
         )
+        outputs = self.decoder(inputs, initial_state=context)
         self.model = keras.Model(
             {"encoder_ids": encoder_ids, "decoder_ids": decoder_ids},
             self.head(outputs),
@@ -168,6 +180,8 @@ class NoAttentionTranslator(Translator):
         )
 
     def _next(self, prompt, cache, index):
+        # cache: the decoder state and the context, side by side (b, 2d).
+        state, context = ops.split(cache, 2, axis=-1)
         token = ops.take(prompt, index - 1, axis=1)  # b
         # The embedding's rows, not the layer: its output carries a padding
         # mask, which the GRU cell (no masking) would drop with a warning.
@@ -175,15 +189,20 @@ class NoAttentionTranslator(Translator):
             ops.take(self.embedding.embeddings, token, axis=0),
             self.embedding.compute_dtype,
         )
-        output, state = self.decoder.cell(embedded, [cache])
-        return self.head(output), output, state[0]
+        inputs = ops.concatenate(
+            [embedded, ops.cast(context, embedded.dtype)], axis=-1
+        )
+        output, new_state = self.decoder.cell(inputs, [state])
+        cache = ops.concatenate([new_state[0], context], axis=-1)
+        return self.head(output), output, cache
 
     def generate(self, encoder_ids):
         prompt = self._prompt(encoder_ids)
+        context = self.encoder(encoder_ids)
         ids = keras_hub.samplers.GreedySampler()(
             next=self._next,
             prompt=prompt,
-            cache=self.encoder(encoder_ids),
+            cache=ops.concatenate([context, context], axis=-1),
             index=1,
             mask=ops.not_equal(prompt, PAD),
             stop_token_ids=(self.end_id,),

@@ -273,6 +273,11 @@ def test_patience_stops_after_patience_evaluations_without_better():
     assert capped.reason == "cap"
     perfect = Patience(patience=5, max_steps=30)
     assert perfect.update(10, 100.0) and perfect.reason == "perfect"
+    # No stopping by patience before min_steps (a plateau, then learning).
+    late = Patience(patience=2, max_steps=100, min_steps=50)
+    flat = [late.update(step, 0.0) for step in (10, 20, 30, 40, 50)]
+    assert flat == [False, False, False, False, True]
+    assert late.reason == "patience" and late.best_step == 10
     # (exact match, characters): the second breaks ties of the first.
     pairs = Patience(patience=1, max_steps=100)
     assert not pairs.update(10, (0.0, 20.0))
