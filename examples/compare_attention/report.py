@@ -6,6 +6,7 @@ raw numbers (`results.json`).
 """
 
 import json
+import math
 import os
 import statistics
 
@@ -20,7 +21,9 @@ COLUMNS = (
 )
 
 # A difference between two means counts only when it exceeds the larger
-# of their two standard deviations over the seeds and this many points.
+# of their two standard deviations over the seeds, twice the standard
+# error of the difference that the finite test set alone gives
+# (binomial), and this many points.
 MIN_DIFFERENCE = 1.0
 # The length reading asks whether a variant holds up on longer sources
 # only of those that learned the task on the training lengths.
@@ -55,6 +58,9 @@ def summarize(runs, task, variants):
                 "seeds": len(mine),
                 "exact_match": mean,
                 "exact_match_std": spread,
+                "exact_match_se": standard_error(
+                    mean, sum(len(r["hits"]) for r in mine)
+                ),
                 "steps": statistics.mean(r["steps"] for r in mine),
                 "best_step": statistics.mean(r["best_step"] for r in mine),
                 "capped": sum(r["stopped"] == "cap" for r in mine),
@@ -233,10 +239,24 @@ def plot_length(runs, task, variants, path):
     return path
 
 
+def standard_error(percent, count):
+    """Binomial standard error (points) of an exact match of `percent` %
+    measured on `count` examples."""
+    p = percent / 100.0
+    return 100.0 * math.sqrt(p * (1.0 - p) / count) if count else math.inf
+
+
 def differs(a, b):
-    """Whether means `a` and `b` (`(mean, sd)`) differ by more than the
-    larger standard deviation and `MIN_DIFFERENCE` points."""
-    return abs(a[0] - b[0]) > max(a[1], b[1], MIN_DIFFERENCE)
+    """Whether means `a` and `b` (`(mean, sd, standard error)`) differ by
+    more than the larger standard deviation over the seeds, twice the
+    test set's standard error of their difference, and `MIN_DIFFERENCE`
+    points."""
+    sampling = 2.0 * math.hypot(a[2], b[2])
+    return abs(a[0] - b[0]) > max(a[1], b[1], sampling, MIN_DIFFERENCE)
+
+
+def _stats(row):
+    return row["exact_match"], row["exact_match_std"], row["exact_match_se"]
 
 
 def _cell(row):
@@ -250,12 +270,8 @@ def reading_ranking(rows, task):
         return None
     ordered = sorted(rows, key=lambda r: -r["exact_match"])
     best = ordered[0]
-    top = (best["exact_match"], best["exact_match_std"])
-    tied = [
-        r
-        for r in ordered[1:]
-        if not differs(top, (r["exact_match"], r["exact_match_std"]))
-    ]
+    top = _stats(best)
+    tied = [r for r in ordered[1:] if not differs(top, _stats(r))]
     below = [r for r in ordered[1:] if r not in tied]
     if len(ordered) > 1 and not below:
         return (
@@ -265,7 +281,7 @@ def reading_ranking(rows, task):
         )
     text = f"**`{task}`**: best `{best['variant']}` ({_cell(best)} %)"
     if tied:
-        text += "; tied with it (within a standard deviation): " + ", ".join(
+        text += "; tied with it (within the noise): " + ", ".join(
             f"`{r['variant']}` ({_cell(r)})" for r in tied
         )
     if below:
@@ -276,17 +292,23 @@ def reading_ranking(rows, task):
 
 
 def generalization(runs, task, variant):
-    """`((mean, sd) within the training lengths, (mean, sd) beyond)` of
-    the exact match over the seeds, or None without a training cap."""
+    """`((mean, sd, se) within the training lengths, (mean, sd, se)
+    beyond)` of the exact match over the seeds (`se`: the binomial
+    standard error of all the seeds' examples), or None without a
+    training cap."""
     train_max = _train_max(runs, task)
     mine = _runs_of(runs, task, variant)
     if not train_max or not mine:
         return None
-    inside = [_accuracy(r, 0, train_max + 1) for r in mine]
-    beyond = [_accuracy(r, train_max + 1, 10**9) for r in mine]
-    if any(v != v for v in inside + beyond):
-        return None
-    return mean_spread(inside), mean_spread(beyond)
+    out = []
+    for low, high in ((0, train_max + 1), (train_max + 1, 10**9)):
+        values = [_accuracy(r, low, high) for r in mine]
+        if any(v != v for v in values):
+            return None
+        count = sum(low <= n < high for r in mine for n in r["source_lengths"])
+        mean, spread = mean_spread(values)
+        out.append((mean, spread, standard_error(mean, count)))
+    return tuple(out)
 
 
 def reading_length(runs, task, variants):
@@ -301,7 +323,10 @@ def reading_length(runs, task, variants):
             continue
         inside, beyond = found
         seeds = len(_runs_of(runs, task, variant))
-        cell = f"`{variant}` ({_pm(*inside, seeds)} -> {_pm(*beyond, seeds)})"
+        cell = (
+            f"`{variant}` ({_pm(*inside[:2], seeds)} -> "
+            f"{_pm(*beyond[:2], seeds)})"
+        )
         drops = differs(inside, beyond) and beyond[0] < inside[0]
         if inside[0] < LEARNED:
             weak.append(cell)
@@ -311,11 +336,9 @@ def reading_length(runs, task, variants):
         return []
     parts = []
     if degrade:
-        parts.append("degrades on longer sources: " + ", ".join(degrade))
+        parts.append("degrades: " + ", ".join(degrade))
     if hold:
-        parts.append(
-            "holds up (no drop beyond a standard deviation): " + ", ".join(hold)
-        )
+        parts.append("holds up (no drop beyond the noise): " + ", ".join(hold))
     if weak:
         parts.append(
             f"under {LEARNED:g} % within the training lengths, too weak "
@@ -324,7 +347,7 @@ def reading_length(runs, task, variants):
     return [
         f"**Length generalisation (`{task}`)**, exact match within the "
         f"training lengths (up to {train_max} characters) -> on longer "
-        "sources: " + "; ".join(parts) + "."
+        "sources; " + "; ".join(parts) + "."
     ]
 
 
@@ -362,15 +385,17 @@ def reading(runs, rows_by_task, variants, max_steps=None):
     bullets = []
     if seeds < 2:
         bullets.append(
-            "**One seed**: no spread is measured, so no difference below is "
-            "established; run more seeds (`--seeds 0,1,2`)."
+            "**One seed**: the spread over seeds is not measured, so the "
+            "differences below are weighed against the test set's sampling "
+            "error only; run more seeds (`--seeds 0,1,2`)."
         )
-    else:
-        bullets.append(
-            f"**Rule**: means over {seeds} seeds; a difference counts only "
-            "when it exceeds the larger of the two standard deviations "
-            f"and {MIN_DIFFERENCE:g} point; smaller ones are ties."
-        )
+    bullets.append(
+        f"**Rule**: means over {seeds} seed(s); a difference counts only "
+        "when it exceeds the larger of the two standard deviations over "
+        "the seeds, twice the standard error of the difference due to the "
+        f"finite test set, and {MIN_DIFFERENCE:g} point; smaller ones are "
+        "ties."
+    )
     for task, rows in rows_by_task.items():
         bullet = reading_ranking(rows, task)
         if bullet:

@@ -121,7 +121,7 @@ def test_study_writes_a_well_formed_report(quick_study):
             assert row[-1].strip() == "n/a"
     # The no-attention model is the smallest RNN.
     assert _number(body[0][3]) < _number(body[1][3])
-    assert "## Reading" in report and "**Rule**: means over 2 seeds" in report
+    assert "## Reading" in report and "**Rule**: means over 2 seed(s)" in report
 
     assert len(paths["plots"]) == len(TASKS) + 1
     for plot in paths["plots"]:
@@ -316,11 +316,11 @@ def test_early_stopping_restores_the_weights_of_the_best_evaluation():
 
 
 def _fake_run(variant, seed, inside, beyond, task="length_generalization"):
-    """A saved run whose hits give `inside` % on sources of 20 characters
-    and `beyond` % on sources of 80 (training sources up to 40)."""
-    lengths = [20] * 10 + [80] * 10
-    hits = [int(i < inside / 10) for i in range(10)]
-    hits += [int(i < beyond / 10) for i in range(10)]
+    """A saved run whose hits give `inside` % on 100 sources of 20
+    characters and `beyond` % on 100 of 80 (training sources up to 40)."""
+    lengths = [20] * 100 + [80] * 100
+    hits = [int(i < inside) for i in range(100)]
+    hits += [int(i < beyond) for i in range(100)]
     return {
         "task": task,
         "variant": variant,
@@ -345,6 +345,21 @@ def test_character_accuracy():
     references = ["2026-11-29", "1951-04-03"]
     assert character_accuracy(references, references) == 100.0
     assert character_accuracy(["2026-11-28", "1951"], references) == 65.0
+
+
+def test_differences_within_the_test_sets_sampling_error_are_ties():
+    from examples.compare_attention import report
+
+    def one_seed(percent, count):
+        return percent, 0.0, report.standard_error(percent, count)
+
+    # 95 vs 90 % on 40 examples each: within twice the standard error.
+    assert not report.differs(one_seed(95.0, 40), one_seed(90.0, 40))
+    # The same on 2,000 examples each: a real difference.
+    assert report.differs(one_seed(95.0, 2000), one_seed(90.0, 2000))
+    # Seeds: a difference smaller than a standard deviation is a tie.
+    assert not report.differs((95.0, 6.0, 0.5), (90.0, 1.0, 0.5))
+    assert report.standard_error(50.0, 100) == 5.0
 
 
 def test_reading_follows_the_numbers():
@@ -379,7 +394,7 @@ def test_reading_follows_the_numbers():
         "tied with it" in ranking and "`rnn-luong-dot` (95.0 ± 7.1)" in ranking
     )
     assert "below it: `rnn-none` (62.5 ± 3.5)" in ranking
-    degrades = length.split("degrades on longer sources: ")[1].split(";")[0]
+    degrades = length.split("degrades: ")[1].split(";")[0]
     holds = length.split("holds up")[1].split(";")[0]
     weak = length.split("too weak for the question: ")[1]
     assert "`rnn-none` (100.0 ± 0.0 -> 25.0 ± 7.1)" in degrades
