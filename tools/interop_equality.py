@@ -55,6 +55,7 @@ def backbones():
             sliding_window_size=16,
             **llama_style,
         ),
+        "BLOOM": models.BloomBackbone(num_heads=4, **common),
     }
 
 

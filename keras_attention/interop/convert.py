@@ -1,6 +1,7 @@
 """`from_keras_hub`: a keras-hub backbone rebuilt from our blocks."""
 
 from keras_attention.interop.bert import convert_bert
+from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
@@ -11,6 +12,7 @@ from keras_attention.interop.mistral import convert_mistral
 # imported only when a backbone is converted.
 CONVERTERS = {
     "BertBackbone": convert_bert,
+    "BloomBackbone": convert_bloom,
     "GPT2Backbone": convert_gpt2,
     "GemmaBackbone": convert_gemma,
     "LlamaBackbone": convert_llama,
@@ -56,7 +58,8 @@ def from_keras_hub(backbone):
     `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
     `MistralBackbone` (its sliding window as the blocks' `window_size`),
     `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
-    post-norms) and their subclasses (`supported_backbones()`); one
+    post-norms), `BloomBackbone` (ALiBi) and their subclasses
+    (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.
 

@@ -11,17 +11,35 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 
+# Layers a converted model may run between its token embedding and its
+# first block (Gemma's scale, BLOOM's layer norm, dropout).
+_EMBEDDING_STEPS = (
+    keras.layers.Rescaling,
+    keras.layers.LayerNormalization,
+    keras.layers.RMSNormalization,
+    keras.layers.Dropout,
+)
+_NORMS = (keras.layers.LayerNormalization, keras.layers.RMSNormalization)
+_EMBEDDINGS = (TokenAndPositionEmbedding, keras.layers.ReversibleEmbedding)
 
-class _ScaledEmbedding:
-    """The token embedding followed by the model's `Rescaling` (Gemma's
-    `sqrt(hidden_dim)`)."""
 
-    def __init__(self, embedding, rescaling):
+class _EmbeddingSteps:
+    """The token embedding followed by the model's steps before its first
+    block (`Rescaling`, layer norms); passes `start_index` on to a
+    position embedding."""
+
+    def __init__(self, embedding, steps):
         self.embedding = embedding
-        self.rescaling = rescaling
+        self.steps = steps
 
-    def __call__(self, token_ids):
-        return self.rescaling(self.embedding(token_ids))
+    def __call__(self, token_ids, start_index=0):
+        if isinstance(self.embedding, TokenAndPositionEmbedding):
+            x = self.embedding(token_ids, start_index=start_index)
+        else:
+            x = self.embedding(token_ids)
+        for step in self.steps:
+            x = step(x)
+        return x
 
 
 class _ReverseEmbedding:
@@ -37,7 +55,7 @@ class _ReverseEmbedding:
 
 def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     """A `CausalLMGenerator` on a decoder-only model converted by
-    `from_keras_hub` (GPT-2, Llama, Mistral, Gemma), with keras-hub's
+    `from_keras_hub` (GPT-2, Llama, Mistral, Gemma, BLOOM), with keras-hub's
     `CausalLM` head: the logits are the final norm's output through the
     token embedding's reverse projection (the tied table, or Llama's and
     Mistral's separate one).
@@ -50,8 +68,9 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         model: a converted decoder-only model (or one reloaded from its
             `.keras` file): a token embedding (`TokenAndPositionEmbedding`
             or `keras.layers.ReversibleEmbedding`), then
-            an optional `keras.layers.Rescaling` (Gemma's embedding
-            scale), `TransformerDecoderBlock`s, then a final norm (its last
+            optional `Rescaling`, norm or dropout layers (Gemma's
+            embedding scale, BLOOM's embedding layer norm),
+            `TransformerDecoderBlock`s, then a final norm (its last
             layer).
         pad_token_id: int, the prompts' padding id (keras-hub's
             preprocessors pad with 0 by default for these models).
@@ -82,57 +101,34 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         - Radford et al., 2019, "Language Models are Unsupervised Multitask
           Learners".
     """
-    embeddings = [
-        layer
-        for layer in model.layers
-        if isinstance(
-            layer, (TokenAndPositionEmbedding, keras.layers.ReversibleEmbedding)
-        )
-    ]
-    blocks = [
-        layer
-        for layer in model.layers
-        if isinstance(layer, TransformerDecoderBlock)
-    ]
-    norm = model.layers[-1] if model.layers else None
-    rescalings = [
-        layer
-        for layer in model.layers
-        if isinstance(layer, keras.layers.Rescaling)
-    ]
-    # What the generator runs (dropout is the identity at inference); it
-    # would skip any other step.
-    known = (keras.layers.InputLayer, keras.layers.Dropout)
-    others = [
-        type(op).__name__
+    ops = [
+        op
         for op in model.operations
-        if not isinstance(op, known)
-        and op is not norm
-        and op not in embeddings
-        and op not in blocks
-        and op not in rescalings
+        if not isinstance(op, keras.layers.InputLayer)
     ]
+    is_block = [isinstance(op, TransformerDecoderBlock) for op in ops]
+    first_block = is_block.index(True) if any(is_block) else len(ops)
+    embedding = ops[0] if ops else None
+    steps = ops[1:first_block]
+    blocks, norm = ops[first_block:-1], ops[-1] if ops else None
     if (
-        others
-        or len(rescalings) > 1
-        or len(embeddings) != 1
+        not isinstance(embedding, _EMBEDDINGS)
+        or not all(isinstance(op, _EMBEDDING_STEPS) for op in steps)
         or not blocks
-        or not isinstance(
-            norm,
-            (keras.layers.LayerNormalization, keras.layers.RMSNormalization),
-        )
+        or not all(isinstance(op, TransformerDecoderBlock) for op in blocks)
+        or not isinstance(norm, _NORMS)
     ):
         raise ValueError(
             "`model` must be a decoder-only model converted by "
-            "`from_keras_hub` (one token embedding, maybe a rescaling, "
-            "decoder blocks, a final norm, nothing else). Received: "
+            "`from_keras_hub`: a token embedding, maybe rescaling, norm or "
+            "dropout layers, decoder blocks, a final norm. Received: "
             f"model={model.name!r} with operations "
             f"{[type(op).__name__ for op in model.operations]!r}"
         )
-    embedding = embeddings[0]
     table = getattr(embedding, "token_embedding", embedding)
-    if rescalings:
-        embedding = _ScaledEmbedding(embedding, rescalings[0])
+    steps = [op for op in steps if not isinstance(op, keras.layers.Dropout)]
+    if steps:
+        embedding = _EmbeddingSteps(embedding, steps)
     return CausalLMGenerator(
         embedding,
         blocks,

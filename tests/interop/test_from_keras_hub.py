@@ -63,6 +63,8 @@ def tiny(name, **kwargs):
             sliding_window_size=3,
         )
         return models.GemmaBackbone(head_dim=6, **gemma2, **kwargs)
+    if name == "bloom":  # ALiBi slopes of 4 heads
+        return models.BloomBackbone(num_heads=HEADS, **common, **kwargs)
     raise ValueError(name)
 
 
@@ -77,7 +79,16 @@ def perturbed(backbone):
     return backbone
 
 
-FAMILIES = ("bert", "gpt2", "llama", "llama3", "mistral", "gemma", "gemma2")
+FAMILIES = (
+    "bert",
+    "gpt2",
+    "llama",
+    "llama3",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "bloom",
+)
 
 
 def family(backbone):
@@ -191,8 +202,8 @@ def test_unsupported_backbone_lists_the_supported_ones():
     )
     with pytest.raises(
         ValueError,
-        match="BertBackbone, GPT2Backbone, GemmaBackbone, LlamaBackbone, "
-        "MistralBackbone",
+        match="BertBackbone, BloomBackbone, GPT2Backbone, GemmaBackbone, "
+        "LlamaBackbone, MistralBackbone",
     ):
         from_keras_hub(other)
 
@@ -221,6 +232,7 @@ def test_supported_backbones():
     assert names == sorted(names)
     assert names == [
         "BertBackbone",
+        "BloomBackbone",
         "GPT2Backbone",
         "GemmaBackbone",
         "LlamaBackbone",

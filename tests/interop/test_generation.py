@@ -45,13 +45,16 @@ def tiny(name):
             **llama_style,
         )
         return backbone, models.GemmaCausalLM
+    if name == "bloom":
+        backbone = models.BloomBackbone(num_heads=4, **common)
+        return backbone, models.BloomCausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
 
 
 @pytest.mark.parametrize(
-    "name", ["gpt2", "llama", "mistral", "gemma", "gemma2"]
+    "name", ["gpt2", "llama", "mistral", "gemma", "gemma2", "bloom"]
 )
 def test_greedy_tokens_equal_keras_hub(name):
     keras.utils.set_random_seed(2)
