@@ -6,8 +6,9 @@ key/value heads for Llama, Mistral and Gemma, Mistral's and Gemma 2's
 windows 16, Gemma 2's attention soft-cap 5; noise
 added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
-one for the causal models); prints the largest absolute difference of
-each output over the real positions, as a Markdown table row per family:
+one for the causal models; for ViT, 4 random 32 x 32 images); prints
+the largest absolute difference of each output over the real positions,
+as a Markdown table row per family:
 
     KERAS_BACKEND=jax python tools/interop_equality.py
 
@@ -56,10 +57,20 @@ def backbones():
             **llama_style,
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        "ViT": models.ViTBackbone(
+            image_shape=(32, 32, 3),
+            patch_size=4,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=64,
+            mlp_dim=128,
+        ),
     }
 
 
 def inputs(backbone, rng):
+    if not isinstance(backbone.input, dict):  # ViT: 4 images, 65 tokens
+        return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     causal = "segment_ids" not in backbone.input
     padding = np.zeros((BATCH, LENGTH), "int32")
     for row, n in enumerate(REAL_LENGTHS):
@@ -87,6 +98,10 @@ def errors(backbone, rng):
     ours, theirs = from_keras_hub(backbone)(data), backbone(data)
     if not isinstance(theirs, dict):
         ours, theirs = {"sequence_output": ours}, {"sequence_output": theirs}
+    if not isinstance(data, dict):  # images: no padding
+        ours = to_numpy(ours["sequence_output"])
+        theirs = to_numpy(theirs["sequence_output"])
+        return {"sequence_output": float(np.abs(ours - theirs).max())}
     real = data["padding_mask"].astype(bool)
     out = {}
     for key in sorted(theirs):

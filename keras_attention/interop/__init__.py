@@ -5,8 +5,8 @@ rebuilt from this library's blocks and layers, with their weights.
 inputs and outputs and a copy of its weights, so that every feature of the
 library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
-per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `bloom`), each
-with its table of weight paths. `causal_lm_generator(model)` decodes a
+per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `bloom`, `vit`),
+each with its table of weight paths. `causal_lm_generator(model)` decodes a
 converted GPT-2, Llama, Mistral, Gemma or BLOOM with the library's cached
 generator. keras-hub
 is imported only when a backbone is converted.

@@ -6,6 +6,7 @@ from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
+from keras_attention.interop.vit import convert_vit
 
 # keras-hub backbone class name (in `keras_hub.models`) -> its converter.
 # Resolved to the classes at call time: keras-hub is an optional extra,
@@ -17,6 +18,7 @@ CONVERTERS = {
     "GemmaBackbone": convert_gemma,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
+    "ViTBackbone": convert_vit,
 }
 
 
@@ -44,7 +46,7 @@ def from_keras_hub(backbone):
 
     The result is a functional `keras.Model` with the backbone's inputs
     (`token_ids`, `padding_mask`, and BERT's `segment_ids`, int
-    `(batch, T)`) and outputs, equal to the backbone's at every real (not
+    `(batch, T)`; ViT's `images`) and outputs, equal to the backbone's at every real (not
     padded) position (float32: within 1e-5 on TensorFlow, JAX and
     PyTorch; left or right padding). At padded query positions the values
     differ: our attention gives a padded query a zero attention result,
@@ -58,8 +60,8 @@ def from_keras_hub(backbone):
     `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
     `MistralBackbone` (its sliding window as the blocks' `window_size`),
     `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
-    post-norms), `BloomBackbone` (ALiBi) and their subclasses
-    (`supported_backbones()`); one
+    post-norms), `BloomBackbone` (ALiBi), `ViTBackbone` (input `images`)
+    and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.
 

@@ -203,7 +203,7 @@ def test_unsupported_backbone_lists_the_supported_ones():
     with pytest.raises(
         ValueError,
         match="BertBackbone, BloomBackbone, GPT2Backbone, GemmaBackbone, "
-        "LlamaBackbone, MistralBackbone",
+        "LlamaBackbone, MistralBackbone, ViTBackbone",
     ):
         from_keras_hub(other)
 
@@ -237,6 +237,7 @@ def test_supported_backbones():
         "GemmaBackbone",
         "LlamaBackbone",
         "MistralBackbone",
+        "ViTBackbone",
     ]
     for name in names:
         assert hasattr(keras_hub.models, name)
