@@ -46,11 +46,12 @@ def from_keras_hub(backbone):
 
     The result is a functional `keras.Model` with the backbone's inputs
     (`token_ids`, `padding_mask`, and BERT's `segment_ids`, int
-    `(batch, T)`; ViT's `images`) and outputs, equal to the backbone's at every real (not
-    padded) position (float32: within 1e-5 on TensorFlow, JAX and
-    PyTorch; left or right padding). At padded query positions the values
-    differ: our attention gives a padded query a zero attention result,
-    keras-hub lets it attend to the real keys; neither is meaningful.
+    `(batch, T)`; ViT's `images`) and outputs, equal to the backbone's at
+    every real (not padded) position (float32: within 1e-5 on TensorFlow,
+    JAX and PyTorch; left or right padding). At padded query positions
+    the values differ: our attention gives a padded query a zero attention
+    result, keras-hub lets it attend to the real keys; neither is
+    meaningful.
     Every feature of the library then works on the model: attention
     weights of every layer (`visualization.collect_attention`), score and
     mask objects, the blockwise path, layout maps. It saves as `.keras` and
