@@ -261,7 +261,11 @@ def _distances(grid, cols):
 
 def _relative_scores(plan, params, raw, grid):
     """`raw` `(b, h, Bq, k)` plus a relative bias (`plan.relative_fn`):
-    the tile's `Bq + Bk - 1` biases per head gathered to the tile."""
+    with weights, the tile's `Bq + Bk - 1` biases per head gathered to
+    the tile (their gradient is then summed per distance); without, the
+    score function itself (elementwise: cheaper than a gather)."""
+    if not params:
+        return plan.score_fn(params, raw, *grid)
     distances, index = _distances(grid, raw.shape[-1])
     bias = plan.relative_fn(params, distances)  # (h | 1, n)
     return raw + ops.take(bias, index, axis=1)[None]
@@ -311,7 +315,7 @@ def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
     if tile is None:
         tile = _grid_and_mask(plan, aux, s, i0, i1, chunk)
     grid, mask = tile
-    if plan.relative_fn is not None:
+    if plan.relative_fn is not None and params:
         s, score_mod = _relative_scores(plan, params, s, grid), None
     masked, _ = scoring.modify_scores(s, grid, score_mod, None, mask)
     return ops.reshape(masked, (-1, g, rows, cols)), tile
