@@ -69,6 +69,7 @@ PRETRAIN_CONFIG = (
     "pretrain_learning_rate",
     "batch_size",
     "pack",
+    "no_bucketing",
     "seed",
     "quick",
 )
@@ -129,6 +130,13 @@ def parse_args(argv=None):
         "--pack",
         action="store_true",
         help="pretrain mlm and clm on packed rows (no padding)",
+    )
+    train.add_argument(
+        "--no-bucketing",
+        action="store_true",
+        help="padded batches in random order, each padded to its longest "
+        "sequence (the plain padded baseline; default: batches of similar "
+        "lengths, little padding)",
     )
     train.add_argument(
         "--pretrained-dir",
@@ -274,8 +282,17 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     packed = args.pack and objective in PACKABLE
 
     def batches(ids, shuffle):
-        make = data.packed_batches if packed else data.objective_batches
-        return make(
+        if packed:
+            return data.packed_batches(
+                ids,
+                objective,
+                tokenizer,
+                args.batch_size,
+                args.max_length,
+                shuffle,
+                args.seed,
+            )
+        return data.objective_batches(
             ids,
             objective,
             tokenizer,
@@ -283,6 +300,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
             args.max_length,
             shuffle,
             args.seed,
+            bucketed=not args.no_bucketing,
         )
 
     model = build_pretraining_model(backbone, objective, packed=packed)
@@ -330,6 +348,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         "tokens_per_second": real / sample * steps * len(timed) / sum(timed),
         "padding": 1.0 - real / total,
         "packed": packed,
+        "bucketed": not (packed or args.no_bucketing),
     }
     return model, curve, throughput
 
@@ -607,6 +626,14 @@ def finetune_table(rows):
     return "\n".join(lines)
 
 
+def _batching(speed):
+    if speed["packed"]:
+        return "packed"
+    if speed.get("bucketed", True):
+        return "padded, bucketed by length"
+    return "padded"
+
+
 def pretrain_table(records, pretrained_dir):
     """Markdown: one row per pretrained model: its last validation loss,
     steps, CPU time and throughput."""
@@ -622,7 +649,7 @@ def pretrain_table(records, pretrained_dir):
             f"| {curve['val_loss'][0]:.3f} -> {curve['val_loss'][-1]:.3f} "
             f"| {record['pretrain_steps']} "
             f"| {record['cpu_seconds']:.0f} s "
-            f"| {'packed' if speed['packed'] else 'padded'} "
+            f"| {_batching(speed)} "
             f"| {speed['tokens_per_second']:.0f} "
             f"| {100 * speed['padding']:.1f} % |"
         )

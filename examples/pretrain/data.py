@@ -130,10 +130,19 @@ def mask_generator(tokenizer, max_length):
 
 
 def objective_batches(
-    ids, objective, tokenizer, batch_size, max_length, shuffle, seed=0
+    ids,
+    objective,
+    tokenizer,
+    batch_size,
+    max_length,
+    shuffle,
+    seed=0,
+    bucketed=True,
 ):
     """Batches `(inputs, targets, sample_weight)` of an objective from a
-    dataset of `[START] + ids` sequences (see `model.py`):
+    dataset of `[START] + ids` sequences (see `model.py`), grouped by
+    length (`bucketed`: little padding) or in random order, each padded
+    to its longest sequence (the plain padded baseline of `--pack`):
 
     - `mlm`: inputs `{"token_ids", "mask_positions"}` (the masked text and
       where it was masked), targets the original ids there.
@@ -146,7 +155,7 @@ def objective_batches(
         ids,
         batch_size,
         length_fn=lambda x: tf.shape(x)[0],
-        bucket_boundaries=_length_buckets(max_length),
+        bucket_boundaries=_length_buckets(max_length) if bucketed else None,
         shuffle=shuffle,
         seed=seed,
     )

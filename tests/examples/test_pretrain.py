@@ -115,6 +115,35 @@ def test_packed_clm_targets_stay_in_their_document(tokenizer):
         data.packed_batches(ids, "prefix_lm", tokenizer, 2, 5, False)
 
 
+def test_unbucketed_batches_pad_to_their_longest_sequence(tokenizer):
+    # The plain padded baseline of --pack (`--no-bucketing`): sequences of
+    # any length share a batch, so it holds more padding than the length
+    # buckets, with the same real tokens.
+    import tensorflow as tf
+
+    from examples.pretrain import data
+
+    texts = TEXTS * 6
+    ids = data.encode(tf.data.Dataset.from_tensor_slices(texts), tokenizer, 8)
+    lengths = sorted(len(r) for r in ids.as_numpy_iterator())
+
+    def counts(bucketed):
+        batches = data.objective_batches(
+            ids, "clm", tokenizer, 4, 8, shuffle=True, bucketed=bucketed
+        )
+        targets = padded = 0
+        for x, _, w in batches.as_numpy_iterator():
+            rows = x["token_ids"] != 0
+            # Padded to the longest sequence (inputs drop its last token).
+            assert x["token_ids"].shape[1] == rows.sum(axis=1).max()
+            targets, padded = targets + w.sum(), padded + rows.size
+        return targets, padded
+
+    (real_b, total_b), (real_p, total_p) = counts(True), counts(False)
+    assert real_b == real_p == sum(n - 1 for n in lengths)
+    assert total_p > total_b
+
+
 def test_the_blocks_mask_with_one_prefix_lm_mask_object():
     from examples.pretrain.model import Backbone
     from keras_attention.mods import PrefixLMMask
