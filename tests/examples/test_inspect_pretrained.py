@@ -1,0 +1,140 @@
+"""Tests of `python -m examples.inspect_pretrained` on local keras-hub
+presets saved from tiny random backbones (nothing is downloaded): a BERT
+with its WordPiece tokenizer and a GPT-2 without one (random token ids),
+the equality printed, the statistics, the explorer and the heatmaps."""
+
+import json
+import os
+
+import example_output
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf_only
+keras_hub = pytest.importorskip("keras_hub")
+
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "because",
+    "it",
+    "was",
+    "tired",
+    ".",
+]
+
+
+def _run(argv):
+    from examples.inspect_pretrained.__main__ import main
+
+    with example_output.captured() as output:
+        results = main(argv)
+    return results, output
+
+
+@pytest.fixture(scope="module")
+def bert_preset(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("bert_preset"))
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(VOCABULARY),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=16,
+    )
+    backbone.save_to_preset(path)
+    keras_hub.models.BertTokenizer(
+        vocabulary=VOCABULARY, lowercase=True
+    ).save_to_preset(path)
+    return path
+
+
+def test_bert_preset_with_its_tokenizer(bert_preset, tmp_path, capsys):
+    results, output = _run(
+        ["--preset", bert_preset, "--output-dir", str(tmp_path)]
+    )
+    printed = capsys.readouterr().out
+    assert "BertBackbone" in printed and "max |ours - keras-hub|" in printed
+    assert "(equal within" in printed
+    assert results["equal"] and results["max_difference"] <= 1e-5
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "because"]
+    assert results["tokens"][: len(tokens)] == tokens
+    assert results["tokens"][-1] == "[SEP]"
+    assert [layer["layer"] for layer in results["layers"]] == [
+        "transformer_layer_0/self_attention",
+        "transformer_layer_1/self_attention",
+    ]
+    n = len(results["tokens"])
+    for layer in results["layers"]:
+        assert len(layer["entropy"]) == 2
+        assert all(0 <= e <= np.log(n) + 1e-6 for e in layer["entropy"])
+        assert all(0 <= d <= n - 1 for d in layer["distance"])
+        assert all(0 <= p <= 1 for p in layer["first"] + layer["self"])
+        assert f"{layer['layer']} mean entropy" in printed
+        with open(layer["heatmap"], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(tmp_path / "attention.html", encoding="utf-8") as f:
+        html = f.read()
+    assert "transformer_layer_1/self_attention" in html
+    with open(tmp_path / "stats.json") as f:
+        assert json.load(f)["backbone"] == "BertBackbone"
+    assert not output.problems()
+
+
+def test_gpt2_preset_without_a_tokenizer(tmp_path):
+    preset = str(tmp_path / "gpt2_preset")
+    keras_hub.models.GPT2Backbone(
+        vocabulary_size=40,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=12,
+    ).save_to_preset(preset)
+    out = tmp_path / "out"
+    results, _ = _run(["--preset", preset, "--output-dir", str(out)])
+    assert results["backbone"] == "GPT2Backbone" and results["equal"]
+    # Random ids, as many as the backbone's positions allow.
+    assert len(results["tokens"]) == 12
+    (layer,) = results["layers"]
+    assert os.path.isfile(out / "heatmaps" / "layer_00.png")
+    assert os.path.isfile(out / "attention.html")
+    assert all(0 <= p <= 1 for p in layer["first"])
+
+
+@pytest.mark.parametrize(
+    "preset, message",
+    [
+        ("./no_such_directory", "No keras-hub preset in the directory"),
+        ("no_such_preset_name", "Unknown keras-hub preset"),
+    ],
+)
+def test_missing_preset_says_how_to_get_one(preset, message, capsys):
+    from examples.inspect_pretrained.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset", preset])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error
+    if preset.startswith("."):
+        assert "save_to_preset" in error
+
+
+def test_statistics_of_a_known_pattern():
+    from examples.inspect_pretrained.stats import head_statistics
+
+    identity = np.eye(4)[None]
+    first = np.zeros((1, 4, 4))
+    first[..., 0] = 1.0
+    stats = head_statistics(np.concatenate([identity, first]))
+    np.testing.assert_allclose(stats["entropy"], [0, 0], atol=1e-12)
+    np.testing.assert_allclose(stats["self"], [1, 0.25])
+    np.testing.assert_allclose(stats["first"], [0.25, 1])
+    np.testing.assert_allclose(stats["distance"], [0, 1.5])
+    with pytest.raises(ValueError, match="weights.shape"):
+        head_statistics(np.ones((4, 4)))
