@@ -40,6 +40,17 @@ The SavedModel of a windowed model (positions other than learned)
 generates through that rolling cache too: it reads prompts of any length
 whole and completes each with up to --max-length characters.
 
+Documents (the lines, here verses): by default the text is one character
+stream cut into windows across lines. --pack (--documents packed) puts the
+lines one after the other into full windows, each attending only to itself
+(segment_ids) with positions restarting per line, and does not predict a
+line's first character from the previous one; --documents padded trains
+on one line per window, padded. Each run prints its real (non-padding)
+tokens per second and padding fraction:
+
+    python -m examples.language_model --pack
+    python -m examples.language_model --documents padded
+
 --backend tensorflow|jax|torch trains the same model on each Keras backend
 (the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
 PyTorch). The SavedModel export is TensorFlow-only (a SavedModel is a
@@ -79,6 +90,7 @@ PROMPTS = (
 
 
 def parse_args(argv=None):
+    from examples.language_model.options import DOCUMENTS
     from examples.language_model.options import POSITIONS
 
     parser = argparse.ArgumentParser(
@@ -108,6 +120,21 @@ def parse_args(argv=None):
         type=int,
         default=128,
         help="characters of context in training",
+    )
+    data.add_argument(
+        "--documents",
+        choices=DOCUMENTS,
+        default="stream",
+        help="training windows: one character stream across lines, lines "
+        "packed into full windows (no attention across lines), or one line "
+        "per window, padded",
+    )
+    data.add_argument(
+        "--pack",
+        action="store_const",
+        const="packed",
+        dest="documents",
+        help="--documents packed",
     )
     model = parser.add_argument_group("model")
     model.add_argument("--hidden-dim", type=int, default=128)
@@ -391,6 +418,32 @@ def extrapolation_bits(model, test_lines, tokenizer, length, batch_size):
     return results
 
 
+def training_throughput(windows, args, timer):
+    """`{"documents", "tokens_per_second", "padding", "step_ms"}` of the
+    training run, also written to `<output_dir>/throughput.json`: real
+    (non-zero) input tokens per second (the mean real tokens of a batch,
+    over all training windows, per median step time) and the padding
+    fraction of the training windows (0 for the stream: nothing pads it)."""
+    import json
+
+    from examples.language_model import data
+
+    real, total = 1, 1
+    if args.documents != "stream":
+        real, total = data.real_tokens(windows.batch(1024), -1)
+    tokens = real / total * args.batch_size * args.sequence_length
+    result = {
+        "documents": args.documents,
+        "tokens_per_second": tokens / (timer.median_ms() / 1000),
+        "padding": 1.0 - real / total,
+        "step_ms": timer.median_ms(),
+    }
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "throughput.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
@@ -410,6 +463,7 @@ def main(argv=None):
     from examples.language_model.model import complete
     from examples.language_model.model import make_distribution
     from examples.language_model.model import make_sampler
+    from examples.language_model.model import packed_language_model
     from examples.language_model.model import positional_bits_per_character
 
     train_lines, val_lines, test_lines = data.load_text_splits(
@@ -426,8 +480,16 @@ def main(argv=None):
         data.char_windows(d, tokenizer, args.sequence_length)
         for d in (train_lines, val_lines, test_lines)
     ]
+    train_windows, val_windows = windows[:2]
+    if args.documents != "stream":
+        train_windows, val_windows = (
+            data.document_windows(
+                d, tokenizer, args.sequence_length, args.documents
+            )
+            for d in (train_lines, val_lines)
+        )
     train = data.batches(
-        windows[0], args.batch_size, shuffle=True, seed=args.seed
+        train_windows, args.batch_size, shuffle=True, seed=args.seed
     )
     distribution = make_distribution(args.distribution)
     if distribution is not None:
@@ -447,7 +509,7 @@ def main(argv=None):
             shuffle=False,
             drop_remainder=distribution is not None,
         )
-        for w in windows[1:]
+        for w in (val_windows, windows[2])
     )
 
     max_length = max(args.sequence_length, args.max_length)
@@ -464,6 +526,12 @@ def main(argv=None):
             window=args.window or None,
             positions=args.positions,
         )
+        # Packed windows: the same layers, reading `segment_ids` too.
+        fit_model = (
+            packed_language_model(model)
+            if args.documents == "packed"
+            else model
+        )
         total_steps = args.epochs * args.steps_per_epoch
         schedule = keras.optimizers.schedules.CosineDecay(
             args.learning_rate * 0.1,
@@ -472,16 +540,24 @@ def main(argv=None):
             warmup_target=args.learning_rate,
             warmup_steps=max(total_steps // 20, 1),
         )
-        model.compile(
+        fit_model.compile(
             optimizer=keras.optimizers.AdamW(
                 schedule, weight_decay=0.01, clipnorm=1.0
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=args.jit_compile,
         )
+        if fit_model is not model:  # evaluated on the test stream
+            model.compile(
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True
+                ),
+                jit_compile=args.jit_compile,
+            )
     model.summary(print_fn=logger.info)
     timer = StepTimer()
-    history = fit(model, train, val, args, callbacks=[timer])
+    history = fit(fit_model, train, val, args, callbacks=[timer])
+    throughput = training_throughput(train_windows, args, timer)
     # `model.evaluate` fails under several workers (keras#20585).
     test_loss = float(evaluate(model, test)["loss"])
     train_time = time.time() - start
@@ -519,6 +595,12 @@ def main(argv=None):
             if args.max_length > args.sequence_length
             else ""
         )
+    )
+
+    print(
+        f"training windows: {args.documents} | "
+        f"{throughput['tokens_per_second']:.0f} tokens/s (real, "
+        f"non-padding) | padding {100 * throughput['padding']:.1f} %"
     )
 
     extrapolation = None
@@ -580,6 +662,7 @@ def main(argv=None):
         "distribution": args.distribution,
         "history": history.history,
         "step_ms": timer.median_ms(),
+        "throughput": throughput,
         "test_bits_per_character": bpc,
         "generation_length_bits_per_character": float(bits.mean()),
         "positional_bits_per_character": bits,

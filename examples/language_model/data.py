@@ -13,7 +13,10 @@ or verse each):
 
 The model reads characters: lines are joined with "\\n", encoded as Unicode
 code points and cut into windows of `sequence_length + 1` characters
-(inputs = the first `sequence_length`, targets = the last).
+(inputs = the first `sequence_length`, targets = the last). With
+`--pack` / `--documents padded` each line is a document instead
+(`document_windows`): packed one after the other into full windows with
+`segment_ids`, or one per window, padded.
 """
 
 import tensorflow as tf
@@ -86,3 +89,96 @@ def batches(windows, batch_size, shuffle, seed=0, drop_remainder=None):
         seed=seed,
         drop_remainder=drop_remainder,
     )
+
+
+def char_documents(lines, tokenizer):
+    """Lines -> documents: int32 code points of `"\\n" + line + "\\n"`
+    each (a document starts after a newline, as generation does, and
+    ends with one, so the model learns where lines end)."""
+    return (
+        lines.batch(1024)
+        .map(lambda s: tokenizer(tf.strings.join(["\n", s, "\n"])))
+        .unbatch()
+        .map(lambda d: tf.cast(d, tf.int32))
+    )
+
+
+def packed_windows(documents, sequence_length):
+    """Documents -> packed `({"token_ids", "segment_ids"}, targets,
+    weights)` windows of `sequence_length` (`--pack`).
+
+    The documents are put one after the other and cut into rows of
+    `sequence_length + 1` code points (no padding), `segment_ids` numbering
+    the document of each token (neighbours always differ). Targets are the
+    inputs shifted by one; a target's weight is 0 where it starts another
+    document than its input's (a document's first character is not
+    predicted from the previous document), 1 elsewhere.
+    """
+
+    def number(index, x):
+        document = tf.cast(index % (1 << 30), tf.int32)
+        return x, tf.fill(tf.shape(x), document)
+
+    rows = (
+        documents.enumerate()
+        .map(number)
+        .unbatch()
+        .batch(sequence_length + 1, drop_remainder=True)
+    )
+
+    def shift(x, segments):
+        inputs = {"token_ids": x[:-1], "segment_ids": segments[:-1]}
+        same = tf.equal(segments[1:], segments[:-1])
+        return inputs, x[1:], tf.cast(same, tf.float32)
+
+    return rows.map(shift, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def padded_windows(documents, sequence_length):
+    """Documents -> padded `(inputs, targets, weights)` windows of
+    `sequence_length`, one document per row (`--documents padded`).
+
+    A document longer than a row continues on the next rows (nothing is
+    dropped); its last row is padded with 0 (no code point of the text),
+    and padded targets weigh 0."""
+    width = sequence_length + 1
+
+    def rows(x):
+        padding = (-tf.shape(x)[0]) % width
+        return tf.reshape(tf.pad(x, [[0, padding]]), (-1, width))
+
+    def shift(x):
+        targets = x[1:]
+        return x[:-1], targets, tf.cast(targets != 0, tf.float32)
+
+    return (
+        documents.map(rows)
+        .unbatch()
+        .map(shift, num_parallel_calls=tf.data.AUTOTUNE)
+    )
+
+
+def document_windows(lines, tokenizer, sequence_length, documents):
+    """`documents="packed"` (`packed_windows`) or `"padded"`
+    (`padded_windows`) windows of the lines."""
+    docs = char_documents(lines, tokenizer)
+    if documents == "packed":
+        return packed_windows(docs, sequence_length)
+    if documents == "padded":
+        return padded_windows(docs, sequence_length)
+    raise ValueError(
+        "`documents` must be 'packed' or 'padded'. "
+        f"Received: documents={documents!r}"
+    )
+
+
+def real_tokens(batches, steps):
+    """`(real, total)` input token counts of the first `steps` batches
+    (`token_ids != 0`, and all): the padding fraction is `1 - real /
+    total`."""
+    real = total = 0
+    for inputs, *_ in batches.take(steps).as_numpy_iterator():
+        ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs
+        real += int((ids != 0).sum())
+        total += int(ids.size)
+    return real, total

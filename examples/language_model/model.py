@@ -38,6 +38,7 @@ from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import SinusoidalPositionEncoding
 from keras_attention.layers import TokenAndPositionEmbedding
+from keras_attention.masks import segment_positions
 from keras_attention.scores import ALiBi
 from keras_attention.scores import T5RelativeBias
 
@@ -63,9 +64,11 @@ class TokenAndSinusoidalEmbedding(keras.layers.Layer):
         self.tokens.build(input_shape)
         self.positions.build(tuple(input_shape) + (self.hidden_dim,))
 
-    def call(self, token_ids, start_index=0):
+    def call(self, token_ids, start_index=0, positions=None):
         x = self.tokens(token_ids)
-        return x + self.positions(x, start_index=start_index)
+        return x + self.positions(
+            x, start_index=start_index, positions=positions
+        )
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.hidden_dim,)
@@ -184,6 +187,50 @@ def build_language_model(
         jit_compile=False,
     )
     return model, generator
+
+
+@keras.saving.register_keras_serializable(package="examples_lm")
+class SegmentPositions(keras.layers.Layer):
+    """`segment_ids (batch, T)` -> positions restarting at 0 in each
+    packed document (`keras_attention.masks.segment_positions`)."""
+
+    def call(self, segment_ids):
+        return segment_positions(segment_ids)
+
+    def compute_output_spec(self, segment_ids):
+        return keras.KerasTensor(segment_ids.shape, dtype="int32")
+
+
+def packed_language_model(model):
+    """The model of `build_language_model` (the same layers and weights)
+    reading packed windows (`--pack`): `{"token_ids", "segment_ids"}`
+    `(batch, T)` -> logits `(batch, T, V)`.
+
+    Each token attends only within its document (the blocks'
+    `segment_ids=`), and positions restart at 0 in each document: the
+    rotary positions inside the blocks, the `positions=` of a learned or
+    sinusoidal embedding (ALiBi and T5 biases depend on distances within
+    the document only). A document's logits are those it gets alone.
+    """
+    # b - batch, t - positions, d - features, v - vocabulary
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    segments = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+    embedding = model.get_layer("embedding")
+    if isinstance(embedding, keras.layers.Embedding):
+        x = embedding(ids)  # (b, t, d), positions in the blocks if any
+    else:
+        positions = SegmentPositions(name="segment_positions")(segments)
+        x = embedding(ids, positions=positions)  # (b, t, d)
+    for layer in model.layers:
+        if isinstance(layer, TransformerDecoderBlock):
+            x = layer(x, segment_ids=segments)
+    x = model.get_layer("final_norm")(x)
+    logits = model.get_layer("logits")(x)  # (b, t, v)
+    return keras.Model(
+        {"token_ids": ids, "segment_ids": segments},
+        logits,
+        name="packed_char_transformer_lm",
+    )
 
 
 def make_distribution(kind, model_axis_size=2):

@@ -714,3 +714,124 @@ def test_quick_run_with_model_parallel_on_four_devices(
     assert report.startswith("backend: jax | ")
     assert report.endswith("| distribution: model (4 devices)"), report
     assert "[greedy]" in out.stdout
+
+
+# --pack / --documents padded (issue 25, item 4)
+def _document_windows(documents, lines=("abc", "de", "fghijklm")):
+    import tensorflow as tf
+
+    from examples.common.text import character_tokenizer
+    from examples.language_model.data import document_windows
+
+    lines = tf.data.Dataset.from_tensor_slices(list(lines))
+    tokenizer = character_tokenizer(lines)
+    return list(
+        document_windows(lines, tokenizer, 6, documents).as_numpy_iterator()
+    )
+
+
+def test_packed_windows_have_no_padding_and_number_their_documents():
+    rows = _document_windows("packed")
+    # "\nabc\n\nde\n\nfghijklm\n": 19 characters, 2 full rows of 7 (+ 5 left)
+    assert len(rows) == 2
+    stream = [ord(c) for c in "\nabc\n\nde\n\nfghijklm\n"]
+    for k, (inputs, targets, _) in enumerate(rows):
+        row = stream[7 * k : 7 * k + 7]
+        np.testing.assert_array_equal(inputs["token_ids"], row[:-1])
+        np.testing.assert_array_equal(targets, row[1:])
+        assert (inputs["token_ids"] != 0).all()  # no padding
+    segments = np.concatenate([r[0]["segment_ids"] for r in rows])
+    np.testing.assert_array_equal(
+        segments, [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    )
+
+
+def test_packed_loss_weight_is_zero_at_document_starts():
+    for inputs, targets, weights in _document_windows("packed"):
+        segments = inputs["segment_ids"]
+        # target t is input t + 1: a new document there weighs 0
+        starts = np.append(segments[1:] != segments[:-1], False)
+        assert weights.dtype == np.float32
+        # the row's last target: its input's segment is not in the row
+        np.testing.assert_array_equal(weights[:-1] == 0, starts[:-1])
+    (_, targets, weights), *_ = _document_windows("packed")
+    assert targets[4] == ord("\n") and weights[4] == 0  # "\nde\n" starts
+
+
+def test_padded_windows_hold_one_document_and_mask_the_padding():
+    rows = _document_windows("padded")
+    # "\nabc\n", "\nde\n", "\nfghijklm\n" (two rows): nothing dropped
+    assert len(rows) == 4
+    for inputs, targets, weights in rows:
+        np.testing.assert_array_equal(weights, targets != 0)
+    np.testing.assert_array_equal(rows[0][0], [10, 97, 98, 99, 10, 0])
+    np.testing.assert_array_equal(rows[3][0], [108, 109, 10, 0, 0, 0])
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "alibi"])
+def test_packed_documents_do_not_attend_to_each_other(positions):
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import packed_language_model
+
+    model, _ = build_language_model(
+        60,
+        32,
+        hidden_dim=16,
+        num_layers=2,
+        num_heads=2,
+        window=4,
+        positions=positions,
+    )
+    packed = packed_language_model(model)
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(1, 60, (1, 9)), rng.integers(1, 60, (1, 7))
+    logits = np.asarray(
+        packed(
+            {
+                "token_ids": np.concatenate([a, b], 1),
+                "segment_ids": np.array([[3] * 9 + [4] * 7]),
+            }
+        )
+    )
+    # the logits of each document are those it gets alone
+    np.testing.assert_allclose(logits[:, :9], np.asarray(model(a)), atol=1e-5)
+    np.testing.assert_allclose(logits[:, 9:], np.asarray(model(b)), atol=1e-5)
+
+
+def test_pack_is_documents_packed():
+    from examples.language_model.__main__ import parse_args
+
+    assert parse_args(["--pack"]).documents == "packed"
+    assert parse_args([]).documents == "stream"
+    assert parse_args(["--documents", "padded"]).documents == "padded"
+
+
+def test_quick_packed_run_reports_tokens_per_second_and_padding(
+    tmp_path, capsys
+):
+    from examples.language_model import __main__ as language_model
+
+    with example_output.captured() as output:
+        results = language_model.main(
+            [
+                "--backend",
+                "tensorflow",
+                "--quick",
+                "--pack",
+                "--samplers",
+                "greedy",
+                "--output-dir",
+                str(tmp_path / "run"),
+                "--data-dir",
+                str(tmp_path / "tfds"),
+            ]
+        )
+    throughput = results["throughput"]
+    assert throughput["documents"] == "packed"
+    assert throughput["padding"] == 0.0
+    assert throughput["tokens_per_second"] > 0
+    out = capsys.readouterr().out
+    assert "training windows: packed |" in out and "padding 0.0 %" in out
+    assert not output.problems(), "\n".join(output.problems())
+    with open(tmp_path / "run" / "throughput.json") as f:
+        assert json.load(f) == throughput
