@@ -17,6 +17,7 @@ import keras
 
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
+from keras_attention.layers.rotary_embedding import check_rotary_scaling
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods import base as mods_base
 from keras_attention.utils import keras_utils
@@ -73,6 +74,12 @@ class TransformerBlock(keras.layers.Layer):
             the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
             post-attention and post-feed-forward norms, CogView's sandwich
             layer norm; sublayers `*_post_norm`); default False.
+        rotary_scaling: optional dict of `RotaryEmbedding`'s
+            context-extension arguments for the rotary positions of the
+            self-attention (`scaling_factor`, `rope_type` `"linear"`,
+            `"dynamic"`, `"yarn"` or `"llama3"`, ...; see
+            `MultiHeadAttention`), e.g. `{"scaling_factor": 4.0}`; needs
+            `rotary_max_wavelength`. Default None: no scaling.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -98,6 +105,7 @@ class TransformerBlock(keras.layers.Layer):
         use_bias=True,
         gated_feed_forward=False,
         sandwich_norm=False,
+        rotary_scaling=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -157,6 +165,9 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.layer_norm_epsilon = layer_norm_epsilon
         self.rotary_max_wavelength = rotary_max_wavelength
+        self.rotary_scaling = check_rotary_scaling(
+            rotary_scaling, rotary_max_wavelength
+        )
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -204,6 +215,7 @@ class TransformerBlock(keras.layers.Layer):
         """Arguments shared by every self-attention variant of the block."""
         return dict(
             rotary_max_wavelength=self.rotary_max_wavelength,
+            rotary_scaling=self.rotary_scaling,
             score_mod=self.score_mod,
             mask_mod=self.mask_mod,
             **self._attention_kwargs(hidden_dim, "self_attention"),
@@ -381,6 +393,7 @@ class TransformerBlock(keras.layers.Layer):
                 "gated_feed_forward": self.gated_feed_forward,
                 "sandwich_norm": self.sandwich_norm,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
+                "rotary_scaling": self.rotary_scaling,
                 "window_size": self.window_size,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer

@@ -58,8 +58,11 @@ class TransformerEncoderBlock(TransformerBlock):
             default, or `"rms_norm"`), `use_bias` (default True) and
             `gated_feed_forward` (default False; SwiGLU with
             `activation="silu"`), `sandwich_norm` (default False; a norm
-            of each sublayer's output too, Gemma 2's post-norms), and base
-            layer arguments (`name`, `dtype`, ...).
+            of each sublayer's output too, Gemma 2's post-norms),
+            `rotary_scaling` (default None; a dict of `RotaryEmbedding`'s
+            context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
+            see `MultiHeadAttention`), and base layer arguments (`name`,
+            `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)`.

@@ -44,6 +44,8 @@ class GroupQueryAttention(MultiHeadAttention):
         seed: int, the dropout seed.
         rotary_max_wavelength: keyword only; rotary positions on queries
             and keys (see `MultiHeadAttention`).
+        rotary_scaling: keyword only; a dict of `RotaryEmbedding`'s
+            context-extension arguments (see `MultiHeadAttention`).
         score_mod: keyword only; a score object (see `MultiHeadAttention`).
         mask_mod: keyword only; a mask object (see `MultiHeadAttention`).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -98,6 +100,7 @@ class GroupQueryAttention(MultiHeadAttention):
         seed=None,
         *,
         rotary_max_wavelength=None,
+        rotary_scaling=None,
         score_mod=None,
         mask_mod=None,
         **kwargs,
@@ -135,6 +138,7 @@ class GroupQueryAttention(MultiHeadAttention):
             seed=seed,
             num_key_value_heads=num_key_value_heads,
             rotary_max_wavelength=rotary_max_wavelength,
+            rotary_scaling=rotary_scaling,
             score_mod=score_mod,
             mask_mod=mask_mod,
             **kwargs,
@@ -175,8 +179,9 @@ class GroupQueryAttention(MultiHeadAttention):
             head_dim=self.head_dim,
             num_query_heads=self.num_query_heads,
         )
-        if config.get("rotary_max_wavelength") is None:
-            config.pop("rotary_max_wavelength", None)
+        for name in ("rotary_max_wavelength", "rotary_scaling"):
+            if config.get(name) is None:
+                config.pop(name, None)
         return config
 
 

@@ -7,6 +7,7 @@ from keras_attention import masks as masks_lib
 from keras_attention.layers import _attention_axes
 from keras_attention.layers import _recording
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.rotary_embedding import check_rotary_scaling
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import DocumentMask
 from keras_attention.mods.masks import KerasSlidingWindowMask
@@ -288,6 +289,13 @@ class MultiHeadAttention(
             rotated at their absolute positions when written into the cache
             (`compute_cache` rotates them from 0). Defaults to None (off; no
             weights added either way).
+        rotary_scaling: keyword-only optional dict of `RotaryEmbedding`'s
+            context-extension arguments (`scaling_factor`, `rope_type`
+            `"linear"`, `"dynamic"`, `"yarn"` or `"llama3"`, `beta_fast`,
+            `beta_slow`, `original_max_position_embeddings`, `truncate`,
+            `low_freq_factor`, `high_freq_factor`), e.g.
+            `{"scaling_factor": 4.0}` for position interpolation; needs
+            `rotary_max_wavelength`. Defaults to None (no scaling).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -393,6 +401,7 @@ class MultiHeadAttention(
         *,
         num_key_value_heads=None,
         rotary_max_wavelength=None,
+        rotary_scaling=None,
         score_mod=None,
         mask_mod=None,
         **kwargs,
@@ -429,6 +438,9 @@ class MultiHeadAttention(
         )
         validation.check_rotary_head_size(
             rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
+        )
+        rotary_scaling = check_rotary_scaling(
+            rotary_scaling, rotary_max_wavelength
         )
         self.supports_masking = True
         self.num_heads = num_heads
@@ -471,10 +483,12 @@ class MultiHeadAttention(
         )
         self.seed = validation.check_seed("seed", seed)
         self.rotary_max_wavelength = rotary_max_wavelength
+        self.rotary_scaling = rotary_scaling
         self._rotary = None
         if rotary_max_wavelength is not None:
             self._rotary = RotaryEmbedding(
                 max_wavelength=rotary_max_wavelength,
+                **(rotary_scaling or {}),
                 dtype=self.dtype_policy,
                 name="rotary_embedding",
             )
@@ -1398,6 +1412,7 @@ class MultiHeadAttention(
                 "seed": self.seed,
                 "num_key_value_heads": self.num_key_value_heads,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
+                "rotary_scaling": self.rotary_scaling,
             }
         )
         config.update(mods_base.config_entries(self))

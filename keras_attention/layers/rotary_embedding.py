@@ -19,7 +19,7 @@ def _check_inputs(shape):
         )
 
 
-ROPE_TYPES = ("linear", "dynamic", "yarn")
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
 
 
 def inverse_frequencies(
@@ -31,6 +31,8 @@ def inverse_frequencies(
     beta_slow=1.0,
     original_max_position_embeddings=4096,
     truncate=True,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
 ):
     """RoPE's `theta_k`, `k = 0 .. dim/2 - 1`, with keras-hub's scaling
     rules, as a float32 NumPy array (computed in float64 on the host).
@@ -44,6 +46,15 @@ def inverse_frequencies(
       wavelengths make between `beta_slow` and `beta_fast` rotations in
       `original_max_position_embeddings` positions (rounded outwards to
       whole dimensions when `truncate`).
+    - `"llama3"` (Llama 3.1): wavelengths longer than
+      `original_max_position_embeddings / low_freq_factor` get
+      `theta_k / scaling_factor`, those shorter than
+      `original_max_position_embeddings / high_freq_factor` keep `theta_k`,
+      and those between are interpolated linearly in
+      `original_max_position_embeddings / wavelength` (keras-hub's
+      `LlamaRotaryEmbedding` with `frequency_adjustment_factor =
+      scaling_factor` and `pretraining_sequence_length =
+      original_max_position_embeddings`).
     """
     k = np.arange(0, dim, 2, dtype="float64")
     theta = np.power(float(max_wavelength), -k / dim)
@@ -53,6 +64,20 @@ def inverse_frequencies(
         return (theta / scaling_factor ** (dim / max(1, dim - 2))).astype(
             "float32"
         )
+    if rope_type == "llama3":
+        length = float(original_max_position_embeddings)
+        wavelength = 2 * np.pi / theta
+        smooth = (length / wavelength - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        smoothed = (1 - smooth) * theta / scaling_factor + smooth * theta
+        scaled = np.where(
+            wavelength > length / low_freq_factor, theta / scaling_factor, theta
+        )
+        medium = (wavelength >= length / high_freq_factor) & (
+            wavelength <= length / low_freq_factor
+        )
+        return np.where(medium, smoothed, scaled).astype("float32")
     base = float(max_wavelength)
 
     def correction_dim(rotations):
@@ -75,6 +100,54 @@ def inverse_frequencies(
     return scaled.astype("float32")
 
 
+# The arguments of `RotaryEmbedding` a `rotary_scaling` dict may set.
+ROTARY_SCALING_ARGUMENTS = (
+    "scaling_factor",
+    "rope_type",
+    "beta_fast",
+    "beta_slow",
+    "original_max_position_embeddings",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+)
+
+
+def check_rotary_scaling(rotary_scaling, rotary_max_wavelength):
+    """Validates the `rotary_scaling` option of the attention layers and
+    blocks: None, or a dict of `RotaryEmbedding`'s scaling arguments
+    (`ROTARY_SCALING_ARGUMENTS`), which needs rotary positions
+    (`rotary_max_wavelength`). Returns a plain dict copy (or None).
+
+    Raises:
+        TypeError: `rotary_scaling` is neither None nor a dict.
+        ValueError: an unknown key, an invalid value (as
+            `RotaryEmbedding` says) or no `rotary_max_wavelength`.
+    """
+    if rotary_scaling is None:
+        return None
+    if not isinstance(rotary_scaling, dict):
+        raise TypeError(
+            "`rotary_scaling` must be None or a dict of RotaryEmbedding "
+            f"arguments among {ROTARY_SCALING_ARGUMENTS}. Received: "
+            f"rotary_scaling={rotary_scaling!r}"
+        )
+    unknown = sorted(set(rotary_scaling) - set(ROTARY_SCALING_ARGUMENTS))
+    if unknown:
+        raise ValueError(
+            f"`rotary_scaling` takes the keys {ROTARY_SCALING_ARGUMENTS}; "
+            f"unknown: {unknown}. Received: rotary_scaling={rotary_scaling!r}"
+        )
+    if rotary_max_wavelength is None:
+        raise ValueError(
+            "`rotary_scaling` needs rotary positions: set "
+            "`rotary_max_wavelength`. Received: "
+            f"rotary_scaling={rotary_scaling!r}, rotary_max_wavelength=None"
+        )
+    RotaryEmbedding(**rotary_scaling)  # its own checks of the values
+    return dict(rotary_scaling)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries and keys.
@@ -91,8 +164,10 @@ class RotaryEmbedding(keras.layers.Layer):
     positions only through `m - n`, which makes attention scores relative.
     Context extension (keras-hub's arguments and numbers):
     `scaling_factor` with `rope_type="linear"` (position interpolation),
-    `"dynamic"` or `"yarn"` (YaRN: `inverse_frequencies`; cos and sin are
-    also scaled by `0.1 ln(scaling_factor) + 1`). The maths runs in
+    `"dynamic"`, `"yarn"` (YaRN: `inverse_frequencies`; cos and sin are
+    also scaled by `0.1 ln(scaling_factor) + 1`) or `"llama3"` (Llama
+    3.1's frequency adjustment, between `low_freq_factor` and
+    `high_freq_factor`). The maths runs in
     float32 and the result is cast back to the input's dtype. The layer
     has no weights.
 
@@ -101,13 +176,19 @@ class RotaryEmbedding(keras.layers.Layer):
             of the paper (below 1 the frequencies grow with the feature
             index, and tiny values overflow float32 into NaN angles).
         scaling_factor: number >= 1 (1: no scaling).
-        rope_type: `"linear"`, `"dynamic"` or `"yarn"`.
+        rope_type: `"linear"`, `"dynamic"`, `"yarn"` or `"llama3"`.
         beta_fast: YaRN's high-frequency boundary (keras-hub's default
             32).
         beta_slow: YaRN's low-frequency boundary (default 1).
-        original_max_position_embeddings: YaRN's training length
-            (default 4096).
+        original_max_position_embeddings: YaRN's and Llama 3.1's training
+            length (default 4096).
         truncate: bool, YaRN's rounding of the boundaries (default True).
+        low_freq_factor: `"llama3"`: wavelengths above
+            `original_max_position_embeddings / low_freq_factor` are
+            scaled by `1 / scaling_factor` (default 1).
+        high_freq_factor: `"llama3"`: wavelengths below
+            `original_max_position_embeddings / high_freq_factor` are kept
+            (default 4; greater than `low_freq_factor`).
         sequence_axis: int, the axis of the positions (default 1).
         feature_axis: int, the axis of the rotated features (default -1).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -157,6 +238,8 @@ class RotaryEmbedding(keras.layers.Layer):
         truncate=True,
         sequence_axis=1,
         feature_axis=-1,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -183,6 +266,18 @@ class RotaryEmbedding(keras.layers.Layer):
             original_max_position_embeddings,
         )
         self.truncate = validation.check_bool("truncate", truncate)
+        self.low_freq_factor = validation.check_positive_number(
+            "low_freq_factor", low_freq_factor
+        )
+        self.high_freq_factor = validation.check_positive_number(
+            "high_freq_factor", high_freq_factor
+        )
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                "`high_freq_factor` must be greater than `low_freq_factor`. "
+                f"Received: high_freq_factor={high_freq_factor!r}, "
+                f"low_freq_factor={low_freq_factor!r}"
+            )
         for name, axis in (
             ("sequence_axis", sequence_axis),
             ("feature_axis", feature_axis),
@@ -255,6 +350,8 @@ class RotaryEmbedding(keras.layers.Layer):
             self.beta_slow,
             self.original_max_position_embeddings,
             self.truncate,
+            self.low_freq_factor,
+            self.high_freq_factor,
         )
         angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
         # No -1: a length-0 sequence makes it ambiguous (JAX divides by 0).
@@ -307,6 +404,8 @@ class RotaryEmbedding(keras.layers.Layer):
                 self.original_max_position_embeddings
             ),
             truncate=self.truncate,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
             sequence_axis=self.sequence_axis,
             feature_axis=self.feature_axis,
         )

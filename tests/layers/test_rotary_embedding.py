@@ -126,3 +126,77 @@ def test_mha_rotary_off_by_default():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     assert layer.get_config()["rotary_max_wavelength"] is None
     assert layer._rotary is None
+
+
+def test_llama3_frequencies_match_keras_hub():
+    keras_hub = pytest.importorskip("keras_hub")
+    from keras_hub.src.models.llama.llama_rotary_embedding import (
+        LlamaRotaryEmbedding,
+    )
+
+    x = np.random.default_rng(0).normal(size=(1, 12, 2, 32)).astype("float32")
+    for length in (8, 64, 8192):
+        theirs = LlamaRotaryEmbedding(
+            max_wavelength=500000,
+            frequency_adjustment_factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            pretraining_sequence_length=length,
+        )
+        ours = RotaryEmbedding(
+            max_wavelength=500000,
+            scaling_factor=8.0,
+            rope_type="llama3",
+            original_max_position_embeddings=length,
+        )
+        np.testing.assert_allclose(
+            to_numpy(ours(x, start_index=100)),
+            to_numpy(theirs(x, start_index=100)),
+            atol=2e-4,
+        )
+    assert keras_hub is not None
+
+
+def test_llama3_factors_are_checked():
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        RotaryEmbedding(rope_type="llama3", low_freq_factor=4.0)
+    layer = RotaryEmbedding(rope_type="llama3", high_freq_factor=8.0)
+    assert RotaryEmbedding.from_config(layer.get_config()).high_freq_factor == 8
+
+
+def test_mha_rotary_scaling_option():
+    x = np.random.default_rng(1).normal(size=(1, 6, 8)).astype("float32")
+    plain = MultiHeadAttention(2, 4, rotary_max_wavelength=100)
+    scaled = MultiHeadAttention(
+        2, 4, rotary_max_wavelength=100, rotary_scaling={"scaling_factor": 2}
+    )
+    plain(x, x)
+    scaled(x, x)
+    scaled.set_weights(plain.get_weights())
+    assert plain.get_config()["rotary_scaling"] is None
+    config = scaled.get_config()
+    assert config["rotary_scaling"] == {"scaling_factor": 2}
+    assert MultiHeadAttention.from_config(config)._rotary.scaling_factor == 2
+    # Position interpolation: positions 0, 2, 4 with the factor are
+    # positions 0, 1, 2 without it.
+    q = np.random.default_rng(2).normal(size=(1, 3, 2, 4)).astype("float32")
+    np.testing.assert_allclose(
+        to_numpy(scaled._rotary(q, positions=np.array([0, 2, 4]))),
+        to_numpy(plain._rotary(q)),
+        atol=1e-5,
+    )
+    with pytest.raises(TypeError, match="rotary_scaling"):
+        MultiHeadAttention(2, 4, rotary_max_wavelength=100, rotary_scaling=2.0)
+    with pytest.raises(ValueError, match="unknown"):
+        MultiHeadAttention(
+            2, 4, rotary_max_wavelength=100, rotary_scaling={"factor": 2}
+        )
+    with pytest.raises(ValueError, match="rotary_max_wavelength"):
+        MultiHeadAttention(2, 4, rotary_scaling={"scaling_factor": 2})
+    with pytest.raises(ValueError, match="scaling_factor"):
+        MultiHeadAttention(
+            2,
+            4,
+            rotary_max_wavelength=100,
+            rotary_scaling={"scaling_factor": 0},
+        )
