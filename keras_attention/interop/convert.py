@@ -58,8 +58,10 @@ def from_keras_hub(backbone):
     reloads with `safe_mode=True`.
 
     Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`,
-    `LlamaBackbone` (also `Llama3Backbone`; without RoPE scaling yet),
-    `MistralBackbone` (its sliding window as the blocks' `window_size`),
+    `LlamaBackbone` (also `Llama3Backbone`; Llama 3.1's RoPE scaling as
+    the blocks' `rotary_scaling`), `MistralBackbone` (its sliding window
+    as the blocks' `window_size`, its `rope_scaling_factor` as
+    `rotary_scaling`),
     `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
     post-norms), `BloomBackbone` (ALiBi), `ViTBackbone` (input `images`)
     and their subclasses (`supported_backbones()`); one

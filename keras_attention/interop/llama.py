@@ -41,21 +41,54 @@ WEIGHT_TABLE = (
 )
 
 
-def check_no_rope_scaling(backbone, **arguments):
-    """`ValueError` naming the first RoPE scaling argument of `backbone`
-    that is set (a factor other than 1, or any Llama 3.1 argument): the
-    blocks' rotary embeddings take only a maximum wavelength."""
-    for name, value in arguments.items():
-        is_factor = name.endswith("scaling_factor")
-        if value is not None and not (is_factor and value == 1):
-            raise ValueError(
-                f"{type(backbone).__name__} with RoPE scaling is not "
-                "supported yet (the blocks take `rotary_max_wavelength` "
-                f"only). Received: {name}={value!r}"
-            )
+# Llama 3.1's RoPE arguments: all set, or none.
+LLAMA3_ROPE_ARGUMENTS = (
+    "rope_frequency_adjustment_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_pretraining_sequence_length",
+)
 
 
-def build_llama_style(backbone, config, window_size=None, key_dim=None):
+def llama_rotary_scaling(backbone):
+    """The blocks' `rotary_scaling` equal to a keras-hub Llama backbone's
+    rotary embedding (`LlamaRotaryEmbedding`), or None.
+
+    Llama 3.1's frequency adjustment (`rope_frequency_adjustment_factor`,
+    `rope_low_freq_factor`, `rope_high_freq_factor`,
+    `rope_pretraining_sequence_length`) is `rope_type="llama3"`. keras-hub's
+    `rope_position_scaling_factor` has no effect on its Llama models
+    (`LlamaRotaryEmbedding` computes the frequencies without it), so it is
+    not carried over either: the converted model stays equal.
+
+    Raises:
+        ValueError: only some of Llama 3.1's arguments are set (naming
+            them).
+    """
+    config = backbone.get_config()
+    values = {name: config.get(name) for name in LLAMA3_ROPE_ARGUMENTS}
+    if all(value is None for value in values.values()):
+        return None
+    if any(value is None for value in values.values()):
+        raise ValueError(
+            f"{type(backbone).__name__}: Llama 3.1's RoPE arguments "
+            f"{LLAMA3_ROPE_ARGUMENTS} must be all set or all None. "
+            f"Received: {values!r}"
+        )
+    return {
+        "rope_type": "llama3",
+        "scaling_factor": float(values["rope_frequency_adjustment_factor"]),
+        "low_freq_factor": float(values["rope_low_freq_factor"]),
+        "high_freq_factor": float(values["rope_high_freq_factor"]),
+        "original_max_position_embeddings": int(
+            values["rope_pretraining_sequence_length"]
+        ),
+    }
+
+
+def build_llama_style(
+    backbone, config, window_size=None, key_dim=None, rotary_scaling=None
+):
     """The Llama-style model: a token embedding (`ReversibleEmbedding`,
     tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
     with RMS norms, no biases, grouped-query attention, rotary positions
@@ -72,6 +105,8 @@ def build_llama_style(backbone, config, window_size=None, key_dim=None):
             (position `i` sees `i - window_size .. i`).
         key_dim: optional int, the head size (default `hidden_dim //
             num_query_heads`).
+        rotary_scaling: optional dict, the blocks' `rotary_scaling` (RoPE
+            context extension; None: none).
 
     Returns:
         The converted `keras.Model`.
@@ -97,6 +132,7 @@ def build_llama_style(backbone, config, window_size=None, key_dim=None):
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
             rotary_max_wavelength=config["rope_max_wavelength"],
+            rotary_scaling=rotary_scaling,
             window_size=window_size,
             normalization="rms_norm",
             use_bias=False,
@@ -123,9 +159,11 @@ def convert_llama(backbone):
     sequence output `(batch, T, hidden)`. Pre-norm decoder blocks with
     `normalization="rms_norm"`, `use_bias=False`, grouped-query attention
     (`num_key_value_heads`), rotary positions (`rotary_max_wavelength`)
-    and `gated_feed_forward=True` with `activation="silu"` (SwiGLU). RoPE
-    scaling (`rope_position_scaling_factor` other than 1, Llama 3.1's
-    frequency adjustment) is not supported yet: `ValueError`.
+    and `gated_feed_forward=True` with `activation="silu"` (SwiGLU). Llama
+    3.1's RoPE frequency adjustment becomes the blocks'
+    `rotary_scaling={"rope_type": "llama3", ...}`
+    (`llama_rotary_scaling`); `rope_position_scaling_factor`, which
+    keras-hub's Llama rotary embedding ignores, is ignored too.
 
     Args:
         backbone: a built `keras_hub.models.LlamaBackbone`.
@@ -147,19 +185,6 @@ def convert_llama(backbone):
         - Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
           Language Models".
     """
-    get = backbone.get_config()
-    check_no_rope_scaling(
-        backbone,
-        rope_position_scaling_factor=get.get("rope_position_scaling_factor"),
-        rope_frequency_adjustment_factor=get.get(
-            "rope_frequency_adjustment_factor"
-        ),
-        rope_low_freq_factor=get.get("rope_low_freq_factor"),
-        rope_high_freq_factor=get.get("rope_high_freq_factor"),
-        rope_pretraining_sequence_length=get.get(
-            "rope_pretraining_sequence_length"
-        ),
-    )
     config = {
         name: _common.config_value(backbone, name)
         for name in (
@@ -175,4 +200,6 @@ def convert_llama(backbone):
             "tie_word_embeddings",
         )
     }
-    return build_llama_style(backbone, config)
+    return build_llama_style(
+        backbone, config, rotary_scaling=llama_rotary_scaling(backbone)
+    )

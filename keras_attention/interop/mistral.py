@@ -2,7 +2,6 @@
 
 from keras_attention.interop import _common
 from keras_attention.interop.llama import build_llama_style
-from keras_attention.interop.llama import check_no_rope_scaling
 
 # The Llama table (`keras_attention.interop.llama.WEIGHT_TABLE`): Mistral's
 # layers and weights have the same names and shapes.
@@ -18,8 +17,9 @@ def convert_mistral(backbone):
     sliding_window - 1` (position `i` sees `i - sliding_window + 1 .. i`,
     keras-hub's mask; computed banded, `LocalSelfAttention`), and its
     `head_dim` as the blocks' `key_dim`. The token embedding is untied, as
-    keras-hub's. `rope_scaling_factor` other than 1 is not supported yet:
-    `ValueError`.
+    keras-hub's. Its `rope_scaling_factor` (position interpolation: the
+    rotary frequencies divided by it) becomes the blocks'
+    `rotary_scaling={"scaling_factor": ...}`.
 
     Args:
         backbone: a built `keras_hub.models.MistralBackbone`.
@@ -42,9 +42,6 @@ def convert_mistral(backbone):
         - Jiang et al., 2023, "Mistral 7B".
     """
     get = backbone.get_config()
-    check_no_rope_scaling(
-        backbone, rope_scaling_factor=get.get("rope_scaling_factor")
-    )
     config = {
         name: _common.config_value(backbone, name)
         for name in (
@@ -64,6 +61,14 @@ def convert_mistral(backbone):
     window_size = None
     if sliding_window is not None:
         window_size = int(sliding_window) - 1
+    factor = get.get("rope_scaling_factor")
+    rotary_scaling = None
+    if factor is not None and factor != 1:
+        rotary_scaling = {"scaling_factor": float(factor)}
     return build_llama_style(
-        backbone, config, window_size=window_size, key_dim=get.get("head_dim")
+        backbone,
+        config,
+        window_size=window_size,
+        key_dim=get.get("head_dim"),
+        rotary_scaling=rotary_scaling,
     )

@@ -211,8 +211,6 @@ def test_unsupported_backbone_lists_the_supported_ones():
 @pytest.mark.parametrize(
     "name, argument, value",
     [
-        ("llama", "rope_position_scaling_factor", 8.0),
-        ("mistral", "rope_scaling_factor", 2.0),
         ("gemma", "query_head_dim_normalize", False),
         ("gemma", "use_post_ffw_norm", True),  # without the attention's
     ],
@@ -220,6 +218,72 @@ def test_unsupported_backbone_lists_the_supported_ones():
 def test_unconverted_options_are_refused_by_name(name, argument, value):
     with pytest.raises(ValueError, match=argument):
         from_keras_hub(tiny(name, **{argument: value}))
+
+
+# Llama 3.1's frequency adjustment over a pretraining length of 8: with
+# heads of 4 (two frequencies, wavelengths 6.3 and 628), one wavelength is
+# interpolated and the other scaled.
+LLAMA31_ROPE = dict(
+    rope_frequency_adjustment_factor=8.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_pretraining_sequence_length=8,
+)
+
+
+@pytest.mark.parametrize(
+    "name, arguments, rotary_scaling",
+    [
+        ("mistral", {"rope_scaling_factor": 4.0}, {"scaling_factor": 4.0}),
+        (
+            "llama3",
+            LLAMA31_ROPE,
+            {
+                "rope_type": "llama3",
+                "scaling_factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,
+            },
+        ),
+        # keras-hub's Llama rotary embedding ignores it: no scaling.
+        ("llama", {"rope_position_scaling_factor": 4.0}, None),
+    ],
+)
+def test_rope_scaling_is_converted(name, arguments, rotary_scaling, tmp_path):
+    keras.utils.set_random_seed(1)
+    backbone = perturbed(tiny(name, **arguments))
+    model = from_keras_hub(backbone)
+    block = model.get_layer("transformer_layer_0")
+    assert block.get_config()["rotary_scaling"] == rotary_scaling
+    inputs = make_inputs(backbone)
+    theirs = as_dict(backbone(inputs))
+    ours = as_dict(model(inputs))
+    assert real_positions_error(ours, theirs, inputs["padding_mask"]) <= (
+        TOLERANCE
+    )
+    # The scaling matters: the unscaled backbone gives other outputs.
+    plain = tiny(name)
+    plain.set_weights(backbone.get_weights())
+    changed = real_positions_error(
+        as_dict(plain(inputs)), theirs, inputs["padding_mask"]
+    )
+    assert (changed > 1e-3) == (rotary_scaling is not None)
+    path = str(tmp_path / "scaled.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(
+        as_dict(reloaded(inputs))["sequence_output"],
+        ours["sequence_output"],
+        atol=1e-6,
+    )
+
+
+def test_partial_llama31_rope_arguments_are_refused():
+    backbone = tiny("llama3", **LLAMA31_ROPE)
+    backbone.rope_low_freq_factor = None  # keras-hub itself refuses it
+    with pytest.raises(ValueError, match="rope_low_freq_factor"):
+        keras_attention.interop.llama.llama_rotary_scaling(backbone)
 
 
 def test_not_a_backbone():
