@@ -69,7 +69,7 @@ PRETRAIN_CONFIG = (
     "pretrain_learning_rate",
     "batch_size",
     "pack",
-    "no_bucketing",
+    "padding",
     "seed",
     "quick",
 )
@@ -132,11 +132,13 @@ def parse_args(argv=None):
         help="pretrain mlm and clm on packed rows (no padding)",
     )
     train.add_argument(
-        "--no-bucketing",
-        action="store_true",
-        help="padded batches in random order, each padded to its longest "
-        "sequence (the plain padded baseline; default: batches of similar "
-        "lengths, little padding)",
+        "--padding",
+        choices=("buckets", "batch", "window"),
+        default="buckets",
+        help="padded batches (without --pack, and prefix_lm): 'buckets' "
+        "(sequences of similar lengths together, little padding), 'batch' "
+        "(random order, padded to each batch's longest) or 'window' (every "
+        "sequence padded to --max-length, as keras-hub's preprocessors do)",
     )
     train.add_argument(
         "--pretrained-dir",
@@ -300,7 +302,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
             args.max_length,
             shuffle,
             args.seed,
-            bucketed=not args.no_bucketing,
+            padding=args.padding,
         )
 
     model = build_pretraining_model(backbone, objective, packed=packed)
@@ -348,7 +350,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         "tokens_per_second": real / sample * steps * len(timed) / sum(timed),
         "padding": 1.0 - real / total,
         "packed": packed,
-        "bucketed": not (packed or args.no_bucketing),
+        "padding_mode": None if packed else args.padding,
     }
     return model, curve, throughput
 
@@ -629,9 +631,11 @@ def finetune_table(rows):
 def _batching(speed):
     if speed["packed"]:
         return "packed"
-    if speed.get("bucketed", True):
-        return "padded, bucketed by length"
-    return "padded"
+    return {
+        "buckets": "padded (length buckets)",
+        "batch": "padded (to each batch's longest)",
+        "window": "padded (to the window)",
+    }[speed.get("padding_mode") or "buckets"]
 
 
 def pretrain_table(records, pretrained_dir):

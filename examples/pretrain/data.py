@@ -137,12 +137,15 @@ def objective_batches(
     max_length,
     shuffle,
     seed=0,
-    bucketed=True,
+    padding="buckets",
 ):
     """Batches `(inputs, targets, sample_weight)` of an objective from a
-    dataset of `[START] + ids` sequences (see `model.py`), grouped by
-    length (`bucketed`: little padding) or in random order, each padded
-    to its longest sequence (the plain padded baseline of `--pack`):
+    dataset of `[START] + ids` sequences (see `model.py`), padded (the
+    baselines of `--pack`) as `padding` says: `"buckets"` (sequences of
+    similar lengths batched together, each batch padded to its longest:
+    little padding), `"batch"` (random order, each batch padded to its
+    longest) or `"window"` (every sequence padded to `max_length`, as
+    keras-hub's preprocessors do with their `sequence_length`):
 
     - `mlm`: inputs `{"token_ids", "mask_positions"}` (the masked text and
       where it was masked), targets the original ids there.
@@ -155,10 +158,21 @@ def objective_batches(
         ids,
         batch_size,
         length_fn=lambda x: tf.shape(x)[0],
-        bucket_boundaries=_length_buckets(max_length) if bucketed else None,
+        bucket_boundaries=(
+            _length_buckets(max_length) if padding == "buckets" else None
+        ),
         shuffle=shuffle,
         seed=seed,
     )
+    if padding == "window":
+        batches = batches.map(
+            lambda x: tf.pad(x, [[0, 0], [0, max_length - tf.shape(x)[1]]])
+        )
+    elif padding not in ("buckets", "batch"):
+        raise ValueError(
+            "`padding` must be 'buckets', 'batch' or 'window'. "
+            f"Received: padding={padding!r}"
+        )
     if objective == "mlm":
         generator = mask_generator(tokenizer, max_length)
 

@@ -115,33 +115,37 @@ def test_packed_clm_targets_stay_in_their_document(tokenizer):
         data.packed_batches(ids, "prefix_lm", tokenizer, 2, 5, False)
 
 
-def test_unbucketed_batches_pad_to_their_longest_sequence(tokenizer):
-    # The plain padded baseline of --pack (`--no-bucketing`): sequences of
-    # any length share a batch, so it holds more padding than the length
-    # buckets, with the same real tokens.
+def test_padded_baselines_hold_the_same_targets_with_more_padding(tokenizer):
+    # The padded baselines of --pack (`--padding`): length buckets, random
+    # batches padded to their longest, every row padded to the window.
     import tensorflow as tf
 
     from examples.pretrain import data
 
     texts = TEXTS * 6
     ids = data.encode(tf.data.Dataset.from_tensor_slices(texts), tokenizer, 8)
-    lengths = sorted(len(r) for r in ids.as_numpy_iterator())
 
-    def counts(bucketed):
+    def counts(padding):
         batches = data.objective_batches(
-            ids, "clm", tokenizer, 4, 8, shuffle=True, bucketed=bucketed
+            ids, "clm", tokenizer, 4, 8, shuffle=True, padding=padding
         )
         targets = padded = 0
         for x, _, w in batches.as_numpy_iterator():
             rows = x["token_ids"] != 0
-            # Padded to the longest sequence (inputs drop its last token).
-            assert x["token_ids"].shape[1] == rows.sum(axis=1).max()
+            if padding == "window":  # inputs drop the last position
+                assert x["token_ids"].shape[1] == 7
+            else:  # padded to the longest (inputs drop its last token)
+                assert x["token_ids"].shape[1] == rows.sum(axis=1).max()
             targets, padded = targets + w.sum(), padded + rows.size
         return targets, padded
 
-    (real_b, total_b), (real_p, total_p) = counts(True), counts(False)
-    assert real_b == real_p == sum(n - 1 for n in lengths)
-    assert total_p > total_b
+    (t_b, n_b), (t_r, n_r), (t_w, n_w) = map(
+        counts, ["buckets", "batch", "window"]
+    )
+    assert t_b == t_r == t_w > 0
+    assert n_b < n_r <= n_w
+    with pytest.raises(ValueError, match="padding='none'"):
+        data.objective_batches(ids, "clm", tokenizer, 4, 8, True, 0, "none")
 
 
 def test_the_blocks_mask_with_one_prefix_lm_mask_object():
