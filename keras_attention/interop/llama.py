@@ -61,9 +61,27 @@ def llama_rotary_scaling(backbone):
     (`LlamaRotaryEmbedding` computes the frequencies without it), so it is
     not carried over either: the converted model stays equal.
 
+    Args:
+        backbone: a keras-hub `LlamaBackbone` (or `Llama3Backbone`).
+
+    Returns:
+        A dict for the blocks' `rotary_scaling`, or None.
+
     Raises:
         ValueError: only some of Llama 3.1's arguments are set (naming
             them).
+
+    Example:
+
+    >>> import keras_hub
+    >>> from keras_attention.interop.llama import llama_rotary_scaling
+    >>> backbone = keras_hub.models.Llama3Backbone(
+    ...     vocabulary_size=20, num_layers=1, num_query_heads=2,
+    ...     num_key_value_heads=1, hidden_dim=8, intermediate_dim=16,
+    ...     rope_frequency_adjustment_factor=8.0, rope_low_freq_factor=1.0,
+    ...     rope_high_freq_factor=4.0, rope_pretraining_sequence_length=8192)
+    >>> llama_rotary_scaling(backbone)["rope_type"]
+    'llama3'
     """
     config = backbone.get_config()
     values = {name: config.get(name) for name in LLAMA3_ROPE_ARGUMENTS}

@@ -119,10 +119,24 @@ def check_rotary_scaling(rotary_scaling, rotary_max_wavelength):
     (`ROTARY_SCALING_ARGUMENTS`), which needs rotary positions
     (`rotary_max_wavelength`). Returns a plain dict copy (or None).
 
+    Args:
+        rotary_scaling: None or the dict to check.
+        rotary_max_wavelength: the layer's `rotary_max_wavelength`.
+
+    Returns:
+        A copy of `rotary_scaling` as a plain dict, or None.
+
     Raises:
         TypeError: `rotary_scaling` is neither None nor a dict.
         ValueError: an unknown key, an invalid value (as
             `RotaryEmbedding` says) or no `rotary_max_wavelength`.
+
+    Example:
+
+    >>> from keras_attention.layers.rotary_embedding import (
+    ...     check_rotary_scaling)
+    >>> check_rotary_scaling({"scaling_factor": 4.0}, 10000)
+    {'scaling_factor': 4.0}
     """
     if rotary_scaling is None:
         return None
