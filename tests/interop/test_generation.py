@@ -30,6 +30,20 @@ def tiny(name):
         return backbone, models.GPT2CausalLM
     if name == "llama":
         return models.LlamaBackbone(**llama_style), models.LlamaCausalLM
+    if name == "llama31":  # RoPE scaling: the blocks' rotary_scaling
+        backbone = models.Llama3Backbone(
+            rope_frequency_adjustment_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_pretraining_sequence_length=8,
+            **llama_style,
+        )
+        return backbone, models.Llama3CausalLM
+    if name == "mistral_scaled":
+        backbone = models.MistralBackbone(
+            sliding_window=3, rope_scaling_factor=4.0, **llama_style
+        )
+        return backbone, models.MistralCausalLM
     if name == "gemma":
         backbone = models.GemmaBackbone(head_dim=4, **llama_style)
         return backbone, models.GemmaCausalLM
@@ -54,7 +68,17 @@ def tiny(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["gpt2", "llama", "mistral", "gemma", "gemma2", "bloom"]
+    "name",
+    [
+        "gpt2",
+        "llama",
+        "llama31",
+        "mistral",
+        "mistral_scaled",
+        "gemma",
+        "gemma2",
+        "bloom",
+    ],
 )
 def test_greedy_tokens_equal_keras_hub(name):
     keras.utils.set_random_seed(2)
