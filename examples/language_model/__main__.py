@@ -426,11 +426,11 @@ def training_throughput(windows, args, timer):
     fraction of the training windows (0 for the stream: nothing pads it)."""
     import json
 
-    from examples.language_model import data
+    from examples.common import packing
 
     real, total = 1, 1
     if args.documents != "stream":
-        real, total = data.real_tokens(windows.batch(1024), -1)
+        real, total = packing.real_tokens(windows.batch(1024), -1)
     tokens = real / total * args.batch_size * args.sequence_length
     result = {
         "documents": args.documents,

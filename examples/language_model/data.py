@@ -170,15 +170,3 @@ def document_windows(lines, tokenizer, sequence_length, documents):
         "`documents` must be 'packed' or 'padded'. "
         f"Received: documents={documents!r}"
     )
-
-
-def real_tokens(batches, steps):
-    """`(real, total)` input token counts of the first `steps` batches
-    (`token_ids != 0`, and all): the padding fraction is `1 - real /
-    total`."""
-    real = total = 0
-    for inputs, *_ in batches.take(steps).as_numpy_iterator():
-        ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs
-        real += int((ids != 0).sum())
-        total += int(ids.size)
-    return real, total

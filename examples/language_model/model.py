@@ -32,13 +32,13 @@ import keras
 import keras_hub
 import numpy as np
 
+from examples.common.packing import SegmentPositions
 from examples.language_model.options import POSITIONS
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.layers import SinusoidalPositionEncoding
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.masks import segment_positions
 from keras_attention.scores import ALiBi
 from keras_attention.scores import T5RelativeBias
 
@@ -187,18 +187,6 @@ def build_language_model(
         jit_compile=False,
     )
     return model, generator
-
-
-@keras.saving.register_keras_serializable(package="examples_lm")
-class SegmentPositions(keras.layers.Layer):
-    """`segment_ids (batch, T)` -> positions restarting at 0 in each
-    packed document (`keras_attention.masks.segment_positions`)."""
-
-    def call(self, segment_ids):
-        return segment_positions(segment_ids)
-
-    def compute_output_spec(self, segment_ids):
-        return keras.KerasTensor(segment_ids.shape, dtype="int32")
 
 
 def packed_language_model(model):

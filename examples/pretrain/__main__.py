@@ -276,6 +276,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     compiles; the padding fraction of the batches)."""
     import keras
 
+    from examples.common import packing
     from examples.common.distributed import with_known_size
     from examples.pretrain import data
     from examples.pretrain.model import PACKABLE
@@ -344,7 +345,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
         "val_loss": [float(x) for x in history.history["val_token_loss"]],
     }
     sample = max(1, min(50, args.pretrain_steps))
-    real, total = data.real_tokens(batches(train_ids, True).repeat(), sample)
+    real, total = packing.real_tokens(batches(train_ids, True).repeat(), sample)
     timed = timer.seconds[1:] or timer.seconds
     throughput = {
         "tokens_per_second": real / sample * steps * len(timed) / sum(timed),

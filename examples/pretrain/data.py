@@ -265,18 +265,6 @@ def packed_batches(
     return rows.map(transform, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def real_tokens(batches, steps):
-    """`(real, total)` token counts of the first `steps` batches' inputs
-    (`token_ids != 0` and all): the padding fraction is `1 - real /
-    total`."""
-    real = total = 0
-    for inputs, *_ in batches.take(steps).as_numpy_iterator():
-        ids = inputs["token_ids"]
-        real += int((ids != 0).sum())
-        total += int(ids.size)
-    return real, total
-
-
 def labelled_arrays(tokenizer, max_length, data_dir=None, tiny=False):
     """The `classify` task as NumPy arrays: `{"train", "validation",
     "test"}` -> `(ids (n, max_length) int32, 0-padded; labels (n,))`, plus

@@ -32,10 +32,10 @@ import keras
 import keras_hub
 from keras import ops
 
+from examples.common.packing import SegmentPositions
 from keras_attention.blocks import TransformerEncoderBlock
 from keras_attention.layers import AttentionPooling
 from keras_attention.layers import TokenAndPositionEmbedding
-from keras_attention.masks import segment_positions
 from keras_attention.mods import PrefixLMMask
 
 OBJECTIVES = ("mlm", "clm", "prefix_lm")
@@ -53,18 +53,6 @@ class FullPrefix(keras.layers.Layer):
 
     def compute_output_spec(self, token_ids):
         return keras.KerasTensor(token_ids.shape[:1], dtype="int32")
-
-
-@keras.saving.register_keras_serializable(package="examples_pretrain")
-class SegmentPositions(keras.layers.Layer):
-    """`segment_ids (batch, T)` -> positions restarting at 0 in each
-    packed document (`keras_attention.masks.segment_positions`)."""
-
-    def call(self, segment_ids):
-        return segment_positions(segment_ids)
-
-    def compute_output_spec(self, segment_ids):
-        return keras.KerasTensor(segment_ids.shape, dtype="int32")
 
 
 @keras.saving.register_keras_serializable(package="examples_pretrain")

@@ -208,7 +208,7 @@ def test_quick_run_prints_well_formed_tables_and_plots(quick_run):
         assert re.fullmatch(r"\d+\.\d{3} -> \d+\.\d{3}", cells[1])
         assert re.fullmatch(r"\d+ s", cells[3])
         # padded batches (no --pack): some padding, tokens/s > 0
-        assert cells[4] == "padded" and int(cells[5]) > 0
+        assert cells[4] == "padded (length buckets)" and int(cells[5]) > 0
         assert re.fullmatch(r"\d+\.\d %", cells[6])
     for record in quick_run["records"].values():
         curve = record["curve"]
