@@ -345,6 +345,7 @@ def test_examples_use_only_the_public_api():
         "keras_attention.blocks",
         "keras_attention.distribution",
         "keras_attention.generation",
+        "keras_attention.interop",
         "keras_attention.layers",
         "keras_attention.masks",
         "keras_attention.mods",

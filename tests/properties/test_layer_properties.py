@@ -1419,4 +1419,6 @@ def test_layers_are_all_covered():
         "SinusoidalPositionEncoding",
         "TokenAndPositionEmbedding",
     }
-    assert covered == set(ka.__all__)
+    # Every layer class (not the functions beside them: `gelu_approximate`).
+    layers = {n for n in ka.__all__ if isinstance(getattr(ka, n), type)}
+    assert covered == layers
