@@ -95,8 +95,9 @@ def from_keras_hub(backbone):
     ...     "segment_ids": np.zeros((1, 4), "int32"),
     ...     "padding_mask": np.array([[1, 1, 1, 0]], "int32"),
     ... }
-    >>> ours = np.asarray(model(inputs)["sequence_output"])
-    >>> theirs = np.asarray(backbone(inputs)["sequence_output"])
+    >>> from keras import ops
+    >>> ours = ops.convert_to_numpy(model(inputs)["sequence_output"])
+    >>> theirs = ops.convert_to_numpy(backbone(inputs)["sequence_output"])
     >>> real = inputs["padding_mask"] == 1
     >>> bool(np.abs(ours - theirs).max(axis=-1)[real].max() < 1e-5)
     True
