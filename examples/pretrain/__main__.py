@@ -285,25 +285,11 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     packed = args.pack and objective in PACKABLE
 
     def batches(ids, shuffle):
+        common = (ids, objective, tokenizer, args.batch_size, args.max_length)
         if packed:
-            return data.packed_batches(
-                ids,
-                objective,
-                tokenizer,
-                args.batch_size,
-                args.max_length,
-                shuffle,
-                args.seed,
-            )
+            return data.packed_batches(*common, shuffle, args.seed)
         return data.objective_batches(
-            ids,
-            objective,
-            tokenizer,
-            args.batch_size,
-            args.max_length,
-            shuffle,
-            args.seed,
-            padding=args.padding,
+            *common, shuffle, args.seed, padding=args.padding
         )
 
     model = build_pretraining_model(backbone, objective, packed=packed)
