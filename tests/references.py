@@ -22,8 +22,9 @@ def masked_softmax(scores, mask):
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
-def multi_head_attention(layer, query, value, key=None, mask=None):
-    """softmax(Q K^T / sqrt(d)) V with the weights of a built
+def multi_head_attention(layer, query, value, key=None, mask=None, scale=None):
+    """softmax(Q K^T * scale) V (`scale` default 1 / sqrt(d)) with the
+    weights of a built
     MultiHeadAttention-layout layer; mask broadcastable to (b, h, i, j).
     With `use_gate`, each head's result is multiplied by
     sigmoid(query W_g + b_g) before the output projection.
@@ -43,7 +44,9 @@ def multi_head_attention(layer, query, value, key=None, mask=None):
     h, g = q.shape[2], k.shape[2]
     k = np.repeat(k, h // g, axis=2)
     v = np.repeat(v, h // g, axis=2)
-    scores = np.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(q.shape[-1])
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = np.einsum("bihk,bjhk->bhij", q, k) * scale
     if mask is None:
         mask = np.ones(scores.shape, bool)
     weights = masked_softmax(scores, np.broadcast_to(mask, scores.shape))

@@ -3,10 +3,15 @@ to their keras-hub backbones, on the current Keras backend.
 
 Random backbones (no downloads) of 4 layers, hidden size 64 (4 heads; 2
 key/value heads for Llama, Mistral and Gemma, Mistral's and Gemma 2's
-windows 16, Gemma 2's attention soft-cap 5; noise
+windows 16, Gemma 2's attention soft-cap 5; Llama 3.1's RoPE frequency
+adjustment over a pretraining length of 16 and Mistral's RoPE scaling
+factor 4; Gemma's query
+scaling by `(hidden / heads) ** -0.5` set on its attention layers; T5
+1.1 with heads of 16; noise
 added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
-one for the causal models; for ViT, 4 random 32 x 32 images); prints
+one for the causal models; T5: both stacks right-padded; for ViT, 4
+random 32 x 32 images); prints
 the largest absolute difference of each output over the real positions,
 as a Markdown table row per family:
 
@@ -56,7 +61,25 @@ def backbones():
             sliding_window_size=16,
             **llama_style,
         ),
+        "Llama 3.1 (RoPE scaling)": models.Llama3Backbone(
+            rope_frequency_adjustment_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_pretraining_sequence_length=16,
+            **llama_style,
+        ),
+        "Mistral (RoPE scaling 4)": models.MistralBackbone(
+            sliding_window=16, rope_scaling_factor=4.0, **llama_style
+        ),
+        "Gemma (query scaling)": _query_scaled(
+            models.GemmaBackbone(
+                head_dim=16, query_head_dim_normalize=False, **llama_style
+            )
+        ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        "T5 1.1": models.T5Backbone(
+            num_heads=4, key_value_dim=16, activation="gelu", **common
+        ),
         "ViT": models.ViTBackbone(
             image_shape=(32, 32, 3),
             patch_size=4,
@@ -68,16 +91,37 @@ def backbones():
     }
 
 
-def inputs(backbone, rng):
-    if not isinstance(backbone.input, dict):  # ViT: 4 images, 65 tokens
-        return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
-    causal = "segment_ids" not in backbone.input
+def _query_scaled(backbone):
+    """keras-hub 0.32's Gemma decoder block drops the backbone's
+    `query_head_dim_normalize`: set it on the attention layers."""
+    for layer in backbone.transformer_layers:
+        layer.attention.query_head_dim_normalize = False
+    return backbone
+
+
+def _padding(causal):
     padding = np.zeros((BATCH, LENGTH), "int32")
     for row, n in enumerate(REAL_LENGTHS):
         if causal and row == BATCH - 1:
             padding[row, LENGTH - n :] = 1  # left padding
         else:
             padding[row, :n] = 1
+    return padding
+
+
+def inputs(backbone, rng):
+    if not isinstance(backbone.input, dict):  # ViT: 4 images, 65 tokens
+        return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
+    if "encoder_token_ids" in backbone.input:  # T5
+        out = {}
+        for stack in ("encoder", "decoder"):
+            padding = _padding(causal=False)
+            ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32")
+            out[f"{stack}_token_ids"] = ids * padding
+            out[f"{stack}_padding_mask"] = padding
+        return out
+    causal = "segment_ids" not in backbone.input
+    padding = _padding(causal)
     ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32") * padding
     out = {"token_ids": ids, "padding_mask": padding}
     if not causal:
@@ -102,9 +146,11 @@ def errors(backbone, rng):
         ours = to_numpy(ours["sequence_output"])
         theirs = to_numpy(theirs["sequence_output"])
         return {"sequence_output": float(np.abs(ours - theirs).max())}
-    real = data["padding_mask"].astype(bool)
     out = {}
     for key in sorted(theirs):
+        stack = key.split("_")[0]  # T5's `encoder_...` / `decoder_...`
+        mask = data.get(f"{stack}_padding_mask", data.get("padding_mask"))
+        real = mask.astype(bool)
         diff = np.abs(to_numpy(ours[key]) - to_numpy(theirs[key]))
         out[key] = float(diff[real].max() if diff.ndim == 3 else diff.max())
     return out

@@ -80,6 +80,10 @@ class TransformerBlock(keras.layers.Layer):
             `"dynamic"`, `"yarn"` or `"llama3"`, ...; see
             `MultiHeadAttention`), e.g. `{"scaling_factor": 4.0}`; needs
             `rotary_max_wavelength`. Default None: no scaling.
+        attention_scale: optional finite float > 0, the factor of the
+            scores of every attention layer of the block (self- and
+            cross-attention; `MultiHeadAttention(attention_scale=...)`),
+            e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -106,6 +110,7 @@ class TransformerBlock(keras.layers.Layer):
         gated_feed_forward=False,
         sandwich_norm=False,
         rotary_scaling=None,
+        attention_scale=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -168,6 +173,9 @@ class TransformerBlock(keras.layers.Layer):
         self.rotary_scaling = check_rotary_scaling(
             rotary_scaling, rotary_max_wavelength
         )
+        self.attention_scale = validation.check_positive_number(
+            "attention_scale", attention_scale, allow_none=True
+        )
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -201,6 +209,7 @@ class TransformerBlock(keras.layers.Layer):
             num_key_value_heads=self.num_key_value_heads,
             dropout=self.dropout,
             use_bias=self.use_bias,
+            attention_scale=self.attention_scale,
             kernel_initializer=keras_utils.clone_initializer(
                 self.kernel_initializer
             ),
@@ -394,6 +403,7 @@ class TransformerBlock(keras.layers.Layer):
                 "sandwich_norm": self.sandwich_norm,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
                 "rotary_scaling": self.rotary_scaling,
+                "attention_scale": self.attention_scale,
                 "window_size": self.window_size,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer

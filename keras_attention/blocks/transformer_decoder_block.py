@@ -58,8 +58,10 @@ class TransformerDecoderBlock(TransformerBlock):
             of each sublayer's output too, Gemma 2's post-norms),
             `rotary_scaling` (default None; a dict of `RotaryEmbedding`'s
             context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
-            see `MultiHeadAttention`), and base layer arguments (`name`,
-            `dtype`, ...).
+            see `MultiHeadAttention`), `attention_scale` (default None:
+            `1 / sqrt(key_dim)`; the factor of the scores of the block's
+            attention layers, `1.0` for T5), and base layer arguments
+            (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.

@@ -6,6 +6,7 @@ from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
+from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
 
 # keras-hub backbone class name (in `keras_hub.models`) -> its converter.
@@ -18,6 +19,7 @@ CONVERTERS = {
     "GemmaBackbone": convert_gemma,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
+    "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
 }
 
@@ -46,7 +48,9 @@ def from_keras_hub(backbone):
 
     The result is a functional `keras.Model` with the backbone's inputs
     (`token_ids`, `padding_mask`, and BERT's `segment_ids`, int
-    `(batch, T)`; ViT's `images`) and outputs, equal to the backbone's at
+    `(batch, T)`; T5's `encoder_token_ids`, `encoder_padding_mask`,
+    `decoder_token_ids`, `decoder_padding_mask`; ViT's `images`) and
+    outputs, equal to the backbone's at
     every real (not padded) position (float32: within 1e-5 on TensorFlow,
     JAX and PyTorch; left or right padding). At padded query positions
     the values differ: our attention gives a padded query a zero attention
@@ -63,7 +67,10 @@ def from_keras_hub(backbone):
     as the blocks' `window_size`, its `rope_scaling_factor` as
     `rotary_scaling`),
     `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
-    post-norms), `BloomBackbone` (ALiBi), `ViTBackbone` (input `images`)
+    post-norms, Gemma 2 27B's query scaling as the blocks'
+    `attention_scale`), `T5Backbone` (encoder-decoder; one
+    `T5RelativeBias` per stack shared by its blocks, unscaled scores),
+    `BloomBackbone` (ALiBi), `ViTBackbone` (input `images`)
     and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.
@@ -113,6 +120,8 @@ def from_keras_hub(backbone):
           and Technology".
         - Gemma Team, 2024, "Gemma 2: Improving Open Language Models at a
           Practical Size".
+        - Raffel et al., 2020, "Exploring the Limits of Transfer Learning
+          with a Unified Text-to-Text Transformer" (T5).
     """
     import keras_hub  # an optional extra, needed only to convert
 

@@ -53,9 +53,6 @@ WEIGHT_TABLE = (
     ("final_normalization", "final_normalization"),
 )
 
-# Options not converted yet: (config key, the value converted).
-UNSUPPORTED = (("query_head_dim_normalize", True),)
-
 
 def transform_weight(path, value):
     """A Gemma weight as our layers hold it: q/k/v kernels transposed to
@@ -70,6 +67,21 @@ def transform_weight(path, value):
     ):
         return np.transpose(value, (1, 0, 2))
     return value
+
+
+def _attention_scale(backbone, i, config):
+    """Layer `i`'s query scaling as the blocks' `attention_scale`: None
+    (`head_dim ** -0.5`, our default), or `(hidden_dim // num_query_heads)
+    ** -0.5` where its attention has `query_head_dim_normalize=False`.
+
+    Read from the attention layer, which is what keras-hub computes with:
+    keras-hub 0.32's `GemmaDecoderBlock` builds its attention with
+    `query_head_dim_normalize=True` whatever the backbone's config says."""
+    layers = getattr(backbone, "transformer_layers", None)
+    attention = getattr(layers[i], "attention", None) if layers else None
+    if getattr(attention, "query_head_dim_normalize", True):
+        return None
+    return (config["hidden_dim"] // config["num_query_heads"]) ** -0.5
 
 
 def convert_gemma(backbone):
@@ -88,9 +100,10 @@ def convert_gemma(backbone):
     0, 2, 4, ...) a `mask_mod=KerasSlidingWindowMask(sliding_window_size)`,
     the post-attention and post-feed-forward norms the blocks'
     `sandwich_norm=True`, and `final_logit_soft_cap` the token embedding's
-    `logit_soft_cap` (its reverse projection, the logits). Query scaling by
-    `hidden_dim // num_query_heads` (`query_head_dim_normalize=False`) is
-    not converted yet: `ValueError`.
+    `logit_soft_cap` (its reverse projection, the logits), and the query
+    scaling by `(hidden_dim // num_query_heads) ** -0.5` instead of
+    `head_dim ** -0.5` (`query_head_dim_normalize=False` in a layer's
+    attention, Gemma 2 27B) the blocks' `attention_scale`.
 
     Args:
         backbone: a built `keras_hub.models.GemmaBackbone`.
@@ -116,13 +129,6 @@ def convert_gemma(backbone):
           Practical Size".
     """
     get = backbone.get_config()
-    for name, converted in UNSUPPORTED:
-        if name in get and get[name] != converted:
-            raise ValueError(
-                f"{type(backbone).__name__} with `{name}` other than "
-                f"{converted!r} is not supported yet. Received: "
-                f"{name}={get[name]!r}"
-            )
     post_norms = (
         bool(get.get("use_post_attention_norm")),
         bool(get.get("use_post_ffw_norm")),
@@ -164,6 +170,7 @@ def convert_gemma(backbone):
         math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
     )(x)
     for i in range(config["num_layers"]):
+        attention_scale = _attention_scale(backbone, i, config)
         mods = {}
         if soft_cap is not None:
             mods["score_mod"] = SoftCap(soft_cap)
@@ -184,6 +191,7 @@ def convert_gemma(backbone):
             use_bias=False,
             gated_feed_forward=True,
             sandwich_norm=post_norms[0],
+            attention_scale=attention_scale,
             dtype=dtype,
             name=f"decoder_block_{i}",
             **mods,

@@ -1,4 +1,5 @@
 import inspect
+import math
 
 import keras
 from keras import ops
@@ -296,6 +297,13 @@ class MultiHeadAttention(
             `low_freq_factor`, `high_freq_factor`), e.g.
             `{"scaling_factor": 4.0}` for position interpolation; needs
             `rotary_max_wavelength`. Defaults to None (no scaling).
+        attention_scale: keyword-only optional finite float > 0, the
+            factor of the scores, `softmax(attention_scale * q k^T)`
+            (T5: `1.0`; Gemma with `query_head_dim_normalize=False`:
+            `(hidden / heads) ** -0.5`). Defaults to None:
+            `1 / sqrt(key_dim)`. Applied to the projected queries (after
+            the rotary positions) as `attention_scale * sqrt(key_dim)`,
+            so every path and a `_compute_attention` override see it.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -404,10 +412,14 @@ class MultiHeadAttention(
         rotary_scaling=None,
         score_mod=None,
         mask_mod=None,
+        attention_scale=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self._return_attention_scores = False
+        attention_scale = validation.check_positive_number(
+            "attention_scale", attention_scale, allow_none=True
+        )
         num_heads = validation.check_positive_int("num_heads", num_heads)
         key_dim = validation.check_positive_int("key_dim", key_dim)
         value_dim = validation.check_positive_int(
@@ -484,6 +496,7 @@ class MultiHeadAttention(
         self.seed = validation.check_seed("seed", seed)
         self.rotary_max_wavelength = rotary_max_wavelength
         self.rotary_scaling = rotary_scaling
+        self.attention_scale = attention_scale
         self._rotary = None
         if rotary_max_wavelength is not None:
             self._rotary = RotaryEmbedding(
@@ -679,6 +692,17 @@ class MultiHeadAttention(
         if self._rotary is None:
             return x
         return self._rotary(x, start_index=start_index, positions=positions)
+
+    def _scale_query(self, q):
+        """The projected queries multiplied by `attention_scale *
+        sqrt(key_dim)`, so that the attention step's `1 / sqrt(key_dim)`
+        gives scores `attention_scale * q.k` on every path (dense,
+        blockwise, banded, fused, cached); unchanged when
+        `attention_scale` is None."""
+        if self.attention_scale is None:
+            return q
+        factor = self.attention_scale * math.sqrt(self.key_dim)
+        return ops.multiply(q, ops.cast(factor, q.dtype))
 
     def _check_segment_ids(self, segment_ids, query, key, cache):
         """`segment_ids` `(batch, T)` integers of a self-attention call on
@@ -1038,6 +1062,7 @@ class MultiHeadAttention(
         if segment_ids is not None and self._rotary is not None:
             positions = masks_lib.segment_positions(segment_ids)
         q = self._rotate(self._query_dense(query), offset, positions)
+        q = self._scale_query(q)
         if cache_sink_tokens is not None:
             result, scores, cache = self._attend_rolling_cache(
                 q,
@@ -1415,6 +1440,9 @@ class MultiHeadAttention(
                 "rotary_scaling": self.rotary_scaling,
             }
         )
+        if self.attention_scale is not None:
+            # Only when set: Keras's layer has no such key.
+            config["attention_scale"] = self.attention_scale
         config.update(mods_base.config_entries(self))
         return config
 

@@ -132,3 +132,28 @@ def test_sandwich_norm(block):
     clone = type(block).from_config(block.get_config())
     assert clone.sandwich_norm is True
     assert TransformerEncoderBlock(2, 16).get_config()["sandwich_norm"] is False
+
+
+def test_attention_scale_reaches_every_attention_layer():
+    block = TransformerDecoderBlock(2, 16, attention_scale=1.0)
+    context = X[:, :3]
+    _, weights, cross_weights = block(X, context, return_attention_scores=True)
+    assert block.self_attention.attention_scale == 1.0
+    assert block.cross_attention_layer.attention_scale == 1.0
+    # Unscaled scores: the self-attention equals a default-scaled layer
+    # whose query kernel is multiplied by sqrt(key_dim) = 2.
+    plain = TransformerDecoderBlock(2, 16)
+    plain(X, context)
+    plain.set_weights(block.get_weights())
+    kernel = plain.self_attention.query_dense.kernel
+    kernel.assign(kernel * 2.0)
+    _, plain_weights, _ = plain(X, context, return_attention_scores=True)
+    np.testing.assert_allclose(
+        to_numpy(weights), to_numpy(plain_weights), atol=1e-6
+    )
+    clone = TransformerDecoderBlock.from_config(block.get_config())
+    assert clone.attention_scale == 1.0
+    default = TransformerEncoderBlock(2, 16).get_config()
+    assert default["attention_scale"] is None
+    with pytest.raises(ValueError, match="attention_scale.*-1"):
+        TransformerEncoderBlock(2, 16, attention_scale=-1)

@@ -63,6 +63,19 @@ def tiny(name, **kwargs):
             sliding_window_size=3,
         )
         return models.GemmaBackbone(head_dim=6, **gemma2, **kwargs)
+    if name == "gemma2_27b":
+        # Queries scaled by (hidden / heads) ** -0.5 = 1/2, not
+        # head_dim ** -0.5 (`attention_scale`). keras-hub 0.32's decoder
+        # block builds its attention with `query_head_dim_normalize=True`
+        # whatever the backbone's argument: set it on the layers, as a
+        # keras-hub that passes it on would.
+        gemma = dict(llama_style, intermediate_dim=32)
+        backbone = models.GemmaBackbone(
+            head_dim=6, query_head_dim_normalize=False, **gemma, **kwargs
+        )
+        for layer in backbone.transformer_layers:
+            layer.attention.query_head_dim_normalize = False
+        return backbone
     if name == "bloom":  # ALiBi slopes of 4 heads
         return models.BloomBackbone(num_heads=HEADS, **common, **kwargs)
     raise ValueError(name)
@@ -87,6 +100,7 @@ FAMILIES = (
     "mistral",
     "gemma",
     "gemma2",
+    "gemma2_27b",
     "bloom",
 )
 
@@ -203,7 +217,7 @@ def test_unsupported_backbone_lists_the_supported_ones():
     with pytest.raises(
         ValueError,
         match="BertBackbone, BloomBackbone, GPT2Backbone, GemmaBackbone, "
-        "LlamaBackbone, MistralBackbone, ViTBackbone",
+        "LlamaBackbone, MistralBackbone, T5Backbone, ViTBackbone",
     ):
         from_keras_hub(other)
 
@@ -211,7 +225,6 @@ def test_unsupported_backbone_lists_the_supported_ones():
 @pytest.mark.parametrize(
     "name, argument, value",
     [
-        ("gemma", "query_head_dim_normalize", False),
         ("gemma", "use_post_ffw_norm", True),  # without the attention's
     ],
 )
@@ -301,6 +314,7 @@ def test_supported_backbones():
         "GemmaBackbone",
         "LlamaBackbone",
         "MistralBackbone",
+        "T5Backbone",
         "ViTBackbone",
     ]
     for name in names:

@@ -90,6 +90,65 @@ def test_matches_numpy_reference(kv_heads):
         assert layer.key_dense.kernel.shape == (6, kv_heads, 3)
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.05])
+def test_attention_scale_matches_numpy_reference(scale):
+    layer = MultiHeadAttention(
+        4, 3, num_key_value_heads=2, attention_scale=scale
+    )
+    mask = RNG.random((2, 5, 7)) > 0.3
+    out, scores = layer(Q, V, attention_mask=mask, return_attention_scores=True)
+    ref, ref_w = np_mha(layer, Q, V, mask=mask[:, None], scale=scale)
+    np.testing.assert_allclose(np_(out), ref, atol=1e-5)
+    np.testing.assert_allclose(np_(scores), ref_w, atol=1e-6)
+    default, _ = np_mha(layer, Q, V, mask=mask[:, None])
+    assert np.abs(default - ref).max() > 1e-3  # the scale matters here
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # causal: blockwise (T * T > 32768) vs dense
+        {"sliding_window": 16},  # banded vs dense
+        {"rotary_max_wavelength": 100},
+    ],
+)
+def test_attention_scale_is_the_same_on_every_path(options):
+    x = RNG.normal(size=(1, 200, 8)).astype("float32")
+    kwargs = dict(num_heads=2, key_dim=4, attention_scale=0.9, **options)
+    auto = MultiHeadAttention(**kwargs)
+    dense = MultiHeadAttention(flash_attention=False, **kwargs)
+    auto.build(x.shape, x.shape)
+    dense.build(x.shape, x.shape)
+    dense.set_weights(auto.get_weights())
+    got = auto(x, x, use_causal_mask=True)
+    want, weights = dense(
+        x, x, use_causal_mask=True, return_attention_scores=True
+    )
+    np.testing.assert_allclose(np_(got), np_(want), atol=2e-5)
+    # Cached decoding, one position at a time, gives the same outputs.
+    cache = ops.zeros((1, 2, 200, 2, 4))
+    steps = []
+    for t in range(0, 200, 50):
+        y, cache = auto(
+            x[:, t : t + 50],
+            x[:, t : t + 50],
+            cache=cache,
+            cache_update_index=t,
+            use_causal_mask=True,
+        )
+        steps.append(np_(y))
+    np.testing.assert_allclose(np.concatenate(steps, 1), np_(want), atol=2e-5)
+
+
+def test_attention_scale_config():
+    layer = MultiHeadAttention(2, 4, attention_scale=1.0)
+    config = layer.get_config()
+    assert config["attention_scale"] == 1.0
+    assert MultiHeadAttention.from_config(config).attention_scale == 1.0
+    # Unset, the config keeps Keras's keys only.
+    assert "attention_scale" not in MultiHeadAttention(2, 4).get_config()
+
+
 def test_drop_in_for_keras_multi_head_attention():
     theirs = keras.layers.MultiHeadAttention(
         num_heads=2, key_dim=4, value_dim=3
@@ -264,6 +323,12 @@ def test_cache_matches_full_causal_pass():
             "rotary_max_wavelength",
         ),
         (dict(num_heads=2, key_dim=5, rotary_max_wavelength=10000), "key_dim"),
+        (dict(num_heads=2, key_dim=4, attention_scale=0.0), "attention_scale"),
+        (
+            dict(num_heads=2, key_dim=4, attention_scale=float("nan")),
+            "attention_scale",
+        ),
+        (dict(num_heads=2, key_dim=4, attention_scale="1"), "attention_scale"),
     ],
 )
 def test_bad_arguments(kwargs, name):
