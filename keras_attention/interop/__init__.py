@@ -5,19 +5,22 @@ rebuilt from this library's blocks and layers, with their weights.
 inputs and outputs and a copy of its weights, so that every feature of the
 library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
-per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `bloom`, `vit`),
-each with its table of weight paths. `causal_lm_generator(model)` decodes a
-converted GPT-2, Llama, Mistral, Gemma or BLOOM with the library's cached
-generator. keras-hub
+per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `t5`, `bloom`,
+`vit`), each with its table of weight paths. `causal_lm_generator(model)`
+decodes a converted GPT-2, Llama, Mistral, Gemma or BLOOM with the
+library's cached generator, `seq2seq_generator(model)` a converted T5.
+keras-hub
 is imported only when a backbone is converted.
 """
 
 from keras_attention.interop.convert import from_keras_hub
 from keras_attention.interop.convert import supported_backbones
 from keras_attention.interop.generation import causal_lm_generator
+from keras_attention.interop.generation import seq2seq_generator
 
 __all__ = [
     "causal_lm_generator",
     "from_keras_hub",
+    "seq2seq_generator",
     "supported_backbones",
 ]

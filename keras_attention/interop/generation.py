@@ -1,5 +1,5 @@
-"""`causal_lm_generator`: cached generation on a converted decoder-only
-keras-hub model."""
+"""`causal_lm_generator` and `seq2seq_generator`: cached generation on
+converted keras-hub models (decoder-only; T5)."""
 
 import keras
 
@@ -7,6 +7,7 @@ from keras_attention.blocks.transformer_decoder_block import (
     TransformerDecoderBlock,
 )
 from keras_attention.generation.decoder_only import CausalLMGenerator
+from keras_attention.generation.encoder_decoder import Seq2SeqGenerator
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -133,6 +134,123 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
         embedding,
         blocks,
         [norm, _ReverseEmbedding(table)],
+        pad_token_id=pad_token_id,
+        jit_compile=jit_compile,
+    )
+
+
+def seq2seq_generator(model, pad_token_id=0, jit_compile=True):
+    """A `Seq2SeqGenerator` on an encoder-decoder model converted by
+    `from_keras_hub` (T5), with keras-hub's `T5Seq2SeqLM` head: the
+    decoder's final norm, times `hidden_dim ** -0.5` when the token table
+    is tied, then the table's reverse projection.
+
+    The sources are encoded once (their padding is `pad_token_id`); each
+    decoder block's cross-attention keys/values are computed once per
+    source and the self-attention keys/values cached. T5 starts its
+    targets with the padding id: pass `padding_mask` to
+    `generate` (`Seq2SeqGenerator.generate`) so that the start token
+    counts as real. Greedy generation gives the tokens of keras-hub's
+    `T5Seq2SeqLM` (tested).
+
+    Args:
+        model: a converted T5 model (or one reloaded from its `.keras`
+            file): inputs `encoder_token_ids`, `encoder_padding_mask`,
+            `decoder_token_ids`, `decoder_padding_mask`; a
+            `token_embedding`, `TransformerDecoderBlock`s with
+            cross-attention and the norms `encoder_output_layer_norm` and
+            `decoder_output_layer_norm`.
+        pad_token_id: int, the padding id of sources and targets (T5's 0).
+        jit_compile: bool, compile `generate` with XLA (TensorFlow).
+
+    Returns:
+        A `keras_attention.generation.Seq2SeqGenerator`.
+
+    Raises:
+        ValueError: when `model` does not have that layout.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_hub
+    >>> import keras_attention
+    >>> backbone = keras_hub.models.T5Backbone(
+    ...     vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8,
+    ...     intermediate_dim=16)
+    >>> model = keras_attention.interop.from_keras_hub(backbone)
+    >>> t5 = keras_attention.interop.seq2seq_generator(
+    ...     model, jit_compile=False)
+    >>> prompt = np.zeros((1, 6), "int32")  # the start token, 0
+    >>> start = np.arange(6)[None] < 1
+    >>> out, _ = t5.generate(
+    ...     np.array([[5, 7, 9, 0]]), prompt, padding_mask=start)
+    >>> tuple(out.shape)
+    (1, 6)
+
+    References:
+        - Raffel et al., 2020, "Exploring the Limits of Transfer Learning
+          with a Unified Text-to-Text Transformer" (T5).
+    """
+    names = (
+        "encoder_token_ids",
+        "encoder_padding_mask",
+        "decoder_token_ids",
+        "decoder_padding_mask",
+    )
+    inputs = model.input if isinstance(model.input, dict) else {}
+    layers = {layer.name: layer for layer in model.layers}
+    blocks = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, TransformerDecoderBlock)
+    ]
+    needed = ("token_embedding", "decoder_output_layer_norm")
+    outputs = model.output if isinstance(model.output, dict) else {}
+    if (
+        sorted(inputs) != sorted(names)
+        or not all(name in layers for name in needed)
+        or "encoder_sequence_output" not in outputs
+        or not blocks
+        or not all(block.cross_attention for block in blocks)
+        or not isinstance(
+            layers["token_embedding"], keras.layers.ReversibleEmbedding
+        )
+    ):
+        raise ValueError(
+            "`model` must be an encoder-decoder model converted by "
+            "`from_keras_hub` (T5): inputs "
+            f"{names!r}, a `token_embedding` (`ReversibleEmbedding`), "
+            "decoder blocks with cross-attention and a "
+            "`decoder_output_layer_norm`. Received: "
+            f"model={model.name!r} with inputs {sorted(inputs)!r} and "
+            f"layers {sorted(layers)!r}"
+        )
+    encoder_model = keras.Model(
+        {name: inputs[name] for name in names[:2]},
+        outputs["encoder_sequence_output"],
+    )
+
+    def encoder(token_ids):
+        padding = keras.ops.cast(
+            keras.ops.not_equal(token_ids, pad_token_id), "int32"
+        )
+        return encoder_model(
+            {"encoder_token_ids": token_ids, "encoder_padding_mask": padding}
+        )
+
+    embedding = layers["token_embedding"]
+    head = [layers["decoder_output_layer_norm"]]
+    if embedding.tie_weights:  # T5Seq2SeqLM's rescaling of a tied head
+        hidden = embedding.output_dim
+        head.append(
+            keras.layers.Rescaling(hidden**-0.5, dtype=embedding.dtype_policy)
+        )
+    head.append(_ReverseEmbedding(embedding))
+    return Seq2SeqGenerator(
+        encoder,
+        embedding,
+        blocks,
+        head,
         pad_token_id=pad_token_id,
         jit_compile=jit_compile,
     )

@@ -95,3 +95,69 @@ def test_layout_map_shards_every_attention_and_feed_forward_kernel():
         "feed_forward/gate_dense/kernel",
         "feed_forward/output_dense/kernel",
     }
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not support masking")
+def test_t5_long_inputs_blockwise_with_the_shared_relative_bias():
+    # 256 source and target tokens: past T5's maximum distance (128) and
+    # the dense threshold, so the relative bias runs on the blockwise
+    # path (its per-distance fast path), causally in the decoder.
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=16,
+        intermediate_dim=32,
+        activation="gelu",
+    )
+    rng = np.random.default_rng(1)
+    for weight in backbone.weights:  # a bias table that is not ~0
+        noise = rng.normal(scale=0.3, size=weight.shape).astype("float32")
+        weight.assign(to_numpy(weight) + noise)
+    model = from_keras_hub(backbone)
+    padding = np.ones((2, LONG), "int32")
+    padding[1, 180:] = 0
+    data = {}
+    for stack in ("encoder", "decoder"):
+        ids = rng.integers(1, VOCAB, (2, LONG)).astype("int32") * padding
+        data[f"{stack}_token_ids"] = ids
+        data[f"{stack}_padding_mask"] = padding
+    ours, theirs = model(data), backbone(data)
+    real = padding.astype(bool)
+    for key in ours:
+        error = np.abs(to_numpy(ours[key])[real] - to_numpy(theirs[key])[real])
+        assert error.max() <= 1e-5, key
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not support masking")
+def test_layout_map_shards_t5_cross_attention_too():
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_heads=4,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    model = from_keras_hub(backbone)
+    mesh = keras.distribution.DeviceMesh(
+        shape=(1, 1), axis_names=("batch", "model"), devices=["cpu:0"]
+    )
+    layout_map = keras_attention.distribution.get_layout_map(mesh)
+    prefix = "transformer_decoder_layer_0/"
+    sharded = {
+        w.path[len(prefix) :]
+        for w in model.weights
+        if w.path.startswith(prefix) and layout_map[w.path] is not None
+    }
+    attention = {
+        f"{name}/{part}/kernel"
+        for name in ("self_attention", "cross_attention")
+        for part in ("query", "key", "value", "attention_output")
+    }
+    feed_forward = {
+        f"feed_forward/{name}/kernel"
+        for name in ("intermediate_dense", "gate_dense", "output_dense")
+    }
+    assert sharded == attention | feed_forward

@@ -9,6 +9,7 @@ from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
+from keras_attention.interop import seq2seq_generator
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -103,3 +104,55 @@ def test_not_a_converted_decoder_only_model():
     model = keras.Model(ids, keras.layers.LayerNormalization()(hidden))
     with pytest.raises(ValueError, match="decoder-only"):
         causal_lm_generator(model)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.filterwarnings("ignore:Layer .* does not support masking")
+def test_t5_greedy_tokens_equal_keras_hub(tied):
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=16,
+        intermediate_dim=32,
+        key_value_dim=6,
+        activation="gelu",
+        tie_embedding_weights=tied,
+    )
+    rng = np.random.default_rng(0)
+    for weight in backbone.weights:  # varied tokens, not one repeated
+        noise = rng.normal(scale=0.5, size=weight.shape).astype("float32")
+        weight.assign(to_numpy(weight) + noise)
+    sources = np.array(
+        [[5, 7, 9, 4, 0, 0], [3, 4, 11, 12, 13, 8]], "int32"
+    )  # right-padded with 0
+    # T5 starts its targets with the padding id 0, marked real.
+    prompts = np.zeros((2, LENGTH), "int32")
+    prompts[1, 1] = 6  # a second prompt token in one row
+    start = np.zeros((2, LENGTH), bool)
+    start[:, 0] = True
+    start[1, 1] = True
+    theirs = keras_hub.models.T5Seq2SeqLM(backbone=backbone, preprocessor=None)
+    theirs.compile(sampler="greedy")
+    want = theirs.generate(
+        {
+            "encoder_token_ids": sources,
+            "encoder_padding_mask": sources != 0,
+            "decoder_token_ids": prompts,
+            "decoder_padding_mask": start,
+        },
+        stop_token_ids=None,
+    )["decoder_token_ids"]
+    ours = seq2seq_generator(from_keras_hub(backbone), jit_compile=False)
+    got, _ = ours.generate(
+        sources, prompts, max_length=LENGTH, padding_mask=start
+    )
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+    assert len(np.unique(to_numpy(got)[:, 2:])) > 1  # not one token
+
+
+def test_seq2seq_generator_refuses_a_decoder_only_model():
+    backbone, _ = tiny("llama")
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        seq2seq_generator(from_keras_hub(backbone))

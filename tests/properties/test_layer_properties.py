@@ -86,6 +86,9 @@ BAD_RATES = (1.0, -0.1, NAN, INF, "0.1", True, None)
 BAD_BOOLS = ("True", 1, None, 0.0)
 BAD_WAVELENGTHS = (0, -1.0, NAN, INF, -INF, 0.5, 1e-300, 10**400, "1e4", True)
 RATES = one_of_values(0.0, 0.25, np.float32(0.5), 0)
+# The factor of the scores (None: 1 / sqrt(key_dim)).
+SCALES = st.one_of(st.none(), one_of_values(1.0, 0.3, np.float32(2.0), 3))
+BAD_SCALES = (0, -1.0, NAN, INF, "1.0", True)
 
 
 def _halves(shape, dtype=None):
@@ -292,7 +295,9 @@ def mha_reference(layer, query, value, key, mask):
         k = _rotate(k, layer.rotary_max_wavelength)
     h, g = q.shape[2], k.shape[2]
     k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
-    scores = np.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(q.shape[-1])
+    scale = getattr(layer, "attention_scale", None)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = np.einsum("bihk,bjhk->bhij", q, k) * scale
     weights = _softmax(scores, np.broadcast_to(mask, scores.shape))
     out = np.einsum("bhij,bjhe->bihe", weights, v)
     if layer.use_gate:
@@ -325,6 +330,7 @@ def _mha_spec():
         HEADS,
         value_dim=(st.one_of(st.none(), ints(1, 3)), BAD_INTS),
         num_key_value_heads=(st.one_of(st.none(), ints(1, 3)), BAD_INTS),
+        attention_scale=(SCALES, BAD_SCALES),
         output_shape=(
             st.one_of(st.none(), ints(1, 3), st.tuples(ints(1, 2), ints(1, 2))),
             (0, "3", 2.0, (), (2, 0)),
@@ -1261,18 +1267,25 @@ def test_pooling_feed_forward_and_bridge(data):
 
 
 def _block_reference(block, x, valid, context=None, context_valid=None):
-    """A transformer block in NumPy (ReLU feed-forward, no dropout)."""
+    """A transformer block in NumPy (ReLU feed-forward, plain or gated, no
+    dropout; layer or RMS norms; sublayer outputs normalized too with
+    `sandwich_norm`)."""
 
     def norm(z, layer):
+        if block.normalization == "rms_norm":
+            rms = np.sqrt(np.mean(z**2, -1, keepdims=True) + layer.epsilon)
+            return z / rms * _w(layer.scale)
         gamma, beta = _w(layer.gamma), _w(layer.beta)
         mu = z.mean(-1, keepdims=True)
         var = z.var(-1, keepdims=True)
         return (z - mu) / np.sqrt(var + layer.epsilon) * gamma + beta
 
-    def residual(z, f, layer):
-        if block.norm_first:
-            return z + f(norm(z, layer))
-        return norm(z + f(z), layer)
+    def residual(z, f, layer, post=None):
+        y = f(norm(z, layer) if block.norm_first else z)
+        if post is not None:
+            y = norm(y, post)
+        z = z + y
+        return z if block.norm_first else norm(z, layer)
 
     t = x.shape[1]
     attention = block.self_attention
@@ -1283,6 +1296,7 @@ def _block_reference(block, x, valid, context=None, context_valid=None):
         x,
         lambda z: mha_reference(attention, z, z, z, mask)[0],
         block.self_attention_norm,
+        getattr(block, "self_attention_post_norm", None),
     )
     if context is not None:
         cross = _attention_mask(
@@ -1294,18 +1308,28 @@ def _block_reference(block, x, valid, context=None, context_valid=None):
                 block.cross_attention_layer, z, context, context, cross
             )[0],
             block.cross_attention_norm,
+            getattr(block, "cross_attention_post_norm", None),
         )
     ff = block.feed_forward
 
-    def feed_forward(z):
-        hidden = np.maximum(
-            z @ _w(ff.intermediate_dense.kernel)
-            + _w(ff.intermediate_dense.bias),
-            0,
-        )
-        return hidden @ _w(ff.output_dense.kernel) + _w(ff.output_dense.bias)
+    def dense(layer, z):
+        bias = _w(layer.bias)
+        return z @ _w(layer.kernel) + (0.0 if bias is None else bias)
 
-    return residual(x, feed_forward, block.feed_forward_norm)
+    def feed_forward(z):
+        hidden = dense(ff.intermediate_dense, z)
+        if block.gated_feed_forward:  # relu(z W_g) * (z W_1)
+            hidden = np.maximum(dense(ff.gate_dense, z), 0) * hidden
+        else:
+            hidden = np.maximum(hidden, 0)
+        return dense(ff.output_dense, hidden)
+
+    return residual(
+        x,
+        feed_forward,
+        block.feed_forward_norm,
+        getattr(block, "feed_forward_post_norm", None),
+    )
 
 
 @DRAWS
@@ -1331,6 +1355,14 @@ def test_transformer_blocks(data):
             (-1, "1", 1.5, (1,), True),
         ),
         dropout=(RATES, BAD_RATES),
+        normalization=(
+            one_of_values("layer_norm", "rms_norm"),
+            ("batch_norm", "RMS", None, 1),
+        ),
+        use_bias=(BOOLS, BAD_BOOLS),
+        gated_feed_forward=(BOOLS, BAD_BOOLS),
+        sandwich_norm=(BOOLS, BAD_BOOLS),
+        attention_scale=(SCALES, BAD_SCALES),
     )
     if decoder:
         spec["cross_attention"] = (BOOLS, BAD_BOOLS)
