@@ -188,6 +188,18 @@ def sample_input(backbone, tokenizer, args):
         ids = rng.integers(1, backbone.vocabulary_size, length).tolist()
         tokens = [str(i) for i in ids]
     token_ids = np.array([ids], "int32")
+    if "encoder_token_ids" in names:
+        # T5: the text is both the source and the (teacher-forced) target,
+        # so one token list labels the encoder's, the decoder's and the
+        # cross-attention's maps.
+        return {
+            f"{stack}_{name}": value
+            for stack in ("encoder", "decoder")
+            for name, value in (
+                ("token_ids", token_ids),
+                ("padding_mask", np.ones_like(token_ids)),
+            )
+        }, tokens
     inputs = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
     if "segment_ids" in names:
         inputs["segment_ids"] = np.zeros_like(token_ids)
@@ -281,10 +293,12 @@ def main(argv=None):
                 **{k: [float(v) for v in stats[k]] for k in STATISTICS},
             }
         )
+    encoder_decoder = "encoder_token_ids" in inputs  # T5: same text
     html = write_explorer(
         args.output_dir,
         maps,
         [tokens],
+        target_tokens=[tokens] if encoder_decoder else None,
         title=f"{args.preset} ({type(backbone).__name__})",
     )
     results = {

@@ -138,3 +138,33 @@ def test_statistics_of_a_known_pattern():
     np.testing.assert_allclose(stats["distance"], [0, 1.5])
     with pytest.raises(ValueError, match="weights.shape"):
         head_statistics(np.ones((4, 4)))
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not support masking")
+def test_t5_preset_encoder_decoder_and_cross_attention(tmp_path):
+    preset = str(tmp_path / "t5_preset")
+    keras_hub.models.T5Backbone(
+        vocabulary_size=40,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+    ).save_to_preset(preset)
+    out = tmp_path / "out"
+    results, _ = _run(
+        ["--preset", preset, "--output-dir", str(out), "--length", "10"]
+    )
+    assert results["backbone"] == "T5Backbone" and results["equal"]
+    assert len(results["tokens"]) == 10
+    names = [layer["layer"] for layer in results["layers"]]
+    assert names == [
+        "transformer_encoder_layer_0/self_attention",
+        "transformer_decoder_layer_0/self_attention",
+        "transformer_decoder_layer_0/cross_attention",
+    ]
+    for index, layer in enumerate(results["layers"]):
+        assert os.path.isfile(out / "heatmaps" / f"layer_{index:02d}.png")
+        assert all(0 <= p <= 1 for p in layer["first"] + layer["self"])
+    # The decoder's self-attention is causal: the first query sees only
+    # itself.
+    assert results["layers"][1]["distance"][0] <= 9
