@@ -50,32 +50,60 @@ def copy_weights(backbone, model, prefixes, transform=None):
     `(their path, our path)` pairs.
     """
     ours = {w.path: w for w in model.weights}
-    pairs, unmatched = [], []
+    pairs = []
     for weight in backbone.weights:
-        target = our_path(weight.path, prefixes)
-        if target not in ours:
-            unmatched.append(f"{weight.path} -> {target}")
-            continue
-        variable = ours.pop(target)
-        value = np.array(keras.ops.convert_to_numpy(weight.value))
+        target = ours.get(our_path(weight.path, prefixes))
+        if target is None:
+            continue  # reported by `copy_pairs` as without a place
+        value = None
         if transform is not None:
-            value = np.asarray(transform(weight.path, value))
-        if tuple(variable.shape) != value.shape:
+            value = transform(weight.path, numpy_value(weight))
+        pairs.append((weight, target, value))
+    copy_pairs(backbone, model, pairs)
+    return [(theirs.path, target.path) for theirs, target, _ in pairs]
+
+
+def numpy_value(weight):
+    """A NumPy copy of a variable's value."""
+    return np.array(keras.ops.convert_to_numpy(weight.value))
+
+
+def copy_pairs(backbone, model, pairs):
+    """Assigns each `(their variable, our variable, value)` of `pairs`
+    (`value` None: their variable's value), checking shapes and that
+    every weight of both models is matched exactly once (`ValueError`
+    otherwise, naming the weights left over)."""
+    theirs = {id(w): w for w in backbone.weights}
+    ours = {id(w): w for w in model.weights}
+    assigned = set()
+    for their_weight, our_weight, value in pairs:
+        if id(our_weight) in assigned:
             raise ValueError(
-                f"Weight {weight.path!r} of {type(backbone).__name__} has "
-                f"shape {value.shape!r} but the converted {target!r} has "
-                f"{tuple(variable.shape)!r}."
+                f"Two weights of {type(backbone).__name__} map to the "
+                f"converted {our_weight.path!r} (the second: "
+                f"{their_weight.path!r})."
             )
-        variable.assign(value)
-        pairs.append((weight.path, target))
-    if unmatched or ours:
+        assigned.add(id(our_weight))
+        value = numpy_value(their_weight) if value is None else value
+        value = np.asarray(value)
+        if tuple(our_weight.shape) != value.shape:
+            raise ValueError(
+                f"Weight {their_weight.path!r} of {type(backbone).__name__} "
+                f"has shape {value.shape!r} but the converted "
+                f"{our_weight.path!r} has {tuple(our_weight.shape)!r}."
+            )
+        our_weight.assign(value)
+        theirs.pop(id(their_weight), None)
+        ours.pop(id(our_weight), None)
+    if theirs or ours:
         raise ValueError(
             f"The conversion of {type(backbone).__name__} does not match "
             "its weights (an unsupported variant or keras-hub version). "
-            f"Backbone weights without a place: {unmatched!r}; converted "
-            f"weights left without a value: {sorted(ours)!r}."
+            "Backbone weights without a place: "
+            f"{sorted(w.path for w in theirs.values())!r}; converted "
+            "weights left without a value: "
+            f"{sorted(w.path for w in ours.values())!r}."
         )
-    return pairs
 
 
 def config_value(backbone, name):

@@ -1,7 +1,6 @@
 """keras-hub's `T5Backbone` rebuilt from `keras_attention` blocks."""
 
 import keras
-import numpy as np
 
 from keras_attention.blocks.transformer_decoder_block import (
     TransformerDecoderBlock,
@@ -96,7 +95,7 @@ def _attention_pairs(theirs, ours, heads, head_dim):
     pairs = []
     for their_name, our_name in _PROJECTIONS:
         kernel = getattr(theirs, their_name).kernel
-        value = np.asarray(keras.ops.convert_to_numpy(kernel))
+        value = _common.numpy_value(kernel)
         if our_name == "_output_dense":
             value = value.reshape(heads, head_dim, -1)
         else:
@@ -118,34 +117,6 @@ def _feed_forward_pairs(theirs, ours, gated):
         (theirs.input_projector.kernel, ff.intermediate_dense.kernel, None),
         (theirs.output_projector.kernel, ff.output_dense.kernel, None),
     ]
-
-
-def _copy(backbone, model, pairs):
-    """Assigns each pair, checking shapes and that every weight of both
-    models is matched exactly once (`ValueError` otherwise)."""
-    theirs = {id(w): w for w in backbone.weights}
-    ours = {id(w): w for w in model.weights}
-    for their_weight, our_weight, value in pairs:
-        if value is None:
-            value = np.asarray(keras.ops.convert_to_numpy(their_weight))
-        if tuple(our_weight.shape) != value.shape:
-            raise ValueError(
-                f"Weight {their_weight.path!r} of {type(backbone).__name__} "
-                f"has shape {value.shape!r} but the converted "
-                f"{our_weight.path!r} has {tuple(our_weight.shape)!r}."
-            )
-        our_weight.assign(value)
-        theirs.pop(id(their_weight), None)
-        ours.pop(id(our_weight), None)
-    if theirs or ours:
-        raise ValueError(
-            f"The conversion of {type(backbone).__name__} does not match "
-            "its weights (an unsupported variant or keras-hub version). "
-            "Backbone weights without a place: "
-            f"{sorted(w.path for w in theirs.values())!r}; converted "
-            "weights left without a value: "
-            f"{sorted(w.path for w in ours.values())!r}."
-        )
 
 
 def convert_t5(backbone):
@@ -341,5 +312,5 @@ def convert_t5(backbone):
         final = getattr(backbone, f"{stack}_layer_norm").weight
         norm = model.get_layer(f"{stack}_output_layer_norm")
         pairs.append((final, norm.scale, None))
-    _copy(backbone, model, pairs)
+    _common.copy_pairs(backbone, model, pairs)
     return model

@@ -217,3 +217,21 @@ def test_saved_model_export(converted):
 
 def test_listed_as_supported():
     assert "T5Backbone" in keras_attention.interop.supported_backbones()
+
+
+def test_weight_copy_refuses_wrong_shapes_and_leftovers():
+    from keras_attention.interop import _common
+
+    backbone = tiny()
+    model = from_keras_hub(backbone)
+    embedding = backbone.token_embedding.embeddings
+    ours = model.get_layer("token_embedding").embeddings
+    norm = model.get_layer("encoder_output_layer_norm").scale
+    with pytest.raises(ValueError, match="has shape .* but the converted"):
+        _common.copy_pairs(backbone, model, [(embedding, norm, None)])
+    with pytest.raises(ValueError, match="Two weights .* map to"):
+        _common.copy_pairs(
+            backbone, model, [(embedding, ours, None), (embedding, ours, None)]
+        )
+    with pytest.raises(ValueError, match="without a place: .*embeddings"):
+        _common.copy_pairs(backbone, model, [])
