@@ -45,4 +45,6 @@ run core_torch env KERAS_BACKEND=torch "$PYTHON" benchmarks/attention_core.py \
   --markdown "$OUT/core_torch.md"
 run distribution "$PYTHON" benchmarks/distribution_steps.py --steps 10 \
   --markdown "$OUT/distribution.md"
+run interop "$PYTHON" benchmarks/interop_training.py --sizes 512,2048 \
+  --batch 2 --repeats 5 --markdown "$OUT/interop.md"
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
