@@ -81,12 +81,13 @@ WEIGHT_TABLE = (
 # keras-hub's `T5MultiHeadAttention` buckets (not arguments there).
 NUM_BUCKETS, MAX_DISTANCE = 32, 128
 
-# Their projection -> our `MultiHeadAttention` sublayer.
+# Their projection -> our `MultiHeadAttention` projection (its public
+# properties).
 _PROJECTIONS = (
-    ("query_projector", "_query_dense"),
-    ("key_projector", "_key_dense"),
-    ("value_projector", "_value_dense"),
-    ("output_projector", "_output_dense"),
+    ("query_projector", "query_dense"),
+    ("key_projector", "key_dense"),
+    ("value_projector", "value_dense"),
+    ("output_projector", "output_dense"),
 )
 
 
@@ -96,7 +97,7 @@ def _attention_pairs(theirs, ours, heads, head_dim):
     for their_name, our_name in _PROJECTIONS:
         kernel = getattr(theirs, their_name).kernel
         value = _common.numpy_value(kernel)
-        if our_name == "_output_dense":
+        if our_name == "output_dense":
             value = value.reshape(heads, head_dim, -1)
         else:
             value = value.reshape(value.shape[0], heads, head_dim)

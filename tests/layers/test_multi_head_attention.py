@@ -30,6 +30,19 @@ def test_harness():
     )
 
 
+def test_harness_with_attention_scale():
+    # Config round trip, `.keras`, SavedModel, fit and the mask checks of
+    # the shared harness with a scale that is not 1 / sqrt(key_dim).
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4, attention_scale=1.0),
+        dict(query=Q, value=V),
+        call_kwargs=dict(return_attention_scores=True),
+        expected_output_shape=((2, 5, 8), (2, 2, 5, 7)),
+        expected_num_trainable_weights=8,
+    )
+
+
 def test_harness_grouped_query_with_key_and_causal():
     run_layer_test(
         MultiHeadAttention,
