@@ -22,7 +22,7 @@ curves `pretrain_loss.png` and the attention explorer `attention.html`
 (the three pretrained models side by side) to `--output-dir`.
 
     python -m examples.pretrain                  # 100 and 300 labels
-    python -m examples.pretrain --full           # the whole grid (hours)
+    python -m examples.pretrain --full           # 100 labels to all
     python -m examples.pretrain --pretrain-only  # save the backbones only
     python -m examples.pretrain --finetune-only  # reuse the saved ones
     python -m examples.pretrain --objective clm --pack   # packed rows
@@ -121,8 +121,9 @@ def parse_args(argv=None):
     train.add_argument(
         "--pretrain-steps",
         type=int,
-        default=None,
-        help="per objective (default 3000; --full 6000)",
+        default=2000,
+        help="per objective (--full pretrains the same: it reuses the "
+        "models a default run saved)",
     )
     train.add_argument("--pretrain-learning-rate", type=float, default=2e-3)
     train.add_argument("--batch-size", type=int, default=64)
@@ -163,6 +164,13 @@ def parse_args(argv=None):
     )
     tune.add_argument("--warmup-steps", type=int, default=30)
     tune.add_argument("--max-epochs", type=int, default=15)
+    tune.add_argument(
+        "--max-epoch-steps",
+        type=int,
+        default=200,
+        help="steps between validation checks at most (an epoch is one "
+        "pass over the labelled examples below 6,400 of them)",
+    )
     tune.add_argument("--patience", type=int, default=4)
     tune.add_argument(
         "--validation-examples",
@@ -182,7 +190,8 @@ def parse_args(argv=None):
     mode.add_argument(
         "--full",
         action="store_true",
-        help=f"the whole grid: {FULL_COUNTS} labels, 6000 pretraining steps",
+        help=f"the whole grid: {FULL_COUNTS} labels (the same pretrained "
+        "models as the default run)",
     )
     parser.add_argument("--output-dir", default="runs/pretrain")
     parser.add_argument("--seed", type=int, default=0)
@@ -194,8 +203,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.pretrain_only and args.finetune_only:
         parser.error("--pretrain-only and --finetune-only exclude each other")
-    if args.pretrain_steps is None:
-        args.pretrain_steps = 6000 if args.full else 3000
     if args.label_counts is None:
         args.label_counts = FULL_COUNTS if args.full else DEFAULT_COUNTS
         if args.quick:
@@ -210,6 +217,11 @@ def parse_args(argv=None):
         args.max_epochs = min(args.max_epochs, 2)
         args.warmup_steps = min(args.warmup_steps, 2)
         args.validation_examples = min(args.validation_examples, 100)
+    if args.max_epoch_steps < (3 if args.quick else 10):
+        parser.error(
+            f"--max-epoch-steps {args.max_epoch_steps!r}: below an epoch's "
+            f"least steps ({3 if args.quick else 10})"
+        )
     if args.pretrained_dir is None:
         args.pretrained_dir = os.path.join(args.output_dir, "pretrained")
     return args
@@ -476,6 +488,7 @@ def recipe_of(args):
         max_epochs=args.max_epochs,
         patience=args.patience,
         min_epoch_steps=3 if args.quick else 10,
+        max_epoch_steps=args.max_epoch_steps,
     )
 
 

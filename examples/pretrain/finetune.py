@@ -12,8 +12,9 @@ objective and for the model trained from scratch.
 - Schedule: linear warm-up from 0 over `warmup_steps`, then a cosine
   decay to a tenth over the step cap.
 - Early stopping on the validation split's accuracy (checked every
-  "epoch", at least `min_epoch_steps` steps), restoring the weights of
-  the best validation epoch.
+  "epoch": one pass over the labelled examples, at least
+  `min_epoch_steps` and at most `max_epoch_steps` steps), restoring the
+  weights of the best validation epoch.
 """
 
 import math
@@ -33,24 +34,32 @@ class Recipe:
         batch_size=32,
         warmup_steps=30,
         min_epoch_steps=10,
+        max_epoch_steps=200,
         max_epochs=15,
         patience=4,
     ):
+        if min_epoch_steps > max_epoch_steps:
+            raise ValueError(
+                f"min_epoch_steps={min_epoch_steps!r} exceeds "
+                f"max_epoch_steps={max_epoch_steps!r}"
+            )
         self.learning_rate = learning_rate
         self.backbone_multiplier = backbone_multiplier
         self.weight_decay = weight_decay
         self.batch_size = batch_size
         self.warmup_steps = warmup_steps
         self.min_epoch_steps = min_epoch_steps
+        self.max_epoch_steps = max_epoch_steps
         self.max_epochs = max_epochs
         self.patience = patience
 
     def epoch_steps(self, num_examples):
         """Steps between two validation checks: one pass over the
-        examples, at least `min_epoch_steps`."""
-        return max(
-            math.ceil(num_examples / self.batch_size), self.min_epoch_steps
-        )
+        examples, at least `min_epoch_steps`, at most `max_epoch_steps`
+        (many labels: validation every `max_epoch_steps` steps, and the
+        step cap `max_epochs * max_epoch_steps`)."""
+        steps = math.ceil(num_examples / self.batch_size)
+        return min(max(steps, self.min_epoch_steps), self.max_epoch_steps)
 
     def describe(self):
         return (
@@ -59,8 +68,9 @@ class Recipe:
             f"backbone x{self.backbone_multiplier:g}, linear warm-up "
             f"{self.warmup_steps} steps then cosine decay to a tenth, "
             f"early stopping on validation accuracy (patience "
-            f"{self.patience}, at most {self.max_epochs} epochs of at "
-            f"least {self.min_epoch_steps} steps, best weights restored)"
+            f"{self.patience}, at most {self.max_epochs} epochs of "
+            f"{self.min_epoch_steps} to {self.max_epoch_steps} steps, best "
+            f"weights restored)"
         )
 
 

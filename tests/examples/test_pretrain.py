@@ -257,6 +257,39 @@ def test_label_subsets_are_nested_and_seeded():
     assert set(other[300]) != set(subsets[300])
 
 
+def test_an_epoch_is_one_pass_within_its_step_bounds():
+    from examples.pretrain.finetune import Recipe
+
+    recipe = Recipe(batch_size=32, min_epoch_steps=10, max_epoch_steps=200)
+    assert recipe.epoch_steps(100) == 10  # 4 batches: the least
+    assert recipe.epoch_steps(1000) == 32  # one pass
+    assert recipe.epoch_steps(3000) == 94
+    assert recipe.epoch_steps(65647) == 200  # validation every 200 steps
+    with pytest.raises(ValueError, match="max_epoch_steps=5"):
+        Recipe(min_epoch_steps=10, max_epoch_steps=5)
+
+
+def test_max_epoch_steps_below_an_epochs_least_is_refused(capsys):
+    from examples.pretrain import __main__ as pretrain
+
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(["--max-epoch-steps", "4"])
+    assert "--max-epoch-steps 4" in capsys.readouterr().err
+
+
+def test_full_reuses_the_default_runs_pretraining():
+    from examples.pretrain import __main__ as pretrain
+
+    default, full = pretrain.parse_args([]), pretrain.parse_args(["--full"])
+    assert default.label_counts == [100, 300]
+    assert full.label_counts == [100, 300, 1000, 3000, None]
+    saved = [
+        {key: getattr(args, key) for key in pretrain.PRETRAIN_CONFIG}
+        for args in (default, full)
+    ]
+    assert saved[0] == saved[1]  # --full finds the default's models
+
+
 def test_the_backbone_takes_a_smaller_step_than_the_head():
     import keras
 
