@@ -492,47 +492,75 @@ def recipe_of(args):
     )
 
 
-def finetune_once(args, tokenizer, objective, seed, train, arrays, classes):
-    """One fine-tuning run: a classifier on a fresh backbone (`scratch`:
-    initialised with `seed`; otherwise the saved pretrained weights),
-    trained on `train = (x, y)` with the recipe; returns its result (test
-    accuracy and the early-stopping record)."""
-    from examples.pretrain import finetune
-    from examples.pretrain.model import PACKABLE
-    from examples.pretrain.model import build_classifier
+HEAD_LAYERS = ("pooling/", "logits/")
 
-    backbone = new_backbone(args, tokenizer.vocabulary_size(), seed)
-    if objective != SCRATCH:
-        store = PretrainedStore(args.pretrained_dir)
-        store.load(objective, backbone, args.pack and objective in PACKABLE)
-    import keras
 
-    keras.utils.set_random_seed(seed)  # the head's initial weights
-    model = build_classifier(backbone, classes, args.dropout)
-    backbone_variables = [
+class InitialWeights:
+    """Each fine-tuning run's initial weights (as `model.get_weights()` of
+    the classifier): the backbone's, freshly initialised from the run's
+    seed (`scratch`) or the saved pretrained ones, and the head's
+    (`AttentionPooling` and the output layer), freshly initialised from
+    the run's seed. Built once per seed and per objective."""
+
+    def __init__(self, args, tokenizer, num_classes):
+        self.args = args
+        self.vocabulary_size = tokenizer.vocabulary_size()
+        self.num_classes = num_classes
+        self._fresh = {}
+        self._pretrained = {}
+
+    def classifier(self, seed, objective=SCRATCH):
+        """A new classifier: the backbone initialised from `seed` or, for
+        an objective, with its saved pretrained weights; the head from
+        `seed`."""
+        import keras
+
+        from examples.pretrain.model import PACKABLE
+        from examples.pretrain.model import build_classifier
+
+        args = self.args
+        backbone = new_backbone(args, self.vocabulary_size, seed)
+        if objective != SCRATCH:
+            PretrainedStore(args.pretrained_dir).load(
+                objective, backbone, args.pack and objective in PACKABLE
+            )
+        keras.utils.set_random_seed(seed)  # the head's initial weights
+        return build_classifier(backbone, self.num_classes, args.dropout)
+
+    def of(self, objective, seed):
+        if seed not in self._fresh:
+            model = self.classifier(seed)
+            self._fresh[seed] = [
+                (v.path.startswith(HEAD_LAYERS), v.numpy())
+                for v in model.weights
+            ]
+        fresh = self._fresh[seed]
+        if objective == SCRATCH:
+            return [value for _, value in fresh]
+        if objective not in self._pretrained:
+            model = self.classifier(0, objective)
+            self._pretrained[objective] = model.get_weights()
+        return [
+            value if head else pretrained
+            for (head, value), pretrained in zip(
+                fresh, self._pretrained[objective]
+            )
+        ]
+
+
+def backbone_variables(model):
+    """The classifier's variables outside the head (the smaller step)."""
+    return [
         v
         for v in model.trainable_variables
-        if not v.path.startswith(("pooling/", "logits/"))
+        if not v.path.startswith(HEAD_LAYERS)
     ]
-    x_val, y_val = arrays["validation"]
-    validation = (
-        x_val[: args.validation_examples],
-        y_val[: args.validation_examples],
-    )
-    record = finetune.fit_classifier(
-        model, backbone_variables, train, validation, recipe_of(args), seed
-    )
-    x_test, y_test = arrays["test"]
-    metrics = model.evaluate(
-        x_test, y_test, batch_size=256, verbose=0, return_dict=True
-    )
-    record["test_accuracy"] = float(metrics["accuracy"])
-    return record
 
 
 def finetune_grid(args, tokenizer, objectives, clock):
     """Every (seed, label count, model) run; returns the result rows."""
     from examples.pretrain import data
+    from examples.pretrain.finetune import FineTuner
     from examples.pretrain.finetune import label_subsets
 
     arrays, class_names = data.labelled_arrays(
@@ -551,27 +579,35 @@ def finetune_grid(args, tokenizer, objectives, clock):
         args.seeds,
         recipe_of(args).describe(),
     )
+    initial = InitialWeights(args, tokenizer, len(class_names))
+    model = initial.classifier(0)
+    tuner = FineTuner(model, backbone_variables(model), recipe_of(args))
+    x_val, y_val = arrays["validation"]
+    validation = (
+        x_val[: args.validation_examples],
+        y_val[: args.validation_examples],
+    )
+    x_test, y_test = arrays["test"]
     rows = []
     for seed in range(args.seeds):
         subsets = label_subsets(len(x), counts, seed)
         for n in counts:
             train = (x[subsets[n]], y[subsets[n]])
             for objective in (SCRATCH, *objectives):
-                start = clock.seconds()
-                record = finetune_once(
-                    args,
-                    tokenizer,
-                    objective,
-                    seed,
-                    train,
-                    arrays,
-                    len(class_names),
+                start, wall = clock.seconds(), time.perf_counter()
+                record = tuner.fit(
+                    initial.of(objective, seed), train, validation, seed
+                )
+                metrics = model.evaluate(
+                    x_test, y_test, batch_size=256, verbose=0, return_dict=True
                 )
                 record.update(
+                    test_accuracy=float(metrics["accuracy"]),
                     objective=objective,
                     labels=n,
                     seed=seed,
                     cpu_seconds=clock.seconds() - start,
+                    wall_seconds=time.perf_counter() - wall,
                 )
                 logger.info(
                     "%s, %d labels, seed %d: test accuracy %.3f (best "

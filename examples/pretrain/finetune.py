@@ -9,8 +9,13 @@ objective and for the model trained from scratch.
   variables is `backbone_multiplier` times the head's (Keras 3.15's
   optimizers have one learning rate for all variables; this one scales
   the learning rate per variable in `update_step`).
-- Schedule: linear warm-up from 0 over `warmup_steps`, then a cosine
-  decay to a tenth over the step cap.
+- Schedule (`WarmupCosineDecay`): linear warm-up from 0 over
+  `warmup_steps`, then a cosine decay to a tenth over the step cap.
+- `FineTuner`: one compiled classifier for every run (Keras traces its
+  training and test steps once per process, not once per run: about 5 s
+  of each run on 2 cores); each run sets its initial weights, resets the
+  optimizer's state, its step cap and the dropout streams (from the
+  run's seed), so a run's result does not depend on the runs before it.
 - Early stopping on the validation split's accuracy (checked every
   "epoch": one pass over the labelled examples, at least
   `min_epoch_steps` and at most `max_epoch_steps` steps), restoring the
@@ -103,16 +108,50 @@ class LayerwiseAdamW(keras.optimizers.AdamW):
         return super().update_step(gradient, variable, learning_rate)
 
 
-def make_optimizer(recipe, backbone_variables, total_steps):
-    """The recipe's optimizer: `backbone_variables` step at
-    `backbone_multiplier` times the head's learning rate."""
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
-        decay_steps=max(1, total_steps - recipe.warmup_steps),
-        alpha=0.1,
-        warmup_target=recipe.learning_rate,
-        warmup_steps=recipe.warmup_steps,
-    )
+class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """`peak * step / warmup_steps` during the warm-up, then a cosine decay
+    from `peak` to `alpha * peak` at `total_steps`, a variable: the
+    schedule of a compiled model that each run sets (Keras's `CosineDecay`
+    holds its steps as a constant of the traced training step).
+
+    Args:
+        peak: the learning rate at the end of the warm-up.
+        warmup_steps: the warm-up's steps.
+        alpha: the last learning rate over `peak`.
+    """
+
+    def __init__(self, peak, warmup_steps, alpha=0.1):
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.alpha = float(alpha)
+        self.total_steps = keras.Variable(
+            1.0, trainable=False, dtype="float32", name="total_steps"
+        )
+
+    def __call__(self, step):
+        ops = keras.ops
+        step = ops.cast(step, "float32")
+        warmup = float(max(self.warmup_steps, 1))
+        decay_steps = ops.maximum(self.total_steps - self.warmup_steps, 1.0)
+        fraction = ops.clip((step - self.warmup_steps) / decay_steps, 0, 1)
+        cosine = 0.5 * (1.0 + ops.cos(math.pi * fraction))
+        decayed = self.peak * ((1.0 - self.alpha) * cosine + self.alpha)
+        return ops.where(
+            step < self.warmup_steps, self.peak * step / warmup, decayed
+        )
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "alpha": self.alpha,
+        }
+
+
+def make_optimizer(recipe, backbone_variables, schedule):
+    """The recipe's optimizer on `schedule` (a `WarmupCosineDecay`):
+    `backbone_variables` step at `backbone_multiplier` times the head's
+    learning rate."""
     return LayerwiseAdamW(
         scaled_variables=backbone_variables,
         multiplier=recipe.backbone_multiplier,
@@ -121,23 +160,75 @@ def make_optimizer(recipe, backbone_variables, total_steps):
     )
 
 
+class FineTuner:
+    """The recipe on one classifier, compiled once, for many runs.
+
+    Args:
+        model: the classifier.
+        backbone_variables: its variables of the smaller step.
+        recipe: a `Recipe`.
+    """
+
+    def __init__(self, model, backbone_variables, recipe):
+        self.model = model
+        self.recipe = recipe
+        self.schedule = WarmupCosineDecay(
+            recipe.learning_rate, recipe.warmup_steps
+        )
+        self.optimizer = make_optimizer(
+            recipe, backbone_variables, self.schedule
+        )
+        model.compile(
+            optimizer=self.optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        self.optimizer.build(model.trainable_variables)
+        self.seed_states = [
+            v
+            for v in model.variables
+            if v.path.endswith("seed_generator_state")
+        ]
+
+    def reset(self, weights, seed, total_steps):
+        """A run's start: `weights` (as `model.get_weights()`), a fresh
+        optimizer, the step cap, dropout streams drawn from `seed`."""
+        self.model.set_weights(weights)
+        for variable in self.optimizer.variables:
+            variable.assign(keras.ops.zeros_like(variable))
+        self.schedule.total_steps.assign(float(total_steps))
+        states = np.random.default_rng(seed).integers(
+            0, 2**31 - 1, size=(len(self.seed_states), 2)
+        )
+        for variable, state in zip(self.seed_states, states):
+            variable.assign(state.astype(variable.dtype))
+
+    def fit(self, weights, train, validation, seed, verbose=0):
+        """Fine-tunes the model from `weights` on `train = (x, y)` NumPy
+        arrays; returns `{"epochs", "best_epoch", "val_accuracy",
+        "steps"}` (the model holds the best validation weights)."""
+        x, _ = train
+        epoch_steps = self.recipe.epoch_steps(len(x))
+        self.reset(weights, seed, epoch_steps * self.recipe.max_epochs)
+        return _fit(self.model, train, validation, self.recipe, seed, verbose)
+
+
 def fit_classifier(
     model, backbone_variables, train, validation, recipe, seed, verbose=0
 ):
     """Fine-tunes `model` (compiled here) on `train = (x, y)` NumPy arrays
-    with the recipe; returns `{"epochs", "best_epoch",
-    "val_accuracy"}` (the model holds the best validation weights)."""
+    with the recipe, one run; returns `{"epochs", "best_epoch",
+    "val_accuracy", "steps"}` (the model holds the best validation
+    weights)."""
+    tuner = FineTuner(model, backbone_variables, recipe)
+    return tuner.fit(model.get_weights(), train, validation, seed, verbose)
+
+
+def _fit(model, train, validation, recipe, seed, verbose):
     import tensorflow as tf
 
     x, y = train
     epoch_steps = recipe.epoch_steps(len(x))
-    model.compile(
-        optimizer=make_optimizer(
-            recipe, backbone_variables, epoch_steps * recipe.max_epochs
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
     batches = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .shuffle(len(x), seed=seed)

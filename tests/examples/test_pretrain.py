@@ -345,6 +345,109 @@ def test_early_stopping_keeps_the_best_validation_weights():
     assert metrics["accuracy"] == pytest.approx(record["val_accuracy"])
 
 
+def test_warmup_cosine_decay_equals_keras_cosine_decay():
+    import keras
+
+    from examples.pretrain.finetune import WarmupCosineDecay
+
+    ours = WarmupCosineDecay(2e-3, warmup_steps=30, alpha=0.1)
+    for total in (150, 480):
+        ours.total_steps.assign(float(total))
+        theirs = keras.optimizers.schedules.CosineDecay(
+            0.0,
+            decay_steps=total - 30,
+            alpha=0.1,
+            warmup_target=2e-3,
+            warmup_steps=30,
+        )
+        for step in (0, 1, 15, 29, 30, 31, 100, total - 1, total, total + 9):
+            np.testing.assert_allclose(
+                keras.ops.convert_to_numpy(ours(step)),
+                keras.ops.convert_to_numpy(theirs(step)),
+                rtol=1e-5,
+                atol=1e-9,
+                err_msg=f"step {step} of {total}",
+            )
+
+
+def _toy_problem(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(96, 4)).astype("float32")
+    return x, (x[:, seed % 4] > 0).astype("int32")
+
+
+def test_a_runs_result_does_not_depend_on_the_runs_before_it():
+    import keras
+
+    from examples.pretrain.finetune import FineTuner
+    from examples.pretrain.finetune import Recipe
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    body = keras.layers.Dense(16, activation="relu")
+    hidden = keras.layers.Dropout(0.3)(body(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    start = model.get_weights()
+    recipe = Recipe(
+        learning_rate=0.05,
+        batch_size=16,
+        warmup_steps=2,
+        min_epoch_steps=3,
+        max_epochs=4,
+        patience=10,
+    )
+    tuner = FineTuner(model, body.trainable_variables, recipe)
+
+    def run(problem, seed):
+        record = tuner.fit(start, problem, problem, seed)
+        return record, model.get_weights()
+
+    first, first_weights = run(_toy_problem(0), 0)
+    other, other_weights = run(_toy_problem(1), 1)  # other data, seed
+    again, again_weights = run(_toy_problem(0), 0)
+    assert again == first
+    for a, b in zip(first_weights, again_weights):
+        np.testing.assert_array_equal(a, b)
+    # The runs trained, and the second one elsewhere.
+    assert any(np.any(a != b) for a, b in zip(start, first_weights))
+    assert any(np.any(a != b) for a, b in zip(first_weights, other_weights))
+    # A fresh tuner (a fresh compile) gives the same run.
+    fresh = FineTuner(model, body.trainable_variables, recipe)
+    assert fresh.fit(start, _toy_problem(0), _toy_problem(0), 0) == first
+
+
+def test_initial_weights_combine_the_backbone_and_a_seeded_head(quick_run):
+    from examples.pretrain import __main__ as pretrain
+
+    args = pretrain.parse_args(
+        ["--quick", "--pretrained-dir", quick_run["pretrained_dir"]]
+    )
+    store = pretrain.PretrainedStore(args.pretrained_dir)
+    for key, value in store.config().items():
+        setattr(args, key, value)
+    initial = pretrain.InitialWeights(args, store.tokenizer(), 25)
+    model = initial.classifier(0)
+    head = [v.path.startswith(pretrain.HEAD_LAYERS) for v in model.weights]
+    assert any(head) and not all(head)
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+    scratch = [initial.of("scratch", seed) for seed in (0, 1)]
+    assert same(scratch[0], model.get_weights())  # seeded
+    assert not same(scratch[0], scratch[1])
+    clm = initial.of("clm", 1)
+    saved = initial.classifier(0, "clm").get_weights()
+    for is_head, ours, fresh, pretrained in zip(head, clm, scratch[1], saved):
+        expected = fresh if is_head else pretrained
+        np.testing.assert_array_equal(ours, expected)
+    mlm = initial.of("mlm", 1)
+    assert not same(
+        [w for w, h in zip(mlm, head) if not h],
+        [w for w, h in zip(clm, head) if not h],
+    )
+
+
 def test_finetune_only_reuses_the_saved_models(quick_run, tmp_path):
     from examples.pretrain import __main__ as pretrain
 
