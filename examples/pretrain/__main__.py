@@ -217,10 +217,10 @@ def parse_args(argv=None):
         args.max_epochs = min(args.max_epochs, 2)
         args.warmup_steps = min(args.warmup_steps, 2)
         args.validation_examples = min(args.validation_examples, 100)
-    if args.max_epoch_steps < (3 if args.quick else 10):
+    if args.max_epoch_steps < min_epoch_steps(args):
         parser.error(
             f"--max-epoch-steps {args.max_epoch_steps!r}: below an epoch's "
-            f"least steps ({3 if args.quick else 10})"
+            f"least steps ({min_epoch_steps(args)})"
         )
     if args.pretrained_dir is None:
         args.pretrained_dir = os.path.join(args.output_dir, "pretrained")
@@ -478,6 +478,11 @@ def pretrained_models(args, objectives, clock):
     return tokenizer, models, records
 
 
+def min_epoch_steps(args):
+    """An epoch's least steps (fewer with `--quick`)."""
+    return 3 if args.quick else 10
+
+
 def recipe_of(args):
     from examples.pretrain.finetune import Recipe
 
@@ -487,7 +492,7 @@ def recipe_of(args):
         warmup_steps=args.warmup_steps,
         max_epochs=args.max_epochs,
         patience=args.patience,
-        min_epoch_steps=3 if args.quick else 10,
+        min_epoch_steps=min_epoch_steps(args),
         max_epoch_steps=args.max_epoch_steps,
     )
 

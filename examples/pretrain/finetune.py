@@ -207,10 +207,40 @@ class FineTuner:
         """Fine-tunes the model from `weights` on `train = (x, y)` NumPy
         arrays; returns `{"epochs", "best_epoch", "val_accuracy",
         "steps"}` (the model holds the best validation weights)."""
-        x, _ = train
-        epoch_steps = self.recipe.epoch_steps(len(x))
-        self.reset(weights, seed, epoch_steps * self.recipe.max_epochs)
-        return _fit(self.model, train, validation, self.recipe, seed, verbose)
+        import tensorflow as tf
+
+        recipe, (x, y) = self.recipe, train
+        epoch_steps = recipe.epoch_steps(len(x))
+        self.reset(weights, seed, epoch_steps * recipe.max_epochs)
+        batches = (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(len(x), seed=seed)
+            .repeat()
+            .batch(recipe.batch_size)
+        )
+        stop = keras.callbacks.EarlyStopping(
+            monitor="val_accuracy",
+            mode="max",
+            patience=recipe.patience,
+            restore_best_weights=True,
+        )
+        history = self.model.fit(
+            batches,
+            epochs=recipe.max_epochs,
+            steps_per_epoch=epoch_steps,
+            validation_data=validation,
+            validation_batch_size=256,
+            callbacks=[stop],
+            verbose=verbose,
+            shuffle=False,  # the pipeline shuffles (Keras would warn)
+        )
+        accuracy = history.history["val_accuracy"]
+        return {
+            "epochs": len(accuracy),
+            "best_epoch": int(np.argmax(accuracy)) + 1,
+            "val_accuracy": float(np.max(accuracy)),
+            "steps": len(accuracy) * epoch_steps,
+        }
 
 
 def fit_classifier(
@@ -222,39 +252,3 @@ def fit_classifier(
     weights)."""
     tuner = FineTuner(model, backbone_variables, recipe)
     return tuner.fit(model.get_weights(), train, validation, seed, verbose)
-
-
-def _fit(model, train, validation, recipe, seed, verbose):
-    import tensorflow as tf
-
-    x, y = train
-    epoch_steps = recipe.epoch_steps(len(x))
-    batches = (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .shuffle(len(x), seed=seed)
-        .repeat()
-        .batch(recipe.batch_size)
-    )
-    stop = keras.callbacks.EarlyStopping(
-        monitor="val_accuracy",
-        mode="max",
-        patience=recipe.patience,
-        restore_best_weights=True,
-    )
-    history = model.fit(
-        batches,
-        epochs=recipe.max_epochs,
-        steps_per_epoch=epoch_steps,
-        validation_data=validation,
-        validation_batch_size=256,
-        callbacks=[stop],
-        verbose=verbose,
-        shuffle=False,  # the pipeline shuffles (Keras would warn)
-    )
-    accuracy = history.history["val_accuracy"]
-    return {
-        "epochs": len(accuracy),
-        "best_epoch": int(np.argmax(accuracy)) + 1,
-        "val_accuracy": float(np.max(accuracy)),
-        "steps": len(accuracy) * epoch_steps,
-    }
