@@ -466,6 +466,7 @@ def fit(
     mode="min",
     callbacks=(),
     verbose="auto",
+    epoch_metrics=(),
 ):
     """`model.fit` with checkpointing, resumable backup, early stopping, logs.
 
@@ -479,6 +480,10 @@ def fit(
         monitor, mode: metric for the best checkpoint and early stopping.
         callbacks: extra callbacks.
         verbose: passed to `model.fit` (the progress bar by default).
+        epoch_metrics: callbacks that add scores to the epoch's logs in
+            `on_epoch_end` (e.g. a validation score computed by decoding);
+            they run before the checkpoint and early stopping, so that
+            `monitor` can name what they add.
 
     Under `MultiWorkerMirroredStrategy` (the model's strategy), the
     training runs on `examples.common.distributed.fit`'s `strategy.run`
@@ -529,6 +534,7 @@ def fit(
             else os.path.join(output_dir, "backup"),
         ),
         _stop_at_step(keras, total_steps),
+        *epoch_metrics,
         keras.callbacks.ModelCheckpoint(
             checkpoint_path,
             monitor=monitor,

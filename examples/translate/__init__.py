@@ -4,6 +4,7 @@
 - `data.py`: datasets, tokenizers and `tf.data` pipelines.
 - `model.py`: the RNN and transformer translators and their decoding.
 - `export.py`: the string-in, string-out SavedModel.
+- `validation.py`: early stopping on the validation exact match.
 """
 
 __all__ = []

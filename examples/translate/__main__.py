@@ -1,6 +1,7 @@
 """Train an attention encoder-decoder translator and serve it as a SavedModel.
 
     python -m examples.translate                      # RNN + Bahdanau on dates
+    python -m examples.translate --seed 1 --deterministic
     python -m examples.translate --attention luong --score general
     python -m examples.translate --model transformer
     python -m examples.translate --dataset freedict_deu_eng --epochs 20
@@ -117,15 +118,29 @@ def parse_args(argv=None):
         "--max-eval",
         type=int,
         default=None,
-        help="evaluate on the first N test examples",
+        help="evaluate on the first N test examples (and score the first "
+        "N validation examples after every epoch)",
     )
     decode.add_argument(
         "--quick",
         action="store_true",
         help="tiny data and model, a few steps (smoke test)",
     )
+    # Up to --epochs; dates stop at 100 % validation exact match or after
+    # --patience epochs without a better one (examples.translate.validation).
     add_training_args(
-        parser, epochs=2, batch_size=64, output_dir="runs/translate", patience=2
+        parser,
+        epochs=10,
+        batch_size=64,
+        output_dir="runs/translate",
+        patience=2,
+    )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="TensorFlow's op determinism: the same --seed gives the same "
+        "numbers twice on the same machine (without it, the thread order "
+        "of TensorFlow's kernels varies from run to run); slower",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -136,6 +151,20 @@ def parse_args(argv=None):
         args.intermediate_dim, args.num_layers, args.num_heads = 64, 1, 2
         args.max_eval = args.max_eval or 64
     return args
+
+
+def setup_determinism(args):
+    """With `--deterministic`: the seeds again and TensorFlow's op
+    determinism (every op picks a deterministic kernel, tf.data keeps its
+    order), before any op runs."""
+    if not args.deterministic:
+        return
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
+    logger.info("op determinism on (seed %d)", args.seed)
 
 
 def evaluate(hypotheses, references, metric):
@@ -263,6 +292,7 @@ def write_explorer(string_translator, sentences, output_dir):
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
+    setup_determinism(args)
 
     import keras
     import tensorflow as tf
@@ -271,6 +301,7 @@ def main(argv=None):
     from examples.translate.export import StringTranslator
     from examples.translate.export import export
     from examples.translate.model import build_translator
+    from examples.translate.validation import ValidationExactMatch
 
     started = time.time()
     data = make_pipelines(
@@ -319,21 +350,42 @@ def main(argv=None):
         features, _ = next(iter(data.probe))
         model(features)  # build: the backup restores into existing weights
     model.summary(print_fn=logger.info)
-    history = fit(
-        model,
-        data.train,
-        data.validation,
-        args,
-        callbacks=[tensorboard_images(data, args.output_dir)],
-    )
-    train_seconds = time.time() - started
-
     string_translator = StringTranslator(
         translator,
         data.source_tokenizer,
         data.target_tokenizer,
         data.max_source_length,
     )
+    monitor, mode, epoch_metrics = "val_loss", "min", []
+    if data.metric == "exact_match":
+        # Stop on what the example reports (see validation.py).
+        validation = (
+            data.validation_pairs[: args.max_eval]
+            if args.max_eval
+            else data.validation_pairs
+        )
+        exact_match = ValidationExactMatch(
+            lambda: evaluate(
+                translate_all(
+                    string_translator.translate, [s for s, _ in validation]
+                ),
+                [t for _, t in validation],
+                data.metric,
+            )
+        )
+        epoch_metrics = [exact_match]
+        monitor, mode = exact_match.name, "max"
+    history = fit(
+        model,
+        data.train,
+        data.validation,
+        args,
+        monitor=monitor,
+        mode=mode,
+        callbacks=[tensorboard_images(data, args.output_dir)],
+        epoch_metrics=epoch_metrics,
+    )
+    train_seconds = time.time() - started
     pairs = (
         data.test_pairs[: args.max_eval] if args.max_eval else data.test_pairs
     )
@@ -349,10 +401,21 @@ def main(argv=None):
         mark = "ok" if h == r else "  "
         print(f"  {mark} {s!r:45} -> {h!r}  (reference {r!r})")
     metric_name = "exact match" if data.metric == "exact_match" else "BLEU"
+    epochs_run = len(history.epoch)
+    validation_scores = [
+        float(v) for v in history.history.get("val_exact_match", [])
+    ]
     print(
         f"\nTest {metric_name}: {score:.2f}"
         f"{' %' if data.metric == 'exact_match' else ''} on "
-        f"{len(pairs)} held-out examples ({args.decode} decoding)"
+        f"{len(pairs)} held-out examples ({args.decode} decoding), "
+        f"{epochs_run} epoch{'s' if epochs_run != 1 else ''}"
+        + (
+            f" (validation exact match by epoch: "
+            f"{', '.join(f'{v:.2f}' for v in validation_scores)} %)"
+            if validation_scores
+            else ""
+        )
     )
 
     plots = plot_examples(
@@ -381,7 +444,10 @@ def main(argv=None):
         "metric": data.metric,
         "score": score,
         "test_examples": len(pairs),
-        "epochs_run": len(history.epoch),
+        "epochs_run": epochs_run,
+        "validation_exact_match": validation_scores,
+        "seed": args.seed,
+        "deterministic": args.deterministic,
         "final_loss": history.history["loss"][-1] if history.epoch else None,
         "first_loss": history.history["loss"][0] if history.epoch else None,
         "train_seconds": round(train_seconds, 1),

@@ -35,6 +35,7 @@ class TranslationData:
     # fully read the dataset being cached".
     probe: tf.data.Dataset
     test_pairs: list  # [(source, reference)] raw strings
+    validation_pairs: list  # the same, of the validation split
     source_tokenizer: object
     target_tokenizer: object
     max_source_length: int
@@ -135,15 +136,18 @@ def make_pipelines(
             cache=cache,
         )
 
-    test_pairs = [
-        (s.decode("utf-8"), t.decode("utf-8"))
-        for s, t in test.as_numpy_iterator()
-    ]
+    def pairs(ds):
+        return [
+            (s.decode("utf-8"), t.decode("utf-8"))
+            for s, t in ds.as_numpy_iterator()
+        ]
+
     return TranslationData(
         train=batches(train, True),
         validation=batches(validation, False),
         probe=batches(validation, False, cache=False).take(1),
-        test_pairs=test_pairs,
+        test_pairs=pairs(test),
+        validation_pairs=pairs(validation),
         source_tokenizer=source_tokenizer,
         target_tokenizer=target_tokenizer,
         max_source_length=max_source_length,

@@ -103,6 +103,11 @@ def _check(results):
     assert results["final_loss"] < results["first_loss"]
     assert 0.0 <= results["score"] <= 100.0
     assert results["metric"] == "exact_match"
+    # The dates stop early on the validation exact match, scored after
+    # every epoch.
+    scores = results["validation_exact_match"]
+    assert len(scores) == results["epochs_run"] >= 1
+    assert all(0.0 <= s <= 100.0 for s in scores)
     # Heatmaps: valid PNGs sized to their tokens.
     assert len(results["plots"]) == 3
     for plot in results["plots"]:
@@ -166,6 +171,9 @@ def test_help():
         "--backup-dir",
         "--jit-compile",
         "--steps-per-epoch",
+        "--epochs",
+        "--seed",
+        "--deterministic",
     ):
         assert flag in out.stdout
 
@@ -282,3 +290,100 @@ def test_dates_savedmodel_needs_tensorflow_text_and_the_docs_say_so():
         assert "import tensorflow_text" in doc
     assert "TensorFlow only" not in translate_export.__doc__
     assert "dates need none" not in translate_export.__doc__
+
+
+def test_deterministic_flag_enables_op_determinism(monkeypatch):
+    # A seeded run does not repeat itself (thread order in TensorFlow's
+    # kernels); `--deterministic` turns on TensorFlow's op determinism.
+    import keras
+    import tensorflow as tf
+
+    from examples.translate import __main__ as translate
+
+    assert translate.parse_args([]).deterministic is False
+    args = translate.parse_args(["--deterministic", "--seed", "7"])
+    assert args.deterministic is True and args.seed == 7
+    calls = []
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "enable_op_determinism",
+        lambda: calls.append("determinism"),
+    )
+    monkeypatch.setattr(
+        keras.utils, "set_random_seed", lambda s: calls.append(s)
+    )
+    translate.setup_determinism(translate.parse_args([]))
+    assert calls == []
+    translate.setup_determinism(args)
+    assert calls == [7, "determinism"]
+
+
+def _fit_scored(tmp_path, scores, target, patience):
+    """The translate example's training (`examples.common.fit` with the
+    validation exact match) of a tiny model, one step per epoch, the
+    validation score read from `scores`: the epochs it ran and whether it
+    ended with the weights of the best-scored epoch."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from examples.common import fit
+    from examples.translate import __main__ as translate
+    from examples.translate.validation import ValidationExactMatch
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    x = np.arange(12, dtype="float32").reshape(4, 3) / 10
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(4)
+    seen = []  # the weights at each epoch end, when they were scored
+
+    def score():
+        seen.append([w.copy() for w in model.get_weights()])
+        return scores[len(seen) - 1]
+
+    callback = ValidationExactMatch(score, target=target)
+    args = translate.parse_args(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--epochs",
+            str(len(scores)),
+            "--patience",
+            str(patience),
+        ]
+    )
+    history = fit(
+        model,
+        data,
+        data,
+        args,
+        monitor=callback.name,
+        mode="max",
+        epoch_metrics=[callback],
+        verbose=0,
+    )
+    assert history.history[callback.name] == scores[: len(history.epoch)]
+    assert callback.scores == scores[: len(history.epoch)]
+    best = int(np.argmax(scores[: len(history.epoch)]))  # the first best
+    for restored, kept in zip(model.get_weights(), seen[best]):
+        np.testing.assert_array_equal(restored, kept)
+    return len(history.epoch)
+
+
+def test_early_stopping_on_the_validation_exact_match(tmp_path):
+    # Stops when the score stops improving for `patience` epochs (the 2-
+    # epoch default used to stop at the edge of convergence, where thread
+    # noise decided the score), then restores the best epoch's weights.
+    # The target (100 %) is never reached here.
+    scores = [40.0, 70.0, 60.0, 65.0, 90.0, 95.0]
+    assert _fit_scored(tmp_path, scores, 100.0, patience=2) == 4
+    assert _fit_scored(tmp_path / "more", scores, 100.0, patience=3) == 6
+
+
+@pytest.mark.parametrize("target", [100.0, 99.5])
+def test_early_stopping_at_the_target_exact_match(tmp_path, target):
+    scores = [40.0, 98.0, target, target + 0.2, 50.0]
+    scores = [min(s, 100.0) for s in scores]
+    # Stops at the epoch that reaches the target, with its weights.
+    assert _fit_scored(tmp_path, scores, target, patience=2) == 3
