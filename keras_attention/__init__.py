@@ -20,6 +20,14 @@ from keras_attention import ops
 from keras_attention import scores
 from keras_attention import visualization
 
+# `keras_attention.layers.TransformerEncoderBlock` / `...DecoderBlock`, kept
+# for code written before the blocks moved to `keras_attention.blocks`.
+# `keras_attention.layers` may not import `blocks` (a later level); the root
+# imports every level and runs first whenever a subpackage is imported, so
+# it is the one place that may hang the old names on `layers`.
+layers.TransformerDecoderBlock = blocks.TransformerDecoderBlock
+layers.TransformerEncoderBlock = blocks.TransformerEncoderBlock
+
 __all__ = [
     "blocks",
     "distribution",

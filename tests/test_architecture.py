@@ -12,6 +12,9 @@
   libraries in `ops/_backend.py`, matplotlib in `visualization`, keras-hub
   (an optional extra) anywhere.
 - No import cycle between the package's modules.
+- Imports by name (`importlib.import_module("keras_attention.x")`,
+  `__import__(...)`) count as imports for all of the above; one whose
+  name is not a string literal is refused (the checks could not see it).
 - No `assert` statement in library code (`python -O` strips them: checks
   raise `ValueError`).
 
@@ -99,12 +102,36 @@ def _resolve(module, node):
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _dynamic_import_name(node):
+    """The module name of an `importlib.import_module(name)` or
+    `__import__(name)` call; "" when the name is not a string literal;
+    None for any other node."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    dynamic = (isinstance(func, ast.Name) and func.id == "__import__") or (
+        isinstance(func, ast.Attribute) and func.attr == "import_module"
+    )
+    if not dynamic:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return ""
+
+
 def _imports(module, tree):
     """`(node, source module, imported name or None, target)` of every
     import of the package: `target` is the module the import loads (a
-    submodule when the name is one)."""
+    submodule when the name is one). Imports by name
+    (`importlib.import_module`, `__import__`) are imports too."""
     out = []
     for node in ast.walk(tree):
+        name = _dynamic_import_name(node)
+        if name is not None:
+            if name.split(".")[0] == PACKAGE:
+                out.append((node, name, None, name))
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PACKAGE:
@@ -198,10 +225,14 @@ def _function_imports(tree):
             for node in ast.walk(func):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     out.append(node)
+                elif _dynamic_import_name(node) is not None:
+                    out.append(node)
     return out
 
 
 def _top_packages(node):
+    if isinstance(node, ast.Call):
+        return [_dynamic_import_name(node).split(".")[0]]
     if isinstance(node, ast.Import):
         return [alias.name.split(".")[0] for alias in node.names]
     return [(node.module or "").split(".")[0] if not node.level else PACKAGE]
@@ -263,6 +294,18 @@ def _find_cycle(graph):
             if cycle:
                 return cycle
     return None
+
+
+def test_dynamic_imports_name_their_module():
+    """`importlib.import_module(x)` with a computed `x` hides what it
+    imports from every check here."""
+    violations = [
+        _where(module, node)
+        for module, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if _dynamic_import_name(node) == ""
+    ]
+    assert not violations, f"Imports by a computed name:{_report(violations)}"
 
 
 def test_no_import_cycles():
@@ -364,10 +407,29 @@ def _violations_of(module, source):
             ],
         ),
         (
+            "keras_attention.layers",
+            "import importlib\n"
+            "importlib.import_module('keras_attention.blocks')",
+            "order",
+            ["keras_attention.blocks"],
+        ),
+        (
+            "keras_attention.layers",
+            "__import__('keras_attention.generation.cache')",
+            "order",
+            ["keras_attention.generation.cache"],
+        ),
+        (
             "keras_attention.ops.attention",
             "def f():\n    from keras_attention.ops import blockwise",
             "lazy",
             ["from keras_attention.ops import blockwise"],
+        ),
+        (
+            "keras_attention.layers.attention_rnn_decoder",
+            "def f():\n    importlib.import_module('tensorflow')",
+            "lazy",
+            ["importlib.import_module('tensorflow')"],
         ),
         (
             "keras_attention.layers.attention_rnn_decoder",

@@ -1,7 +1,5 @@
 """Public Keras layers of `keras_attention`."""
 
-import importlib
-
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
@@ -26,10 +24,6 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 
-# Moved to `keras_attention.blocks` (which imports layers, never the other
-# way round): resolved lazily on first access (PEP 562).
-_MOVED_TO_BLOCKS = ("TransformerDecoderBlock", "TransformerEncoderBlock")
-
 __all__ = [
     "AttentionPooling",
     "AttentionRNNDecoder",
@@ -51,16 +45,3 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "gelu_approximate",
 ]
-
-
-def __getattr__(name):
-    """`keras_attention.layers.TransformerEncoderBlock` (and the decoder
-    block), kept for existing code: the classes of `keras_attention.blocks`,
-    imported on first access."""
-    if name in _MOVED_TO_BLOCKS:
-        return getattr(importlib.import_module("keras_attention.blocks"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_MOVED_TO_BLOCKS))
