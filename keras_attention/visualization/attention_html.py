@@ -18,6 +18,8 @@ import numpy as np
 
 from keras_attention.utils import validation
 
+# The kinds of attention map a layer records (its `describe_attention`
+# metadata) and the explorer draws; defined here only.
 KINDS = ("self", "cross", "decoder", "pooling")
 # Rows with at most this many keys are stored whole (dense), longer ones
 # keep their `_DEFAULT_TOP_K` largest weights when `top_k` is None.

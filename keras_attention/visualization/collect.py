@@ -83,8 +83,6 @@ import keras
 
 from keras_attention.utils import validation
 
-KINDS = ("self", "cross", "decoder", "pooling")
-
 
 def is_attention_layer(layer):
     """Whether `layer` records its attention weights: it implements the
