@@ -304,23 +304,6 @@ def test_not_a_backbone():
         from_keras_hub(keras.Sequential([keras.layers.Dense(2)]))
 
 
-def test_supported_backbones():
-    names = keras_attention.interop.supported_backbones()
-    assert names == sorted(names)
-    assert names == [
-        "BertBackbone",
-        "BloomBackbone",
-        "GPT2Backbone",
-        "GemmaBackbone",
-        "LlamaBackbone",
-        "MistralBackbone",
-        "T5Backbone",
-        "ViTBackbone",
-    ]
-    for name in names:
-        assert hasattr(keras_hub.models, name)
-
-
 @pytest.mark.tf_only("SavedModel export is the TensorFlow part's check")
 def test_saved_model_export_serves_with_tensorflow_alone(converted):
     backbone, model = converted

@@ -1,0 +1,114 @@
+"""The supported keras-hub backbones are listed once: the converters'
+registry (`interop.convert.CONVERTERS`). Every other place that names them
+(the package docstring, the guide's table, a docs page per family, the
+docs navigation, the equality tool, the tests) is compared with it here,
+so adding a converter without them, or leaving a removed one in them,
+fails this test. Backend-neutral text checks: TensorFlow part only."""
+
+import pathlib
+import re
+
+import keras_hub
+import pytest
+
+import keras_attention
+from keras_attention.interop import convert
+
+pytestmark = pytest.mark.tf_only("text checks: one backend is enough")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+REGISTERED = tuple(sorted(convert.CONVERTERS))
+
+
+def _read(path):
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def _is_supported(name):
+    """A keras-hub backbone class that `from_keras_hub` converts (a
+    registered class or a subclass of one)."""
+    cls = getattr(keras_hub.models, name, None)
+    bases = [getattr(keras_hub.models, n) for n in REGISTERED]
+    return isinstance(cls, type) and issubclass(cls, tuple(bases))
+
+
+def _backbone_names(text):
+    return set(re.findall(r"\b([A-Z][A-Za-z0-9]*Backbone)\b", text))
+
+
+def test_supported_backbones_is_the_registry():
+    assert keras_attention.interop.supported_backbones() == list(REGISTERED)
+    for name in REGISTERED:
+        assert isinstance(getattr(keras_hub.models, name, None), type), name
+
+
+def test_package_docstring_names_every_converter_module():
+    doc = keras_attention.interop.__doc__
+    for name, converter in convert.CONVERTERS.items():
+        module = converter.__module__.rsplit(".", 1)[-1]
+        assert f"`{module}`" in doc, (name, module)
+
+
+def _guide_table():
+    text = _read("docs/guides/pretrained.md")
+    section = text.split("## Supported backbones", 1)[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {
+        name: row for row in rows for name in _backbone_names(row.split("|")[1])
+    }
+
+
+def test_guide_table_lists_exactly_the_supported_backbones():
+    table = _guide_table()
+    assert set(REGISTERED) <= set(table), set(REGISTERED) - set(table)
+    unsupported = [name for name in table if not _is_supported(name)]
+    assert not unsupported, unsupported
+    for name, converter in convert.CONVERTERS.items():
+        assert converter.__name__ in table[name], (name, table[name])
+
+
+def _nav_pages():
+    return set(re.findall(r"(pretrained/[\w-]+\.md)", _read("mkdocs.yml")))
+
+
+def test_a_docs_page_per_family_in_the_navigation():
+    pages = {
+        f"pretrained/{path.name}": _backbone_names(path.read_text("utf-8"))
+        for path in sorted((ROOT / "docs" / "pretrained").glob("*.md"))
+    }
+    assert set(pages) == _nav_pages()
+    for name in REGISTERED:
+        assert any(name in names for names in pages.values()), name
+    for page, names in pages.items():
+        assert names & set(REGISTERED), f"{page} names no supported backbone"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tools/interop_equality.py",
+        *sorted(
+            str(p.relative_to(ROOT))
+            for p in (ROOT / "tests/interop").glob("*.py")
+        ),
+    ],
+)
+def test_only_supported_backbones_are_built(path):
+    built = set(re.findall(r"\b([A-Z]\w*Backbone)\(", _read(path)))
+    assert all(_is_supported(name) for name in built), built
+
+
+def test_every_backbone_is_checked_for_equality():
+    """The equality tool and the interop tests each build every
+    registered backbone (or a subclass)."""
+    tool = _read("tools/interop_equality.py")
+    tests = "".join(
+        p.read_text("utf-8") for p in (ROOT / "tests/interop").glob("*.py")
+    )
+    for text in (tool, tests):
+        built = set(re.findall(r"\b([A-Z]\w*Backbone)\(", text))
+        for name in REGISTERED:
+            base = getattr(keras_hub.models, name)
+            assert any(
+                issubclass(getattr(keras_hub.models, b), base) for b in built
+            ), name
