@@ -253,8 +253,9 @@ np.savez(out_path, **results)
 
 def check_saved_model(model, variants, atol=ATOL):
     """Exports `model`, serves each input variant with TensorFlow alone in a
-    fresh process that cannot import keras_attention, examples or Keras,
-    and compares with the Keras model."""
+    separate process that cannot import keras_attention, examples or Keras
+    (one kept for all the checks of this test process), and compares with
+    the Keras model."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "exported")
         model.export(path, verbose=False)
@@ -265,7 +266,10 @@ def check_saved_model(model, variants, atol=ATOL):
         inputs_path = os.path.join(tmp, "in.npz")
         out_path = os.path.join(tmp, "out.npz")
         np.savez(inputs_path, **arrays)
-        serving.run_in_fresh_process(
+        # One serving process for every check of this test process (see
+        # `serving.run_in_shared_process`): a Python + TensorFlow start per
+        # layer configuration was a large part of the TensorFlow part's time.
+        serving.run_in_shared_process(
             _SERVE_CODE,
             args=[path, inputs_path, out_path],
             blocked_modules=serving.BLOCKED_MODULES + serving.KERAS_MODULES,

@@ -28,11 +28,15 @@ Example:
     )
 """
 
+import atexit
 import json
 import os
+import queue
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -170,3 +174,121 @@ def read_answer(proc):
 def answer_in_fresh_process(code, **kwargs):
     """`run_in_fresh_process(code, **kwargs)`, then its `answer(...)`."""
     return read_answer(run_in_fresh_process(code, **kwargs))
+
+
+# One long-lived process per set of blocked modules (per pytest worker):
+# for the harness's SavedModel checks, which would otherwise start (and
+# import TensorFlow in) a fresh process per layer configuration. It is as
+# isolated from the test process as a fresh one (the same prelude: the
+# blocked modules cannot be imported, `PYTHONPATH` is empty, the working
+# directory is the caller's temporary one); only the artifacts it served
+# before share it, and each SavedModel stands alone.
+_SERVER_LOOP = textwrap.dedent(
+    """\
+    import traceback as _traceback
+
+    _stdin = sys.stdin
+    for _line in _stdin:
+        _request = _json.loads(_line)
+        sys.argv = ["-c", *_request["args"]]
+        _os.chdir(_request["cwd"])
+        try:
+            exec(
+                compile(_request["code"], "<served code>", "exec"),
+                {"__name__": "__main__", "sys": sys, "answer": answer},
+            )
+            _status = {"ok": True}
+        except BaseException:
+            _status = {"ok": False, "error": _traceback.format_exc()}
+        print(_DONE + _json.dumps(_status), flush=True)
+    """
+)
+_DONE_PREFIX = "SERVED"
+_SERVERS = {}
+
+
+class _SharedProcess:
+    def __init__(self, blocked_modules):
+        env = dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="3",
+            CUDA_VISIBLE_DEVICES="",
+            PYTHONPATH="",
+        )
+        program = fresh_process_code("", blocked_modules) + (
+            f"_DONE = {_DONE_PREFIX!r}\n" + _SERVER_LOOP
+        )
+        self._stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", program],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+            cwd="/",
+        )
+        self._lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the process ended
+
+    def run(self, code, args, cwd, timeout):
+        request = {"code": textwrap.dedent(code), "args": list(args)}
+        request["cwd"] = str(cwd)
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        output = []
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                self.close()
+                raise AssertionError(f"shared process: no reply in {timeout} s")
+            if line is None:
+                code = self.proc.wait()
+                raise AssertionError(
+                    f"shared process exited with {code}:\n" + self._tail()
+                )
+            if line.startswith(_DONE_PREFIX):
+                status = json.loads(line[len(_DONE_PREFIX) :])
+                assert status["ok"], "served code failed:\n" + status["error"]
+                return "".join(output)
+            output.append(line)
+
+    def _tail(self):
+        self._stderr.seek(0)
+        return self._stderr.read()[-3000:]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+
+def run_in_shared_process(
+    code, args=(), blocked_modules=BLOCKED_MODULES, cwd="/", timeout=300
+):
+    """Runs `code` (with `sys.argv[1:] = args`, in directory `cwd`) in a
+    process this test process keeps for every call with the same
+    `blocked_modules`: the isolation of `run_in_fresh_process` (same
+    prelude, empty `PYTHONPATH`) without a Python and TensorFlow start per
+    call. Each call runs in a fresh namespace. Returns what the code
+    printed (its `answer(...)` lines included, for `read_answer`-style
+    parsing); a failing call raises `AssertionError` with its traceback.
+    """
+    key = tuple(blocked_modules)
+    server = _SERVERS.get(key)
+    if server is None or server.proc.poll() is not None:
+        server = _SERVERS[key] = _SharedProcess(key)
+    return server.run(code, args, cwd, timeout)
+
+
+@atexit.register
+def _close_shared_processes():
+    for server in _SERVERS.values():
+        server.close()

@@ -6,6 +6,8 @@ Each broken toy layer differs from the correct `Scale` in one defect;
 what these tests are about.
 """
 
+import json
+
 import harness
 import keras
 import numpy as np
@@ -309,6 +311,68 @@ def test_fresh_process_cannot_import_blocked_modules():
 def test_fresh_process_failure_shows_stderr():
     with pytest.raises(AssertionError, match="(?s)exited with 1.*boom"):
         serving.run_in_fresh_process("raise SystemExit('boom')")
+
+
+_IMPORTS_CODE = """
+import importlib
+
+found = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        found[name] = True
+    except ImportError:
+        found[name] = False
+answer(found)
+"""
+
+
+def _shared_answer(code, args=(), blocked=("keras_attention", "examples")):
+    output = serving.run_in_shared_process(
+        code, args=args, blocked_modules=blocked
+    )
+    lines = [
+        line[len(serving.ANSWER_PREFIX) :]
+        for line in output.splitlines()
+        if line.startswith(serving.ANSWER_PREFIX)
+    ]
+    return json.loads(lines[-1])
+
+
+def test_shared_process_is_isolated_like_a_fresh_one(tmp_path):
+    found = _shared_answer(
+        _IMPORTS_CODE, args=["keras_attention", "examples", "json"]
+    )
+    assert found == {"keras_attention": False, "examples": False, "json": True}
+    where = _shared_answer(
+        "import os\nanswer([os.getcwd(), os.environ['PYTHONPATH']])",
+        args=(),
+    )
+    assert where == ["/", ""]
+    output = serving.run_in_shared_process(
+        "import os\nprint(os.getcwd())",
+        cwd=tmp_path,
+        blocked_modules=("keras_attention", "examples"),
+    )
+    assert output.strip() == str(tmp_path)
+
+
+def test_shared_process_is_kept_and_each_call_has_a_fresh_namespace():
+    first = _shared_answer("import os\nleft = 1\nanswer(os.getpid())")
+    second = _shared_answer(
+        "import os\nanswer([os.getpid(), 'left' in globals()])"
+    )
+    assert second == [first, False]
+    # Other blocked modules: another process.
+    other = _shared_answer("import os\nanswer(os.getpid())", blocked=("x",))
+    assert other != first
+
+
+def test_shared_process_failure_shows_the_traceback():
+    with pytest.raises(AssertionError, match="(?s)served code failed.*boom"):
+        serving.run_in_shared_process("raise ValueError('boom')")
+    # The process survives a failing call.
+    assert _shared_answer("answer(2)") == 2
 
 
 def test_layer_arguments_are_rebuilt_under_the_mixed_policy():
