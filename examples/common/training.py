@@ -477,13 +477,15 @@ def fit(
             deterministic for a given seed (seeded shuffle).
         val_ds: validation batches or None.
         args: the parsed flags of `add_training_args`.
-        monitor, mode: metric for the best checkpoint and early stopping.
+        monitor, mode: metric for the best checkpoint and early stopping;
+            `monitor=None`: neither (a callback of the caller stops the
+            training and restores the weights it chose).
         callbacks: extra callbacks.
         verbose: passed to `model.fit` (the progress bar by default).
         epoch_metrics: callbacks that add scores to the epoch's logs in
             `on_epoch_end` (e.g. a validation score computed by decoding);
-            they run before the checkpoint and early stopping, so that
-            `monitor` can name what they add.
+            they run before the checkpoint, early stopping and TensorBoard,
+            so that `monitor` can name what they add.
 
     Under `MultiWorkerMirroredStrategy` (the model's strategy), the
     training runs on `examples.common.distributed.fit`'s `strategy.run`
@@ -521,8 +523,20 @@ def fit(
     has_val = val_ds is not None
     if has_val:
         val_ds = distributed.with_known_size(val_ds)
-    if not has_val and monitor.startswith("val_"):
+    if monitor is not None and not has_val and monitor.startswith("val_"):
         monitor = monitor[len("val_") :]
+    selection = [
+        keras.callbacks.ModelCheckpoint(
+            checkpoint_path,
+            monitor=monitor,
+            mode=mode,
+            save_best_only=True,
+            save_weights_only=True,
+        ),
+        keras.callbacks.EarlyStopping(
+            monitor=monitor, mode=mode, patience=args.patience
+        ),
+    ]
     all_callbacks = [
         _backup_callback(
             keras,
@@ -535,16 +549,7 @@ def fit(
         ),
         _stop_at_step(keras, total_steps),
         *epoch_metrics,
-        keras.callbacks.ModelCheckpoint(
-            checkpoint_path,
-            monitor=monitor,
-            mode=mode,
-            save_best_only=True,
-            save_weights_only=True,
-        ),
-        keras.callbacks.EarlyStopping(
-            monitor=monitor, mode=mode, patience=args.patience
-        ),
+        *(selection if monitor is not None else []),
         *_tensorboard(keras, os.path.join(output_dir, "logs")),
         *callbacks,
     ]
@@ -559,7 +564,11 @@ def fit(
         strategy=strategy,
         verbose=verbose,
     )
-    if os.path.exists(checkpoint_path) and history.history:
+    if (
+        monitor is not None
+        and os.path.exists(checkpoint_path)
+        and history.history
+    ):
         model.load_weights(checkpoint_path)
         logger.info("restored the best weights from %s", checkpoint_path)
     return history

@@ -126,8 +126,8 @@ def parse_args(argv=None):
         action="store_true",
         help="tiny data and model, a few steps (smoke test)",
     )
-    # Up to --epochs; dates stop at 100 % validation exact match or after
-    # --patience epochs without a better one (examples.translate.validation).
+    # Up to --epochs; dates stop after 2 epochs at 100 % validation exact
+    # match or --patience epochs without a better one (see validation.py).
     add_training_args(
         parser,
         epochs=10,
@@ -356,9 +356,10 @@ def main(argv=None):
         data.target_tokenizer,
         data.max_source_length,
     )
-    monitor, mode, epoch_metrics = "val_loss", "min", []
+    exact_match = None  # language pairs: the best val_loss, as usual
     if data.metric == "exact_match":
-        # Stop on what the example reports (see validation.py).
+        # Stop on what the example reports, keep the best epoch (see
+        # validation.py).
         validation = (
             data.validation_pairs[: args.max_eval]
             if args.max_eval
@@ -371,19 +372,17 @@ def main(argv=None):
                 ),
                 [t for _, t in validation],
                 data.metric,
-            )
+            ),
+            patience=args.patience,
         )
-        epoch_metrics = [exact_match]
-        monitor, mode = exact_match.name, "max"
     history = fit(
         model,
         data.train,
         data.validation,
         args,
-        monitor=monitor,
-        mode=mode,
+        monitor="val_loss" if exact_match is None else None,
         callbacks=[tensorboard_images(data, args.output_dir)],
-        epoch_metrics=epoch_metrics,
+        epoch_metrics=[] if exact_match is None else [exact_match],
     )
     train_seconds = time.time() - started
     pairs = (
@@ -402,21 +401,19 @@ def main(argv=None):
         print(f"  {mark} {s!r:45} -> {h!r}  (reference {r!r})")
     metric_name = "exact match" if data.metric == "exact_match" else "BLEU"
     epochs_run = len(history.epoch)
-    validation_scores = [
-        float(v) for v in history.history.get("val_exact_match", [])
-    ]
+    validation_scores = exact_match.scores if exact_match else []
     print(
         f"\nTest {metric_name}: {score:.2f}"
         f"{' %' if data.metric == 'exact_match' else ''} on "
-        f"{len(pairs)} held-out examples ({args.decode} decoding), "
-        f"{epochs_run} epoch{'s' if epochs_run != 1 else ''}"
-        + (
-            f" (validation exact match by epoch: "
-            f"{', '.join(f'{v:.2f}' for v in validation_scores)} %)"
-            if validation_scores
-            else ""
-        )
+        f"{len(pairs)} held-out examples ({args.decode} decoding)"
     )
+    if validation_scores:
+        print(
+            f"Trained {epochs_run} epoch{'s' if epochs_run != 1 else ''}, "
+            f"kept epoch {exact_match.best_epoch + 1}; validation exact "
+            f"match by epoch: "
+            f"{', '.join(f'{v:.2f}' for v in validation_scores)} %"
+        )
 
     plots = plot_examples(
         string_translator,
@@ -446,6 +443,10 @@ def main(argv=None):
         "test_examples": len(pairs),
         "epochs_run": epochs_run,
         "validation_exact_match": validation_scores,
+        "best_epoch": (
+            exact_match.best_epoch + 1 if validation_scores else None
+        ),
+        "stop_reason": exact_match.stop_reason if exact_match else None,
         "seed": args.seed,
         "deterministic": args.deterministic,
         "final_loss": history.history["loss"][-1] if history.epoch else None,

@@ -318,12 +318,84 @@ def test_deterministic_flag_enables_op_determinism(monkeypatch):
     assert calls == [7, "determinism"]
 
 
-def _fit_scored(tmp_path, scores, target, patience):
-    """The translate example's training (`examples.common.fit` with the
-    validation exact match) of a tiny model, one step per epoch, the
-    validation score read from `scores`: the epochs it ran and whether it
-    ended with the weights of the best-scored epoch."""
+def _tiny_regressor():
     import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    return model
+
+
+def _drive(scores, losses, **kwargs):
+    """`ValidationExactMatch` on a tiny model whose weights are all
+    `epoch` during epoch `epoch`, scored `scores`, with validation
+    `losses`: the epochs it let run, the best epoch, the reason it
+    stopped, and the epoch whose weights the model ends with."""
+    import numpy as np
+
+    from examples.translate.validation import ValidationExactMatch
+
+    model = _tiny_regressor()
+    epoch = 0
+    callback = ValidationExactMatch(lambda: scores[epoch], **kwargs)
+    callback.set_model(model)
+    model.stop_training = False
+    callback.on_train_begin()
+    for epoch in range(len(scores)):
+        model.set_weights([np.full_like(w, epoch) for w in model.get_weights()])
+        callback.on_epoch_end(epoch, {"loss": 1.0, "val_loss": losses[epoch]})
+        if model.stop_training:
+            break
+    callback.on_train_end()
+    assert callback.scores == scores[: epoch + 1]
+    ends_with = {float(w.flat[0]) for w in model.get_weights()}
+    assert len(ends_with) == 1
+    return epoch + 1, callback.best_epoch, callback.stop_reason, ends_with.pop()
+
+
+def test_validation_exact_match_ties_go_to_the_lower_loss():
+    # The validation exact match reaches 100 % after one epoch, while the
+    # test's is still 99.95 % (issue 36): a second epoch at 100 % with a
+    # lower validation loss is better, and is the one restored.
+    scores, losses = [90.0, 100.0, 100.0, 99.0], [0.5, 0.2, 0.1, 0.3]
+    assert _drive(scores, losses) == (3, 2, "target", 2.0)
+    assert _drive(scores, losses, target_epochs=1) == (2, 1, "target", 1.0)
+    # A tie with a higher loss is no better.
+    scores, losses = [100.0, 100.0, 100.0], [0.1, 0.3, 0.2]
+    assert _drive(scores, losses, target_epochs=3) == (3, 0, "target", 0.0)
+    assert _drive(scores, losses, target=101.0, patience=2) == (
+        3,
+        0,
+        "patience",
+        0.0,
+    )
+
+
+@pytest.mark.parametrize("target", [100.0, 99.5])
+def test_validation_exact_match_patience_and_target(target):
+    scores = [40.0, 70.0, 60.0, 65.0, 90.0, 95.0]
+    losses = [5.0, 4.0, 3.0, 2.0, 1.0, 0.5]  # lower, but worse scores
+    assert _drive(scores, losses, target=target, patience=2) == (
+        4,
+        1,
+        "patience",
+        1.0,
+    )
+    assert _drive(scores, losses, target=target, patience=3) == (
+        6,
+        5,
+        None,
+        5.0,
+    )
+    scores = [40.0, target, 98.0, min(target + 0.2, 100.0), 30.0]
+    assert _drive(scores, losses, target=target) == (4, 3, "target", 3.0)
+
+
+def test_fit_keeps_the_weights_validation_exact_match_chose(tmp_path):
+    # examples.common.fit runs the score first (the History and TensorBoard
+    # see it) and, with monitor=None, neither checkpoints nor restores a
+    # checkpoint of its own: not even one left in the output directory.
     import numpy as np
     import tensorflow as tf
 
@@ -331,59 +403,32 @@ def _fit_scored(tmp_path, scores, target, patience):
     from examples.translate import __main__ as translate
     from examples.translate.validation import ValidationExactMatch
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    model = _tiny_regressor()
     x = np.arange(12, dtype="float32").reshape(4, 3) / 10
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(4)
+    (tmp_path / "checkpoints").mkdir()
+    model.save_weights(str(tmp_path / "checkpoints" / "best.weights.h5"))
+    scores = [50.0, 100.0, 100.0, 100.0]
     seen = []  # the weights at each epoch end, when they were scored
 
     def score():
         seen.append([w.copy() for w in model.get_weights()])
         return scores[len(seen) - 1]
 
-    callback = ValidationExactMatch(score, target=target)
+    callback = ValidationExactMatch(score)
     args = translate.parse_args(
-        [
-            "--output-dir",
-            str(tmp_path),
-            "--epochs",
-            str(len(scores)),
-            "--patience",
-            str(patience),
-        ]
+        ["--output-dir", str(tmp_path), "--epochs", str(len(scores))]
     )
     history = fit(
         model,
         data,
         data,
         args,
-        monitor=callback.name,
-        mode="max",
+        monitor=None,
         epoch_metrics=[callback],
         verbose=0,
     )
-    assert history.history[callback.name] == scores[: len(history.epoch)]
-    assert callback.scores == scores[: len(history.epoch)]
-    best = int(np.argmax(scores[: len(history.epoch)]))  # the first best
-    for restored, kept in zip(model.get_weights(), seen[best]):
+    assert history.history[callback.name] == scores[:3]
+    assert callback.stop_reason == "target" and callback.best_epoch in (1, 2)
+    for restored, kept in zip(model.get_weights(), seen[callback.best_epoch]):
         np.testing.assert_array_equal(restored, kept)
-    return len(history.epoch)
-
-
-def test_early_stopping_on_the_validation_exact_match(tmp_path):
-    # Stops when the score stops improving for `patience` epochs (the 2-
-    # epoch default used to stop at the edge of convergence, where thread
-    # noise decided the score), then restores the best epoch's weights.
-    # The target (100 %) is never reached here.
-    scores = [40.0, 70.0, 60.0, 65.0, 90.0, 95.0]
-    assert _fit_scored(tmp_path, scores, 100.0, patience=2) == 4
-    assert _fit_scored(tmp_path / "more", scores, 100.0, patience=3) == 6
-
-
-@pytest.mark.parametrize("target", [100.0, 99.5])
-def test_early_stopping_at_the_target_exact_match(tmp_path, target):
-    scores = [40.0, 98.0, target, target + 0.2, 50.0]
-    scores = [min(s, 100.0) for s in scores]
-    # Stops at the epoch that reaches the target, with its weights.
-    assert _fit_scored(tmp_path, scores, target, patience=2) == 3
