@@ -14,6 +14,7 @@ subprocess (`python -m examples.translate` in test_translate.py).
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import logging
 import re
@@ -107,3 +108,23 @@ def captured():
             ):
                 shown.append(text)
         output.warnings = shown
+
+
+def quick_run(tmp_path_factory, example, *args, data_dir=False):
+    """`python -m examples.<example> --quick --output-dir <tmp>/run args...`
+    in this process (`--data-dir <tmp>/tfds` too when `data_dir`), with its
+    output recorded (`captured`): the one way the example tests run an
+    example. Returns the dict `main` returns, plus `output` (the recorded
+    text), `output_dir` and, with `data_dir`, `data_dir`."""
+    module = importlib.import_module(f"examples.{example}.__main__")
+    tmp = tmp_path_factory.mktemp(example)
+    argv = ["--quick", "--output-dir", str(tmp / "run"), *args]
+    if data_dir:
+        argv += ["--data-dir", str(tmp / "tfds")]
+    with captured() as output:
+        results = module.main(argv)
+    results["output"] = output
+    results["output_dir"] = str(tmp / "run")
+    if data_dir:
+        results["data_dir"] = str(tmp / "tfds")
+    return results

@@ -95,14 +95,7 @@ def test_unknown_decoder_is_rejected(capsys):
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.caption import __main__ as caption
-
-    out = tmp_path_factory.mktemp("caption") / "run"
-    with example_output.captured() as output:
-        results = caption.main(["--quick", "--output-dir", str(out)])
-    results["output"] = output
-    results["output_dir"] = str(out)
-    return results
+    return example_output.quick_run(tmp_path_factory, "caption")
 
 
 def test_quick_run_reports_both_decoders(quick_run):

@@ -290,21 +290,7 @@ def test_help():
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.classify import __main__ as classify
-
-    tmp = tmp_path_factory.mktemp("classify")
-    with example_output.captured() as output:
-        results = classify.main(
-            [
-                "--quick",
-                "--output-dir",
-                str(tmp / "run"),
-                "--data-dir",
-                str(tmp / "tfds"),
-            ]
-        )
-    results["output"] = output
-    return results
+    return example_output.quick_run(tmp_path_factory, "classify", data_dir=True)
 
 
 def test_quick_run_learns(quick_run):

@@ -177,15 +177,7 @@ def test_fashion_mnist_without_download_is_a_clear_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.classify_images import __main__ as classify_images
-
-    tmp = tmp_path_factory.mktemp("classify_images")
-    with example_output.captured() as output:
-        results = classify_images.main(
-            ["--quick", "--output-dir", str(tmp / "run")]
-        )
-    results["output"] = output
-    return results
+    return example_output.quick_run(tmp_path_factory, "classify_images")
 
 
 @pytest.mark.tf_only(reason=TRAINS)

@@ -145,14 +145,7 @@ def test_unknown_model_is_rejected(capsys):
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.graph import __main__ as graph
-
-    out = tmp_path_factory.mktemp("graph") / "run"
-    with example_output.captured() as output:
-        results = graph.main(["--quick", "--output-dir", str(out)])
-    results["output"] = output
-    results["output_dir"] = str(out)
-    return results
+    return example_output.quick_run(tmp_path_factory, "graph")
 
 
 def test_quick_run_compares_the_four_models(quick_run):

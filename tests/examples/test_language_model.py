@@ -419,25 +419,15 @@ def test_help():
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.language_model import __main__ as language_model
-
-    tmp = tmp_path_factory.mktemp("language_model")
-    with example_output.captured() as output:
-        results = language_model.main(
-            [
-                "--backend",
-                "tensorflow",
-                "--quick",
-                "--samplers",
-                "greedy,beam",
-                "--output-dir",
-                str(tmp / "run"),
-                "--data-dir",
-                str(tmp / "tfds"),
-            ]
-        )
-    results["output"] = output
-    return results
+    return example_output.quick_run(
+        tmp_path_factory,
+        "language_model",
+        "--backend",
+        "tensorflow",
+        "--samplers",
+        "greedy,beam",
+        data_dir=True,
+    )
 
 
 def test_quick_run_prints_no_warnings(quick_run):

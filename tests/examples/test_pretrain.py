@@ -168,22 +168,12 @@ def test_unknown_objective_is_rejected():
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from examples.pretrain import __main__ as pretrain
-
-    tmp = tmp_path_factory.mktemp("pretrain")
-    with example_output.captured() as output:
-        results = pretrain.main(
-            [
-                "--quick",
-                "--output-dir",
-                str(tmp / "run"),
-                "--data-dir",
-                str(tmp / "tfds"),
-            ]
-        )
-    results["output"] = output
-    results["pretrained_dir"] = str(tmp / "run" / "pretrained")
-    results["data_dir"] = str(tmp / "tfds")
+    results = example_output.quick_run(
+        tmp_path_factory, "pretrain", data_dir=True
+    )
+    results["pretrained_dir"] = os.path.join(
+        results["output_dir"], "pretrained"
+    )
     return results
 
 
