@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.utils import keras_utils
@@ -32,6 +33,42 @@ def _check_positions(length, start_index, sequence_length):
     return start_index
 
 
+def _known_values(x):
+    """`x` as a NumPy array when its values are known now (a NumPy array,
+    a list, an eager tensor), None where they are not (a tensor traced by
+    `tf.function` or `jax.jit`, a symbolic Keras input)."""
+    if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)):
+        return np.asarray(x)
+    try:
+        return np.asarray(ops.convert_to_numpy(x))
+    except Exception:  # noqa: BLE001 - symbolic: no value before it runs.
+        return None
+
+
+def _gather_rows(table, positions, inputs_shape, name="positions"):
+    """Rows `table[positions]` `(b|1, T, d)` for positions `(T,)` or
+    `(batch, T)` of inputs `(batch, ..., T, d)`.
+
+    Eagerly (values known): `ValueError` naming `name` unless they are
+    whole numbers in `[0, rows)` and of the inputs' shape
+    (`validation.check_positions`). Where they are not known (compiled,
+    traced), shapes known at trace time are checked and the values are
+    cast to int32 and clamped into the table: every backend reads row 0
+    for a negative position and the last row past the end (not the
+    backend's gather: TensorFlow fails on CPU, XLA clamps, JAX fills NaN,
+    and all of them read a negative index from the end)."""
+    validation.check_numeric_input(name, positions)
+    values = _known_values(positions)
+    positions = ops.convert_to_tensor(positions)
+    rows = table.shape[0]
+    validation.check_positions(
+        name, positions.shape, inputs_shape, -2, values=values, size=rows
+    )
+    index = ops.clip(ops.cast(positions, "int32"), 0, rows - 1)
+    out = ops.take(table, index, axis=0)
+    return out[None] if len(positions.shape) == 1 else out
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class PositionEmbedding(keras.layers.Layer):
     """Learned position embedding: one trainable vector per position.
@@ -52,9 +89,18 @@ class PositionEmbedding(keras.layers.Layer):
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
         positions: optional integer positions `(T,)` or `(batch, T)`
-            instead of `start_index + arange(T)` (keras-hub's argument):
-            positions that restart in each packed document
-            (`keras_attention.masks.segment_positions`).
+            (batch 1 or the inputs') instead of `start_index + arange(T)`
+            (keras-hub's argument): positions that restart in each packed
+            document (`keras_attention.masks.segment_positions`). Each is
+            a row of the table, a whole number in `[0, sequence_length)`:
+            eager calls raise `ValueError` naming `positions` (and the
+            value) otherwise, or for another shape. Compiled or traced
+            (`tf.function`, `jax.jit`: TensorFlow's and JAX's `fit` and
+            `predict`; PyTorch's run eagerly and check), where the values
+            are not known, they are cast to int32 and clamped into the
+            table on every backend (a negative position reads row 0, one
+            past the end the last row); shapes known at trace time are
+            still checked.
 
     Returns:
         position embeddings of the shape of `inputs`.
@@ -109,14 +155,7 @@ class PositionEmbedding(keras.layers.Layer):
         # p - positions, d - features; rows (b|1, T, d), then one axis per
         # extra input axis before T (keras-hub's `(batch, ..., T, d)`).
         if positions is not None:  # (T,) or (batch, T) row indices
-            positions = ops.convert_to_tensor(positions)
-            if len(positions.shape) not in (1, 2):
-                raise ValueError(
-                    "`positions` must have shape (T,) or (batch, T). "
-                    f"Received: positions.shape={tuple(positions.shape)!r}"
-                )
-            rows = ops.take(table, ops.cast(positions, "int32"), axis=0)
-            rows = rows[None] if len(positions.shape) == 1 else rows
+            rows = _gather_rows(table, positions, tuple(inputs.shape))
         else:
             start_index = _check_positions(
                 inputs.shape[-2], start_index, self.sequence_length

@@ -213,9 +213,14 @@ class RotaryEmbedding(keras.layers.Layer):
         start_index: int or scalar int tensor, absolute position of the
             first step (the cache index in incremental decoding).
         positions: optional positions `(T,)` or `(batch, T)` (ints or
-            floats) instead of `start_index + arange(T)`: positions that
-            restart in each packed document
+            floats, any sign; batch 1 or the inputs') instead of
+            `start_index + arange(T)` (which is then ignored): positions
+            that restart in each packed document
             (`keras_attention.masks.segment_positions`), or any others.
+            `T` is the size of the inputs' `sequence_axis`; another shape
+            raises `ValueError` naming `positions` and both shapes
+            (eagerly, and when traced for the sizes known then; a size
+            unknown when traced fails in the backend's broadcast).
 
     Returns:
         A tensor shaped like `inputs`.
@@ -386,12 +391,11 @@ class RotaryEmbedding(keras.layers.Layer):
         )
         x = ops.transpose(inputs, order) if order != sorted(order) else inputs
         if positions is not None:
+            validation.check_numeric_input("positions", positions)
             positions = ops.convert_to_tensor(positions)
-            if len(positions.shape) not in (1, 2):
-                raise ValueError(
-                    "`positions` must have shape (T,) or (batch, T). "
-                    f"Received: positions.shape={tuple(positions.shape)!r}"
-                )
+            validation.check_positions(
+                "positions", positions.shape, inputs.shape, order[1]
+            )
         dim = shape[-1]
         cos, sin = self._cos_sin(
             ops.shape(x)[1], dim, len(shape), start_index, positions

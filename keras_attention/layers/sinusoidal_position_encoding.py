@@ -35,10 +35,15 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             only its shape is used.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (the cache index in incremental decoding).
-        positions: optional integer positions `(T,)` or `(batch, T)`
-            instead of `start_index + arange(T)` (keras-hub's argument):
-            positions that restart in each packed document
-            (`keras_attention.masks.segment_positions`).
+        positions: optional positions `(T,)` or `(batch, T)` (batch 1
+            or the inputs'; any real numbers) instead of `start_index +
+            arange(T)` (keras-hub's argument): positions that restart in
+            each packed document
+            (`keras_attention.masks.segment_positions`). `T` is the
+            inputs' second-to-last axis; another shape raises
+            `ValueError` naming `positions` and both shapes (eagerly,
+            and when traced for the sizes known then; a size unknown when
+            traced fails in the backend's broadcast).
 
     Returns:
         encodings of the shape of `inputs`.
@@ -81,7 +86,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             )
             pos = pos[None]
         else:
-            pos = _positions_2d(positions)
+            pos = _positions_2d(positions, tuple(inputs.shape))
         i = ops.arange(d)
         # Rates in float64 on the host, then float32: a huge
         # `max_wavelength` (1e300) has no float32 value, its powers do.
@@ -104,13 +109,11 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         return config
 
 
-def _positions_2d(positions):
-    """`positions` `(T,)` or `(batch, T)` as float32 `(b|1, T)`."""
+def _positions_2d(positions, inputs_shape):
+    """`positions` `(T,)` or `(batch, T)` of inputs `(batch, ..., T, d)`
+    (checked: `validation.check_positions`) as float32 `(b|1, T)`."""
+    validation.check_numeric_input("positions", positions)
     positions = ops.convert_to_tensor(positions)
-    if len(positions.shape) not in (1, 2):
-        raise ValueError(
-            "`positions` must have shape (T,) or (batch, T). Received: "
-            f"positions.shape={tuple(positions.shape)!r}"
-        )
+    validation.check_positions("positions", positions.shape, inputs_shape, -2)
     positions = ops.cast(positions, "float32")
     return positions[None] if len(positions.shape) == 1 else positions

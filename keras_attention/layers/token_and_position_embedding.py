@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.layers.position_embedding import PositionEmbedding
@@ -48,8 +49,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         start_index: int or scalar int tensor, position of `inputs[..., 0]`
             (the cache index in incremental decoding).
         positions: optional integer positions `(T,)` or `(batch, T)`
-            instead of `start_index + arange(T)` (keras-hub's argument;
-            packed documents: `keras_attention.masks.segment_positions`).
+            (batch 1 or the ids') instead of `start_index + arange(T)`
+            (keras-hub's argument; packed documents:
+            `keras_attention.masks.segment_positions`), rows of the
+            position table in `[0, sequence_length)`. As in
+            `PositionEmbedding`: eager calls raise `ValueError` naming
+            `positions` for a value outside the table or another shape;
+            compiled or traced (`tf.function`, `jax.jit`), the values are
+            clamped into the table (a negative position reads row 0, one
+            past the end the last row).
 
     Returns:
         `(batch, T, embedding_dim)`, with a Keras mask if `mask_zero`.
@@ -126,6 +134,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0, positions=None):
         validation.check_numeric_input("inputs", inputs)
         _check_ids_shape(inputs.shape)
+        if positions is not None:  # In the ids' terms (steps: last axis).
+            shape = getattr(positions, "shape", None)
+            validation.check_positions(
+                "positions",
+                np.shape(positions) if shape is None else shape,
+                inputs.shape,
+                -1,
+            )
         tokens = self.token_embedding(inputs)
         return tokens + self.position_embedding(
             tokens, start_index=start_index, positions=positions

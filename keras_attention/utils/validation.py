@@ -288,3 +288,84 @@ def check_integer_values(name, value, allow_negative=False):
     what = "an integer" if allow_negative else "a non-negative integer"
     shown = value if values.ndim == 0 or isinstance(value, str) else values
     raise ValueError(f"`{name}` must be {what}. Received: {name}={shown!r}")
+
+
+def check_positions(
+    name,
+    shape,
+    inputs_shape,
+    steps_axis,
+    values=None,
+    size=None,
+    size_name="sequence_length",
+):
+    """`positions=` of the position layers (one position per step of the
+    inputs, instead of `start_index + arange(T)`).
+
+    Raises `ValueError` naming `name` unless `shape` is `(T,)` or
+    `(batch, T)` with `T` the size of axis `steps_axis` of `inputs_shape`
+    and `batch` its first axis or 1 (sizes unknown when traced, None, are
+    not compared). When the layer reads rows of a table of `size` rows
+    (`size` given) and the values are known (`values`, a NumPy array:
+    eager calls), also unless they are whole numbers in `[0, size)`: a
+    negative row would read from the end, one past it fail or clamp,
+    depending on the backend. Returns nothing.
+
+    Args:
+        name: the argument's name (`"positions"`).
+        shape: the shape of the positions.
+        inputs_shape: the shape of the inputs, as the user passed them.
+        steps_axis: the axis of `inputs_shape` that holds the steps.
+        values: the positions as a NumPy array, or None (symbolic).
+        size: None, or the number of rows of the table they index.
+        size_name: the argument that set `size`, for the message.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.utils.validation import check_positions
+    >>> check_positions("positions", (2,), (1, 2, 8), 1, np.array([0, 3]),
+    ...                 size=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: `positions` must be whole numbers in [0, 3) (the rows of \
+the table of `sequence_length=3`). Received: positions[1]=3, in positions \
+of shape (2,)
+    """
+    shape, inputs_shape = tuple(shape), tuple(inputs_shape)
+    steps, batch = inputs_shape[steps_axis], inputs_shape[0]
+
+    def fits(got, *want):
+        return got is None or None in want or got in want
+
+    ok = len(shape) in (1, 2) and fits(shape[-1], steps)
+    if ok and len(shape) == 2:
+        ok = fits(shape[0], 1, batch)
+    if not ok:
+        raise ValueError(
+            f"`{name}` must have shape (T,) or (batch, T), one position "
+            f"per step of the inputs: T={steps!r} and batch 1 or "
+            f"{batch!r}. Received: {name}.shape={shape!r} for "
+            f"inputs_shape={inputs_shape!r}"
+        )
+    if size is None or values is None:
+        return
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        bad = (values < 0) | (values >= size)
+    elif values.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~((values >= 0) & (values < size))
+            bad |= values != np.floor(values)
+    else:
+        bad = np.ones(values.shape, bool)
+    if not bad.any():
+        return
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    at = f"[{', '.join(map(str, index))}]" if index else ""
+    raise ValueError(
+        f"`{name}` must be whole numbers in [0, {size!r}) (the rows of the "
+        f"table of `{size_name}={size!r}`). Received: "
+        f"{name}{at}={_plain(values[index])!r}, in {name} of shape "
+        f"{tuple(values.shape)!r}"
+    )

@@ -200,3 +200,48 @@ def test_mha_rotary_scaling_option():
             rotary_max_wavelength=100,
             rotary_scaling={"scaling_factor": 0},
         )
+
+
+# `positions=` of the wrong shape (issue 36, defect 7): a `ValueError`
+# naming `positions` and both shapes, not a backend's Reshape/Mul error.
+
+
+@pytest.mark.parametrize("shape", [(3,), (5,), (3, 4), (2, 5), (1, 1, 4), ()])
+@pytest.mark.parametrize("permuted", [False, True])
+def test_positions_of_another_shape_are_refused(shape, permuted):
+    x = np.ones((2, 4, 6), "float32")
+    rope = RotaryEmbedding()
+    if permuted:  # positions along `sequence_axis`, wherever it is
+        x = np.transpose(x, (0, 2, 1))
+        rope = RotaryEmbedding(sequence_axis=-1, feature_axis=1)
+    with pytest.raises(ValueError, match="positions") as info:
+        rope(x, positions=np.zeros(shape, "int32"))
+    message = str(info.value)
+    assert repr(shape) in message and repr(x.shape) in message
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_positions_of_each_accepted_shape_match_the_reference(permuted):
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 4, 3, 6)).astype("float32")
+    # Any real positions rotate: negative and fractional ones too.
+    for positions in (
+        np.array([-3.0, 0.5, 2.0, 1e3]),
+        np.array([[2, 0, 1, 3]]),
+        np.array([[0, 1, 2, 3], [9, -9, 4, 4]]),
+    ):
+        rows = np.broadcast_to(np.atleast_2d(positions), (2, 4))
+        want = np.stack(
+            [rope_reference(x[b : b + 1], rows[b], 100)[0] for b in range(2)]
+        )
+        if permuted:
+            rope = RotaryEmbedding(100, sequence_axis=3, feature_axis=1)
+            got = np.transpose(
+                to_numpy(
+                    rope(np.transpose(x, (0, 3, 2, 1)), positions=positions)
+                ),
+                (0, 3, 2, 1),
+            )
+        else:
+            got = to_numpy(RotaryEmbedding(100)(x, positions=positions))
+        np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-5)

@@ -53,3 +53,32 @@ def test_errors():
         SinusoidalPositionEncoding(max_wavelength=-1)
     with pytest.raises(ValueError, match="inputs_shape"):
         SinusoidalPositionEncoding()(np.zeros((2, 4), "float32"))
+
+
+# `positions=` (issue 36, defect 7): shapes other than the inputs' are
+# refused naming `positions` and both shapes.
+
+
+@pytest.mark.parametrize("shape", [(3,), (5,), (3, 4), (2, 5), (1, 1, 4), ()])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_positions_of_another_shape_are_refused(shape, rank):
+    x = np.zeros((2, 4, 6) if rank == 3 else (2, 3, 4, 6), "float32")
+    with pytest.raises(ValueError, match="positions") as info:
+        SinusoidalPositionEncoding()(x, positions=np.zeros(shape, "int32"))
+    message = str(info.value)
+    assert repr(shape) in message and repr(x.shape) in message
+
+
+def test_positions_of_each_accepted_shape_match_the_reference():
+    x = np.zeros((2, 3, 4, 6), "float32")  # keras-hub's (batch, ..., T, d)
+    layer = SinusoidalPositionEncoding(max_wavelength=100)
+    for positions in (
+        np.array([-3.0, 0.5, 2.0, 1e3]),
+        np.array([[2, 0, 1, 3]]),
+        np.array([[0, 1, 2, 3], [9, -9, 4, 4]]),
+    ):
+        rows = np.broadcast_to(np.atleast_2d(positions), (2, 4))
+        want = np.stack([sinusoid_reference(r, 6, 100) for r in rows])
+        want = np.broadcast_to(want[:, None], x.shape)
+        got = np.asarray(layer(x, positions=positions))
+        np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-5)

@@ -75,3 +75,26 @@ def test_build_error():
 def test_mask_zero_refuses_non_bools(value):
     with pytest.raises(ValueError, match=re.escape(f"mask_zero={value!r}")):
         TokenAndPositionEmbedding(5, 4, 2, mask_zero=value)
+
+
+# `positions=` (issue 36, defect 7): the position table's checks.
+
+
+@pytest.mark.parametrize(
+    "positions, shown",
+    [([[-1, 0, 1]], "-1"), ([[0, 1, 4]], "4"), ([0, 1], "(2,)")],
+)
+def test_positions_outside_the_table_or_of_another_shape_are_refused(
+    positions, shown
+):
+    layer = TokenAndPositionEmbedding(5, 4, 2)
+    ids = np.array([[1, 2, 3]], "int32")
+    with pytest.raises(ValueError, match="`positions`") as info:
+        layer(ids, positions=np.array(positions))
+    assert shown in str(info.value)
+    out = to_numpy(layer(ids, positions=np.array([[3, 0, 3]])))
+    tokens = to_numpy(layer.token_embedding.embeddings)
+    table = to_numpy(layer.position_embedding.position_embeddings)
+    np.testing.assert_allclose(
+        out, tokens[ids] + table[[3, 0, 3]][None], atol=1e-6
+    )
