@@ -22,6 +22,23 @@ def _check_inputs(shape):
 ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
 
 
+def _check_denominator_dim(denominator_dim, rope_type):
+    """`denominator_dim` (None or a positive int) as a Python int; refused
+    with YaRN, whose frequencies keras-hub computes from the rotated size
+    whatever `denominator_dim` says (an argument without effect)."""
+    denominator_dim = validation.check_positive_int(
+        "denominator_dim", denominator_dim, allow_none=True
+    )
+    if denominator_dim is not None and rope_type == "yarn":
+        raise ValueError(
+            "`denominator_dim` does not apply to `rope_type='yarn'` (whose "
+            "frequencies use the rotated size; keras-hub ignores it there). "
+            f"Received: denominator_dim={denominator_dim!r}, "
+            f"rope_type={rope_type!r}"
+        )
+    return denominator_dim
+
+
 def inverse_frequencies(
     dim,
     max_wavelength=10000,
@@ -33,9 +50,13 @@ def inverse_frequencies(
     truncate=True,
     low_freq_factor=1.0,
     high_freq_factor=4.0,
+    denominator_dim=None,
 ):
     """RoPE's `theta_k`, `k = 0 .. dim/2 - 1`, with keras-hub's scaling
     rules, as a float32 NumPy array (computed in float64 on the host).
+
+    The base frequencies are `max_wavelength ** (-2k / denominator_dim)`
+    (`denominator_dim` None: `dim`, keras-hub's `denominator_dim`), then:
 
     - `"linear"`: position interpolation (Chen et al. 2023),
       `theta_k / scaling_factor`;
@@ -57,7 +78,9 @@ def inverse_frequencies(
       original_max_position_embeddings`).
     """
     k = np.arange(0, dim, 2, dtype="float64")
-    theta = np.power(float(max_wavelength), -k / dim)
+    _check_denominator_dim(denominator_dim, rope_type)
+    denominator = dim if denominator_dim is None else denominator_dim
+    theta = np.power(float(max_wavelength), -k / denominator)
     if rope_type == "linear":
         return (theta / scaling_factor).astype("float32")
     if rope_type == "dynamic":
@@ -185,6 +208,10 @@ class RotaryEmbedding(keras.layers.Layer):
     float32 and the result is cast back to the input's dtype. The layer
     has no weights.
 
+    The first ten arguments are keras-hub's `RotaryEmbedding`'s, in
+    keras-hub's order (the same positional call means the same layer);
+    `low_freq_factor` and `high_freq_factor` follow (pass them by name).
+
     Args:
         max_wavelength: finite number >= 1, the longest wavelength `10000`
             of the paper (below 1 the frequencies grow with the feature
@@ -197,14 +224,19 @@ class RotaryEmbedding(keras.layers.Layer):
         original_max_position_embeddings: YaRN's and Llama 3.1's training
             length (default 4096).
         truncate: bool, YaRN's rounding of the boundaries (default True).
+        sequence_axis: int, the axis of the positions (default 1).
+        feature_axis: int, the axis of the rotated features (default -1).
+        denominator_dim: None or a positive int (keras-hub's argument):
+            the frequencies are `max_wavelength ** (-2k /
+            denominator_dim)` instead of `-2k / d` (Gemma 4 rotates part of
+            each head with the frequencies of the full head size). Not
+            with `rope_type="yarn"` (refused; keras-hub ignores it there).
         low_freq_factor: `"llama3"`: wavelengths above
             `original_max_position_embeddings / low_freq_factor` are
             scaled by `1 / scaling_factor` (default 1).
         high_freq_factor: `"llama3"`: wavelengths below
             `original_max_position_embeddings / high_freq_factor` are kept
             (default 4; greater than `low_freq_factor`).
-        sequence_axis: int, the axis of the positions (default 1).
-        feature_axis: int, the axis of the rotated features (default -1).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -257,6 +289,7 @@ class RotaryEmbedding(keras.layers.Layer):
         truncate=True,
         sequence_axis=1,
         feature_axis=-1,
+        denominator_dim=None,
         low_freq_factor=1.0,
         high_freq_factor=4.0,
         **kwargs,
@@ -285,6 +318,9 @@ class RotaryEmbedding(keras.layers.Layer):
             original_max_position_embeddings,
         )
         self.truncate = validation.check_bool("truncate", truncate)
+        self.denominator_dim = _check_denominator_dim(
+            denominator_dim, rope_type
+        )
         self.low_freq_factor = validation.check_positive_number(
             "low_freq_factor", low_freq_factor
         )
@@ -362,15 +398,18 @@ class RotaryEmbedding(keras.layers.Layer):
         # `max_wavelength` (1e300) has no float32 value, its powers do.
         theta = inverse_frequencies(
             dim,
-            self.max_wavelength,
-            self.scaling_factor,
-            self.rope_type,
-            self.beta_fast,
-            self.beta_slow,
-            self.original_max_position_embeddings,
-            self.truncate,
-            self.low_freq_factor,
-            self.high_freq_factor,
+            max_wavelength=self.max_wavelength,
+            scaling_factor=self.scaling_factor,
+            rope_type=self.rope_type,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            original_max_position_embeddings=(
+                self.original_max_position_embeddings
+            ),
+            truncate=self.truncate,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            denominator_dim=self.denominator_dim,
         )
         angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
         # No -1: a length-0 sequence makes it ambiguous (JAX divides by 0).
@@ -422,6 +461,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 self.original_max_position_embeddings
             ),
             truncate=self.truncate,
+            denominator_dim=self.denominator_dim,
             low_freq_factor=self.low_freq_factor,
             high_freq_factor=self.high_freq_factor,
             sequence_axis=self.sequence_axis,

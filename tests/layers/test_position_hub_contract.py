@@ -12,6 +12,8 @@ keras-hub's layer on the same input, and with keras-hub's own expected
 values where the test has them.
 """
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -265,3 +267,55 @@ def test_token_and_position_config_round_trip_keeps_tie_weights():
     assert clone.tie_weights is False and clone.mask_zero is True
     clone(np.array([[1, 2]]))
     assert len(clone.trainable_weights) == 3  # tokens, reverse, positions
+
+
+def _positional(cls):
+    """`(name, default)` of each argument of `cls.__init__` that can be
+    passed by position, in order."""
+    kinds = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [(p.name, p.default) for p in params if p.kind in kinds][1:]
+
+
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (RotaryEmbedding, HubRotary),
+        (SinusoidalPositionEncoding, HubSine),
+        (PositionEmbedding, HubPosition),
+        (TokenAndPositionEmbedding, HubTokenAndPosition),
+    ],
+)
+def test_positional_signature_starts_with_keras_hubs(ours, theirs):
+    # The same positional call means the same layer: keras-hub's
+    # arguments first, in keras-hub's order (ours may follow).
+    theirs_args = _positional(theirs)
+    assert _positional(ours)[: len(theirs_args)] == theirs_args
+
+
+# keras-hub's `denominator_dim` (Gemma 4: the head size, larger than the
+# rotated part): theta_k = max_wavelength ** (-2k / denominator_dim).
+@pytest.mark.parametrize("denominator_dim", [None, 4, 8, 12, 32])
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic"])
+def test_rotary_denominator_dim_equals_keras_hub(denominator_dim, rope_type):
+    x = data(2, 5, 3, 8)
+    # Positionally: keras-hub's 10 arguments in keras-hub's order.
+    args = (500, 2.0, rope_type, 32.0, 1.0, 4096, True, 1, -1)
+    args = args + (denominator_dim,)
+    ours, theirs = RotaryEmbedding(*args), HubRotary(*args)
+    assert ours.denominator_dim == denominator_dim
+    for call in (
+        dict(start_index=3),
+        dict(positions=np.array([4, 0, 1, 9, 2])),
+    ):
+        np.testing.assert_allclose(
+            np_(ours(x, **call)), np_(theirs(x, **call)), atol=2e-5
+        )
+    revived = RotaryEmbedding.from_config(ours.get_config())
+    assert revived.denominator_dim == denominator_dim
+    # A keras-hub config loads into ours.
+    from_hub = RotaryEmbedding.from_config(theirs.get_config())
+    np.testing.assert_allclose(np_(from_hub(x)), np_(ours(x)), atol=0)

@@ -245,3 +245,62 @@ def test_positions_of_each_accepted_shape_match_the_reference(permuted):
         else:
             got = to_numpy(RotaryEmbedding(100)(x, positions=positions))
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-5)
+
+
+# `denominator_dim` (keras-hub's 10th argument; issue 36, defect 10).
+
+
+def test_denominator_dim_reference_and_checks():
+    x = np.random.default_rng(7).normal(size=(1, 5, 2, 8)).astype("float32")
+    for denominator in (4, 8, 16, np.int64(32)):
+        rope = RotaryEmbedding(50, denominator_dim=denominator)
+        d = x.shape[-1]
+        theta = 50.0 ** (-2.0 * np.arange(d // 2) / int(denominator))
+        angle = np.arange(5)[:, None] * theta[None]
+        cos = np.cos(angle)[None, :, None]
+        sin = np.sin(angle)[None, :, None]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        want = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        np.testing.assert_allclose(to_numpy(rope(x)), want, atol=1e-5)
+        assert type(rope.get_config()["denominator_dim"]) is int
+    np.testing.assert_allclose(
+        to_numpy(RotaryEmbedding(50, denominator_dim=8)(x)),
+        to_numpy(RotaryEmbedding(50)(x)),
+        atol=0,
+    )
+    for bad in (0, -2, 2.5, "8", True):
+        with pytest.raises(ValueError, match=f"denominator_dim={bad!r}"):
+            RotaryEmbedding(denominator_dim=bad)
+    # keras-hub's YaRN ignores it; here it is refused, not ignored.
+    with pytest.raises(ValueError, match="denominator_dim"):
+        RotaryEmbedding(rope_type="yarn", denominator_dim=8)
+
+
+def test_configs_saved_before_denominator_dim_still_load():
+    # `get_config()` of the layer before `denominator_dim` (commit
+    # 2e0d974): no `denominator_dim` key; `low_freq_factor` and
+    # `high_freq_factor` by name.
+    old = {
+        "name": "rotary_embedding",
+        "trainable": True,
+        "dtype": "float32",
+        "max_wavelength": 500000,
+        "scaling_factor": 8.0,
+        "rope_type": "llama3",
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 64,
+        "truncate": True,
+        "low_freq_factor": 2.0,
+        "high_freq_factor": 6.0,
+        "sequence_axis": 1,
+        "feature_axis": -1,
+    }
+    layer = RotaryEmbedding.from_config(old)
+    assert layer.denominator_dim is None
+    assert (layer.low_freq_factor, layer.high_freq_factor) == (2.0, 6.0)
+    config = layer.get_config()
+    assert config["denominator_dim"] is None
+    assert {k: config[k] for k in old if k != "dtype"} == {
+        k: v for k, v in old.items() if k != "dtype"
+    }
