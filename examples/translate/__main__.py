@@ -18,9 +18,13 @@ resumes from the shared `--backup-dir`.
 The default data are human-written dates in eight languages ("29 novembre
 2026", "Sunday, November 29, 2026", "29.11.26") to ISO 8601 ("2026-11-29"),
 generated with babel (no network). The run trains with `model.fit` on a
-`tf.data` pipeline (teacher forcing), prints translations of held-out
-examples, reports the metric on the held-out test split (exact match for
-dates, BLEU via sacrebleu for language pairs), writes attention heatmaps
+`tf.data` pipeline (teacher forcing), up to `--epochs`: the dates stop
+once two epochs have reached 100 % validation exact match, or after
+`--patience` epochs without a better one, and keep the best epoch
+(`validation.py`; language pairs: the best validation loss). It prints
+translations of held-out examples, reports the metric on the held-out
+test split (exact match for dates, BLEU via sacrebleu for language
+pairs), writes attention heatmaps
 (PNG) and an interactive explorer of every attention layer
 (`runs/translate/attention.html`) and exports a SavedModel that
 translates raw strings (loading it needs `tensorflow_text`, which
@@ -140,7 +144,7 @@ def parse_args(argv=None):
         action="store_true",
         help="TensorFlow's op determinism: the same --seed gives the same "
         "numbers twice on the same machine (without it, the thread order "
-        "of TensorFlow's kernels varies from run to run); slower",
+        "of TensorFlow's kernels can vary from run to run)",
     )
     args = parser.parse_args(argv)
     if args.quick:
