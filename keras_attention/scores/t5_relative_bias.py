@@ -17,7 +17,17 @@ def relative_position_bucket(
     Half the buckets (a quarter each side when `bidirectional`) hold one
     distance each; the others are log-spaced up to `max_distance`, beyond
     which every distance shares the last bucket. Causal
-    (`bidirectional=False`): keys after the query share bucket 0.
+    (`bidirectional=False`): keys after the query share bucket 0. T5's
+    arithmetic (float32, in its order: `log(n / max_exact) /
+    log(max_distance / max_exact) * (num_buckets - max_exact)`), the same
+    on every backend.
+
+    Args:
+        relative_position: integer tensor of `kv_idx - q_idx`.
+        bidirectional: bool.
+        num_buckets: int >= 4 (>= 2 when causal).
+        max_distance: int, more than the exact distances
+            (`num_buckets // 4`, causal `num_buckets // 2`).
 
     Example:
 
@@ -28,42 +38,80 @@ def relative_position_bucket(
     ...     max_distance=64)).tolist()
     [7, 6, 3, 0, 11, 14, 15]
     """
+    bidirectional, num_buckets, max_distance = _check_buckets(
+        bidirectional, num_buckets, max_distance
+    )
+    half = num_buckets // 2 if bidirectional else num_buckets
+    by_distance = _distance_buckets(half, max_distance)
     n = -ops.convert_to_tensor(relative_position, "int32")
     bucket = 0
     if bidirectional:
-        num_buckets //= 2
-        bucket = ops.cast(n < 0, "int32") * num_buckets
+        bucket = ops.cast(n < 0, "int32") * half
         n = ops.abs(n)
     else:
         n = ops.maximum(n, 0)
+    # Beyond `max_distance` every distance has the last bucket.
+    return bucket + ops.take(by_distance, ops.minimum(n, max_distance))
+
+
+def _check_buckets(bidirectional, num_buckets, max_distance):
+    """`(bidirectional, num_buckets, max_distance)` checked: `ValueError`
+    naming the argument where T5's function would divide by zero (no
+    exact bucket, or `max_distance` not beyond the exact ones)."""
+    bidirectional = validation.check_bool("bidirectional", bidirectional)
+    checked = validation.check_positive_int("num_buckets", num_buckets)
+    smallest = 4 if bidirectional else 2
+    if checked < smallest:
+        raise ValueError(
+            f"`num_buckets` must be at least {smallest} (half of them hold "
+            "exact distances, at least one). Received: "
+            f"num_buckets={num_buckets!r}"
+        )
+    distance = validation.check_positive_int("max_distance", max_distance)
+    exact = checked // (4 if bidirectional else 2)
+    if distance <= exact:
+        raise ValueError(
+            f"`max_distance` must exceed the {exact} exact distances. "
+            f"Received: max_distance={max_distance!r}"
+        )
+    return bidirectional, checked, distance
+
+
+def _distance_buckets(num_buckets, max_distance):
+    """The bucket of each distance `0 .. max_distance` on one side (the
+    `num_buckets` of that side), NumPy int32 (built while tracing too, so
+    never a tensor).
+
+    T5's float32 arithmetic in T5's order: the log of the ratio, divided
+    by `log(max_distance / max_exact)`, then times the log-spaced
+    buckets. Scaling the log by one precomputed factor instead loses a
+    bucket where the product is an exact integer (a distance of 6 with 8
+    causal buckets and `max_distance=9`: 6, not 5). The log is float32's
+    correctly rounded one, as TensorFlow's and PyTorch's (NumPy's float32
+    log is one unit in the last place above it at some ratios: 2.25).
+    """
+    n = np.arange(max_distance + 1, dtype="int64")
     max_exact = num_buckets // 2
-    scale = (num_buckets - max_exact) / math.log(max_distance / max_exact)
-    large = max_exact + ops.cast(
-        ops.log(ops.cast(ops.maximum(n, 1), "float32") / max_exact) * scale,
-        "int32",
+    ratio = np.maximum(n, 1).astype("float32") / np.float32(max_exact)
+    log = np.log(ratio.astype("float64")).astype("float32")
+    scaled = (
+        log
+        / np.float32(math.log(max_distance / max_exact))
+        * np.float32(num_buckets - max_exact)
     )
-    large = ops.minimum(large, num_buckets - 1)
-    return bucket + ops.where(n < max_exact, n, large)
+    large = np.minimum(max_exact + scaled.astype("int64"), num_buckets - 1)
+    return np.where(n < max_exact, n, large).astype("int32")
 
 
 def _bucket_table(bidirectional, num_buckets, max_distance):
     """`relative_position_bucket` of `-max_distance .. max_distance` in
     NumPy (int32; built while tracing too, so never a tensor)."""
+    half = num_buckets // 2 if bidirectional else num_buckets
+    by_distance = _distance_buckets(half, max_distance)
     n = -np.arange(-max_distance, max_distance + 1, dtype="int64")
-    bucket = np.zeros_like(n)
-    if bidirectional:
-        num_buckets //= 2
-        bucket = (n < 0) * num_buckets
-        n = np.abs(n)
-    else:
-        n = np.maximum(n, 0)
-    max_exact = num_buckets // 2
-    scale = (num_buckets - max_exact) / math.log(max_distance / max_exact)
-    large = max_exact + (
-        np.log(np.maximum(n, 1).astype("float32") / max_exact) * scale
-    ).astype("int64")
-    large = np.minimum(large, num_buckets - 1)
-    return (bucket + np.where(n < max_exact, n, large)).astype("int32")
+    if not bidirectional:
+        return by_distance[np.maximum(n, 0)]
+    return ((n < 0) * half + by_distance[np.abs(n)]).astype("int32")
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -118,28 +166,11 @@ class T5RelativeBias(ScoreLayer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.bidirectional = validation.check_bool(
-            "bidirectional", bidirectional
-        )
-        self.num_buckets = validation.check_positive_int(
-            "num_buckets", num_buckets
-        )
-        smallest = 4 if self.bidirectional else 2
-        if self.num_buckets < smallest:
-            raise ValueError(
-                f"`num_buckets` must be at least {smallest} (half of them "
-                "hold exact distances). Received: "
-                f"num_buckets={num_buckets!r}"
-            )
-        self.max_distance = validation.check_positive_int(
-            "max_distance", max_distance
-        )
-        exact = self.num_buckets // (4 if self.bidirectional else 2)
-        if self.max_distance <= exact:
-            raise ValueError(
-                f"`max_distance` must exceed the {exact} exact distances. "
-                f"Received: max_distance={max_distance!r}"
-            )
+        (
+            self.bidirectional,
+            self.num_buckets,
+            self.max_distance,
+        ) = _check_buckets(bidirectional, num_buckets, max_distance)
         self.embeddings_initializer = keras.initializers.get(
             embeddings_initializer
         )
