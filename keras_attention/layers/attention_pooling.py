@@ -12,7 +12,8 @@ class AttentionPooling(_recording.AttentionRecording, keras.layers.Layer):
     """Attention-weighted pooling of a sequence into one vector.
 
     Scores each step, normalizes the scores over the (unpadded) steps with a
-    float32 softmax and returns the weighted sum of the steps:
+    softmax in at least float32 (float64 layers: float64) and returns the
+    weighted sum of the steps:
 
     - `units=None`: `e_t = w^T h_t` (a learned query vector);
     - `units=n`: `e_t = v^T tanh(W h_t + b)` (Yang et al., 2016).

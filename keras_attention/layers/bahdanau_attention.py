@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.ops import additive_scores
+from keras_attention.ops.masking import softmax_dtype
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -39,7 +40,8 @@ class BahdanauAttention(Seq2SeqAttention):
     `memory_sequence_length`.
 
     Under mixed precision the scores stay in the compute dtype (they cannot
-    overflow: `|e_ij| <= sum_u |v_u|`); the softmax runs in float32.
+    overflow: `|e_ij| <= sum_u |v_u|`); the softmax runs in float32
+    (float64 layers compute in float64 throughout).
 
     The scores never materialize the `(batch, Tq, Tv, units)` tensor: they
     are computed over chunks of queries, and the backward pass recomputes
@@ -171,14 +173,19 @@ class BahdanauAttention(Seq2SeqAttention):
         self.built = True
 
     def score_vector(self, dtype=None):
-        """`v`, or `g * v / ||v||` when `normalize=True` (float32, with
-        `||v||^2` floored at 1e-12: a zero `v` gives zero scores)."""
+        """`v`, or `g * v / ||v||` when `normalize=True` (in at least
+        float32, with `||v||^2` floored at 1e-12: a zero `v` gives zero
+        scores)."""
         dtype = dtype or self.compute_dtype
         if not self.normalize:
             return ops.cast(self.attention_v, dtype)
-        v = ops.cast(self.attention_v, "float32")
-        g = ops.cast(self.attention_g, "float32")
-        squared_norm = ops.maximum(ops.sum(ops.square(v)), _NORM_EPSILON)
+        v = ops.cast(self.attention_v, softmax_dtype(dtype))
+        g = ops.cast(self.attention_g, softmax_dtype(dtype))
+        squared_norm = ops.sum(ops.square(v))
+        # A `where`: Keras's torch `maximum` computes float64 in float32.
+        squared_norm = ops.where(
+            squared_norm > _NORM_EPSILON, squared_norm, _NORM_EPSILON
+        )
         return ops.cast(g * v * ops.rsqrt(squared_norm), dtype)
 
     def prepare_memory(self, value, key=None):

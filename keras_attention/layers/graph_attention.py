@@ -7,6 +7,7 @@ from keras import ops
 from keras_attention.layers import _recording
 from keras_attention.ops import is_symbolic
 from keras_attention.ops.masking import masked_softmax
+from keras_attention.ops.masking import softmax_dtype
 from keras_attention.ops.segment import segment_softmax
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -71,8 +72,9 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
       messages `W_s h_j` (the "dynamic" attention: the ranking of the
       senders can depend on the receiver);
     - `alpha_ij = exp(e_ij) / sum_{k -> i} exp(e_ik)` (numerically stable:
-      each receiver's maximum score is subtracted, in float32 whatever the
-      compute dtype), then `h'_i = sum_{j -> i} alpha_ij m_j` per head,
+      each receiver's maximum score is subtracted, in at least float32
+      whatever the compute dtype: float64 stays float64), then
+      `h'_i = sum_{j -> i} alpha_ij m_j` per head,
       the heads concatenated (`concat_heads=True`: `heads * units`
       features) or averaged (`units` features), plus a bias.
 
@@ -320,8 +322,9 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
     # Scores -----------------------------------------------------------------
 
     def _project(self, x, kernel):
-        """`x @ kernel` as `(..., n, h, u)`."""
-        y = ops.matmul(x, ops.cast(kernel, x.dtype))
+        """`x @ kernel` as `(..., n, h, u)` (an einsum: Keras's torch
+        `matmul` computes float64 in float32)."""
+        y = ops.einsum("...f,fk->...k", x, ops.cast(kernel, x.dtype))
         return ops.reshape(
             y, tuple(ops.shape(y)[:-1]) + (self.num_heads, self.units_per_head)
         )
@@ -330,16 +333,17 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
         return ops.leaky_relu(x, negative_slope=self.negative_slope)
 
     def _edge_term(self, edge_features):
-        """`W_e x_ij` as float32 `(e, h, u)`."""
-        return ops.cast(
+        """`W_e x_ij` as `(e, h, u)` in the scores' dtype."""
+        return self._f32(
             self._project(
                 ops.cast(edge_features, self.compute_dtype), self.edge_kernel
-            ),
-            "float32",
+            )
         )
 
     def _f32(self, w):
-        return ops.cast(w, "float32")
+        """`w` in the dtype of the scores and their softmax: at least
+        float32 (float64 for a float64 layer)."""
+        return ops.cast(w, softmax_dtype(self.compute_dtype))
 
     # Call -------------------------------------------------------------------
 
@@ -404,7 +408,7 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
 
     def _messages_and_parts(self, x):
         """The messages `(b, n, h, u)` (compute dtype) and the parts of the
-        score of each node as a receiver / sender (float32)."""
+        score of each node as a receiver / sender (at least float32)."""
         if self.version == "v1":
             h = self._project(x, self.kernel)
             hf = self._f32(h)

@@ -7,6 +7,7 @@ from keras import ops
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.ops import additive_scores
 from keras_attention.ops import masked_softmax
+from keras_attention.ops.masking import softmax_dtype
 from keras_attention.ops.windows import gather_windows
 from keras_attention.ops.windows import scatter_windows
 from keras_attention.ops.windows import window_indices
@@ -53,7 +54,8 @@ class LuongAttention(Seq2SeqAttention):
 
     The scores are computed in float32 (under mixed precision, the `dot`
     product `h_t . h_s` of float16 states overflows already for states of
-    size ~100), then softmax-normalized in float32.
+    size ~100), then softmax-normalized in float32; a float64 layer
+    computes both in float64.
 
     Porting from TensorFlow Addons: `tfa.seq2seq.LuongAttention(units,
     scale=True)` multiplies the `general` score by a *learned* scalar `g`
@@ -232,16 +234,22 @@ class LuongAttention(Seq2SeqAttention):
 
     # Scores.
 
+    def _score_dtype(self):
+        """Scores, positions and softmax in at least float32 (float64 for
+        a float64 layer)."""
+        return softmax_dtype(self.compute_dtype)
+
     def prepare_memory(self, value, key=None):
         """The keys as the score reads them: `(batch, Tv, d)`."""
         key = value if key is None else key
         if self.score_mode == "general":
             return self.key_dense(key)
         if self.score_mode == "concat":
-            # float32, as the query half (see `_concat_query`).
-            kernel = ops.cast(self.concat_kernel, "float32")
+            # float32 (float64 stays), as the query half (see
+            # `_concat_query`).
+            kernel = ops.cast(self.concat_kernel, self._score_dtype())
             return ops.matmul(
-                ops.cast(key, "float32"), kernel[self._query_dim :]
+                ops.cast(key, self._score_dtype()), kernel[self._query_dim :]
             )
         return key
 
@@ -257,8 +265,10 @@ class LuongAttention(Seq2SeqAttention):
         # float32: under mixed precision, the rounding of large projections
         # that nearly cancel in `W_a[:dq] h_t + W_a[dq:] h_s` would decide
         # the (unsaturated) `tanh`s.
-        kernel = ops.cast(self.concat_kernel, "float32")[: self._query_dim]
-        query = ops.cast(query, "float32")
+        kernel = ops.cast(self.concat_kernel, self._score_dtype())[
+            : self._query_dim
+        ]
+        query = ops.cast(query, self._score_dtype())
         return keras_utils.project(lambda x: ops.matmul(x, kernel), query)
 
     def _global_scores(self, query, keys):
@@ -267,11 +277,12 @@ class LuongAttention(Seq2SeqAttention):
             processed = self._concat_query(query)
             v = ops.cast(self.attention_v, processed.dtype)
             return additive_scores(processed, keys, v)
-        # float32: the product of float16 states overflows (b i j).
+        # float32 (float64 stays): the product of float16 states
+        # overflows (b i j).
         return ops.einsum(
             "bid,bjd->bij",
-            ops.cast(query, "float32"),
-            ops.cast(keys, "float32"),
+            ops.cast(query, self._score_dtype()),
+            ops.cast(keys, self._score_dtype()),
         )
 
     def _window_scores(self, query, keys):
@@ -282,30 +293,33 @@ class LuongAttention(Seq2SeqAttention):
             return ops.einsum("bisu,u->bis", hidden, v)
         return ops.einsum(
             "bid,bisd->bis",
-            ops.cast(query, "float32"),
-            ops.cast(keys, "float32"),
+            ops.cast(query, self._score_dtype()),
+            ops.cast(keys, self._score_dtype()),
         )
 
     # Alignment positions.
 
     def _predicted_positions(self, query, value, value_mask):
-        """p_t = S * sigmoid(v_p^T tanh(W_p h_t)), float32 `(b, i)`."""
+        """p_t = S * sigmoid(v_p^T tanh(W_p h_t)), `(b, i)` in the scores'
+        dtype."""
         hidden = ops.tanh(keras_utils.project(self.position_dense, query))
         v_p = ops.cast(self.position_v, hidden.dtype)
         logit = ops.einsum("bid,d->bi", hidden, v_p)
         if value_mask is None:
-            length = ops.cast(ops.shape(value)[1], "float32")
+            length = ops.cast(ops.shape(value)[1], self._score_dtype())
         else:
-            length = ops.sum(ops.cast(value_mask, "float32"), axis=1)[:, None]
-        return length * ops.sigmoid(ops.cast(logit, "float32"))
+            length = ops.sum(ops.cast(value_mask, self._score_dtype()), axis=1)[
+                :, None
+            ]
+        return length * ops.sigmoid(ops.cast(logit, self._score_dtype()))
 
     def _monotonic_positions(self, query, positions):
-        """p_t = t, float32 `(b, i)`."""
+        """p_t = t, `(b, i)` in the scores' dtype."""
         b, i = ops.shape(query)[0], ops.shape(query)[1]
-        zeros = ops.zeros((b, i), "float32")
+        zeros = ops.zeros((b, i), self._score_dtype())
         if positions is None:
-            return zeros + ops.cast(ops.arange(i), "float32")[None, :]
-        p = ops.cast(positions, "float32")
+            return zeros + ops.cast(ops.arange(i), self._score_dtype())[None, :]
+        p = ops.cast(positions, self._score_dtype())
         if len(p.shape) == 1:
             # (batch,) for a one-step query, (Tq,) for a sequence.
             p = p[:, None] if query.shape[1] == 1 else p[None, :]
@@ -350,7 +364,8 @@ class LuongAttention(Seq2SeqAttention):
         else:
             start = ops.cast(ops.floor(p), "int32") - self.window  # b i
         slots, clipped, valid = window_indices(start, width, tv)  # b i s
-        distance = ops.cast(slots, "float32") - p[..., None]  # s - p_t
+        # s - p_t
+        distance = ops.cast(slots, self._score_dtype()) - p[..., None]
         valid = ops.logical_and(valid, ops.abs(distance) <= self.window)
         if value_mask is not None:
             source_ok = gather_windows(ops.cast(value_mask, "int32"), clipped)
@@ -363,7 +378,7 @@ class LuongAttention(Seq2SeqAttention):
         scores = self._scale(
             self._window_scores(query, gather_windows(memory, clipped))
         )
-        weights = masked_softmax(scores, valid)  # b i s, float32
+        weights = masked_softmax(scores, valid)  # b i s, >= float32
         if self.alignment == "local-p":
             sigma = self.window / 2.0
             if sigma > 0:

@@ -8,8 +8,8 @@ Rules (shared by every layer of the package):
 - mask True means "may attend";
 - the scores `q k^T` are formed in float32 for float16 / bfloat16 inputs
   (in float16 they overflow to inf, hence NaN weights, as soon as
-  `|q| |k|` nears 65504), and the softmax runs in float32 whatever the
-  compute dtype;
+  `|q| |k|` nears 65504), and the softmax runs in at least float32
+  whatever the compute dtype (float64 inputs compute in float64);
 - a query row with no key to attend to gets all-zero weights (so a zero
   result), never NaN and never uniform weights; gradients stay finite.
 """
@@ -305,7 +305,8 @@ def _dense(
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
-    # Scores in float32 for float16 inputs: they cannot overflow.
+    # Scores in float32 for float16 inputs: they cannot overflow (float64
+    # stays float64, and so does the softmax: `scoring.softmax_dtype`).
     dtype = score_dtype(query.dtype)
     query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
     key = ops.cast(key, dtype)
@@ -325,7 +326,12 @@ def _dense(
     scores, mask = scoring.modify_scores(
         scores, grid, score_mod, mask_mod, mask
     )
-    weights = scoring.softmax(scores, None if rows_nonempty else mask)
+    # A score function's -inf may empty rows (zeros, as masked rows).
+    weights = scoring.softmax(
+        scores,
+        None if rows_nonempty else mask,
+        empty_rows=score_mod is not None,
+    )
     weights = ops.cast(weights, value.dtype)
     kept = dropout_fn(weights) if dropout_fn is not None else weights
     if num_groups == num_heads:
@@ -569,9 +575,24 @@ def _fused(
     float32. TensorFlow's kernel does not, and Keras's torch backend turns
     a boolean mask into an additive one in the input dtype (-45850 in
     float16, which float32 scores of large float16 inputs exceed): those
-    compute in float32.
+    compute in float32. float64 stays float64 (on JAX and torch, whose
+    kernel calls would compute it in float32, through the dense path).
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
+    if dtype == "float64" and keras.backend.result_type(dtype) != dtype:
+        # Keras's JAX and torch kernel calls compute float64 in float32
+        # (their type promotion), and no fused kernel takes float64: the
+        # dense path.
+        mask = dense_mask(
+            mask,
+            query,
+            key,
+            is_causal,
+            causal_offset,
+            key_padding,
+            query_padding,
+        )
+        return _dense(query, key, value, mask, scale, None, False)
     if _fused_in_float32(dtype):
         query, key, value = (
             ops.cast(x, "float32") for x in (query, key, value)

@@ -64,13 +64,14 @@ def _join(parts, n):
 
 
 def _probabilities(q, k, mask):
-    """Masked float32 probabilities `(z, g, q, k)` and the queries'
-    validity `(z, g|1, r|1, B, 1)` (a query whose window is all masked gets
-    zeros); scores masked by `scoring.modify_scores`."""
+    """Masked probabilities `(z, g, q, k)` in the queries' dtype (float32,
+    or float64) and the queries' validity `(z, g|1, r|1, B, 1)` (a query
+    whose window is all masked gets zeros); scores masked by
+    `scoring.modify_scores`."""
     g, rows, width = q.shape[1], q.shape[2], k.shape[2]
     block = mask.shape[3]
     r = rows // block
-    s = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, "float32"))
+    s = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, q.dtype))
     s = ops.reshape(s, (-1, g, r, block, width))
     s, _ = scoring.modify_scores(s, None, mask=mask)
     p = ops.reshape(scoring.plain_softmax(s, axis=-1), (-1, g, rows, width))
@@ -91,7 +92,8 @@ def window_attention(q, k, v, mask, blocks=None, chunk_blocks=None):
     """`softmax(q k^T, masked) v` per query block on its key window.
 
     Args:
-        q: scaled float32 query blocks `(z, g, r B, d)`.
+        q: scaled query blocks `(z, g, r B, d)` in the dtype of the scores
+            and softmax (float32, or float64: `scoring.softmax_dtype`).
         k: key windows `(z, g, W, d)`.
         v: value windows `(z, g, W, e)`.
         mask: bool `(z, g|1, r|1, B, W)`, True = may attend; `z` must be
@@ -130,16 +132,17 @@ def window_attention(q, k, v, mask, blocks=None, chunk_blocks=None):
             q_c, k_c, v_c, m_c, o_c, do_c = (_take(x, n, n0, n1) for x in srcs)
             p, valid = _probabilities(q_c, k_c, m_c)
             do_c = _rows_where(valid, ops.cast(do_c, v.dtype))
-            # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
+            # D_i = sum_j P_ij dP_ij = dO_i . O_i, in the scores' dtype.
+            dtype = q_c.dtype
             dd = ops.sum(
-                ops.cast(do_c, "float32") * ops.cast(o_c, "float32"),
+                ops.cast(do_c, dtype) * ops.cast(o_c, dtype),
                 axis=-1,
                 keepdims=True,
             )
             dv = ops.einsum("zgqk,zgqe->zgke", ops.cast(p, v.dtype), do_c)
-            dp = ops.cast(ops.einsum("zgqe,zgke->zgqk", do_c, v_c), "float32")
+            dp = ops.cast(ops.einsum("zgqe,zgke->zgqk", do_c, v_c), dtype)
             ds = p * (dp - dd)
-            dq = ops.einsum("zgqk,zgkd->zgqd", ds, ops.cast(k_c, "float32"))
+            dq = ops.einsum("zgqk,zgkd->zgqd", ds, ops.cast(k_c, dtype))
             dk = ops.einsum("zgqk,zgqd->zgkd", ds, q_c)
             count = _count(n0, n1)
             dqs.append((dq, count))

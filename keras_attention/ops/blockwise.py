@@ -28,6 +28,7 @@ tile. A query that can attend to nothing gets a zero result and zero
 gradients.
 """
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -35,6 +36,7 @@ from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops import scoring
 from keras_attention.ops.scoring import score_dtype
+from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import keras_utils
 
 _slice = keras_utils.slice_axis
@@ -216,18 +218,31 @@ def _live(plan, chunk, mask):
 def _raw_scores(plan, q_t, k_c, i0, i1, scale=None):
     """Scores of one tile, formed in the keys' dtype `k_c` (`score_dtype`:
     float32 for float16, whose products of large queries and keys would
-    overflow; bfloat16 stays bfloat16): float32 `(b, h, Bq, k)`, times
-    `scale` if given (applied to the tile's queries in float32: a
+    overflow; bfloat16 stays bfloat16): `(b, h, Bq, k)` in `softmax_dtype`
+    (float32, float64 for float64 keys), times `scale` if given (applied
+    to the tile's queries when they are in that dtype already: a
     `(b, g, q, d)` product instead of a `(b, g, q, k)` one)."""
     cols = k_c.shape[2]
     q_t = ops.cast(q_t, k_c.dtype)
-    prescale = scale is not None and k_c.dtype == "float32"
+    dtype = softmax_dtype(k_c.dtype)
+    prescale = scale is not None and _dtype(k_c) == dtype
     if prescale:
         q_t = q_t * scale
     s = ops.einsum("bgqd,bgkd->bgqk", q_t, k_c)
     # (b, g, r Bq, k) -> (b, h, Bq, k): query head g r + r'.
-    s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), "float32")
+    s = ops.cast(ops.reshape(s, (-1, plan.heads, i1 - i0, cols)), dtype)
     return s * scale if scale is not None and not prescale else s
+
+
+def _dtype(x):
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def _maximum(x, y):
+    """`maximum(x, y)` in `x`'s dtype (Keras's torch `maximum` computes
+    float64 in float32)."""
+    y = ops.cast(y, x.dtype)
+    return ops.where(x >= y, x, y)
 
 
 def _soft_capped_tanh(plan, q_t, k_c, i0, i1):
@@ -268,7 +283,7 @@ def _relative_scores(plan, params, raw, grid):
         return plan.score_fn(params, raw, *grid)
     distances, index = _distances(grid, raw.shape[-1])
     bias = plan.relative_fn(params, distances)  # (h | 1, n)
-    return raw + ops.take(bias, index, axis=1)[None]
+    return raw + ops.cast(ops.take(bias, index, axis=1)[None], raw.dtype)
 
 
 def _relative_pullback(plan, params, grid, cols):
@@ -296,15 +311,17 @@ def _relative_pullback(plan, params, grid, cols):
         sums = ops.flip(ops.sum(x, axis=1)[:, 1:width], axis=-1)
         if bias.shape[0] == 1:
             sums = ops.sum(sums, axis=0, keepdims=True)
-        return (ds,) + tuple(pull(sums))
+        # In the bias's dtype (a float32 table under float64 scores).
+        return (ds,) + tuple(pull(ops.cast(sums, bias.dtype)))
 
     return pullback
 
 
 def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
     """Scores of one tile (`_raw_scores`), modified and masked by
-    `scoring.modify_scores`: float32 `(b, g, q, k)`. Also returns the
-    tile's grid and mask."""
+    `scoring.modify_scores` (a score function's `-inf` raised to the fill
+    value): `(b, g, q, k)` in `softmax_dtype`. Also returns the tile's
+    grid and mask."""
     g, rows, cols = q_t.shape[1], q_t.shape[2], k_c.shape[2]
     score_mod = _score_function(plan, params)
     if plan.soft_cap is not None:
@@ -323,12 +340,17 @@ def _scores(plan, aux, params, q_t, k_c, i0, i1, chunk, tile=None):
 
 def _never_empty(plan, aux, i0, chunks):
     """Whether every query of the row of tiles starting at `i0` sees a key
-    whatever the inputs: no mask at all, or a static causal structure
-    where the row's first query already sees key 0."""
+    whatever the inputs: no mask at all (nor a score function, which may
+    return `-inf` for a whole row; soft-capping and relative biases are
+    finite), or a static causal structure where the row's first query
+    already sees key 0."""
     key_padding, dense_mask, _ = aux
     if key_padding is not None or dense_mask is not None:
         return False
     if plan.mask_mod is not None:
+        return False
+    general = plan.soft_cap is None and plan.relative_fn is None
+    if plan.score_fn is not None and general:
         return False
     if plan.dynamic_causal:
         return False
@@ -349,6 +371,7 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
     ks = ops.cast(kh, score_dtype(kh.dtype))
+    dtype = softmax_dtype(kh.dtype)
     outs, lses, valids, probs = [], [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
@@ -361,7 +384,7 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
         p = None
         if not chunks:  # A row that sees no key at all.
             out, lse = ops.zeros_like(qh[:, :, :, i0:i1, :1]), None
-            out = ops.cast(out, "float32") + ops.zeros((e,), "float32")
+            out = ops.cast(out, dtype) + ops.zeros((e,), dtype)
             valid = ops.zeros_like(out[..., :1], "bool")
         elif len(chunks) == 1:
             out, lse, valid, p = _one_tile(*tile)
@@ -380,9 +403,9 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
 
 
 def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
-    """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)`
-    float32; no log-sum-exp; validity from the row max (None when the row
-    cannot be empty); the float32 probabilities `(b, g, q, k)`."""
+    """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)` in
+    `softmax_dtype`; no log-sum-exp; validity from the row max (None when
+    the row cannot be empty); the probabilities `(b, g, q, k)`."""
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
     (chunk,) = chunks
@@ -392,7 +415,7 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
     )
-    out = ops.reshape(ops.cast(out, "float32"), (-1, g, r, n, e))
+    out = ops.reshape(ops.cast(out, s.dtype), (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
         m = ops.max(s, axis=-1, keepdims=True)
@@ -402,15 +425,23 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
 
 def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     """Online softmax over the key tiles of one row: the output
-    `(b, g, r, Bq, e)` float32, the log-sum-exp `(b, g, q, 1)` and the
-    validity `(b, g, r, Bq, 1)`."""
+    `(b, g, r, Bq, e)` in `softmax_dtype`, the log-sum-exp `(b, g, q, 1)`
+    and the validity `(b, g, r, Bq, 1)`.
+
+    The scores are finite (masked ones and a score function's `-inf` at
+    the fill value): a tile of masked scores gives `exp(0)` terms that
+    the first tile with a real score scales away (`alpha = 0`), and a
+    row that never gets one is invalid (its maximum is the fill value).
+    """
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
+    dtype = softmax_dtype(ks.dtype)
     m = row_sum = acc = None
     if plan.dynamic_mod:  # Tiles may be skipped: start from an empty row.
-        m = ops.zeros_like(q_t[..., :1], "float32") + scoring.FILL
+        m = ops.zeros_like(q_t[..., :1], dtype)
+        m = m + scoring.mask_fill_value(dtype)
         row_sum = ops.zeros_like(m)
-        acc = ops.zeros_like(m) + ops.zeros((e,), "float32")
+        acc = ops.zeros_like(m) + ops.zeros((e,), dtype)
     for chunk in chunks:
         _, j0, j1, _, _ = chunk
         # One key tile at a time (TensorFlow would start them all).
@@ -430,13 +461,13 @@ def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
                 tile,
             )
             m_c = ops.max(s, axis=-1, keepdims=True)
-            m_new = m_c if m is None else ops.maximum(m, m_c)
+            m_new = m_c if m is None else _maximum(m, m_c)
             p = ops.exp(s - m_new)
             sum_c = ops.sum(p, axis=-1, keepdims=True)
             pv = ops.einsum(
                 "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
             )
-            pv = ops.cast(pv, "float32")
+            pv = ops.cast(pv, s.dtype)
             if m is None:
                 return m_new, sum_c, pv
             alpha = ops.exp(m - m_new)
@@ -449,11 +480,11 @@ def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
             state = (m, row_sum, acc)
             m, row_sum, acc = ops.cond(live, update, lambda s=state: s)
     # An empty row (every tile skipped) has a zero sum and a zero result.
-    out = ops.reshape(acc / ops.maximum(row_sum, 1e-30), (-1, g, r, n, e))
+    out = ops.reshape(acc / _maximum(row_sum, 1e-30), (-1, g, r, n, e))
     valid = None
     if not _never_empty(plan, aux, i0, chunks):
         valid = ops.reshape(scoring.rows_valid(m), (-1, g, r, n, 1))
-    return out, m + ops.log(ops.maximum(row_sum, 1e-30)), valid
+    return out, m + ops.log(_maximum(row_sum, 1e-30)), valid
 
 
 def _concat_rows(tiles):
@@ -469,6 +500,7 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
     differentiated tile by tile (`_backend.vjp`)."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
+    sm_dtype = softmax_dtype(kh.dtype)
     ks = ops.cast(kh, score_dtype(kh.dtype))
     dqs = []
     dks, dvs = {}, {}
@@ -484,10 +516,10 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
         do_t = _slice(d_out, 3, i0, i1)
         if valid is not None:
             do_t = ops.where(valid, do_t, ops.zeros_like(do_t))
-        # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32.
+        # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32 (or float64).
         dd_t = ops.sum(
-            ops.cast(do_t, "float32")
-            * ops.cast(_slice(out, 3, i0, i1), "float32"),
+            ops.cast(do_t, sm_dtype)
+            * ops.cast(_slice(out, 3, i0, i1), sm_dtype),
             axis=-1,
             keepdims=True,
         )
@@ -535,7 +567,7 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
                     )
                 dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
                 dp = ops.einsum("bgqe,bgke->bgqk", do_t, v_c)
-                ds = p * (ops.cast(dp, "float32") - dd_t)
+                ds = p * (ops.cast(dp, sm_dtype) - dd_t)
                 d_params = ()
                 if pull is not None:  # Back through the score function.
                     shape = ops.shape(ds)
@@ -608,7 +640,9 @@ def _recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
         if plan.score_fn is not None:
 
             def fn(scores, *p):
-                return ops.cast(plan.score_fn(p, scores, *grid), "float32")
+                # As `scoring.modify_scores`: -inf raised to the fill.
+                out = ops.cast(plan.score_fn(p, scores, *grid), scores.dtype)
+                return scoring.finite_scores(out)
 
             s, pull = _backend.vjp(fn, (s,) + tuple(params))
 

@@ -275,15 +275,17 @@ class _Geometry:
 
 
 def _blocked(geo, query, key, value, scale, query_mask, key_mask, mask):
-    """Scaled float32 query blocks `(z, g, r B, d)`, key/value windows
-    `(z, g, W, d|e)` and the block mask `(z, g|1, r|1, B, W)`."""
+    """Scaled query blocks `(z, g, r B, d)` (float32, or float64), key/value
+    windows `(z, g, W, d|e)` and the block mask `(z, g|1, r|1, B, W)`."""
     b, n, block, width = geo.b, geo.n, geo.block, geo.width
     m = -(-width // block)  # key blocks per window
     k_after = (n + m - 1) * block - geo.left - geo.t
     # Blocks are folded into the batch (z = b n) and query heads into the
     # rows of their key/value group (q = r B): every tensor has rank <= 5.
-    # Scores are formed in float32 (no float16 overflow).
-    query = ops.multiply(ops.cast(query, "float32"), scale)
+    # Scores are formed in float32 (no float16 overflow), float64 inputs
+    # in float64 (`scoring.softmax_dtype`).
+    dtype = scoring.softmax_dtype(query.dtype)
+    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
     q = _pad_axis(query, 1, 0, n * block - geo.t)
     q = ops.reshape(q, (geo.z, block, geo.heads, geo.d))  # (z, B, h, d)
     q = ops.reshape(
@@ -317,8 +319,9 @@ def _blocked(geo, query, key, value, scale, query_mask, key_mask, mask):
 
 
 def _window_scores(geo, q, k):
-    """`(z, g, r, B, W)` float32 scores of each query block on its window."""
-    scores = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, "float32"))
+    """`(z, g, r, B, W)` scores of each query block on its window, in the
+    queries' dtype (float32, or float64)."""
+    scores = ops.einsum("zgqd,zgkd->zgqk", q, ops.cast(k, q.dtype))
     return ops.reshape(scores, (geo.z, geo.groups, geo.r, geo.block, -1))
 
 
@@ -442,7 +445,15 @@ def local_attention(
             scores, (geo.z, geo.groups, geo.r, geo.block, geo.width)
         )
         return _weighted(
-            geo, scores, mask, v, query, value, dropout_fn, return_weights
+            geo,
+            scores,
+            mask,
+            v,
+            query,
+            value,
+            dropout_fn,
+            return_weights,
+            empty_rows=True,
         )
     if dropout_fn is None and not return_weights:
         blocks = geo.n if isinstance(geo.n, int) else None
@@ -462,10 +473,22 @@ def local_attention(
     )
 
 
-def _weighted(geo, scores, mask, v, query, value, dropout_fn, return_weights):
+def _weighted(
+    geo,
+    scores,
+    mask,
+    v,
+    query,
+    value,
+    dropout_fn,
+    return_weights,
+    empty_rows=False,
+):
     """Softmax of the window scores `(z, g, r, B, W)`, dropout, the
-    weighted values; the output and the banded weights if asked."""
-    weights = masked_softmax(scores, mask)  # float32
+    weighted values; the output and the banded weights if asked.
+    `empty_rows`: the scores come from a score function (whose `-inf`
+    may empty rows: zeros too)."""
+    weights = masked_softmax(scores, mask, empty_rows=empty_rows)
     weights = ops.reshape(
         ops.cast(weights, value.dtype),
         (geo.z, geo.groups, geo.r * geo.block, geo.width),
@@ -596,7 +619,7 @@ def _global_key_scores(geo, q, keys, key_ok, slots, query_valid):
     block on the `S` gathered global keys `(b, S, g, d)`."""
     b, n, block = geo.b, geo.n, geo.block
     qb = ops.reshape(q, (b, n, geo.groups, geo.r * block, geo.d))
-    keys = ops.transpose(ops.cast(keys, "float32"), (0, 2, 1, 3))
+    keys = ops.transpose(ops.cast(keys, q.dtype), (0, 2, 1, 3))
     scores = ops.einsum("bngqd,bgsd->bngqs", qb, keys)
     scores = ops.reshape(scores, (geo.z, geo.groups, geo.r, block, -1))
     mask = key_ok[:, None, None, :]  # (b, 1, 1, S)
@@ -631,10 +654,11 @@ def _global_rows(
     `queries` `(b, S, h, d)`, `keys`/`values` `(b, t, g, d|e)`; returns
     `(b, S, h, e)` and the weights `(b, g, r, S, t)` (value dtype).
     """
-    queries = ops.multiply(ops.cast(queries, "float32"), scale)
+    dtype = scoring.softmax_dtype(queries.dtype)
+    queries = ops.multiply(ops.cast(queries, dtype), ops.cast(scale, dtype))
     # S (-1): static only once the slots are gathered in eager calls.
     queries = ops.reshape(queries, (geo.b, -1, geo.groups, geo.r, geo.d))
-    scores = ops.einsum("bsgrd,btgd->bgrst", queries, ops.cast(keys, "float32"))
+    scores = ops.einsum("bsgrd,btgd->bgrst", queries, ops.cast(keys, dtype))
     mask = ops.logical_and(
         row_ok[:, :, None], key_valid[:, None, :]
     )  # (b, S, t)

@@ -1,14 +1,14 @@
 """Mask shaping (and, re-exported from `scoring`, the masked softmax,
-fill values and score dtypes).
+fill values, score and softmax dtypes).
 
 The rules every attention computation of the package shares (dense,
 blockwise, local and the layers' own scorers):
 - mask True means "may attend";
 - masked scores are filled with a large negative *finite* value
-  (`mask_fill_value`), never `-inf`;
-- the scores `q k^T` of float16 / bfloat16 inputs are formed in float32
-  (`score_dtype`) and the softmax runs in float32 whatever the compute
-  dtype;
+  (`mask_fill_value` of the softmax dtype), never `-inf`;
+- the scores `q k^T` of float16 inputs are formed in float32
+  (`score_dtype`) and the softmax runs in at least float32 whatever the
+  compute dtype (`softmax_dtype`: float64 stays float64);
 - a query row with no key to attend to gets all-zero weights, never NaN
   and never uniform weights.
 
@@ -22,6 +22,7 @@ from keras import ops
 from keras_attention.ops.scoring import mask_fill_value  # noqa: F401
 from keras_attention.ops.scoring import masked_softmax  # noqa: F401
 from keras_attention.ops.scoring import score_dtype  # noqa: F401
+from keras_attention.ops.scoring import softmax_dtype  # noqa: F401
 
 
 def as_4d_mask(mask):

@@ -7,11 +7,16 @@ them and normalizes them through this module. The rules it keeps:
 
 - dtypes: the scores of float16 inputs are formed in float32 (float16's
   range, 65,504, overflows); bfloat16 scores stay bfloat16 (float32's
-  exponent range: they cannot overflow); the softmax runs in float32;
+  exponent range: they cannot overflow); the softmax runs in at least
+  float32 (`softmax_dtype`: float64 inputs stay float64 throughout);
 - mask True means "may attend"; a masked score is a large negative
-  *finite* value (`mask_fill_value`), never `-inf`;
-- a query row with no key to attend to gets all-zero weights (so a zero
-  result), never NaN and never uniform weights;
+  *finite* value (`mask_fill_value` of the softmax dtype), never `-inf`;
+  a score function may return `-inf` (FlexAttention's way to mask): such
+  scores are raised to the fill value (`finite_scores`), so that no
+  `-inf - (-inf)` appears, and count as masked;
+- a query row with no key to attend to (every key masked, or every score
+  `-inf`) gets all-zero weights (so a zero result) and finite gradients,
+  never NaN and never uniform weights;
 - the causal rule is `kv_idx <= q_idx` on absolute positions, the window
   rule `q_idx - left <= kv_idx <= q_idx + right` (`causal`, `in_window`).
 
@@ -62,7 +67,10 @@ def mask_fill_value(dtype):
     >>> keras_attention.ops.mask_fill_value("float16")
     -32752.0
     """
-    dtype = str(getattr(dtype, "name", dtype))
+    try:  # Any backend's dtype object (`torch.float64`) or name.
+        dtype = keras.backend.standardize_dtype(dtype)
+    except ValueError:
+        dtype = str(getattr(dtype, "name", dtype))
     if dtype == "bfloat16":
         return -1.6e38
     return float(np.finfo(np.dtype(dtype)).min) / 2.0
@@ -73,7 +81,8 @@ FILL = mask_fill_value("float32")
 
 def score_dtype(dtype):
     """The dtype attention scores are formed in: float32 for float16 inputs
-    (whose range, 65,504, scores can overflow), the input dtype otherwise.
+    (whose range, 65,504, scores can overflow), the input dtype otherwise
+    (float64 stays float64).
 
     bfloat16 has float32's exponent range, so its scores cannot overflow
     and stay in bfloat16 (the fast matmuls of CPUs with AVX512_BF16/AMX and
@@ -81,6 +90,37 @@ def score_dtype(dtype):
     """
     dtype = keras.backend.standardize_dtype(dtype)
     return "float32" if dtype == "float16" else dtype
+
+
+def softmax_dtype(dtype):
+    """The dtype scores are modified, masked and normalized in: at least
+    float32 ("float64" for float64, "float32" for every other dtype).
+
+    Example:
+
+    >>> from keras_attention.ops.scoring import softmax_dtype
+    >>> softmax_dtype("bfloat16"), softmax_dtype("float64")
+    ('float32', 'float64')
+    """
+    dtype = keras.backend.standardize_dtype(dtype)
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _fill_bias(mask, dtype):
+    """0 where `mask` is True, the fill value of `dtype` elsewhere (in
+    `dtype`: float64's fill is not a float32)."""
+    zero = ops.zeros((), dtype)
+    return ops.where(mask, zero, zero + mask_fill_value(dtype))
+
+
+def finite_scores(scores):
+    """`scores` with every value below the fill value of their dtype
+    (`-inf` from a score function) raised to it: a tile or a row of
+    `-inf` scores then behaves as a masked one (no `-inf - (-inf)` in a
+    softmax), and its gradient is zero there (a `where`, which keeps
+    the dtype on every backend; NaN stays NaN)."""
+    fill = ops.zeros((), scores.dtype) + mask_fill_value(scores.dtype)
+    return ops.where(scores < fill, fill, scores)
 
 
 # Rules on absolute positions ----------------------------------------------
@@ -226,20 +266,24 @@ def modify_scores(scores, grid, score_mod=None, mask_mod=None, mask=None):
         mask: optional boolean mask broadcastable to `scores`.
 
     Returns:
-        `(scores, mask)`: float32 scores with the masked entries at the
-        fill value, and the combined boolean mask (None when nothing
-        masks). `mask` is needed by `softmax` to zero empty rows.
+        `(scores, mask)`: scores in `softmax_dtype` (float32, or float64)
+        with the masked entries at the fill value (and a score function's
+        `-inf` raised to it: `finite_scores`), and the combined boolean
+        mask (None when nothing masks). `mask` is needed by `softmax` to
+        zero empty rows (and `empty_rows=True` where a score function may
+        have emptied some).
     """
-    scores = ops.cast(scores, "float32")
+    dtype = softmax_dtype(scores.dtype)
+    scores = ops.cast(scores, dtype)
     if score_mod is not None:
-        scores = ops.cast(score_mod(scores, *grid), "float32")
+        scores = finite_scores(ops.cast(score_mod(scores, *grid), dtype))
     if mask_mod is not None:
         mask = combine_masks(mask, evaluate_mask(mask_mod, grid))
     if mask is None:
         return scores, None
     # An additive bias of the mask's own shape: its gradient is the
     # identity, where a `where` on the scores needs a select.
-    return scores + ops.where(mask, 0.0, FILL), mask
+    return scores + _fill_bias(mask, dtype), mask
 
 
 def evaluate_mask(mask_mod, grid):
@@ -271,19 +315,30 @@ def plain_softmax(scores, axis=-1):
     return ops.softmax(scores, axis=axis)
 
 
-def softmax(scores, mask=None, axis=-1):
-    """Softmax in float32 of scores from `modify_scores` (masked entries
-    at the fill value); rows whose `mask` is all False get all-zero
-    weights (a per-row factor: no select in the gradient)."""
-    weights = plain_softmax(ops.cast(scores, "float32"), axis=axis)
-    if mask is None:
+def softmax(scores, mask=None, axis=-1, empty_rows=False):
+    """Softmax in `softmax_dtype` of scores from `modify_scores` (masked
+    entries at the fill value); rows whose `mask` is all False get
+    all-zero weights (a per-row factor: no select in the gradient), and
+    with `empty_rows` (a score function may have set whole rows to
+    `-inf`, i.e. to the fill value) so do rows whose maximum is the fill
+    value (`rows_valid`)."""
+    dtype = softmax_dtype(scores.dtype)
+    scores = ops.cast(scores, dtype)
+    weights = plain_softmax(scores, axis=axis)
+    valid = None
+    if mask is not None:
+        valid = ops.any(mask, axis=axis, keepdims=True)
+    if empty_rows:
+        seen = rows_valid(ops.max(scores, axis=axis, keepdims=True))
+        valid = seen if valid is None else ops.logical_and(valid, seen)
+    if valid is None:
         return weights
-    valid = ops.any(mask, axis=axis, keepdims=True)
-    return weights * ops.cast(valid, "float32")
+    return weights * ops.cast(valid, dtype)
 
 
-def masked_softmax(scores, mask=None, axis=-1):
-    """Softmax over `axis` in float32 with masked entries set to exactly 0.
+def masked_softmax(scores, mask=None, axis=-1, empty_rows=False):
+    """Softmax over `axis` in at least float32 (float64 stays float64)
+    with masked entries set to exactly 0.
 
     Rows where `mask` is all False get all-zero weights.
 
@@ -291,9 +346,12 @@ def masked_softmax(scores, mask=None, axis=-1):
         scores: float tensor of any dtype.
         mask: optional boolean tensor broadcastable to `scores`.
         axis: the axis to normalize over.
+        empty_rows: whether `scores` come from `modify_scores` with a
+            score function (whose `-inf` may have emptied whole rows:
+            those get zeros too).
 
     Returns:
-        float32 tensor shaped like `scores`.
+        float32 (float64 for float64 scores) tensor shaped like `scores`.
 
     Example:
 
@@ -305,17 +363,25 @@ def masked_softmax(scores, mask=None, axis=-1):
     >>> np.asarray(weights).tolist()
     [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
     """
-    scores = ops.cast(scores, "float32")
+    dtype = softmax_dtype(scores.dtype)
+    scores = ops.cast(scores, dtype)
     if mask is None:
+        if empty_rows:
+            return softmax(scores, axis=axis, empty_rows=True)
         return plain_softmax(scores, axis=axis)
     mask = ops.cast(mask, "bool")
-    return softmax(scores + ops.where(mask, 0.0, FILL), mask, axis=axis)
+    return softmax(
+        scores + _fill_bias(mask, dtype), mask, axis=axis, empty_rows=empty_rows
+    )
 
 
 def rows_valid(row_max):
-    """Which rows saw an unmasked key, from their float32 score maximum
-    (a row whose maximum is the fill value saw only masked keys)."""
-    return row_max > 0.5 * FILL
+    """Which rows saw an unmasked key, from their score maximum (float32
+    or float64: a row whose maximum is the fill value of its dtype saw
+    only masked keys, or `-inf` scores)."""
+    return row_max > 0.5 * mask_fill_value(
+        keras.backend.standardize_dtype(row_max.dtype)
+    )
 
 
 # Static tile masks (block sparsity) ---------------------------------------
@@ -395,8 +461,8 @@ def split_score_mod(score_mod):
 
 def full_precision_variables():
     """Variables read at their own dtype (float32), not autocast to the
-    attention layer's compute dtype: scores are float32 under every
-    policy, so a learned bias must be too."""
+    attention layer's compute dtype: scores are at least float32 under
+    every policy, so a learned bias must be too."""
     if AutocastScope is None:  # pragma: no cover
         return contextlib.nullcontext()
     return AutocastScope(None)
@@ -415,7 +481,7 @@ def split_relative_bias(score_mod):
     A score object may declare that it only adds a bias depending on the
     head and the distance `q_idx - kv_idx`, by implementing
     `relative_bias(distance)` beside its score function: `distance` a
-    1-D int32 tensor of distances, the result float32 `(heads | 1, n)`,
+    1-D int32 tensor of distances, the result float `(heads | 1, n)`,
     such that `score(s, b, h, q, kv) == s + relative_bias(q - kv)[h]`
     (`keras_attention.scores.ALiBi` and `T5RelativeBias` do). The
     blockwise path then forms each tile's bias from the tile's
@@ -439,7 +505,7 @@ def split_relative_bias(score_mod):
 
         def plain(params, distance):
             with full_precision_variables():
-                return ops.cast(method(distance), "float32")
+                return _at_least_float32(method(distance))
 
         return plain
 
@@ -447,9 +513,14 @@ def split_relative_bias(score_mod):
         mapping = list(zip(variables, params))
         with keras.StatelessScope(state_mapping=mapping):
             with full_precision_variables():
-                return ops.cast(method(distance), "float32")
+                return _at_least_float32(method(distance))
 
     return fn
+
+
+def _at_least_float32(x):
+    x = ops.convert_to_tensor(x)
+    return ops.cast(x, softmax_dtype(x.dtype))
 
 
 def split_soft_cap(score_mod):

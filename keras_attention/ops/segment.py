@@ -13,11 +13,13 @@ trailing axes (heads).
 
 from keras import ops
 
-from keras_attention.ops.scoring import FILL
+from keras_attention.ops.scoring import mask_fill_value
+from keras_attention.ops.scoring import softmax_dtype
 
 
 def segment_softmax(scores, segment_ids, num_segments, mask=None):
-    """Softmax of `scores` over the entries of each segment, in float32.
+    """Softmax of `scores` over the entries of each segment, in at least
+    float32 (float64 scores stay float64).
 
     Numerically stable: each segment's maximum is subtracted before the
     `exp` (it is a constant of the segment, so no gradient flows through
@@ -34,8 +36,9 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
             False entries are left out of their segment's softmax.
 
     Returns:
-        float32 tensor shaped like `scores`: within each segment, the
-        weights (of every trailing index) sum to 1.
+        float32 (float64 for float64 scores) tensor shaped like `scores`:
+        within each segment, the weights (of every trailing index) sum
+        to 1.
 
     Example:
 
@@ -47,14 +50,16 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
     >>> tuple(round(float(v), 3) for v in np.asarray(w))
     (0.5, 0.5, 0.982, 0.018)
     """
-    scores = ops.cast(scores, "float32")
+    dtype = softmax_dtype(scores.dtype)
+    scores = ops.cast(scores, dtype)
     segment_ids = ops.cast(segment_ids, "int32")
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < len(scores.shape):
             mask = ops.expand_dims(mask, -1)
         mask = ops.broadcast_to(mask, ops.shape(scores))
-        scores = ops.where(mask, scores, FILL)
+        fill = ops.zeros((), dtype) + mask_fill_value(dtype)
+        scores = ops.where(mask, scores, fill)
     # k: per-segment maximum (a constant of the softmax: no gradient).
     peak = ops.segment_max(scores, segment_ids, num_segments=num_segments)
     peak = ops.stop_gradient(peak)
