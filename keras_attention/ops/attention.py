@@ -140,8 +140,11 @@ def dot_product_attention(
             TensorFlow does not promote int32). Gradients reach the
             weights of a
             `keras_attention.mods.ScoreLayer` on every path; a plain
-            function closing over trainable tensors runs on the dense
-            path (the blockwise backward could not reach them).
+            function reading trainable variables (in its closure,
+            globals, defaults or bound object) runs on the dense path (the
+            blockwise backward could not reach them; constant tensors are
+            fine). A `ScoreLayer` not built yet is built here with the
+            query's number of heads.
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`
             (True = may attend), and-ed with the other masks. Written with
             elementwise operators on the indices alone, it is evaluated on
@@ -206,6 +209,7 @@ def dot_product_attention(
         query_mask = given["query_mask"]
     scoring.check_mod(score_mod, "score_mod")
     scoring.check_mod(mask_mod, "mask_mod")
+    _build_score_layer(score_mod, query)
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(query, key, value, return_weights)
     choice = _choose_implementation(
@@ -403,6 +407,26 @@ def memory_efficient_implementation():
     return "fused" if _backend.prefers_fused_attention() else "blockwise"
 
 
+def _build_score_layer(score_mod, query):
+    """Builds a `ScoreLayer` passed straight to the op (an attention layer
+    builds it with its heads) from the query's heads, or refuses one
+    made for another number of heads."""
+    layer = score_mod
+    if isinstance(layer, scoring.AtPositions):
+        layer = layer.fn
+    if not isinstance(layer, keras.layers.Layer):
+        return
+    heads = query.shape[2]
+    if not layer.built:
+        layer.build(getattr(layer, "num_heads", None) or heads)
+    made_for = getattr(layer, "num_heads", None)
+    if made_for is not None and heads is not None and made_for != heads:
+        raise ValueError(
+            f"`score_mod` is made for {made_for} heads but the query has "
+            f"{heads}. Received: score_mod={score_mod!r}"
+        )
+
+
 def _choose_implementation(
     name, query, key, dropout_fn, return_weights, score_mod=None
 ):
@@ -434,7 +458,7 @@ def _choose_implementation(
     if name == "blockwise" and closure:
         raise ValueError(
             "implementation='blockwise' cannot differentiate a score "
-            "function that closes over trainable tensors (its backward pass "
+            "function that reads trainable variables (its backward pass "
             "is hand-written): make it a `keras_attention.mods.ScoreLayer` "
             "(its weights are passed explicitly) or use 'dense'. Received: "
             f"score_mod={score_mod!r}"

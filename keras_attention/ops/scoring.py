@@ -40,6 +40,8 @@ Axes in comments: b - batch, h - heads, i/j - query/key positions.
 """
 
 import contextlib
+import functools
+import types
 
 import keras
 import numpy as np
@@ -545,29 +547,110 @@ def split_soft_cap(score_mod):
 
 
 def closes_over_tensors(fn):
-    """Whether a plain function `fn` holds a tensor or variable in its
-    closure (or is a bound method of an object holding one among its
-    attributes): its gradients would not reach them through a hand-
-    written backward pass. Layers (`ScoreLayer`) pass their weights
-    explicitly and are not such functions."""
+    """Whether a plain function `fn` reads a trainable variable (or a
+    layer holding one) that it is not given: its gradient would not
+    reach it through a hand-written backward pass (and TensorFlow's
+    custom gradient refuses it). Looked for wherever the function reads
+    it: its closure, the globals its code names (module attributes too),
+    its defaults, a bound method's object, a callable object's
+    attributes, a `functools.partial`'s arguments, and the functions
+    these hold, recursively. Constant tensors are fine (nothing to
+    differentiate). Layers (`ScoreLayer`) pass their weights explicitly
+    and are not such functions."""
     if isinstance(fn, AtPositions):
         return closes_over_tensors(fn.fn)
     if fn is None or isinstance(fn, keras.layers.Layer):
         return False
-    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
-    owner = getattr(fn, "__self__", None)
-    if owner is not None:
-        cells += list(getattr(owner, "__dict__", {}).values())
-    if getattr(fn, "__code__", None) is None and hasattr(fn, "__dict__"):
-        cells += list(fn.__dict__.values())  # a callable object
-    return any(_is_tensor_like(c) for c in cells)
+    return _reads_variables(fn, set(), 0)
+
+
+def _code_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _reads_variables(obj, seen, depth):
+    if _is_tensor_like(obj):
+        return True
+    if depth > 6 or id(obj) in seen or keras.ops.is_tensor(obj):
+        return False
+    if isinstance(obj, keras.layers.Layer):
+        return False  # Its trainable variables: `_is_tensor_like`.
+    if isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
+        return False
+    if isinstance(obj, (np.ndarray, np.generic, types.ModuleType)):
+        return False
+    seen.add(id(obj))
+    found = []
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        found += list(obj)
+    elif isinstance(obj, dict):
+        found += list(obj.values())
+    elif isinstance(obj, functools.partial):
+        found += [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, types.MethodType):
+        found += [obj.__func__, obj.__self__]
+    elif isinstance(obj, types.FunctionType):
+        found += [c.cell_contents for c in _cells(obj)]
+        found += list(obj.__defaults__ or ())
+        found += list((obj.__kwdefaults__ or {}).values())
+        found += _globals_read(obj)
+    elif callable(obj) or hasattr(obj, "__dict__"):
+        found += list(getattr(obj, "__dict__", {}).values())
+        call = getattr(type(obj), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            found.append(call)
+    return any(_reads_variables(x, seen, depth + 1) for x in found)
+
+
+def _cells(fn):
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(cell)
+            cell.cell_contents  # noqa: B018 - an empty cell raises.
+        except ValueError:
+            cells.pop()
+    return cells
+
+
+def _globals_read(fn):
+    """The globals `fn`'s code names (and the attributes it names of the
+    modules among them: `module.variable`)."""
+    names = _code_names(fn.__code__)
+    scope = fn.__globals__
+    values = []
+    for name in names:
+        if name not in scope:
+            continue
+        value = scope[name]
+        if isinstance(value, types.ModuleType):
+            values += [
+                getattr(value, attr)
+                for attr in names
+                if attr in getattr(value, "__dict__", {})
+            ]
+        else:
+            values.append(value)
+    return values
 
 
 def _is_tensor_like(x):
+    """A trainable variable (Keras's, or a backend's: `tf.Variable`, a
+    torch tensor requiring grad) or a layer holding one; constant
+    tensors are not."""
     if isinstance(x, keras.Variable):
         return x.trainable
     if isinstance(x, keras.layers.Layer):
         return bool(x.trainable_variables)
-    return keras.ops.is_tensor(x) and keras.backend.is_float_dtype(
-        keras.backend.standardize_dtype(x.dtype)
+    if not keras.ops.is_tensor(x) and type(x).__name__ not in (
+        "ResourceVariable",
+        "UninitializedVariable",
+    ):
+        return False
+    return bool(getattr(x, "trainable", False)) or bool(
+        getattr(x, "requires_grad", False)
     )

@@ -199,11 +199,18 @@ class T5RelativeBias(ScoreLayer):
         )
         self.built = True
 
+    def _build_if_needed(self):
+        # Called directly (no attention layer built it): its own
+        # `num_heads`, or a `ValueError` naming the argument.
+        if not self.built:
+            self.build(None)
+
     def score_fn(self, score, batch, head, q_idx, kv_idx):
         # Per tile only integer index work and one gather: the biases of
         # the 2 max_distance + 1 relative positions are gathered from the
         # table once per call (differentiable), then indexed by the
         # clipped relative position of each pair.
+        self._build_if_needed()
         by_position = ops.take(self.embeddings, self._buckets, axis=0)
         by_position = ops.reshape(by_position, (-1,))  # (2M + 1) * heads
         m = self.max_distance
@@ -216,6 +223,7 @@ class T5RelativeBias(ScoreLayer):
         (`distance`: 1-D int32): float32 `(num_heads, n)`. The blockwise
         path forms a tile's biases from it and sums their gradient along
         the tile's diagonals (`keras_attention.ops.scoring`)."""
+        self._build_if_needed()
         m = self.max_distance
         relative = ops.clip(-distance, -m, m) + m
         buckets = ops.take(self._buckets, relative, axis=0)
