@@ -5,6 +5,7 @@ import keras
 
 from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.multi_head_attention import check_cache_index
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -85,7 +86,10 @@ class TransformerDecoderBlock(TransformerBlock):
         self_attention_cache: optional `(batch, 2, max_length, kv_heads,
             key_dim)` keys/values of earlier positions.
         self_attention_cache_update_index: int or scalar tensor, position
-            of `inputs[:, 0]`; this call's keys/values are written there.
+            of `inputs[:, 0]`; this call's keys/values are written there,
+            so `0 <= index` and `index + T <= max_length` (a `ValueError`
+            otherwise; a symbolic index, in a compiled function, is not
+            checked: see `MultiHeadAttention`).
         cross_attention_cache: optional `compute_cross_attention_cache(
             context)` result, used instead of projecting `context`.
         self_attention_cache_sink_tokens: optional int >= 0 (windowed
@@ -252,6 +256,14 @@ class TransformerDecoderBlock(TransformerBlock):
                 "`self_attention_cache_update_index` is required with "
                 "`self_attention_cache`. Received: "
                 "self_attention_cache_update_index=None"
+            )
+        if use_cache:
+            check_cache_index(
+                self_attention_cache_update_index,
+                inputs.shape[1],
+                self_attention_cache.shape[2],
+                name="self_attention_cache_update_index",
+                rolling=self_attention_cache_sink_tokens is not None,
             )
         x, self_extra = self._self_attention_residual(
             inputs,

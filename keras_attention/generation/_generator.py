@@ -24,6 +24,7 @@ from keras_attention.generation.cache import init_rolling_cache
 from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
 from keras_attention.generation.cache import unwindowed_block
+from keras_attention.layers.multi_head_attention import check_cache_index
 from keras_attention.layers.multi_head_attention import rolling_cache_write
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
@@ -38,6 +39,12 @@ def as_list(x):
     if x is None:
         return []
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _steps(token_ids):
+    """The static length `T` of `(batch, T)` token ids (None: unknown)."""
+    shape = tuple(getattr(token_ids, "shape", None) or ())
+    return shape[1] if len(shape) > 1 else None
 
 
 def get_sampler(sampler):
@@ -292,11 +299,18 @@ class Generator:
 
         `padding_mask` masks this call's tokens (as queries; read from the
         embedding's Keras mask when None), `cache_mask` (optional boolean
-        `(batch, max_length)`) the cache positions (as keys).
+        `(batch, max_length)`) the cache positions (as keys). The tokens
+        must fit the cache: `0 <= cache_update_index` and
+        `cache_update_index + T <= max_length` (a `ValueError` when the
+        index is known; a symbolic one is not checked, see
+        `MultiHeadAttention`).
 
         Returns `(logits, hidden, cache)`.
         """
         self_cache = cache[0] if isinstance(cache, tuple) else cache
+        check_cache_index(
+            cache_update_index, _steps(token_ids), self_cache.shape[3]
+        )
         x = self.embed(token_ids, start_index=cache_update_index)
         attention_mask = None
         if cache_mask is not None:
@@ -374,6 +388,9 @@ class Generator:
             `(logits, hidden, cache)`.
         """
         keys_values, slot_mask = cache
+        check_cache_index(
+            start, _steps(token_ids), keys_values.shape[3], "start", True
+        )
         x = self.embed(token_ids, start_index=start)
         batch, steps = ops.shape(token_ids)[0], token_ids.shape[1]
         token_mask = self._embedding_mask(token_ids)

@@ -177,6 +177,46 @@ def rolling_cache_write(cache, updates, start, sink_tokens, axis=1):
     return ops.where(written, ops.cast(taken, cache.dtype), cache)
 
 
+def check_cache_index(
+    value, steps, cache_length, name="cache_update_index", rolling=False
+):
+    """Raises `ValueError` naming `name` unless `value` is a scalar
+    integer (or integer tensor) at which a call's `steps` positions fit a
+    cache of `cache_length` positions: `0 <= value` and `value + steps <=
+    cache_length` (a rolling cache, `rolling`, wraps around: `0 <= value`
+    only).
+
+    Values known now are read: Python and NumPy integers, eager tensors.
+    A symbolic index (a `tf.function`, XLA or `jax.jit` trace, a
+    functional model) has no value yet and is not compared: out of range,
+    the write then lands on a clamped slot. Keep `index + steps <=
+    cache_length` there.
+
+    Args:
+        value: the index, as the user passed it.
+        steps: int or None, the positions of this call.
+        cache_length: int or None, the positions of the cache.
+        name: the argument's name, as the user wrote it.
+        rolling: bool, whether the cache is a rolling one.
+
+    Example:
+
+    >>> from keras_attention.layers.multi_head_attention import (
+    ...     check_cache_index)
+    >>> check_cache_index(3, 1, 4)  # the last position: fine
+    >>> check_cache_index(4, 1, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `cache_update_index` must be >= 0 and leave room ...
+    """
+    validation.check_index(name, value, allow_negative=True)
+    known = value if validation.is_int(value) else None
+    if known is None:
+        known = keras_utils.concrete_int(value)
+    validation.check_cache_update_index(
+        known, steps, cache_length, name=name, rolling=rolling
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(
     _attention_axes.AttentionAxesLayout,
@@ -331,7 +371,13 @@ class MultiHeadAttention(
             counts query positions from `cache_update_index`). Without it,
             the cached keys and values are used as they are (precomputed
             cross-attention, see `compute_cache`).
-        cache_update_index: int or scalar tensor.
+        cache_update_index: int or scalar integer tensor, where this
+            call's `T` keys/values go: `0 <= cache_update_index` and
+            `cache_update_index + T <= max_length` (a rolling cache,
+            `cache_sink_tokens`, wraps around: `>= 0` only). A known index
+            (Python or NumPy int, eager tensor) out of range raises a
+            `ValueError`; a symbolic one (`tf.function`, XLA, `jax.jit`)
+            is not checked, and the write lands on a clamped slot.
         cache_sink_tokens: optional int >= 0 (with `cache`,
             `cache_update_index` and `sliding_window`; causal): `cache` is
             a rolling cache `(batch, 2, S, kv_heads, key_dim)` instead,
@@ -983,6 +1029,13 @@ class MultiHeadAttention(
         if return_attention_scores and self._flash_attention:
             raise ValueError(_FLASH_SCORES_ERROR)
         if len(query.shape) == 3:
+            if cache is not None and cache_update_index is not None:
+                check_cache_index(
+                    cache_update_index,
+                    query.shape[1],
+                    cache.shape[2],
+                    rolling=cache_sink_tokens is not None,
+                )
             return self._call_3d(
                 query,
                 value,

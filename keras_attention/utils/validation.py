@@ -232,6 +232,46 @@ def check_index(name, value, allow_negative=False):
     return value
 
 
+def check_cache_update_index(
+    index, steps, cache_length, name="cache_update_index", rolling=False
+):
+    """Raises `ValueError` naming `name` unless a call's `steps` positions,
+    written from `index` into a key/value cache of `cache_length`
+    positions, stay inside it: `0 <= index` and `index + steps <=
+    cache_length`. A rolling cache (`rolling`) holds absolute positions
+    in a ring and wraps around by design: `0 <= index` only, and
+    positions below `2**31` (they are int32).
+
+    `index` is the index as a Python or NumPy int (shown as it is), or
+    None when its value is not known now (a symbolic tensor: traced
+    functions, functional models), which is not checked. `steps` or
+    `cache_length` None (unknown at trace time): the end is not compared.
+    Returns nothing.
+    """
+    if index is None:
+        return
+    fits = index >= 0
+    end = 2**31 if rolling else cache_length
+    if fits and None not in (steps, end):
+        fits = index + steps <= end
+    if fits:
+        return
+    if rolling:
+        raise ValueError(
+            f"`{name}` must be >= 0 (the absolute position of the first "
+            f"query; the rolling cache of {cache_length!r} positions wraps "
+            "around), with this call's positions below 2**31 (int32). "
+            f"Received: {name}={index!r}, steps={steps!r}"
+        )
+    raise ValueError(
+        f"`{name}` must be >= 0 and leave room for this call's "
+        f"{steps!r} positions in the cache of {cache_length!r} positions "
+        f"(`{name} + steps <= {cache_length!r}`); a larger cache holds "
+        f"more. Received: {name}={index!r}, steps={steps!r}, "
+        f"cache length={cache_length!r}"
+    )
+
+
 def check_rotary_head_size(rotary_max_wavelength, head_size, source):
     """Raises `ValueError` when rotary positions are on
     (`rotary_max_wavelength` not None) and the attention head size is odd:

@@ -336,3 +336,36 @@ def test_cross_attention_cache_needs_a_built_block_with_cross_attention():
     block(np.ones((2, 5, 16), "float32"))
     with pytest.raises(ValueError, match="no cross-attention"):
         block.compute_cross_attention_cache(context)
+
+
+# A cache written past its end (issue 36): refused eagerly, naming the
+# block's argument.
+
+
+@pytest.mark.parametrize("index, steps", [(4, 1), (6, 1), (3, 2), (-1, 1)])
+def test_cache_written_past_its_end_is_refused(index, steps):
+    block = TransformerDecoderBlock(2, 16, cross_attention=False)
+    x = np.random.default_rng(6).normal(size=(2, steps, 8)).astype("float32")
+    cache = np.zeros((2, 2, 4, 2, 4), "float32")
+    name = "self_attention_cache_update_index"
+    with pytest.raises(
+        ValueError, match=rf"`{name}`.*4 positions.*{name}={index}\b"
+    ):
+        block(x, self_attention_cache=cache, **{name: index})
+    y, _ = block(x[:, :1], self_attention_cache=cache, **{name: 3})
+    assert tuple(y.shape) == (2, 1, 8)
+
+
+def test_rolling_cache_wraps_around_but_refuses_a_negative_index():
+    block = TransformerDecoderBlock(2, 16, cross_attention=False, window_size=2)
+    x = np.ones((1, 1, 8), "float32")
+    cache = np.zeros((1, 2, 3, 2, 4), "float32")
+    kwargs = dict(
+        self_attention_cache=cache, self_attention_cache_sink_tokens=0
+    )
+    y, _ = block(x, self_attention_cache_update_index=9, **kwargs)
+    assert tuple(y.shape) == (1, 1, 8)
+    with pytest.raises(
+        ValueError, match=r"self_attention_cache_update_index=-1\b"
+    ):
+        block(x, self_attention_cache_update_index=-1, **kwargs)

@@ -206,3 +206,16 @@ def test_errors():
     other(np.zeros((1, 2, 16), "float32"))
     with pytest.raises(ValueError, match="same self-attention cache shape"):
         init_cache(lm.blocks + [other], 1, 4)
+
+
+def test_a_cache_written_past_its_end_is_refused():
+    # `call_with_cache` names its own argument (issue 36).
+    _, lm = build_lm()
+    ids = np.array([[3, 4], [5, 6]], "int32")
+    cache = init_cache(lm.blocks, 2, 6)
+    for index, steps in ((6, 1), (5, 2), (-1, 1)):
+        with pytest.raises(
+            ValueError,
+            match=rf"6 positions.*Received: cache_update_index={index}\b",
+        ):
+            lm.call_with_cache(ids[:, :steps], cache, index)

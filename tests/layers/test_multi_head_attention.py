@@ -474,3 +474,47 @@ def test_time_axis_is_the_rank_3_attention_axis(axes):
     plain(Q, V)
     plain.set_weights(layer.get_weights())
     np.testing.assert_allclose(np_(out), np_(plain(Q, V)), atol=1e-6)
+
+
+# A cache written past its end (issue 36): refused eagerly, naming the index.
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("index, steps", [(6, 1), (4, 1), (3, 2), (-1, 1)])
+def test_cache_written_past_its_end_is_refused(grouped, index, steps):
+    from keras_attention.layers import GroupQueryAttention
+
+    if grouped:
+        layer = GroupQueryAttention(4, 2, 1)
+    else:
+        layer = MultiHeadAttention(2, 4, num_key_value_heads=1)
+    x = RNG.normal(size=(2, steps, 8)).astype("float32")
+    cache = np.zeros((2, 2, 4, 1, 4), "float32")
+    with pytest.raises(
+        ValueError, match=rf"4 positions.*cache_update_index={index}\b"
+    ):
+        layer(x, x, cache=cache, cache_update_index=index)
+    # The last slot is valid.
+    out, _ = layer(x[:, :1], x[:, :1], cache=cache, cache_update_index=3)
+    assert tuple(out.shape) == (2, 1, 8)
+
+
+@pytest.mark.parametrize("index", [1.0, True, "1", np.array([1])])
+def test_cache_update_index_must_be_a_scalar_integer(index):
+    layer = MultiHeadAttention(2, 4)
+    x = Q[:, :1]
+    cache = np.zeros((2, 2, 4, 2, 4), "float32")
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(x, x, cache=cache, cache_update_index=index)
+
+
+def test_symbolic_cache_index_is_not_read():
+    # In a functional model the index has no value yet: the layer builds
+    # (the docs say a compiled call clamps or fails by backend).
+    layer = MultiHeadAttention(2, 4)
+    x = keras.Input((1, 8), batch_size=1)
+    index = keras.Input((), dtype="int32", batch_size=1)
+    cache = keras.Input((2, 4, 2, 4), batch_size=1)
+    out, new_cache = layer(x, x, cache=cache, cache_update_index=index[0])
+    assert tuple(out.shape) == (1, 1, 8)
+    assert tuple(new_cache.shape) == (1, 2, 4, 2, 4)

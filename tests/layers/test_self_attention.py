@@ -8,6 +8,7 @@ from references import multi_head_attention as np_mha
 
 from keras_attention import masks
 from keras_attention.layers import CausalSelfAttention
+from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import SelfAttention
 
@@ -148,3 +149,85 @@ def test_padding_mask_shape_is_checked():
 def test_causal_must_be_a_bool(causal):
     with pytest.raises(ValueError, match=f"causal={causal!r}"):
         SelfAttention(2, 4, causal=causal)
+
+
+# A cache written past its end (issue 36): refused eagerly, naming the index.
+
+SLOTS = 4  # the cache's positions
+
+
+def _cached_layer(cls):
+    if cls is LocalSelfAttention:
+        return cls(2, 4, window_size=2, causal=True)
+    return cls(2, 4, causal=True)
+
+
+CACHED_LAYERS = [SelfAttention, CausalSelfAttention, LocalSelfAttention]
+
+
+@pytest.mark.parametrize("cls", CACHED_LAYERS)
+@pytest.mark.parametrize(
+    "index, steps",
+    [(6, 1), (4, 1), (3, 2), (1, 4), (-1, 1), (np.int64(5), 1)],
+)
+def test_cache_written_past_its_end_is_refused(cls, index, steps):
+    layer = _cached_layer(cls)
+    cache = np.zeros((2, 2, SLOTS, 2, 4), "float32")
+    with pytest.raises(ValueError, match="cache_update_index") as error:
+        layer(X[:, :steps], cache=cache, cache_update_index=index)
+    message = str(error.value)
+    # (Keras turns a NumPy scalar argument into a tensor: its value.)
+    assert f"cache_update_index={int(index)!r}" in message
+    assert f"{SLOTS} positions" in message
+
+
+@pytest.mark.parametrize("cls", CACHED_LAYERS)
+def test_cache_index_is_checked_as_an_eager_tensor(cls):
+    layer = _cached_layer(cls)
+    cache = np.zeros((2, 2, SLOTS, 2, 4), "float32")
+    index = ops.convert_to_tensor(4, "int32")
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(X[:, :1], cache=cache, cache_update_index=index)
+
+
+@pytest.mark.parametrize("cls", CACHED_LAYERS)
+@pytest.mark.parametrize("index, steps", [(3, 1), (0, 4), (2, 2)])
+def test_cache_written_up_to_its_last_slot_equals_a_full_pass(
+    cls, index, steps
+):
+    # The last slots are valid: the boundary is `index + steps <= slots`.
+    layer = _cached_layer(cls)
+    x = X[:, :SLOTS]
+    full = np_(layer(x))
+    cache = np.zeros((2, 2, SLOTS, 2, 4), "float32")
+    if index:
+        _, cache = layer(x[:, :index], cache=cache, cache_update_index=0)
+    out, cache = layer(
+        x[:, index : index + steps], cache=cache, cache_update_index=index
+    )
+    np.testing.assert_allclose(
+        np_(out), full[:, index : index + steps], atol=1e-5
+    )
+
+
+def test_rolling_cache_wraps_around_but_refuses_a_negative_index():
+    # A rolling cache holds absolute positions in a ring: positions past
+    # its slots are its point; a negative one is not a position.
+    layer = LocalSelfAttention(2, 4, window_size=2, causal=True)
+    x = X[:, :1]
+    cache = np.zeros((2, 2, 3, 2, 4), "float32")
+    out, _ = layer(x, cache=cache, cache_update_index=7, cache_sink_tokens=0)
+    assert tuple(out.shape) == (2, 1, 8)
+    with pytest.raises(ValueError, match=r"cache_update_index=-2"):
+        layer(x, cache=cache, cache_update_index=-2, cache_sink_tokens=0)
+    # Positions are int32: the last one, 2**31 - 1, and no further.
+    out, _ = layer(
+        x, cache=cache, cache_update_index=2**31 - 1, cache_sink_tokens=0
+    )
+    with pytest.raises(ValueError, match=r"2\*\*31.*=2147483647"):
+        layer(
+            X[:, :2],
+            cache=cache,
+            cache_update_index=2**31 - 1,
+            cache_sink_tokens=0,
+        )
