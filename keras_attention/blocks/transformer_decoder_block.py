@@ -106,6 +106,15 @@ class TransformerDecoderBlock(TransformerBlock):
             document (tiles between documents skipped on the blockwise
             path) and rotary positions restart at each document
             (`keras_attention.masks.segment_positions`).
+        positions: optional integer `(batch, T)` or `(T,)`: the rotary
+            positions of the self-attention's queries and keys (needs
+            `rotary_max_wavelength`; a `ValueError` otherwise), instead of
+            `self_attention_cache_update_index + arange(T)` (or those of
+            `segment_ids`); with a cache, this call's keys are cached
+            rotated at them. Positions restarting at each packed document,
+            with `attention_mask` (or `segment_ids`) keeping each token in
+            its document, give each document's own outputs. Not with a
+            rolling cache. The cross-attention has no positions.
         mask, inputs_mask, context_mask: filled by Keras from the inputs'
             Keras masks; pass `padding_mask`/`context_padding_mask` instead.
 
@@ -242,6 +251,7 @@ class TransformerDecoderBlock(TransformerBlock):
         mod_inputs=None,
         segment_ids=None,
         self_attention_cache_sink_tokens=None,
+        positions=None,
     ):
         self._check_context(context, cross_attention_cache)
         padding_mask = keras_utils.first_not_none(
@@ -275,6 +285,7 @@ class TransformerDecoderBlock(TransformerBlock):
             cache_update_index=self_attention_cache_update_index,
             **({} if mod_inputs is None else {"mod_inputs": mod_inputs}),
             **({} if segment_ids is None else {"segment_ids": segment_ids}),
+            **({} if positions is None else {"positions": positions}),
             **(
                 {}
                 if self_attention_cache_sink_tokens is None

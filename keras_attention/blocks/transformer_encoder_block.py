@@ -86,6 +86,13 @@ class TransformerEncoderBlock(TransformerBlock):
             document (tiles between documents skipped on the blockwise
             path) and rotary positions restart at each document
             (`keras_attention.masks.segment_positions`).
+        positions: optional integer `(batch, T)` or `(T,)`: the rotary
+            positions of the self-attention's queries and keys (needs
+            `rotary_max_wavelength`; a `ValueError` otherwise), instead of
+            `0 .. T - 1` (or those of `segment_ids`). Positions restarting
+            at each packed document, with `attention_mask` (or
+            `segment_ids`) keeping each token in its document, give each
+            document's own outputs.
 
     Returns:
         `(batch, T, features)`, and the per-head attention weights
@@ -176,6 +183,7 @@ class TransformerEncoderBlock(TransformerBlock):
         global_mask=None,
         mod_inputs=None,
         segment_ids=None,
+        positions=None,
     ):
         padding_mask = keras_utils.first_not_none(
             padding_mask, inputs_mask, mask
@@ -185,6 +193,8 @@ class TransformerEncoderBlock(TransformerBlock):
             extra_kwargs["mod_inputs"] = mod_inputs
         if segment_ids is not None:
             extra_kwargs["segment_ids"] = segment_ids
+        if positions is not None:
+            extra_kwargs["positions"] = positions
         if global_mask is not None:
             if self.window_size is None:
                 raise ValueError(

@@ -111,6 +111,9 @@ class LocalSelfAttention(SelfAttention):
             Not with `cache` or `attention_mask`. Returned scores are then
             a dict (`"local"`, `"global_keys"`, `"global_queries"`,
             `"global_indices"`); `scores_to_dense` expands it.
+        positions: optional integer `(batch, T)` or `(T,)`: the rotary
+            positions of the tokens (local and global projections; needs
+            `rotary_max_wavelength`), as in `SelfAttention`.
 
     Returns:
         `(batch, T, output_dim)`, then the banded scores if requested, then
@@ -268,6 +271,7 @@ class LocalSelfAttention(SelfAttention):
         mod_inputs=None,
         segment_ids=None,
         cache_sink_tokens=None,
+        positions=None,
     ):
         if global_mask is not None:
             for name, value in (
@@ -291,11 +295,13 @@ class LocalSelfAttention(SelfAttention):
             mod_inputs=mod_inputs,
             segment_ids=segment_ids,
             cache_sink_tokens=cache_sink_tokens,
+            positions=positions,
             step_inputs={
                 "global_mask": global_mask,
                 "inputs": inputs,
                 "decoding": cache is not None,
                 "rolling": cache_sink_tokens is not None,
+                "positions": positions,
             },
         )
 
@@ -318,6 +324,7 @@ class LocalSelfAttention(SelfAttention):
         inputs=None,
         decoding=False,
         rolling=False,
+        positions=None,
     ):
         """The attention step of `MultiHeadAttention`, on the band: every
         query attends to its window (`local_attention`), or with global
@@ -327,9 +334,10 @@ class LocalSelfAttention(SelfAttention):
         weights `(b, heads, T, left + right + 1)` (a dict with global
         tokens).
 
-        `global_mask`, `inputs` (for the global projections), `decoding`
-        and `rolling` (a rolling cache, whose keys are not in position
-        order: the window comes in `attention_mask`) come from `call`
+        `global_mask`, `inputs` (for the global projections), `decoding`,
+        `rolling` (a rolling cache, whose keys are not in position
+        order: the window comes in `attention_mask`) and `positions` (the
+        rotary positions of the global projections) come from `call`
         through `step_inputs`."""
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
@@ -369,6 +377,7 @@ class LocalSelfAttention(SelfAttention):
                 query_mask,
                 dropout_fn,
                 return_attention_scores,
+                positions,
             )
         else:
             result = local_attention(
@@ -397,14 +406,20 @@ class LocalSelfAttention(SelfAttention):
         padding,
         dropout_fn,
         return_weights,
+        positions=None,
     ):
         """`global_local_attention`, with Longformer's separate global
-        projections of `inputs` when `global_projections`."""
+        projections of `inputs` when `global_projections` (rotated at
+        `positions`, as the local ones)."""
         globals_ = {}
         if self.global_projections:
+            query, key = (
+                self._rotate(dense(inputs), 0, positions)
+                for dense in (self._query_global_dense, self._key_global_dense)
+            )
             globals_ = dict(
-                global_query=self._rotate(self._query_global_dense(inputs), 0),
-                global_key=self._rotate(self._key_global_dense(inputs), 0),
+                global_query=query,
+                global_key=key,
                 global_value=self._value_global_dense(inputs),
             )
         return global_local_attention(

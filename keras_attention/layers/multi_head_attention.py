@@ -398,6 +398,15 @@ class MultiHeadAttention(
             document (tiles between documents skipped on the blockwise
             path) and rotary positions restart at each document
             (`keras_attention.masks.segment_positions`).
+        positions: optional integer `(batch, T)` or `(T,)` (needs
+            `rotary_max_wavelength`; rank-3 inputs): the rotary positions
+            of this call's queries and keys (the key has the query's
+            length `T`, or comes with a `cache`, which then holds keys
+            rotated at them), instead of `cache_update_index + arange(T)`
+            or the restarting positions of `segment_ids`. With packed
+            documents, positions restarting at each plus a mask keeping
+            each token in its document give each document's own result.
+            Not with a rolling cache (`cache_sink_tokens`).
 
     Returns:
         `attention_output` of the query's shape with the last axis replaced
@@ -750,6 +759,38 @@ class MultiHeadAttention(
         factor = self.attention_scale * math.sqrt(self.key_dim)
         return ops.multiply(q, ops.cast(factor, q.dtype))
 
+    def _check_positions(self, positions, query, key, cache, sink_tokens):
+        """`positions` set the rotary positions of a rank-3 self-attention
+        call (keys of the query's length, or this call's keys of a cache);
+        their shape is `RotaryEmbedding`'s to check."""
+        problem = None
+        if self._rotary is None:
+            problem = (
+                "they set rotary positions, and this layer has none "
+                "(`rotary_max_wavelength=None`)"
+            )
+        elif len(query.shape) != 3:
+            problem = "they need inputs of shape (batch, T, features)"
+        elif sink_tokens is not None:
+            problem = (
+                "a rolling cache (`cache_sink_tokens`) places and masks "
+                "keys by `cache_update_index`, not by them"
+            )
+        elif cache is None and None not in (query.shape[1], key.shape[1]):
+            if query.shape[1] != key.shape[1]:
+                problem = (
+                    "they are the positions of the queries and the keys "
+                    "alike, so the key must have the query's length"
+                )
+        if problem is not None:
+            raise ValueError(
+                f"`positions` cannot be used here: {problem}. Received: "
+                f"positions.shape={_shape_of(positions)!r}, "
+                f"query.shape={tuple(query.shape)!r}, "
+                f"key.shape={_shape_of(key)!r}, "
+                f"layer {self.name!r}"
+            )
+
     def _check_segment_ids(self, segment_ids, query, key, cache):
         """`segment_ids` `(batch, T)` integers of a self-attention call on
         `(batch, T, features)` inputs, without a cache."""
@@ -1006,9 +1047,14 @@ class MultiHeadAttention(
         step_inputs=None,
         segment_ids=None,
         cache_sink_tokens=None,
+        positions=None,
     ):
         key = value if key is None else key
         self._check_call_inputs(query, value, key)
+        if positions is not None:
+            self._check_positions(
+                positions, query, key, cache, cache_sink_tokens
+            )
         if segment_ids is not None:
             self._check_segment_ids(segment_ids, query, key, cache)
         if value is not None and (
@@ -1053,6 +1099,7 @@ class MultiHeadAttention(
                 step_inputs=step_inputs,
                 segment_ids=segment_ids,
                 cache_sink_tokens=cache_sink_tokens,
+                positions=positions,
             )
         if cache is not None:
             raise ValueError(
@@ -1103,6 +1150,7 @@ class MultiHeadAttention(
         step_inputs=None,
         segment_ids=None,
         cache_sink_tokens=None,
+        positions=None,
     ):
         """Attention on `(b, T, features)` inputs (the rank-3 core).
 
@@ -1111,8 +1159,8 @@ class MultiHeadAttention(
         `LocalSelfAttention`'s global tokens)."""
         offset = 0 if cache_update_index is None else cache_update_index
         gate = self._gate_dense(query) if self.use_gate else None
-        positions = None
-        if segment_ids is not None and self._rotary is not None:
+        rotary = self._rotary is not None
+        if positions is None and segment_ids is not None and rotary:
             positions = masks_lib.segment_positions(segment_ids)
         q = self._rotate(self._query_dense(query), offset, positions)
         q = self._scale_query(q)
@@ -1143,7 +1191,7 @@ class MultiHeadAttention(
             k, v = cache[:, 0], cache[:, 1]
         else:
             start = (0, cache_update_index, 0, 0)
-            new_k = self._rotate(self._key_dense(key), offset)
+            new_k = self._rotate(self._key_dense(key), offset, positions)
             k = ops.slice_update(cache[:, 0], start, new_k)
             v = ops.slice_update(cache[:, 1], start, self._value_dense(value))
             cache = ops.stack([k, v], axis=1)
@@ -1503,6 +1551,12 @@ class MultiHeadAttention(
     def from_config(cls, config):
         config = mods_base.from_config_entries(config)
         return cls(**config)
+
+
+def _shape_of(x):
+    """`x.shape` as a tuple (None without one: a list, a missing key)."""
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(shape)
 
 
 def _takes_structure(method):

@@ -40,6 +40,11 @@ class SelfAttention(MultiHeadAttention):
             document (tiles between documents skipped on the blockwise
             path) and rotary positions restart at each document
             (`keras_attention.masks.segment_positions`).
+        positions: optional integer `(batch, T)` or `(T,)`: the rotary
+            positions of this call's tokens (needs `rotary_max_wavelength`),
+            e.g. restarting at each packed document (with a mask keeping
+            each token in its document, or `segment_ids`); see
+            `MultiHeadAttention`.
 
     Returns:
         `(batch, T, output_dim)`, then the scores if requested, then the
@@ -90,6 +95,7 @@ class SelfAttention(MultiHeadAttention):
         step_inputs=None,
         segment_ids=None,
         cache_sink_tokens=None,
+        positions=None,
     ):
         self._check_call_inputs(inputs, inputs, inputs, ("inputs",) * 3)
         mask = self._padding_mask(inputs, mask)
@@ -108,6 +114,7 @@ class SelfAttention(MultiHeadAttention):
             step_inputs=step_inputs,
             segment_ids=segment_ids,
             cache_sink_tokens=cache_sink_tokens,
+            positions=positions,
         )
 
     def _padding_mask(self, inputs, mask):

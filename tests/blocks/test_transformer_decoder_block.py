@@ -369,3 +369,74 @@ def test_rolling_cache_wraps_around_but_refuses_a_negative_index():
         ValueError, match=r"self_attention_cache_update_index=-1\b"
     ):
         block(x, self_attention_cache_update_index=-1, **kwargs)
+
+
+# `positions=` (issue 36): the rotary positions of the self-attention.
+
+
+def test_packed_positions_and_document_mask_equal_documents_one_by_one():
+    x = np.random.default_rng(11).normal(size=(1, 5, 8)).astype("float32")
+    ids = np.array([[0, 0, 0, 1, 1]], "int32")
+    positions = np.array([[0, 1, 2, 0, 1]], "int32")
+    block = TransformerDecoderBlock(
+        2, 16, cross_attention=False, rotary_max_wavelength=100
+    )
+    alone = np.concatenate(
+        [to_numpy(block(x[:, :3])), to_numpy(block(x[:, 3:]))], axis=1
+    )
+    same_document = ids[:, :, None] == ids[:, None, :]
+    packed = block(x, positions=positions, attention_mask=same_document)
+    np.testing.assert_allclose(to_numpy(packed), alone, atol=1e-5)
+    packed = block(x, positions=positions, segment_ids=ids)
+    np.testing.assert_allclose(to_numpy(packed), alone, atol=1e-5)
+
+
+def test_positions_reach_the_rotary_positions_with_a_cache():
+    # One position for every token cancels rotary positions (scores depend
+    # on m - n only): cached steps at position 0 equal the block without
+    # them; steps at their own positions equal the full rotary pass.
+    x = np.random.default_rng(12).normal(size=(2, 4, 8)).astype("float32")
+    rotary = TransformerDecoderBlock(
+        2, 16, cross_attention=False, rotary_max_wavelength=100
+    )
+    plain = TransformerDecoderBlock(2, 16, cross_attention=False)
+    rotary(x), plain(x)
+    plain.set_weights(rotary.get_weights())
+    valid = np.ones((2, 4), bool)
+    for step_positions, full in (
+        (lambda i: np.zeros((2, 1), "int32"), plain(x)),
+        (lambda i: np.full((2, 1), i, "int32"), rotary(x)),
+    ):
+        cache = np.zeros((2, 2, 4, 2, 4), "float32")
+        steps = []
+        for i in range(4):
+            y, cache = rotary(
+                x[:, i : i + 1],
+                attention_mask=valid[:, None, :],
+                self_attention_cache=cache,
+                self_attention_cache_update_index=i,
+                positions=step_positions(i),
+            )
+            steps.append(to_numpy(y))
+        np.testing.assert_allclose(
+            np.concatenate(steps, 1), to_numpy(full), atol=1e-5
+        )
+
+
+def test_positions_are_refused_with_a_rolling_cache():
+    block = TransformerDecoderBlock(
+        2,
+        16,
+        cross_attention=False,
+        window_size=2,
+        rotary_max_wavelength=100,
+    )
+    x = np.ones((1, 1, 8), "float32")
+    with pytest.raises(ValueError, match="`positions`.*rolling"):
+        block(
+            x,
+            self_attention_cache=np.zeros((1, 2, 3, 2, 4), "float32"),
+            self_attention_cache_update_index=0,
+            self_attention_cache_sink_tokens=0,
+            positions=np.zeros((1, 1), "int32"),
+        )

@@ -266,3 +266,61 @@ def test_keras_mask_kept_when_attention_mask_is_passed(norm_first):
         np.testing.assert_allclose(
             to_numpy(got) * valid, to_numpy(expected) * valid, atol=1e-5
         )
+
+
+# `positions=` (issue 36): the rotary positions of the self-attention.
+
+
+def _packed_documents():
+    """Two documents (3 and 2 tokens) packed in one row, their positions
+    restarting at each, and the mask keeping each token in its document."""
+    x = np.random.default_rng(9).normal(size=(1, 5, 8)).astype("float32")
+    ids = np.array([[0, 0, 0, 1, 1]], "int32")
+    positions = np.array([[0, 1, 2, 0, 1]], "int32")
+    return x, ids, positions, ids[:, :, None] == ids[:, None, :]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [None, 1])
+def test_packed_positions_and_document_mask_equal_documents_one_by_one(
+    causal, window_size
+):
+    block = TransformerEncoderBlock(
+        2,
+        16,
+        causal=causal,
+        window_size=window_size,
+        rotary_max_wavelength=100,
+    )
+    x, ids, positions, same_document = _packed_documents()
+    alone = np.concatenate(
+        [to_numpy(block(x[:, :3])), to_numpy(block(x[:, 3:]))], axis=1
+    )
+    packed = block(x, positions=positions, attention_mask=same_document)
+    np.testing.assert_allclose(to_numpy(packed), alone, atol=1e-5)
+    packed = block(x, positions=positions, segment_ids=ids)
+    np.testing.assert_allclose(to_numpy(packed), alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("window_size", [None, 1])
+def test_positions_reach_the_rotary_positions(window_size):
+    # Rotary scores depend on m - n only: one position for every token
+    # cancels them, which leaves the block without rotary positions.
+    x = np.random.default_rng(10).normal(size=(2, 5, 8)).astype("float32")
+    rotary = TransformerEncoderBlock(
+        2, 16, window_size=window_size, rotary_max_wavelength=100
+    )
+    plain = TransformerEncoderBlock(2, 16, window_size=window_size)
+    rotary(x), plain(x)
+    plain.set_weights(rotary.get_weights())
+    same = np.full((2, 5), 7, "int32")
+    np.testing.assert_allclose(
+        to_numpy(rotary(x, positions=same)), to_numpy(plain(x)), atol=1e-5
+    )
+    assert not np.allclose(to_numpy(rotary(x)), to_numpy(plain(x)), atol=1e-3)
+
+
+def test_positions_need_rotary_positions():
+    x = np.ones((1, 3, 8), "float32")
+    with pytest.raises(ValueError, match="`positions`.*rotary"):
+        TransformerEncoderBlock(2, 16)(x, positions=np.zeros((1, 3), "int32"))

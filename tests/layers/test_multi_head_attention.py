@@ -518,3 +518,42 @@ def test_symbolic_cache_index_is_not_read():
     out, new_cache = layer(x, x, cache=cache, cache_update_index=index[0])
     assert tuple(out.shape) == (1, 1, 8)
     assert tuple(new_cache.shape) == (1, 2, 4, 2, 4)
+
+
+# `positions=` (issue 36): rotary positions of queries and keys.
+
+
+@pytest.mark.parametrize("kv_heads", [None, 1])
+def test_positions_set_the_rotary_positions(kv_heads):
+    # Rotary scores depend on m - n only: one position for every token
+    # cancels them; positions arange(T) are the default ones.
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    rotary = MultiHeadAttention(
+        2, 4, num_key_value_heads=kv_heads, rotary_max_wavelength=100
+    )
+    plain = MultiHeadAttention(2, 4, num_key_value_heads=kv_heads)
+    rotary(x, x), plain(x, x)
+    plain.set_weights(rotary.get_weights())
+    same = np.full((5,), 3, "int32")
+    np.testing.assert_allclose(
+        np_(rotary(x, x, positions=same)), np_(plain(x, x)), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np_(rotary(x, x, positions=np.arange(5)[None])),
+        np_(rotary(x, x)),
+        atol=1e-5,
+    )
+
+
+def test_positions_are_checked():
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    with pytest.raises(ValueError, match="`positions`.*rotary"):
+        MultiHeadAttention(2, 4)(x, x, positions=np.arange(5))
+    layer = MultiHeadAttention(2, 4, rotary_max_wavelength=100)
+    with pytest.raises(ValueError, match="`positions`.*key"):
+        layer(x, x[:, :3], positions=np.arange(5))
+    fresh = MultiHeadAttention(2, 4, rotary_max_wavelength=100)
+    with pytest.raises(
+        ValueError, match=r"`positions`.*\(batch, T, features\)"
+    ):
+        fresh(x[:, None], x[:, None], positions=np.arange(5))

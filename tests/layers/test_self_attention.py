@@ -231,3 +231,28 @@ def test_rolling_cache_wraps_around_but_refuses_a_negative_index():
             cache_update_index=2**31 - 1,
             cache_sink_tokens=0,
         )
+
+
+# `positions=` (issue 36): rotary positions of every projection.
+
+
+@pytest.mark.parametrize("global_projections", [False, True])
+def test_positions_reach_every_rotary_projection(global_projections):
+    # One position for every token cancels rotary positions (scores depend
+    # on m - n only), Longformer's global projections included.
+    kwargs = dict(window_size=1, global_projections=global_projections)
+    rotary = LocalSelfAttention(2, 4, rotary_max_wavelength=100, **kwargs)
+    plain = LocalSelfAttention(2, 4, **kwargs)
+    global_mask = np.zeros((2, 6), bool)
+    global_mask[:, 0] = True
+    rotary(X, global_mask=global_mask), plain(X, global_mask=global_mask)
+    plain.set_weights(rotary.get_weights())
+    same = np.full((2, 6), 5, "int32")
+    np.testing.assert_allclose(
+        np_(rotary(X, global_mask=global_mask, positions=same)),
+        np_(plain(X, global_mask=global_mask)),
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        np_(rotary(X, positions=same)), np_(plain(X)), atol=1e-5
+    )
