@@ -99,14 +99,31 @@ def test_compute_output_shape(
 
 @pytest.mark.parametrize(
     "query_shape,value_shape,key_shape",
-    [((2, 4, 8), (2, 2, 7), 2), ((2, 4, 8), (2, 2, 8), (2, 1, 7))],
+    [
+        # Keras's `key_shape=2` (an int) too: the query/value check
+        # comes first and raises.
+        pytest.param((2, 4, 8), (2, 2, 7), 2, id="query_value_dim_mismatch"),
+        pytest.param(
+            (2, 4, 8), (2, 2, 8), (2, 1, 7), id="key_value_dim_mismatch"
+        ),
+    ],
 )
-def test_shape_mismatch_error(query_shape, value_shape, key_shape):
+@pytest.mark.parametrize("by_name", [False, True])
+def test_shape_mismatch_error(query_shape, value_shape, key_shape, by_name):
+    # Keras 3.15's `test_shape_mismatch_error_*`, positionally (as Keras
+    # calls it) and by name.
     layer = GroupQueryAttention(
         num_query_heads=4, num_key_value_heads=4, head_dim=2
     )
     with pytest.raises(ValueError, match="must be equal"):
-        layer.compute_output_shape(query_shape, value_shape, key_shape)
+        if by_name:
+            layer.compute_output_shape(
+                query_shape=query_shape,
+                value_shape=value_shape,
+                key_shape=key_shape,
+            )
+        else:
+            layer.compute_output_shape(query_shape, value_shape, key_shape)
 
 
 def test_query_and_value_feature_sizes_must_agree_at_build():
@@ -219,6 +236,35 @@ def test_causal_only_equals_the_explicit_mask():
     fast = layer(x, x, use_causal_mask=True)
     slow = layer(x, x, attention_mask=np.tril(np.ones((1, 5, 5), bool)))
     np.testing.assert_allclose(np_(fast), np_(slow), atol=1e-5)
+
+
+def test_causal_only_skipped_for_subclass():
+    # Keras 3.15's `test_causal_only_skipped_for_subclass`: a subclass with
+    # Keras's earlier `_compute_attention` signature (no
+    # `return_attention_scores`, no `use_causal_mask`) is called, and gets
+    # the causal mask as `attention_mask`, not None; the numbers are
+    # Keras's causal ones.
+    seen = {}
+
+    class Sub(GroupQueryAttention):
+        def _compute_attention(
+            self, query, key, value, attention_mask=None, training=None
+        ):
+            seen["mask_is_none"] = attention_mask is None
+            return super()._compute_attention(
+                query, key, value, attention_mask, training
+            )
+
+    layer = Sub(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+    x = np.random.RandomState(0).randn(2, 5, 16).astype("float32")
+    out = layer(x, x, use_causal_mask=True)
+    assert seen["mask_is_none"] is False
+    theirs = Keras(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+    theirs(x, x)
+    theirs.set_weights(layer.get_weights())
+    np.testing.assert_allclose(
+        np_(out), np_(theirs(x, x, use_causal_mask=True)), atol=1e-5
+    )
 
 
 def test_correctness_numbers():
