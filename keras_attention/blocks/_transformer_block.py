@@ -59,9 +59,10 @@ class TransformerBlock(keras.layers.Layer):
             self-attention (`LocalSelfAttention`); None: full attention.
         score_mod: optional score object or function of the
             self-attention (`keras_attention.mods`; see the guide
-            "Programmable attention"); not with `window_size`.
+            "Programmable attention"); with `window_size` too (the
+            banded path applies it inside the window).
         mask_mod: optional mask object or function of the self-attention,
-            and-ed with its other masks; not with `window_size`.
+            and-ed with its other masks (the window's included).
         normalization: `"layer_norm"` (default: `LayerNormalization`, with
             a bias) or `"rms_norm"` (`RMSNormalization`, a scale only:
             Llama, Mistral, Gemma), for every norm of the block.

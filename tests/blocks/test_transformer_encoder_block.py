@@ -324,3 +324,43 @@ def test_positions_need_rotary_positions():
     x = np.ones((1, 3, 8), "float32")
     with pytest.raises(ValueError, match="`positions`.*rotary"):
         TransformerEncoderBlock(2, 16)(x, positions=np.zeros((1, 3), "int32"))
+
+
+# Score and mask objects with `window_size` (issue 36: the docs said they
+# did not work together; they do).
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_and_mask_objects_work_with_window_size(causal):
+    # The windowed block with ALiBi and a prefix-LM mask equals the full
+    # block with the same objects and the window as one more mask object.
+    from keras_attention import mods
+    from keras_attention import scores
+
+    x = np.random.default_rng(13).normal(size=(2, 6, 8)).astype("float32")
+    window = (2, 0) if causal else (2, 1)
+    common = dict(
+        causal=causal,
+        score_mod=scores.ALiBi(num_heads=2),
+        rotary_max_wavelength=100,
+    )
+    local = TransformerEncoderBlock(
+        2, 16, window_size=window, mask_mod=mods.PrefixLMMask(2), **common
+    )
+    full = TransformerEncoderBlock(
+        2,
+        16,
+        mask_mod=mods.and_masks(
+            mods.PrefixLMMask(2), mods.SlidingWindowMask(window)
+        ),
+        **common,
+    )
+    local(x), full(x)
+    full.set_weights(local.get_weights())
+    np.testing.assert_allclose(to_numpy(local(x)), to_numpy(full(x)), atol=1e-5)
+    bare = TransformerEncoderBlock(
+        2, 16, window_size=window, causal=causal, rotary_max_wavelength=100
+    )
+    bare(x)
+    bare.set_weights(local.get_weights())
+    assert not np.allclose(to_numpy(bare(x)), to_numpy(local(x)), atol=1e-3)
