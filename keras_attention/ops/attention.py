@@ -143,8 +143,12 @@ def dot_product_attention(
             function reading trainable variables (in its closure,
             globals, defaults or bound object) runs on the dense path (the
             blockwise backward could not reach them; constant tensors are
-            fine). A `ScoreLayer` not built yet is built here with the
-            query's number of heads.
+            fine, and so is any tensor on a forced "blockwise", where
+            it gets no gradient); so does, under the automatic choice,
+            one reading a tensor computed inside a traced function (a
+            graph tensor or JAX tracer may be differentiated). A
+            `ScoreLayer` not built yet is built here with the query's
+            number of heads.
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`
             (True = may attend), and-ed with the other masks. Written with
             elementwise operators on the indices alone, it is evaluated on
@@ -438,11 +442,14 @@ def _choose_implementation(
     needs_weights = return_weights or dropout_fn is not None
     tq, tk = query.shape[1], key.shape[1]
     static = tq is not None and tk is not None
-    # A plain function closing over trainable tensors: only the dense
+    # A plain function reading trainable variables: only the dense
     # path's autodiff reaches them (a ScoreLayer passes its weights).
     closure = scoring.closes_over_tensors(score_mod)
     if name is None:
+        # Automatic: a traced tensor it reads may be differentiated too.
         if needs_weights or closure:
+            return "dense"
+        if scoring.closes_over_tensors(score_mod, traced=True):
             return "dense"
         if _backend.prefers_fused_attention() and score_mod is None:
             return "fused"

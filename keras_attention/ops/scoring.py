@@ -48,6 +48,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.masks import combine_masks
+from keras_attention.ops import _backend
 
 try:  # Keras >= 3.0: the scope layers use for mixed precision.
     from keras.src.backend.common.variables import AutocastScope
@@ -546,7 +547,7 @@ def split_soft_cap(score_mod):
     return float(method())
 
 
-def closes_over_tensors(fn):
+def closes_over_tensors(fn, traced=False):
     """Whether a plain function `fn` reads a trainable variable (or a
     layer holding one) that it is not given: its gradient would not
     reach it through a hand-written backward pass (and TensorFlow's
@@ -556,12 +557,16 @@ def closes_over_tensors(fn):
     attributes, a `functools.partial`'s arguments, and the functions
     these hold, recursively. Constant tensors are fine (nothing to
     differentiate). Layers (`ScoreLayer`) pass their weights explicitly
-    and are not such functions."""
+    and are not such functions.
+
+    `traced=True` counts float tensors without values too (a graph
+    tensor, a JAX tracer: computed inside a traced function, they may be
+    differentiated, which cannot be told from a constant)."""
     if isinstance(fn, AtPositions):
-        return closes_over_tensors(fn.fn)
+        return closes_over_tensors(fn.fn, traced)
     if fn is None or isinstance(fn, keras.layers.Layer):
         return False
-    return _reads_variables(fn, set(), 0)
+    return _reads_variables(fn, set(), 0, traced)
 
 
 def _code_names(code):
@@ -572,8 +577,8 @@ def _code_names(code):
     return names
 
 
-def _reads_variables(obj, seen, depth):
-    if _is_tensor_like(obj):
+def _reads_variables(obj, seen, depth, traced=False):
+    if _is_tensor_like(obj, traced):
         return True
     if depth > 6 or id(obj) in seen or keras.ops.is_tensor(obj):
         return False
@@ -603,7 +608,7 @@ def _reads_variables(obj, seen, depth):
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType):
             found.append(call)
-    return any(_reads_variables(x, seen, depth + 1) for x in found)
+    return any(_reads_variables(x, seen, depth + 1, traced) for x in found)
 
 
 def _cells(fn):
@@ -638,10 +643,10 @@ def _globals_read(fn):
     return values
 
 
-def _is_tensor_like(x):
+def _is_tensor_like(x, traced=False):
     """A trainable variable (Keras's, or a backend's: `tf.Variable`, a
     torch tensor requiring grad) or a layer holding one; constant
-    tensors are not."""
+    tensors are not (`traced`: a float tensor without values is)."""
     if isinstance(x, keras.Variable):
         return x.trainable
     if isinstance(x, keras.layers.Layer):
@@ -651,6 +656,10 @@ def _is_tensor_like(x):
         "UninitializedVariable",
     ):
         return False
+    if traced and _backend.is_symbolic(x):
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        if keras.backend.is_float_dtype(dtype):
+            return True
     return bool(getattr(x, "trainable", False)) or bool(
         getattr(x, "requires_grad", False)
     )

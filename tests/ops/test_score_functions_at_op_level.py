@@ -6,7 +6,9 @@
   hand-written: TensorFlow's custom gradient refuses the variable), and
   its gradient reaches the variable.
 - A function closing over a *constant* tensor runs forward and backward
-  on the forced blockwise path, as on the dense one.
+  on the forced blockwise path, as on the dense one; one closing over a
+  traced tensor (computed inside a differentiated function) goes dense
+  under the automatic choice, and its gradient flows.
 - `T5RelativeBias` / `ALiBi` passed to the op are built from the query's
   heads, or refused naming `score_mod` when made for other heads.
 """
@@ -171,6 +173,51 @@ def test_a_function_closing_over_a_constant_runs_blockwise_both_ways():
     np.testing.assert_allclose(out, want_out, atol=2e-5)
     for a, b in zip(grads, want):
         np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def _traced_gradient(implementation):
+    """Gradient w.r.t. a variable of a loss whose score function closes
+    over a tensor computed from the variable inside the differentiated
+    (traced) function: a `tf.function`, `jax.grad`, torch autograd."""
+    variable = keras.Variable(SLOPES, name="traced_slopes")
+
+    def loss_of(value):
+        slopes = value * 1.0  # A tensor, not the variable.
+
+        def fn(score, batch, head, q_idx, kv_idx):
+            return _with_slopes(slopes, score, batch, head, q_idx, kv_idx)
+
+        with ka.ops.implementation_scope(implementation, key_block=64):
+            out = ka.ops.dot_product_attention(Q, K, V, score_mod=fn)
+        return ops.sum(out * ops.sin(out))
+
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_of(variable.value)
+            return tape.gradient(loss, variable.value)
+
+        return np_(step())
+    if BACKEND == "jax":
+        import jax
+
+        return np_(jax.grad(loss_of)(ops.convert_to_tensor(SLOPES)))
+    import torch
+
+    value = torch.tensor(SLOPES, requires_grad=True)
+    loss_of(value).backward()
+    return np_(value.grad)
+
+
+def test_a_function_closing_over_a_traced_tensor_gets_its_gradient():
+    """The automatic choice cannot tell a traced tensor from a constant
+    one: it may carry a gradient, so the dense path (autodiff) runs."""
+    want = _traced_gradient("dense")
+    assert np.abs(want).sum() > 0
+    np.testing.assert_allclose(_traced_gradient(None), want, atol=1e-5)
 
 
 @pytest.mark.parametrize("implementation", ["dense", "blockwise"])
