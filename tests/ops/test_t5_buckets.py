@@ -136,15 +136,19 @@ def test_buckets_equal_t5s_at_exact_log_ratios():
     for i, (config, entries) in enumerate(sorted(by_config.items())):
         relative = np.array(sorted(entries))
         want = [entries[r] for r in relative]
-        got = np_(scores.relative_position_bucket(relative, *config))
-        theirs = hub_buckets(relative, *config)
+        # One shape for every config (JAX compiles each op per shape).
+        padded = np.resize(relative, 16)
+        got = np_(scores.relative_position_bucket(padded, *config))
+        theirs = hub_buckets(padded, *config)
+        got, theirs = got[: len(want)], theirs[: len(want)]
         if keras.backend.backend() != "jax":
             # T5's own is exact here (JAX's float32 log, XLA's, is not
             # correctly rounded: keras-hub on JAX may land a bucket low).
             assert theirs.tolist() == want, config
         assert got.tolist() == want, config
-        if i % 8 == 0:  # the layer's table: the same function
-            assert table_buckets(relative, *config).tolist() == want, config
+        if i % 16 == 0:  # the layer's table: the same function
+            from_table = table_buckets(padded, *config)[: len(want)]
+            assert from_table.tolist() == want, config
 
 
 def _near_an_integer(relative, bidirectional, num_buckets, max_distance):
