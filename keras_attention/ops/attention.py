@@ -213,7 +213,7 @@ def dot_product_attention(
         query_mask = given["query_mask"]
     scoring.check_mod(score_mod, "score_mod")
     scoring.check_mod(mask_mod, "mask_mod")
-    _build_score_layer(score_mod, query)
+    scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(query, key, value, return_weights)
     choice = _choose_implementation(
@@ -409,26 +409,6 @@ def memory_efficient_implementation():
     backend has a GPU and on torch's CPU (flash kernels that keep only the
     log-sum-exp for the backward pass), else "blockwise"."""
     return "fused" if _backend.prefers_fused_attention() else "blockwise"
-
-
-def _build_score_layer(score_mod, query):
-    """Builds a `ScoreLayer` passed straight to the op (an attention layer
-    builds it with its heads) from the query's heads, or refuses one
-    made for another number of heads."""
-    layer = score_mod
-    if isinstance(layer, scoring.AtPositions):
-        layer = layer.fn
-    if not isinstance(layer, keras.layers.Layer):
-        return
-    heads = query.shape[2]
-    if not layer.built:
-        layer.build(getattr(layer, "num_heads", None) or heads)
-    made_for = getattr(layer, "num_heads", None)
-    if made_for is not None and heads is not None and made_for != heads:
-        raise ValueError(
-            f"`score_mod` is made for {made_for} heads but the query has "
-            f"{heads}. Received: score_mod={score_mod!r}"
-        )
 
 
 def _choose_implementation(

@@ -417,6 +417,7 @@ def local_attention(
     >>> tuple(out.shape), tuple(banded.shape)
     ((1, 10, 2, 4), (1, 2, 10, 5))
     """
+    scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     left, right = effective_window(
         window_size, _static_length(query, 1), causal
     )

@@ -547,6 +547,24 @@ def split_soft_cap(score_mod):
     return float(method())
 
 
+def build_score_layer(score_mod, num_heads, argument="score_mod"):
+    """Builds a `ScoreLayer` given straight to an op (an attention layer
+    builds it with its own heads) from the query's `num_heads`, or
+    refuses one made for another number of heads (`ValueError` naming
+    `argument`). Anything else is left as it is."""
+    layer = score_mod.fn if isinstance(score_mod, AtPositions) else score_mod
+    if not isinstance(layer, keras.layers.Layer):
+        return
+    if not layer.built:
+        layer.build(getattr(layer, "num_heads", None) or num_heads)
+    made_for = getattr(layer, "num_heads", None)
+    if made_for is not None and num_heads is not None and made_for != num_heads:
+        raise ValueError(
+            f"`{argument}` is made for {made_for} heads but the query has "
+            f"{num_heads}. Received: {argument}={score_mod!r}"
+        )
+
+
 def closes_over_tensors(fn, traced=False):
     """Whether a plain function `fn` reads a trainable variable (or a
     layer holding one) that it is not given: its gradient would not

@@ -241,6 +241,18 @@ def test_score_layers_passed_to_the_op_are_built_from_the_query(
     np.testing.assert_allclose(np_(out), np_(want), atol=1e-6)
 
 
+def test_score_layers_passed_to_local_attention_are_built_too():
+    q, k, v = (x[:, :12] for x in (Q, K, V))
+    for layer in (ka.scores.T5RelativeBias(), ka.scores.ALiBi()):
+        out = ka.ops.local_attention(q, k, v, window_size=3, score_mod=layer)
+        assert layer.built and layer.num_heads == 2
+        assert np.isfinite(np_(out)).all()
+    with pytest.raises(ValueError, match="score_mod"):
+        ka.ops.local_attention(
+            q, k, v, window_size=3, score_mod=ka.scores.ALiBi(num_heads=4)
+        )
+
+
 def test_a_score_layer_for_other_heads_is_refused():
     q, k, v = (x[:, :8] for x in (Q, K, V))
     for layer in (
