@@ -1,3 +1,5 @@
+import inspect
+
 import keras
 import numpy as np
 from keras import ops
@@ -134,6 +136,11 @@ ROTARY_SCALING_ARGUMENTS = (
     "low_freq_factor",
     "high_freq_factor",
 )
+
+
+# Its arguments after `dim`: RotaryEmbedding's attributes and config keys.
+_FREQUENCY_ARGUMENTS = tuple(inspect.signature(inverse_frequencies).parameters)
+_FREQUENCY_ARGUMENTS = _FREQUENCY_ARGUMENTS[1:]  # all but `dim`
 
 
 def check_rotary_scaling(rotary_scaling, rotary_max_wavelength):
@@ -396,21 +403,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 m = m[None]
         # Frequencies in float64 on the host, then float32: a huge
         # `max_wavelength` (1e300) has no float32 value, its powers do.
-        theta = inverse_frequencies(
-            dim,
-            max_wavelength=self.max_wavelength,
-            scaling_factor=self.scaling_factor,
-            rope_type=self.rope_type,
-            beta_fast=self.beta_fast,
-            beta_slow=self.beta_slow,
-            original_max_position_embeddings=(
-                self.original_max_position_embeddings
-            ),
-            truncate=self.truncate,
-            low_freq_factor=self.low_freq_factor,
-            high_freq_factor=self.high_freq_factor,
-            denominator_dim=self.denominator_dim,
-        )
+        theta = inverse_frequencies(dim, **self._frequency_arguments())
         angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
         # No -1: a length-0 sequence makes it ambiguous (JAX divides by 0).
         shape = (ops.shape(angles)[0], length) + (1,) * (rank - 3)
@@ -420,6 +413,11 @@ class RotaryEmbedding(keras.layers.Layer):
             factor = 0.1 * float(np.log(self.scaling_factor)) + 1.0
             cos, sin = cos * factor, sin * factor
         return ops.reshape(cos, shape), ops.reshape(sin, shape)
+
+    def _frequency_arguments(self):
+        """The arguments of `inverse_frequencies` this layer was built
+        with (also its config's keys)."""
+        return {name: getattr(self, name) for name in _FREQUENCY_ARGUMENTS}
 
     def call(self, inputs, start_index=0, positions=None):
         shape, order = self._standard_shape(tuple(inputs.shape))
@@ -452,18 +450,7 @@ class RotaryEmbedding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            max_wavelength=self.max_wavelength,
-            scaling_factor=self.scaling_factor,
-            rope_type=self.rope_type,
-            beta_fast=self.beta_fast,
-            beta_slow=self.beta_slow,
-            original_max_position_embeddings=(
-                self.original_max_position_embeddings
-            ),
-            truncate=self.truncate,
-            denominator_dim=self.denominator_dim,
-            low_freq_factor=self.low_freq_factor,
-            high_freq_factor=self.high_freq_factor,
+            self._frequency_arguments(),
             sequence_axis=self.sequence_axis,
             feature_axis=self.feature_axis,
         )
