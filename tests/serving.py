@@ -99,6 +99,19 @@ def fresh_process_code(code, blocked_modules, tensorflow_text_ops=False):
     return prelude + textwrap.dedent(code)
 
 
+def _child_env(pythonpath=(), env=None):
+    """The environment of a fresh (or shared) process: TensorFlow quiet,
+    no GPU, `PYTHONPATH` of `pythonpath` only, then `env` over it."""
+    full_env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=os.pathsep.join(pythonpath),
+    )
+    full_env.update(env or {})
+    return full_env
+
+
 def run_in_fresh_process(
     code,
     args=(),
@@ -136,13 +149,7 @@ def run_in_fresh_process(
     Returns:
         The `subprocess.CompletedProcess` (text `stdout`/`stderr`).
     """
-    full_env = dict(
-        os.environ,
-        TF_CPP_MIN_LOG_LEVEL="3",
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONPATH=os.pathsep.join(pythonpath),
-    )
-    full_env.update(env or {})
+    full_env = _child_env(pythonpath, env)
     program = fresh_process_code(code, blocked_modules, tensorflow_text_ops)
     proc = subprocess.run(
         [sys.executable, "-c", program, *map(str, args)],
@@ -209,12 +216,6 @@ _SERVERS = {}
 
 class _SharedProcess:
     def __init__(self, blocked_modules):
-        env = dict(
-            os.environ,
-            TF_CPP_MIN_LOG_LEVEL="3",
-            CUDA_VISIBLE_DEVICES="",
-            PYTHONPATH="",
-        )
         program = fresh_process_code("", blocked_modules) + (
             f"_DONE = {_DONE_PREFIX!r}\n" + _SERVER_LOOP
         )
@@ -225,7 +226,7 @@ class _SharedProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env=env,
+            env=_child_env(),
             cwd="/",
         )
         self._lines = queue.Queue()

@@ -288,31 +288,6 @@ def test_build_shapes_align_like_keras_call():
     assert two == dict(query_shape=(2, 3, 4), value_shape=(2, 2, 4))
 
 
-def test_fresh_process_cannot_import_blocked_modules():
-    code = """
-    import importlib
-
-    found = {}
-    for name in sys.argv[1:]:
-        try:
-            importlib.import_module(name)
-            found[name] = True
-        except ImportError:
-            found[name] = False
-    answer(found)
-    """
-    assert serving.answer_in_fresh_process(
-        code,
-        args=["keras_attention", "examples", "json"],
-        blocked_modules=serving.BLOCKED_MODULES,
-    ) == {"keras_attention": False, "examples": False, "json": True}
-
-
-def test_fresh_process_failure_shows_stderr():
-    with pytest.raises(AssertionError, match="(?s)exited with 1.*boom"):
-        serving.run_in_fresh_process("raise SystemExit('boom')")
-
-
 _IMPORTS_CODE = """
 import importlib
 
@@ -325,6 +300,19 @@ for name in sys.argv[1:]:
         found[name] = False
 answer(found)
 """
+
+
+def test_fresh_process_cannot_import_blocked_modules():
+    assert serving.answer_in_fresh_process(
+        _IMPORTS_CODE,
+        args=["keras_attention", "examples", "json"],
+        blocked_modules=serving.BLOCKED_MODULES,
+    ) == {"keras_attention": False, "examples": False, "json": True}
+
+
+def test_fresh_process_failure_shows_stderr():
+    with pytest.raises(AssertionError, match="(?s)exited with 1.*boom"):
+        serving.run_in_fresh_process("raise SystemExit('boom')")
 
 
 def _shared_answer(code, args=(), blocked=("keras_attention", "examples")):
