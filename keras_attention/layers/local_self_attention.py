@@ -413,13 +413,14 @@ class LocalSelfAttention(SelfAttention):
         `positions`, as the local ones)."""
         globals_ = {}
         if self.global_projections:
-            query, key = (
+            # Not `query, key = ...`: those are the local projections.
+            global_query, global_key = (
                 self._rotate(dense(inputs), 0, positions)
                 for dense in (self._query_global_dense, self._key_global_dense)
             )
             globals_ = dict(
-                global_query=query,
-                global_key=key,
+                global_query=global_query,
+                global_key=global_key,
                 global_value=self._value_global_dense(inputs),
             )
         return global_local_attention(
