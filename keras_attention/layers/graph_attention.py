@@ -9,6 +9,7 @@ from keras_attention.ops import is_symbolic
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import softmax_dtype
 from keras_attention.ops.segment import segment_softmax
+from keras_attention.ops.segment import segment_sum
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -494,9 +495,9 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
         alpha = self._dropout_layer(alpha, training=training)
         alpha = ops.cast(alpha, self.compute_dtype)  # e b h
         gathered = ops.take(ops.moveaxis(messages, 1, 0), senders, axis=0)
-        out = ops.segment_sum(
-            gathered * alpha[..., None], receivers, num_segments=num_segments
-        )  # n b h u
+        out = segment_sum(
+            gathered * alpha[..., None], receivers, num_segments
+        )  # n b h u (float64 stays float64, on torch too)
         out = ops.cast(ops.moveaxis(out, 0, 1), self.compute_dtype)
         return out, ops.moveaxis(alpha, 0, 1)  # b n h u, b e h
 

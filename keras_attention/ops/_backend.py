@@ -144,6 +144,24 @@ def tanh_grad(t, d):
     return d * (1.0 - t * t)
 
 
+def segment_sum(data, segment_ids, num_segments):
+    """`keras.ops.segment_sum` in the data's dtype: Keras's torch segment
+    reductions compute in float32 (`data.float()`), which float64 data
+    would lose its precision to; there, an `index_add` in float64."""
+    dtype = keras.backend.standardize_dtype(data.dtype)
+    if keras.backend.backend() != "torch" or dtype != "float64":
+        return keras.ops.segment_sum(
+            data, segment_ids, num_segments=num_segments
+        )
+    import torch
+
+    data = keras.ops.convert_to_tensor(data)
+    ids = keras.ops.convert_to_tensor(segment_ids).long()
+    shape = (int(num_segments),) + tuple(data.shape[1:])
+    out = torch.zeros(shape, dtype=data.dtype, device=data.device)
+    return out.index_add(0, ids, data)
+
+
 def after(tensors, dependencies):
     """`tensors` (a tuple), computed only after `dependencies` (a list of
     tensors; None entries ignored).

@@ -134,7 +134,9 @@ def dot_product_attention(
         key_mask: optional bool `(b, j)`, True on real keys.
         score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)
             -> score` (PyTorch FlexAttention's signature), applied to the
-            scaled float32 scores before masking; index arguments are
+            scaled float32 scores (float64 for float64 inputs) before
+            masking; a score of `-inf` is masked (a row left with none
+            gets zeros, as masked rows do); index arguments are
             int32 tensors broadcastable to `(b, h, i, j)`, positions
             absolute (cast them before mixing with floats:
             TensorFlow does not promote int32). Gradients reach the

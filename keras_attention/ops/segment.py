@@ -13,6 +13,7 @@ trailing axes (heads).
 
 from keras import ops
 
+from keras_attention.ops import _backend
 from keras_attention.ops.scoring import mask_fill_value
 from keras_attention.ops.scoring import softmax_dtype
 
@@ -69,8 +70,23 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
     e = ops.exp(shifted)
     if mask is not None:
         e = ops.where(mask, e, 0.0)
-    total = ops.segment_sum(e, segment_ids, num_segments=num_segments)
+    total = segment_sum(e, segment_ids, num_segments)
     total = ops.take(total, segment_ids, axis=0)  # e
     # An unmasked entry's segment total is >= 1 (its maximum gives 1);
     # a total of 0 only comes with masked entries, whose e is 0.
     return e / ops.where(total > 0, total, 1.0)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """`keras.ops.segment_sum` that keeps float64 data in float64 on every
+    backend (Keras's torch segment reductions compute in float32).
+
+    Args:
+        data: tensor `(E, ...)`.
+        segment_ids: int tensor `(E,)` in `[0, num_segments)`.
+        num_segments: int, the number of segments.
+
+    Returns:
+        `(num_segments, ...)` in the data's dtype.
+    """
+    return _backend.segment_sum(data, segment_ids, num_segments)
