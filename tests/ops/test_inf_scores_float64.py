@@ -7,8 +7,8 @@
   are empty (zero result, finite gradients), and the gradients equal
   those of the same rule given as a mask on the dense path.
 
-Small shapes and few distinct tile shapes: eager JAX compiles every op
-for every new shape and dtype.
+Small shapes: eager JAX compiles every op for every new shape and
+dtype.
 - float64 inputs and float64 layers: results equal a float64 NumPy
   reference to 1e-12 on every path (dense, blockwise, fused, banded,
   global-local), and the layers' input gradients equal central finite
@@ -32,20 +32,21 @@ from keras_attention.ops.attention import implementation_scope
 BACKEND = keras.backend.backend()
 NEG_INF = float("-inf")
 RNG = np.random.default_rng(36)
-B, T, H, G, D = 2, 16, 4, 2, 4
+B, T, TK, H, G, D = 2, 16, 20, 4, 2, 4
 
 # (implementation, options): the blockwise path under several tilings
 # (none pinned: results must not depend on them): rows of several key
 # tiles (online softmax) and rows of one, with kept and recomputed
-# probabilities. One query tile size: eager JAX compiles every op for
-# every new shape.
+# probabilities; query tiles that do not divide the T queries, and
+# T != TK keys (not self-attention).
 PATHS = [
     ("dense", {}),
-    ("blockwise", dict(query_block=8, key_block=8)),
-    ("blockwise", dict(query_block=8, key_block=T)),
-    ("blockwise", dict(query_block=8, key_block=T, keep_probabilities=False)),
+    ("blockwise", dict(query_block=4, key_block=4)),
+    ("blockwise", dict(query_block=8, key_block=8, keep_probabilities=False)),
+    ("blockwise", dict(query_block=3, key_block=TK)),
+    ("blockwise", dict(query_block=5, key_block=TK, keep_probabilities=False)),
 ]
-PATH_IDS = ["dense", "online", "one-tile", "one-tile-recompute"]
+PATH_IDS = ["dense", "tiles4", "tiles8-recompute", "one-tile", "one-recompute"]
 
 
 def np_(x):
@@ -102,10 +103,11 @@ def value_and_grads(fn, args, dtype="float32"):
     return np_(y), [np_(g) for g in tape.gradient(loss, args)]
 
 
-def inputs(dtype="float32"):
+def inputs(dtype="float32", tk=TK):
+    """Queries `(B, T, H, D)`; keys and values `(B, tk, G, D)`."""
     q = RNG.normal(size=(B, T, H, D)).astype(dtype)
-    k = RNG.normal(size=(B, T, G, D)).astype(dtype)
-    v = RNG.normal(size=(B, T, G, D)).astype(dtype)
+    k = RNG.normal(size=(B, tk, G, D)).astype(dtype)
+    v = RNG.normal(size=(B, tk, G, D)).astype(dtype)
     return q, k, v
 
 
@@ -154,9 +156,9 @@ def as_mask_mod(rule):
     return mask_mod
 
 
-def np_rule(rule):
+def np_rule(rule, tk=TK):
     b = np.arange(B)[:, None, None, None]
-    return rule(b, np.arange(T)[:, None], np.arange(T)[None, :])
+    return rule(b, np.arange(T)[:, None], np.arange(tk)[None, :])
 
 
 def dense_with_mask(rule, **kwargs):
@@ -214,17 +216,24 @@ def test_minus_inf_scores_with_a_mask_function(path, options):
     np.testing.assert_allclose(out, np_attention(q, k, v, allowed), atol=2e-5)
 
 
-def test_minus_inf_scores_on_the_banded_path():
+@pytest.mark.parametrize("chunk_blocks", [None, 1])
+def test_minus_inf_scores_on_the_banded_path(chunk_blocks):
     """`local_attention` (window 3) with a score function emptying rows."""
-    q, k, v = inputs()
+    q, k, v = inputs(tk=T)
 
     def attend(q, k, v):
         return ka.ops.local_attention(
-            q, k, v, window_size=3, block_size=4, score_mod=as_score_mod(ahead)
+            q,
+            k,
+            v,
+            window_size=3,
+            block_size=4,
+            chunk_blocks=chunk_blocks,
+            score_mod=as_score_mod(ahead),
         )
 
     out, grads = value_and_grads(attend, (q, k, v))
-    allowed = np_rule(ahead) & np_rule(band)
+    allowed = np_rule(ahead, T) & np_rule(band, T)
     assert np.isfinite(out).all(), f"{np.isnan(out).sum()} NaN"
     np.testing.assert_allclose(out, np_attention(q, k, v, allowed), atol=2e-5)
 
@@ -248,7 +257,7 @@ FLOAT64_IDS = PATH_IDS + ["fused"]
 def test_float64_inputs_compute_in_float64(x64, path, options):
     """Causal, with key padding that leaves rows of example 1 empty."""
     q, k, v = inputs("float64")
-    key_mask = np.ones((B, T), bool)
+    key_mask = np.ones((B, TK), bool)
     key_mask[1, :5] = False
 
     def attend(q, k, v):
@@ -281,7 +290,7 @@ def test_float64_local_and_global_local_attention(x64):
     """The banded path (its hand-written backward pass too: the
     gradients of the dense path with the band as a mask) and the global
     tokens, in float64."""
-    q, k, v = inputs("float64")
+    q, k, v = inputs("float64", tk=T)
 
     def local(q, k, v):
         return ka.ops.local_attention(q, k, v, window_size=3, block_size=4)
@@ -289,7 +298,7 @@ def test_float64_local_and_global_local_attention(x64):
     out, grads = value_and_grads(local, (q, k, v))
     assert out.dtype == np.float64
     np.testing.assert_allclose(
-        out, np_attention(q, k, v, np_rule(band)), atol=1e-12
+        out, np_attention(q, k, v, np_rule(band, T)), atol=1e-12
     )
     _, want = value_and_grads(dense_with_mask(band), (q, k, v))
     for got, expected in zip(grads, want):
@@ -306,7 +315,7 @@ def test_float64_local_and_global_local_attention(x64):
     g = is_global[:, None, :, None] | is_global[:, None, None, :]
     assert out.dtype == np.float64
     np.testing.assert_allclose(
-        out, np_attention(q, k, v, np_rule(band) | g), atol=1e-12
+        out, np_attention(q, k, v, np_rule(band, T) | g), atol=1e-12
     )
 
 

@@ -21,7 +21,7 @@ Properties:
   scores or softmax are 1e-7 off), in float64.
 
 Cost: small shapes; on JAX (every op compiles for every new shape) a
-fifth of the profile's draws, at least 3, each call and its gradient
+third of the profile's draws, at least 3, each call and its gradient
 compiled once (`jax.jit`).
 """
 
@@ -42,7 +42,7 @@ from keras_attention.ops import attention as attention_lib
 BACKEND = keras.backend.backend()
 DRAWS = settings(
     max_examples=max(
-        3, settings.default.max_examples // (5 if BACKEND == "jax" else 1)
+        3, settings.default.max_examples // (3 if BACKEND == "jax" else 1)
     ),
     deadline=None,
 )
