@@ -5,9 +5,9 @@ import keras
 
 from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.multi_head_attention import check_cache_index
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
+from keras_attention.utils.cache_checks import check_cache_index
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

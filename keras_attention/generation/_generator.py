@@ -24,14 +24,14 @@ from keras_attention.generation.cache import init_rolling_cache
 from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
 from keras_attention.generation.cache import unwindowed_block
-from keras_attention.layers.multi_head_attention import check_cache_index
-from keras_attention.layers.multi_head_attention import rolling_cache_write
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.ops import compile_step
+from keras_attention.ops.rolling_cache import rolling_cache_write
 from keras_attention.utils import validation
+from keras_attention.utils.cache_checks import check_cache_index
 
 
 def as_list(x):

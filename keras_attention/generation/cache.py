@@ -135,7 +135,7 @@ def init_rolling_cache(blocks, batch_size, size, dtype="float32"):
         key_dim)`, and `slot_mask`, boolean `(batch, size)`: True where the
         slot's token may be attended to (False for a token the embedding
         masks). Which position a slot holds follows from the positions
-        written (`keras_attention.layers.multi_head_attention.
+        written (`keras_attention.ops.rolling_cache.
         rolling_cache_positions`).
 
     Example:

@@ -18,8 +18,11 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.local import local_attention
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.rolling_cache import rolling_cache_positions
+from keras_attention.ops.rolling_cache import rolling_cache_write
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
+from keras_attention.utils.cache_checks import check_cache_index
 
 _FLASH_SCORES_ERROR = (
     "Returning attention scores is not supported when flash attention is "
@@ -59,162 +62,6 @@ def _check_key_value_shapes(value_shape, key_shape):
             f"be equal. Received: value_shape={tuple(value_shape)!r}, "
             f"key_shape={tuple(key_shape)!r}"
         )
-
-
-def rolling_cache_slots(positions, size, sink_tokens):
-    """The slots of a rolling key/value cache that hold `positions`.
-
-    A rolling cache of `size` slots keeps positions `0 .. sink_tokens - 1`
-    (the attention sinks) in its first `sink_tokens` slots forever, and
-    every later position `p` in slot `sink_tokens + (p - sink_tokens) %
-    (size - sink_tokens)` (a ring of the latest positions).
-
-    Args:
-        positions: int tensor of absolute positions (any shape).
-        size: int, the slots of the cache.
-        sink_tokens: int in `[0, size)`, the sink slots.
-
-    Returns:
-        int32 tensor of `positions`' shape, the slots.
-
-    Example:
-
-    >>> import keras
-    >>> from keras_attention.layers.multi_head_attention import (
-    ...     rolling_cache_slots)
-    >>> slots = rolling_cache_slots(keras.ops.arange(8), 5, 1)
-    >>> keras.ops.convert_to_numpy(slots).tolist()
-    [0, 1, 2, 3, 4, 1, 2, 3]
-    """
-    positions = ops.cast(positions, "int32")
-    ring = size - sink_tokens
-    rolled = sink_tokens + ops.mod(positions - sink_tokens, ring)
-    return ops.where(positions < sink_tokens, positions, rolled)
-
-
-def rolling_cache_positions(size, sink_tokens, length):
-    """The absolute position each slot of a rolling cache holds once
-    positions `0 .. length - 1` were written in order (see
-    `rolling_cache_slots`); -1 for slots not written yet.
-
-    Args:
-        size: int, the slots of the cache.
-        sink_tokens: int in `[0, size)`, the sink slots.
-        length: int or int scalar tensor, the positions written.
-
-    Returns:
-        int32 `(size,)`.
-
-    Example:
-
-    >>> import keras
-    >>> from keras_attention.layers.multi_head_attention import (
-    ...     rolling_cache_positions)
-    >>> keras.ops.convert_to_numpy(rolling_cache_positions(5, 1, 7)).tolist()
-    [0, 5, 6, 3, 4]
-    >>> keras.ops.convert_to_numpy(rolling_cache_positions(5, 1, 2)).tolist()
-    [0, 1, -1, -1, -1]
-    """
-    slots = ops.arange(size, dtype="int32")
-    # For a ring slot s: the latest position written there is the largest
-    # s + ring * m <= length - 1; for a sink slot, s itself.
-    behind = ops.cast(length, "int32") - 1 - slots
-    ring = size - sink_tokens
-    latest = slots + ring * ops.floor_divide(ops.maximum(behind, 0), ring)
-    positions = ops.where(slots < sink_tokens, slots, latest)
-    return ops.where(behind >= 0, positions, -1)
-
-
-def rolling_cache_write(cache, updates, start, sink_tokens, axis=1):
-    """Writes `updates` (positions `start ..`) into a rolling cache.
-
-    Each slot takes the latest of the positions that map to it (see
-    `rolling_cache_slots`); the other slots keep their values.
-
-    Args:
-        cache: tensor with the slots on `axis` (`size` of them).
-        updates: tensor of `cache`'s shape but with `T` positions on
-            `axis` (static `T`), the values at positions `start ..
-            start + T - 1`.
-        start: int or int scalar tensor, the position of `updates`' first
-            entry.
-        sink_tokens: int in `[0, size)`, the sink slots.
-        axis: int, the slot axis (1 or 2).
-
-    Returns:
-        The updated cache (same shape and dtype as `cache`).
-
-    Example:
-
-    >>> import numpy as np
-    >>> import keras
-    >>> from keras_attention.layers.multi_head_attention import (
-    ...     rolling_cache_write)
-    >>> cache = np.zeros((1, 4), "float32")
-    >>> new = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]], "float32")
-    >>> out = rolling_cache_write(cache, new, 0, sink_tokens=1)
-    >>> keras.ops.convert_to_numpy(out).tolist()
-    [[1.0, 5.0, 3.0, 4.0]]
-    """
-    size, steps = cache.shape[axis], updates.shape[axis]
-    ring = size - sink_tokens
-    start = ops.cast(start, "int32")
-    offsets = ops.arange(steps, dtype="int32")
-    positions = start + offsets
-    slots = rolling_cache_slots(positions, size, sink_tokens)
-    # Of several positions on one ring slot, the last one stays.
-    kept = ops.logical_or(positions < sink_tokens, offsets >= steps - ring)
-    writes = ops.logical_and(
-        ops.equal(slots[:, None], ops.arange(size, dtype="int32")[None]),
-        kept[:, None],
-    )  # (T, size)
-    written = ops.any(writes, axis=0)
-    source = ops.argmax(ops.cast(writes, "int32"), axis=0)
-    taken = ops.take(updates, source, axis=axis)
-    shape = [1] * len(cache.shape)
-    shape[axis] = size
-    written = ops.reshape(written, shape)
-    return ops.where(written, ops.cast(taken, cache.dtype), cache)
-
-
-def check_cache_index(
-    value, steps, cache_length, name="cache_update_index", rolling=False
-):
-    """Raises `ValueError` naming `name` unless `value` is a scalar
-    integer (or integer tensor) at which a call's `steps` positions fit a
-    cache of `cache_length` positions: `0 <= value` and `value + steps <=
-    cache_length` (a rolling cache, `rolling`, wraps around: `0 <= value`
-    only).
-
-    Values known now are read: Python and NumPy integers, eager tensors.
-    A symbolic index (a `tf.function`, XLA or `jax.jit` trace, a
-    functional model) has no value yet and is not compared: out of range,
-    the write then lands on a clamped slot. Keep `index + steps <=
-    cache_length` there.
-
-    Args:
-        value: the index, as the user passed it.
-        steps: int or None, the positions of this call.
-        cache_length: int or None, the positions of the cache.
-        name: the argument's name, as the user wrote it.
-        rolling: bool, whether the cache is a rolling one.
-
-    Example:
-
-    >>> from keras_attention.layers.multi_head_attention import (
-    ...     check_cache_index)
-    >>> check_cache_index(3, 1, 4)  # the last position: fine
-    >>> check_cache_index(4, 1, 4)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ValueError: `cache_update_index` must be >= 0 and leave room ...
-    """
-    validation.check_index(name, value, allow_negative=True)
-    known = value if validation.is_int(value) else None
-    if known is None:
-        known = keras_utils.concrete_int(value)
-    validation.check_cache_update_index(
-        known, steps, cache_length, name=name, rolling=rolling
-    )
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -383,7 +230,7 @@ class MultiHeadAttention(
             a rolling cache `(batch, 2, S, kv_heads, key_dim)` instead,
             holding positions `0 .. cache_sink_tokens - 1` (attention sinks)
             and the latest `S - cache_sink_tokens` positions in a ring
-            (`rolling_cache_slots`); `cache_update_index` is the absolute
+            (`ops.rolling_cache`); `cache_update_index` is the absolute
             position of the first query, and positions `0 ..
             cache_update_index - 1` must have been written in order. Each
             query attends to the cached positions within its window or
@@ -1338,7 +1185,7 @@ class MultiHeadAttention(
     ):
         """Attention of `T` queries at positions `start ..` over a rolling
         cache (positions `0 .. start - 1` written in order, see
-        `rolling_cache_slots`) and this call's own keys; then this call's
+        `ops.rolling_cache`) and this call's own keys; then this call's
         keys and values are written into the cache.
 
         Keys are `[cache slots, this call's T keys]`: each query sees those
