@@ -7,7 +7,7 @@ from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
-from keras_attention.utils.cache_checks import check_cache_index
+from keras_attention.utils.attention_checks import check_cache_index
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")

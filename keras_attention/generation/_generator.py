@@ -31,7 +31,7 @@ from keras_attention.layers.token_and_position_embedding import (
 from keras_attention.ops import compile_step
 from keras_attention.ops.rolling_cache import rolling_cache_write
 from keras_attention.utils import validation
-from keras_attention.utils.cache_checks import check_cache_index
+from keras_attention.utils.attention_checks import check_cache_index
 
 
 def as_list(x):

@@ -134,21 +134,12 @@ class AttentionAxesLayout:
         mask = ops.broadcast_to(mask, (present, absent, tq, tk))
         return ops.reshape(mask, (present * absent, tq, tk))
 
-    def _call_high_rank(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        use_causal_mask,
-    ):
+    def _call_high_rank(self, call):
         """`attention_axes`: merge the other axes into the batch and the
-        attention axes into one sequence axis, attend (rank 3), undo."""
+        attention axes into one sequence axis, attend (rank 3), undo.
+        `call`: the layer's `AttentionCall` (no cache: refused before)."""
+        query, key = call.query, call.key
+        return_attention_scores = call.return_attention_scores
         layout = self._layout(len(query.shape))
         axes, others, perm = layout
 
@@ -158,24 +149,22 @@ class AttentionAxesLayout:
             mask = ops.cast(mask, "bool")
             return self._flatten(mask, layout, keep_last=False)
 
+        attention_mask = call.attention_mask
         if attention_mask is not None:
             attention_mask = self._flatten_attention_mask(
                 attention_mask, query, key, layout
             )
-        result = self._call_3d(
-            self._flatten(query, layout),
-            self._flatten(value, layout),
-            self._flatten(key, layout),
-            flat(query_mask),
-            flat(value_mask),
-            flat(key_mask),
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-            None,
-            None,
+        flat_call = call.replace(
+            query=self._flatten(query, layout),
+            value=self._flatten(call.value, layout),
+            key=self._flatten(key, layout),
+            query_mask=flat(call.query_mask),
+            value_mask=flat(call.value_mask),
+            key_mask=flat(call.key_mask),
+            attention_mask=attention_mask,
+            mod_inputs=None,
         )
+        result = self._call_3d(flat_call)
         output, scores = result if return_attention_scores else (result, None)
         q_shape, k_shape = ops.shape(query), ops.shape(key)
         out_dims = self._output_shapes or (query.shape[-1],)

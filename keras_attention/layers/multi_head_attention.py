@@ -1,5 +1,15 @@
-import inspect
-import math
+"""`MultiHeadAttention`: its arguments, its call and its config.
+
+The layer is put together from its seams, each in a module of its own:
+the projections and shapes (`_projections.py`), the overridable attention
+step (`_attention_step.py`, `_compute_attention`), the adapter for
+overrides with Keras's signature (`_keras_override.py`), the rolling
+cache (`_rolling_attention.py`, arithmetic in `ops/rolling_cache.py`),
+the `attention_axes` layout (`_attention_axes.py`) and the recording hook
+(`_recording.py`). A call's arguments are checked once (`_check_call`,
+checks in `utils/attention_checks.py`) and travel as one `AttentionCall`
+record (`_attention_call.py`).
+"""
 
 import keras
 from keras import ops
@@ -7,67 +17,24 @@ from keras import ops
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _attention_axes
 from keras_attention.layers import _recording
+from keras_attention.layers import _rolling_attention
+from keras_attention.layers._attention_call import AttentionCall
+from keras_attention.layers._attention_step import AttentionStep
+from keras_attention.layers._projections import Projections
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.rotary_embedding import check_rotary_scaling
 from keras_attention.mods import base as mods_base
-from keras_attention.mods.masks import DocumentMask
-from keras_attention.mods.masks import KerasSlidingWindowMask
-from keras_attention.ops import scoring
-from keras_attention.ops.attention import dense_mask
-from keras_attention.ops.attention import dot_product_attention
-from keras_attention.ops.attention import memory_efficient_implementation
-from keras_attention.ops.local import local_attention
-from keras_attention.ops.masking import as_4d_mask
-from keras_attention.ops.rolling_cache import rolling_cache_positions
-from keras_attention.ops.rolling_cache import rolling_cache_write
-from keras_attention.utils import keras_utils
+from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
-from keras_attention.utils.cache_checks import check_cache_index
-
-_FLASH_SCORES_ERROR = (
-    "Returning attention scores is not supported when flash attention is "
-    "enabled. Please disable flash attention to access attention scores."
-)
-
-
-def _check_output_shape(output_shape):
-    """`None`, an int or a tuple of ints -> `None` or a tuple of ints."""
-    if output_shape is None:
-        return None
-    if validation.is_int(output_shape):
-        shape = (output_shape,)
-    else:
-        shape = output_shape
-    if (
-        not isinstance(shape, (tuple, list))
-        or not all(validation.is_int(d) and d > 0 for d in shape)
-        or not shape
-    ):
-        raise ValueError(
-            "Invalid `output_shape`: it must be a positive int or a non-empty "
-            f"tuple of positive ints. Received: output_shape={output_shape!r}"
-        )
-    return tuple(int(d) for d in shape)
-
-
-def _check_key_value_shapes(value_shape, key_shape):
-    """Keras's rule: `key` and `value` agree on every axis but the last."""
-    v, k = tuple(value_shape)[1:-1], tuple(key_shape)[1:-1]
-    ok = len(v) == len(k) and all(
-        a is None or b is None or a == b for a, b in zip(v, k)
-    )
-    if not ok:
-        raise ValueError(
-            "All dimensions of `value` and `key`, except the last one, must "
-            f"be equal. Received: value_shape={tuple(value_shape)!r}, "
-            f"key_shape={tuple(key_shape)!r}"
-        )
+from keras_attention.utils.attention_checks import check_cache_index
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(
     _attention_axes.AttentionAxesLayout,
     _recording.AttentionRecording,
+    Projections,
+    AttentionStep,
     keras.layers.Layer,
 ):
     """Multi-head (and grouped-query) scaled dot-product attention.
@@ -366,7 +333,7 @@ class MultiHeadAttention(
         self.use_gate = validation.check_bool("use_gate", use_gate)
         # Full output shape (tuple) and, for subclasses, `_output_shape`:
         # an int for a one-dimensional output, else the tuple.
-        self._output_shapes = _check_output_shape(output_shape)
+        self._output_shapes = attention_checks.check_output_shape(output_shape)
         self._output_shape = self._output_shapes
         if self._output_shapes is not None and len(self._output_shapes) == 1:
             self._output_shape = self._output_shapes[0]
@@ -413,469 +380,6 @@ class MultiHeadAttention(
         self.score_mod = mods_base.check_mod(score_mod, "score_mod")
         self.mask_mod = mods_base.check_mod(mask_mod, "mask_mod")
 
-    @property
-    def output_dim(self):
-        """Size of the output features (known after build); a tuple for a
-        multi-dimensional `output_shape`."""
-        return self._output_shape or self._query_feature_dim
-
-    @property
-    def _kv_heads(self):
-        return self.num_key_value_heads or self.num_heads
-
-    def _sublayer_kwargs(self):
-        return dict(
-            kernel_initializer=keras_utils.clone_initializer(
-                self.kernel_initializer
-            ),
-            bias_initializer=keras_utils.clone_initializer(
-                self.bias_initializer
-            ),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            activity_regularizer=self.projection_activity_regularizer,
-            kernel_constraint=self.kernel_constraint,
-            bias_constraint=self.bias_constraint,
-            dtype=self.dtype_policy,
-        )
-
-    def _projection(self, name, heads, dim, activation=None):
-        dense = keras.layers.EinsumDense(
-            "abc,cde->abde",
-            output_shape=(None, heads, dim),
-            bias_axes="de" if self.use_bias else None,
-            activation=activation,
-            name=name,
-            **self._sublayer_kwargs(),
-        )
-        # The projection keeps the time axis: let it carry the input's Keras
-        # mask instead of warning that it drops it.
-        dense.supports_masking = True
-        return dense
-
-    def _check_shapes(self, query_shape, value_shape, key_shape):
-        _check_key_value_shapes(value_shape, key_shape)
-        rank = len(query_shape)
-        ranks = (max(rank, 3),)
-        layout = (
-            f"(batch, <axes>, features) of rank {ranks[0]} (the same for "
-            "query, key and value)"
-        )
-        for name, shape in (
-            ("query", query_shape),
-            ("value", value_shape),
-            ("key", key_shape),
-        ):
-            validation.check_sequence_shape(
-                name, shape, ranks=ranks, layout=layout
-            )
-        if rank == 3:
-            return
-        _, others, _ = self._layout(rank)
-        for a in others:
-            q, v = query_shape[a], value_shape[a]
-            if q is not None and v is not None and q != v:
-                raise ValueError(
-                    "`query` and `value` must be equal on the axes that are "
-                    f"not attention axes (axis {a}). Received: "
-                    f"query_shape={tuple(query_shape)!r}, "
-                    f"value_shape={tuple(value_shape)!r}"
-                )
-
-    def _check_call_inputs(
-        self, query, value, key, names=("query", "value", "key")
-    ):
-        """At call time: numeric inputs, of the rank and feature sizes the
-        layer was built for (its projections are); `ValueError` or
-        `TypeError` naming the input (`names`, as the caller's arguments
-        are called). `value` and `key` may be None (a precomputed
-        cache)."""
-        rank, features = getattr(self, "_built_inputs", (None, None))
-        inputs = tuple(zip(names, (query, value, key)))
-        for (name, x), size in zip(inputs, features or (None,) * 3):
-            if x is None:
-                continue
-            validation.check_numeric_input(name, x)
-            if rank is not None and len(x.shape) != rank:
-                raise ValueError(
-                    f"`{name}` must have rank {rank}, as the inputs the "
-                    "layer was built for: (batch, <axes>, features). "
-                    f"Received: {name}_shape={tuple(x.shape)!r}"
-                )
-            validation.check_built_features(name, x.shape, size)
-
-    def build(self, query_shape, value_shape, key_shape=None):
-        key_shape = value_shape if key_shape is None else key_shape
-        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
-        key_shape = tuple(key_shape)
-        self._check_shapes(query_shape, value_shape, key_shape)
-        self._built_inputs = (
-            len(query_shape),
-            (query_shape[-1], value_shape[-1], key_shape[-1]),
-        )
-        if self.attention_axes is not None or len(query_shape) > 3:
-            # Validates attention_axes, also on rank-3 inputs (where only
-            # 1 / -2, the time axis, is an attention axis).
-            self._layout(len(query_shape))
-        q3, v3, k3 = map(
-            self._flat_shape, (query_shape, value_shape, key_shape)
-        )
-        self._query_feature_dim = query_shape[-1]
-        self._query_dense = self._projection(
-            "query", self.num_heads, self.key_dim
-        )
-        self._query_dense.build(q3)
-        self._key_dense = self._projection("key", self._kv_heads, self.key_dim)
-        self._key_dense.build(k3)
-        if self.use_gate:
-            self._gate_dense = self._projection(
-                "gate", self.num_heads, self.value_dim, activation="sigmoid"
-            )
-            self._gate_dense.build(q3)
-        self._value_dense = self._projection(
-            "value", self._kv_heads, self.value_dim
-        )
-        self._value_dense.build(v3)
-        out = self._output_shapes or (query_shape[-1],)
-        letters = "efghij"[: len(out)]
-        self._output_dense = keras.layers.EinsumDense(
-            f"abcd,cd{letters}->ab{letters}",
-            output_shape=(None,) + tuple(out),
-            bias_axes=letters if self.use_bias else None,
-            name="attention_output",
-            **self._sublayer_kwargs(),
-        )
-        self._output_dense.build((q3[0], q3[1], self.num_heads, self.value_dim))
-        if isinstance(self.score_mod, keras.layers.Layer):
-            heads = getattr(self.score_mod, "num_heads", None)
-            if heads is not None and heads != self.num_heads:
-                raise ValueError(
-                    f"`score_mod` is made for {heads} heads but this layer "
-                    f"has num_heads={self.num_heads}. Received: "
-                    f"score_mod={self.score_mod!r}"
-                )
-            if not self.score_mod.built:
-                self.score_mod.build(self.num_heads)
-        self.built = True
-
-    # Projections and the attention core, usable on their own (blocks,
-    # caches, local attention).
-
-    @property
-    def query_dense(self):
-        return self._query_dense
-
-    @property
-    def key_dense(self):
-        return self._key_dense
-
-    @property
-    def value_dense(self):
-        return self._value_dense
-
-    @property
-    def output_dense(self):
-        return self._output_dense
-
-    def compute_cache(self, value, key=None):
-        """Projects `key`/`value` once: `(batch, 2, Tv, kv_heads, key_dim)`.
-
-        Pass the result as `cache` (without `cache_update_index`) to attend
-        to a fixed memory (an encoder's output) at every decoding step
-        without projecting it again.
-        """
-        key = value if key is None else key
-        k = self._rotate(self._key_dense(key), 0)
-        return ops.stack([k, self._value_dense(value)], axis=1)
-
-    def _rotate(self, x, start_index, positions=None):
-        """Rotary positions on projected `(b, T, heads, dim)` (if enabled):
-        from `start_index`, or `positions` `(b, T)` (packed documents)."""
-        if self._rotary is None:
-            return x
-        return self._rotary(x, start_index=start_index, positions=positions)
-
-    def _scale_query(self, q):
-        """The projected queries multiplied by `attention_scale *
-        sqrt(key_dim)`, so that the attention step's `1 / sqrt(key_dim)`
-        gives scores `attention_scale * q.k` on every path (dense,
-        blockwise, banded, fused, cached); unchanged when
-        `attention_scale` is None."""
-        if self.attention_scale is None:
-            return q
-        factor = self.attention_scale * math.sqrt(self.key_dim)
-        return ops.multiply(q, ops.cast(factor, q.dtype))
-
-    def _check_positions(self, positions, query, key, cache, sink_tokens):
-        """`positions` set the rotary positions of a rank-3 self-attention
-        call (keys of the query's length, or this call's keys of a cache);
-        their shape is `RotaryEmbedding`'s to check."""
-        problem = None
-        if self._rotary is None:
-            problem = (
-                "they set rotary positions, and this layer has none "
-                "(`rotary_max_wavelength=None`)"
-            )
-        elif len(query.shape) != 3:
-            problem = "they need inputs of shape (batch, T, features)"
-        elif sink_tokens is not None:
-            problem = (
-                "a rolling cache (`cache_sink_tokens`) places and masks "
-                "keys by `cache_update_index`, not by them"
-            )
-        elif cache is None and None not in (query.shape[1], key.shape[1]):
-            if query.shape[1] != key.shape[1]:
-                problem = (
-                    "they are the positions of the queries and the keys "
-                    "alike, so the key must have the query's length"
-                )
-        if problem is not None:
-            raise ValueError(
-                f"`positions` cannot be used here: {problem}. Received: "
-                f"positions.shape={_shape_of(positions)!r}, "
-                f"query.shape={tuple(query.shape)!r}, "
-                f"key.shape={_shape_of(key)!r}, "
-                f"layer {self.name!r}"
-            )
-
-    def _check_segment_ids(self, segment_ids, query, key, cache):
-        """`segment_ids` `(batch, T)` integers of a self-attention call on
-        `(batch, T, features)` inputs, without a cache."""
-        if cache is not None or len(query.shape) != 3:
-            raise ValueError(
-                "`segment_ids` (packed documents) need a self-attention call "
-                "on inputs of shape (batch, T, features) without a cache. "
-                f"Received: query.shape={tuple(query.shape)!r}, "
-                f"cache={'given' if cache is not None else None}"
-            )
-        shape = tuple(segment_ids.shape)
-        want = (query.shape[0], query.shape[1])
-        if (
-            len(shape) != 2
-            or any(
-                a is not None and b is not None and a != b
-                for a, b in zip(shape, want)
-            )
-            or query.shape[1] != key.shape[1]
-        ):
-            raise ValueError(
-                "`segment_ids` must have shape (batch, T) of the query, and "
-                "the keys the same length (self-attention). Received: "
-                f"segment_ids.shape={shape!r}, "
-                f"query.shape={tuple(query.shape)!r}, "
-                f"key.shape={tuple(key.shape)!r}"
-            )
-        if not keras.backend.is_int_dtype(
-            keras.backend.standardize_dtype(segment_ids.dtype)
-        ):
-            raise TypeError(
-                "`segment_ids` must be integers. Received: "
-                f"segment_ids.dtype={segment_ids.dtype!r}"
-            )
-
-    def _check_attention_mask(self, attention_mask, query, key):
-        shape = tuple(attention_mask.shape)
-        tq, tk = query.shape[1], key.shape[1]
-        expected = (
-            f"(Tq, Tk), (batch, Tq, Tk) or (batch, {self.num_heads}, Tq, Tk)"
-        )
-        ok = len(shape) in (2, 3, 4)
-        if ok:
-            for got, want in zip(shape[-2:], (tq, tk)):
-                if got is not None and want is not None and got != want:
-                    ok = False
-        if ok and len(shape) >= 3 and shape[0] not in (None, 1):
-            b = query.shape[0]
-            ok = b is None or shape[0] == b
-        if ok and len(shape) == 4 and shape[1] not in (None, 1, self.num_heads):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"`attention_mask` must have shape {expected} with "
-                f"Tq={tq}, Tk={tk}. Received: attention_mask.shape={shape}, "
-                f"query.shape={tuple(query.shape)}, "
-                f"key.shape={tuple(key.shape)}"
-            )
-
-    def _attention_masks(
-        self,
-        query,
-        key,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        query_offset=0,
-    ):
-        """The masks as `_compute_attention` keyword arguments.
-
-        Causal and padding masks stay structural (`use_causal_mask`,
-        `key_mask`, `query_mask`) so that the memory-efficient path never
-        builds a `(Tq, Tk)` mask; only `attention_mask` is dense.
-        """
-        mask = None
-        if attention_mask is not None:
-            self._check_attention_mask(attention_mask, query, key)
-            mask = as_4d_mask(attention_mask)
-        return dict(
-            attention_mask=mask,
-            use_causal_mask=bool(use_causal_mask),
-            query_offset=query_offset,
-            key_mask=masks_lib.combine_masks(value_mask, key_mask),
-            query_mask=masks_lib.combine_masks(query_mask),
-        )
-
-    def _implementation(self):
-        """`dot_product_attention`'s implementation for `flash_attention`."""
-        if self._flash_attention is None:
-            return None
-        if not self._flash_attention:
-            return "dense"
-        return memory_efficient_implementation()
-
-    def _dropout_fn(self, training):
-        if self.dropout > 0 and training is not None and training is not False:
-            return lambda weights: self._dropout_layer(
-                weights, training=training
-            )
-        return None
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=None,
-        use_causal_mask=False,
-        *,
-        query_mask=None,
-        key_mask=None,
-        query_offset=0,
-        score_mod=None,
-        mask_mod=None,
-    ):
-        """The attention step on projected heads: the one place a subclass
-        changes how attention is computed (projections, rotary positions,
-        the gate and the output projection stay in `call`).
-
-        Keras's `MultiHeadAttention._compute_attention` semantics, so
-        subclasses written for Keras's layer port over; the keyword-only
-        arguments carry what this library keeps structural (never a dense
-        `(Tq, Tk)` mask). An override that does not take them (Keras's
-        signature) gets them folded into `attention_mask` by `call`.
-
-        Args:
-            query: projected queries `(b, Tq, heads, key_dim)`.
-            key: projected keys `(b, Tk, kv_heads, key_dim)`.
-            value: projected values `(b, Tk, kv_heads, value_dim)`.
-            attention_mask: optional bool, `(b, Tq, Tk)` or
-                `(b|1, heads|1, Tq, Tk)`; True = may attend.
-            training: Python bool (dropout on the weights).
-            return_attention_scores: also compute the weights; None: as
-                the layer's call asked (an override with Keras's earlier
-                signature calls `super()._compute_attention` without it).
-            use_causal_mask: query `i` sees keys `j <= i + query_offset`.
-            query_mask: optional bool `(b, Tq)`: padded queries give 0.
-            key_mask: optional bool `(b, Tk)`: padded keys are not seen.
-            query_offset: position of the first query (a cache offset).
-            score_mod, mask_mod: bound score and mask functions (see
-                `keras_attention.ops.dot_product_attention`).
-
-        Returns:
-            `(attention_output, attention_scores)`: `(b, Tq, heads,
-            value_dim)` and the weights `(b, heads, Tq, Tk)` (None unless
-            `return_attention_scores`).
-        """
-        if return_attention_scores is None:
-            return_attention_scores = self._return_attention_scores
-        if return_attention_scores and self._flash_attention:
-            raise ValueError(_FLASH_SCORES_ERROR)
-        dropout_fn = self._dropout_fn(training)
-        implementation = self._implementation()
-        if return_attention_scores or dropout_fn is not None:
-            implementation = "dense"
-        if implementation == "fused" and score_mod is not None:
-            implementation = None  # No kernel hook: the automatic choice.
-        result = dot_product_attention(
-            query,
-            key,
-            value,
-            attention_mask=attention_mask,
-            dropout_fn=dropout_fn,
-            return_weights=return_attention_scores,
-            implementation=implementation,
-            causal=use_causal_mask,
-            query_offset=query_offset,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            score_mod=score_mod,
-            mask_mod=mask_mod,
-        )
-        if return_attention_scores:
-            return result
-        return result, None
-
-    def _attention_step(self, q, k, v, return_scores, training, **kwargs):
-        """Calls `_compute_attention`, or a Keras-style override of it
-        (without the structural keyword arguments) with every mask folded
-        into a dense `attention_mask`."""
-        step = self._compute_attention
-        # What the call asked, for steps that do not take the argument
-        # (Keras's GroupedQueryAttention reads this attribute).
-        self._return_attention_scores = return_scores
-        if _takes_structure(type(self)._compute_attention):
-            return step(
-                q,
-                k,
-                v,
-                training=training,
-                return_attention_scores=return_scores,
-                **kwargs,
-            )
-        if kwargs.get("score_mod") is not None:
-            raise ValueError(
-                f"{type(self).__name__}._compute_attention does not take "
-                "`score_mod` (Keras's signature), so the layer's score "
-                "function cannot reach it. Accept keyword arguments "
-                "(`**kwargs`) and pass them on to "
-                "`super()._compute_attention`."
-            )
-        mask = _fold_masks(q, k, **kwargs)
-        params = inspect.signature(step).parameters
-        extra = {}
-        if "return_attention_scores" in params:
-            extra["return_attention_scores"] = return_scores
-        return step(q, k, v, attention_mask=mask, training=training, **extra)
-
-    def _use_local_path(self, q, k, query, key, return_scores, cache):
-        """Whether `sliding_window` can run banded (`local_attention`):
-        not with score or mask functions (the blockwise path skips the
-        tiles outside the window then)."""
-        if self.sliding_window is None or return_scores or cache is not None:
-            return False
-        if self.score_mod is not None or self.mask_mod is not None:
-            return False
-        if (
-            type(self)._compute_attention
-            is not MultiHeadAttention._compute_attention
-        ):
-            return False  # An overridden attention step runs on every call.
-        if self._flash_attention is False:
-            return False
-        tq, tk = q.shape[1], k.shape[1]
-        return query is key or (tq is not None and tq == tk)
-
-    def _check_padding_masks(self, query, value, key, masks):
-        """`ValueError` naming the mask unless it fits its input."""
-        for (name, mask), (inputs_name, inputs) in zip(
-            masks, (("query", query), ("value", value), ("key", key))
-        ):
-            if inputs is not None:  # None: value/key from a precomputed cache.
-                validation.check_padding_mask(name, mask, inputs, inputs_name)
-
     def call(
         self,
         query,
@@ -896,64 +400,65 @@ class MultiHeadAttention(
         cache_sink_tokens=None,
         positions=None,
     ):
-        key = value if key is None else key
+        call = AttentionCall(
+            query=query,
+            value=value,
+            key=value if key is None else key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            use_causal_mask=use_causal_mask,
+            cache=cache,
+            cache_update_index=cache_update_index,
+            mod_inputs=mod_inputs,
+            step_inputs=step_inputs,
+            segment_ids=segment_ids,
+            cache_sink_tokens=cache_sink_tokens,
+            positions=positions,
+        )
+        self._check_call(call)
+        if len(query.shape) == 3:
+            return self._call_3d(call)
+        return self._call_high_rank(call)
+
+    def _check_call(self, call):
+        """Every check a call's arguments need before any computation."""
+        query, value, key, cache = call.query, call.value, call.key, call.cache
         self._check_call_inputs(query, value, key)
-        if positions is not None:
-            self._check_positions(
-                positions, query, key, cache, cache_sink_tokens
+        if call.positions is not None:
+            attention_checks.check_positions(
+                call.positions, call, self._rotary is not None, self.name
             )
-        if segment_ids is not None:
-            self._check_segment_ids(segment_ids, query, key, cache)
+        if call.segment_ids is not None:
+            attention_checks.check_segment_ids(
+                call.segment_ids, query, key, cache
+            )
         if value is not None and (
-            cache is None or cache_update_index is not None
+            cache is None or call.cache_update_index is not None
         ):
             # Also at call time: a layer built on `(None, d)` inputs.
-            _check_key_value_shapes(value.shape, key.shape)
-        self._check_padding_masks(
-            query,
-            value,
-            key,
-            (
-                ("query_mask", query_mask),
-                ("value_mask", value_mask),
-                ("key_mask", key_mask),
-            ),
-        )
-        if return_attention_scores and self._flash_attention:
-            raise ValueError(_FLASH_SCORES_ERROR)
+            attention_checks.check_key_value_shapes(value.shape, key.shape)
+        attention_checks.check_padding_masks(call)
+        if call.return_attention_scores and self._flash_attention:
+            raise ValueError(attention_checks.FLASH_SCORES_ERROR)
         if len(query.shape) == 3:
-            if cache is not None and cache_update_index is not None:
+            if cache is not None and call.cache_update_index is not None:
                 check_cache_index(
-                    cache_update_index,
+                    call.cache_update_index,
                     query.shape[1],
                     cache.shape[2],
-                    rolling=cache_sink_tokens is not None,
+                    rolling=call.cache_sink_tokens is not None,
                 )
-            return self._call_3d(
-                query,
-                value,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                return_attention_scores,
-                training,
-                use_causal_mask,
-                cache,
-                cache_update_index,
-                mod_inputs=mod_inputs,
-                step_inputs=step_inputs,
-                segment_ids=segment_ids,
-                cache_sink_tokens=cache_sink_tokens,
-                positions=positions,
-            )
+            return
         if cache is not None:
             raise ValueError(
                 "A key/value `cache` needs inputs of shape (batch, steps, "
                 f"features). Received: query.shape={tuple(query.shape)!r}"
             )
-        if step_inputs:
+        if call.step_inputs:
             raise ValueError(
                 "`step_inputs` need inputs of shape (batch, steps, "
                 f"features). Received: query.shape={tuple(query.shape)!r}"
@@ -966,156 +471,63 @@ class MultiHeadAttention(
                 f"query.shape={tuple(query.shape)!r}, "
                 f"attention_axes={self.attention_axes!r}"
             )
-        return self._call_high_rank(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-        )
 
-    def _call_3d(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        use_causal_mask,
-        cache,
-        cache_update_index,
-        mod_inputs=None,
-        step_inputs=None,
-        segment_ids=None,
-        cache_sink_tokens=None,
-        positions=None,
-    ):
-        """Attention on `(b, T, features)` inputs (the rank-3 core).
+    def _call_3d(self, call):
+        """Attention on `(b, T, features)` inputs (the rank-3 core), for
+        one `AttentionCall`.
 
-        `step_inputs`: extra keyword arguments of this call for an
+        `call.step_inputs`: extra keyword arguments of this call for an
         overridden `_compute_attention` (a subclass's own inputs, such as
         `LocalSelfAttention`'s global tokens)."""
-        offset = 0 if cache_update_index is None else cache_update_index
-        gate = self._gate_dense(query) if self.use_gate else None
+        gate = self._gate_dense(call.query) if self.use_gate else None
+        positions = call.positions
         rotary = self._rotary is not None
-        if positions is None and segment_ids is not None and rotary:
-            positions = masks_lib.segment_positions(segment_ids)
-        q = self._rotate(self._query_dense(query), offset, positions)
+        if positions is None and call.segment_ids is not None and rotary:
+            positions = masks_lib.segment_positions(call.segment_ids)
+        q = self._rotate(self._query_dense(call.query), call.offset, positions)
         q = self._scale_query(q)
-        if cache_sink_tokens is not None:
-            result, scores, cache = self._attend_rolling_cache(
-                q,
-                query,
-                value,
-                key,
-                query_mask,
-                masks_lib.combine_masks(value_mask, key_mask),
-                attention_mask,
-                return_attention_scores,
-                training,
-                cache,
-                cache_update_index,
-                cache_sink_tokens,
-                step_inputs,
-                mod_inputs,
+        if call.cache_sink_tokens is not None:
+            result, scores, cache = _rolling_attention.attend_rolling_cache(
+                self, call, q
             )
-            return self._finish(
-                result, scores, cache, gate, return_attention_scores
-            )
-        if cache is None:
-            k = self._rotate(self._key_dense(key), 0, positions)
-            v = self._value_dense(value)
-        elif cache_update_index is None:
-            k, v = cache[:, 0], cache[:, 1]
-        else:
-            start = (0, cache_update_index, 0, 0)
-            new_k = self._rotate(self._key_dense(key), offset, positions)
-            k = ops.slice_update(cache[:, 0], start, new_k)
-            v = ops.slice_update(cache[:, 1], start, self._value_dense(value))
-            cache = ops.stack([k, v], axis=1)
-        if cache_update_index is not None:
+            return self._finish(call, result, scores, cache, gate)
+        k, v, cache = self._keys_and_values(call, positions)
+        if call.cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
-            value_mask = key_mask = None
-        if segment_ids is None and self._use_local_path(
-            q, k, query, key, return_attention_scores, cache
+            call = call.replace(value_mask=None, key_mask=None)
+        if call.segment_ids is None and self._use_local_path(
+            q, k, call.query, call.key, call.return_attention_scores, cache
         ):
-            if attention_mask is not None:
-                self._check_attention_mask(attention_mask, query, k)
-            result = local_attention(
-                q,
-                k,
-                v,
-                self.sliding_window - 1,
-                causal=bool(use_causal_mask),
-                query_mask=query_mask,
-                key_mask=masks_lib.combine_masks(value_mask, key_mask),
-                attention_mask=attention_mask,
-                dropout_fn=self._dropout_fn(training),
-            )
+            result, scores = self._attend_banded(call, q, k, v), None
         else:
-            masks = self._attention_masks(
-                query,
-                k,
-                query_mask=query_mask,
-                value_mask=value_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-                query_offset=offset,
-            )
-            score_mod, mask_mod = mods_base.bind_all(
-                self.score_mod, self.mask_mod, mod_inputs
-            )
-            if segment_ids is not None:
-                documents = DocumentMask().bind(segment_ids=segment_ids)
-                mask_mod = (
-                    mods_base.and_masks(mask_mod, documents)
-                    if mask_mod
-                    else documents
-                )
-            if self.sliding_window is not None:
-                window = KerasSlidingWindowMask(self.sliding_window)
-                mask_mod = (
-                    mods_base.and_masks(mask_mod, window)
-                    if mask_mod
-                    else window
-                )
-            result = self._attention_step(
-                q,
-                k,
-                v,
-                return_attention_scores,
-                training,
-                score_mod=score_mod,
-                mask_mod=mask_mod,
-                **masks,
-                **(step_inputs or {}),
-            )
-            result = result if return_attention_scores else result[0]
-        scores = None
-        if return_attention_scores:
-            result, scores = result
-        return self._finish(
-            result, scores, cache, gate, return_attention_scores
-        )
+            result, scores = self._attend(call, q, k, v)
+        return self._finish(call, result, scores, cache, gate)
 
-    def _finish(self, result, scores, cache, gate, return_attention_scores):
+    def _keys_and_values(self, call, positions):
+        """The keys and values a rank-3 call attends to, and the updated
+        cache: this call's projections, a precomputed cache, or this
+        call's projections written into the cache at
+        `cache_update_index`."""
+        cache, index = call.cache, call.cache_update_index
+        if cache is None:
+            k = self._rotate(self._key_dense(call.key), 0, positions)
+            return k, self._value_dense(call.value), None
+        if index is None:
+            return cache[:, 0], cache[:, 1], cache
+        start = (0, index, 0, 0)
+        new_k = self._rotate(self._key_dense(call.key), call.offset, positions)
+        k = ops.slice_update(cache[:, 0], start, new_k)
+        v = ops.slice_update(cache[:, 1], start, self._value_dense(call.value))
+        return k, v, ops.stack([k, v], axis=1)
+
+    def _finish(self, call, result, scores, cache, gate):
         """The gate and output projection of the heads' `result`, then the
         layer's outputs: `(output, scores?, cache?)`."""
         if gate is not None:
             result = ops.multiply(result, ops.cast(gate, result.dtype))
         output = self._output_dense(result)
         outputs = (output,)
-        if return_attention_scores:
+        if call.return_attention_scores:
             outputs += (scores,)
         if cache is not None:
             outputs += (cache,)
@@ -1135,191 +547,6 @@ class MultiHeadAttention(
         if self.sliding_window is None:
             return None
         return self.sliding_window - 1
-
-    def _check_rolling_cache(self, cache, cache_update_index, sink_tokens):
-        """`ValueError` unless a rolling cache can be used here: a window,
-        an update index, and room for the window beside the sinks."""
-        window = self.cache_window()
-        size = cache.shape[2] if cache is not None else None
-        problem = None
-        if not validation.is_int(sink_tokens) or sink_tokens < 0:
-            problem = "`cache_sink_tokens` must be a non-negative int"
-        elif cache is None or cache_update_index is None:
-            problem = (
-                "a rolling cache needs `cache` and `cache_update_index` "
-                "(the absolute position of the first query)"
-            )
-        elif window is None:
-            problem = (
-                "a rolling cache needs windowed attention (`sliding_window`, "
-                "or `LocalSelfAttention`'s causal `window_size`)"
-            )
-        elif size is not None and size < sink_tokens + window + 1:
-            problem = (
-                f"the cache needs at least sink_tokens + window + 1 = "
-                f"{sink_tokens + window + 1} slots, it has {size}"
-            )
-        if problem is not None:
-            raise ValueError(
-                f"{problem}. Received: cache_sink_tokens={sink_tokens!r}, "
-                f"cache.shape={getattr(cache, 'shape', None)!r}, "
-                f"window={window!r}, layer {self.name!r}"
-            )
-
-    def _attend_rolling_cache(
-        self,
-        q,
-        query,
-        value,
-        key,
-        query_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        cache,
-        start,
-        sink_tokens,
-        step_inputs,
-        mod_inputs=None,
-    ):
-        """Attention of `T` queries at positions `start ..` over a rolling
-        cache (positions `0 .. start - 1` written in order, see
-        `ops.rolling_cache`) and this call's own keys; then this call's
-        keys and values are written into the cache.
-
-        Keys are `[cache slots, this call's T keys]`: each query sees those
-        whose position is at most its own, within the window or below
-        `sink_tokens`. Score and mask functions see absolute positions:
-        the query's, and the one each slot holds (`scoring.AtPositions`).
-        Returns `(heads result, scores or None, cache)`.
-        """
-        self._check_rolling_cache(cache, start, sink_tokens)
-        size, steps = cache.shape[2], q.shape[1]
-        new_k = self._rotate(self._key_dense(key), start)
-        new_v = self._value_dense(value)
-        k = ops.concatenate([cache[:, 0], ops.cast(new_k, cache.dtype)], 1)
-        v = ops.concatenate([cache[:, 1], ops.cast(new_v, cache.dtype)], 1)
-        start = ops.cast(start, "int32")
-        query_positions = start + ops.arange(steps, dtype="int32")
-        key_positions = ops.concatenate(
-            [rolling_cache_positions(size, sink_tokens, start), query_positions]
-        )
-        qp, kp = query_positions[:, None], key_positions[None]
-        visible = ops.logical_and(kp >= 0, kp <= qp)
-        near = ops.logical_or(qp - kp <= self.cache_window(), kp < sink_tokens)
-        mask = ops.logical_and(visible, near)[None]  # (1, T, size + T)
-        if attention_mask is not None:
-            self._check_attention_mask(attention_mask, query, k)
-            mask = ops.logical_and(ops.cast(attention_mask, "bool"), mask)
-        if key_mask is not None:
-            batch = ops.shape(key_mask)[0]
-            key_mask = ops.concatenate(
-                [ops.ones((batch, size), "bool"), ops.cast(key_mask, "bool")],
-                axis=1,
-            )
-        masks = self._attention_masks(
-            query,
-            k,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=mask,
-        )
-        # The functions index keys by slot: give them the positions (an
-        # unwritten slot, -1, is masked; any valid position will do).
-        mods = mods_base.bind_all(self.score_mod, self.mask_mod, mod_inputs)
-        score_mod, mask_mod = (
-            None
-            if fn is None
-            else scoring.AtPositions(
-                fn, query_positions, ops.maximum(key_positions, 0)
-            )
-            for fn in mods
-        )
-        result = self._attention_step(
-            q,
-            k,
-            v,
-            return_attention_scores,
-            training,
-            score_mod=score_mod,
-            mask_mod=mask_mod,
-            **masks,
-            **(step_inputs or {}),
-        )
-        updated = rolling_cache_write(
-            cache,
-            ops.stack([new_k, new_v], axis=1),
-            start,
-            sink_tokens,
-            axis=2,
-        )
-        if return_attention_scores:
-            return result[0], result[1], updated
-        return result[0], None, updated
-
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
-        key_shape = value_shape if key_shape is None else tuple(key_shape)
-        _check_key_value_shapes(value_shape, key_shape)
-        out = self._output_shapes or (query_shape[-1],)
-        return query_shape[:-1] + tuple(out)
-
-    def _scores_shape(self, query_shape, key_shape):
-        if len(query_shape) == 3:
-            return (
-                query_shape[0],
-                self.num_heads,
-                query_shape[1],
-                key_shape[1],
-            )
-        axes, others, _ = self._layout(len(query_shape))
-        return (
-            (query_shape[0],)
-            + tuple(query_shape[a] for a in others)
-            + (self.num_heads,)
-            + tuple(query_shape[a] for a in axes)
-            + tuple(key_shape[a] for a in axes)
-        )
-
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        return_attention_scores=False,
-        cache=None,
-        cache_sink_tokens=None,
-        **kwargs,
-    ):
-        key = value if key is None else key
-        if return_attention_scores and self._flash_attention:
-            raise ValueError(_FLASH_SCORES_ERROR)
-        query_shape = tuple(query.shape)
-        key_shape = tuple(key.shape)
-        if cache is None:
-            shape = self.compute_output_shape(
-                query_shape, value.shape, key_shape
-            )
-        else:
-            shape = query_shape[:-1] + (self._output_shapes or query_shape[-1:])
-            keys = cache.shape[2]
-            if cache_sink_tokens is not None:
-                # A rolling cache: the slots, then this call's keys.
-                steps = query_shape[1]
-                keys = None if None in (keys, steps) else keys + steps
-            key_shape = (key_shape[0], keys) + key_shape[2:]
-        outputs = (keras.KerasTensor(shape, dtype=self.compute_dtype),)
-        if return_attention_scores:
-            outputs += (
-                keras.KerasTensor(
-                    self._scores_shape(query_shape, key_shape),
-                    dtype=self.compute_dtype,
-                ),
-            )
-        if cache is not None:
-            outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return outputs[0] if len(outputs) == 1 else outputs
 
     def describe_attention(self, arguments, scores, options):
         """`collect_attention`'s hook (`layers/_recording.py`): the
@@ -1398,32 +625,3 @@ class MultiHeadAttention(
     def from_config(cls, config):
         config = mods_base.from_config_entries(config)
         return cls(**config)
-
-
-def _shape_of(x):
-    """`x.shape` as a tuple (None without one: a list, a missing key)."""
-    shape = getattr(x, "shape", None)
-    return None if shape is None else tuple(shape)
-
-
-def _takes_structure(method):
-    """Whether a `_compute_attention` takes this library's structural
-    keyword arguments (ours does; a Keras-style override may not)."""
-    params = inspect.signature(method).parameters.values()
-    names = {p.name for p in params}
-    return (
-        any(p.kind is p.VAR_KEYWORD for p in params)
-        or {
-            "query_mask",
-            "key_mask",
-            "mask_mod",
-        }
-        <= names
-    )
-
-
-def _fold_masks(q, k, use_causal_mask=False, score_mod=None, **masks):
-    """Every mask of a call as one dense bool `(b|1, h|1, Tq, Tk)` (None
-    when nothing masks): for `_compute_attention` overrides with Keras's
-    signature, which take `attention_mask` only."""
-    return dense_mask(query=q, key=k, causal=use_causal_mask, **masks)

@@ -1,0 +1,239 @@
+"""The argument checks of the attention layers' calls, beside `validation`.
+
+`validation` holds the checks of single values and imports no Keras; these
+read tensors (eager values, dtypes, masks against inputs) and raise
+`ValueError`/`TypeError` naming the argument and showing its value, as
+`MultiHeadAttention`, its subclasses, the blocks and generation call
+them.
+"""
+
+import keras
+
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
+
+FLASH_SCORES_ERROR = (
+    "Returning attention scores is not supported when flash attention is "
+    "enabled. Please disable flash attention to access attention scores."
+)
+
+
+def shape_of(x):
+    """`x.shape` as a tuple (None without one: a list, a missing key)."""
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(shape)
+
+
+def check_output_shape(output_shape):
+    """`None`, an int or a tuple of ints -> `None` or a tuple of ints."""
+    if output_shape is None:
+        return None
+    if validation.is_int(output_shape):
+        shape = (output_shape,)
+    else:
+        shape = output_shape
+    if (
+        not isinstance(shape, (tuple, list))
+        or not all(validation.is_int(d) and d > 0 for d in shape)
+        or not shape
+    ):
+        raise ValueError(
+            "Invalid `output_shape`: it must be a positive int or a non-empty "
+            f"tuple of positive ints. Received: output_shape={output_shape!r}"
+        )
+    return tuple(int(d) for d in shape)
+
+
+def check_key_value_shapes(value_shape, key_shape):
+    """Keras's rule: `key` and `value` agree on every axis but the last."""
+    v, k = tuple(value_shape)[1:-1], tuple(key_shape)[1:-1]
+    ok = len(v) == len(k) and all(
+        a is None or b is None or a == b for a, b in zip(v, k)
+    )
+    if not ok:
+        raise ValueError(
+            "All dimensions of `value` and `key`, except the last one, must "
+            f"be equal. Received: value_shape={tuple(value_shape)!r}, "
+            f"key_shape={tuple(key_shape)!r}"
+        )
+
+
+def check_positions(positions, call, has_rotary, layer_name):
+    """`positions` set the rotary positions of a rank-3 self-attention
+    call (keys of the query's length, or this call's keys of a cache);
+    their shape is `RotaryEmbedding`'s to check. `call`: the
+    `AttentionCall`."""
+    query, key, cache = call.query, call.key, call.cache
+    problem = None
+    if not has_rotary:
+        problem = (
+            "they set rotary positions, and this layer has none "
+            "(`rotary_max_wavelength=None`)"
+        )
+    elif len(query.shape) != 3:
+        problem = "they need inputs of shape (batch, T, features)"
+    elif call.cache_sink_tokens is not None:
+        problem = (
+            "a rolling cache (`cache_sink_tokens`) places and masks "
+            "keys by `cache_update_index`, not by them"
+        )
+    elif cache is None and None not in (query.shape[1], key.shape[1]):
+        if query.shape[1] != key.shape[1]:
+            problem = (
+                "they are the positions of the queries and the keys "
+                "alike, so the key must have the query's length"
+            )
+    if problem is not None:
+        raise ValueError(
+            f"`positions` cannot be used here: {problem}. Received: "
+            f"positions.shape={shape_of(positions)!r}, "
+            f"query.shape={tuple(query.shape)!r}, "
+            f"key.shape={shape_of(key)!r}, "
+            f"layer {layer_name!r}"
+        )
+
+
+def check_segment_ids(segment_ids, query, key, cache):
+    """`segment_ids` `(batch, T)` integers of a self-attention call on
+    `(batch, T, features)` inputs, without a cache."""
+    if cache is not None or len(query.shape) != 3:
+        raise ValueError(
+            "`segment_ids` (packed documents) need a self-attention call "
+            "on inputs of shape (batch, T, features) without a cache. "
+            f"Received: query.shape={tuple(query.shape)!r}, "
+            f"cache={'given' if cache is not None else None}"
+        )
+    shape = tuple(segment_ids.shape)
+    want = (query.shape[0], query.shape[1])
+    if (
+        len(shape) != 2
+        or any(
+            a is not None and b is not None and a != b
+            for a, b in zip(shape, want)
+        )
+        or query.shape[1] != key.shape[1]
+    ):
+        raise ValueError(
+            "`segment_ids` must have shape (batch, T) of the query, and "
+            "the keys the same length (self-attention). Received: "
+            f"segment_ids.shape={shape!r}, "
+            f"query.shape={tuple(query.shape)!r}, "
+            f"key.shape={tuple(key.shape)!r}"
+        )
+    if not keras.backend.is_int_dtype(
+        keras.backend.standardize_dtype(segment_ids.dtype)
+    ):
+        raise TypeError(
+            "`segment_ids` must be integers. Received: "
+            f"segment_ids.dtype={segment_ids.dtype!r}"
+        )
+
+
+def check_attention_mask(attention_mask, query, key, num_heads):
+    """`attention_mask` of shape `(Tq, Tk)`, `(batch, Tq, Tk)` or `(batch,
+    num_heads, Tq, Tk)` (1 broadcasts on batch and heads)."""
+    shape = tuple(attention_mask.shape)
+    tq, tk = query.shape[1], key.shape[1]
+    expected = f"(Tq, Tk), (batch, Tq, Tk) or (batch, {num_heads}, Tq, Tk)"
+    ok = len(shape) in (2, 3, 4)
+    if ok:
+        for got, want in zip(shape[-2:], (tq, tk)):
+            if got is not None and want is not None and got != want:
+                ok = False
+    if ok and len(shape) >= 3 and shape[0] not in (None, 1):
+        b = query.shape[0]
+        ok = b is None or shape[0] == b
+    if ok and len(shape) == 4 and shape[1] not in (None, 1, num_heads):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"`attention_mask` must have shape {expected} with "
+            f"Tq={tq}, Tk={tk}. Received: attention_mask.shape={shape}, "
+            f"query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+
+
+def check_padding_masks(call):
+    """`ValueError` naming the mask unless it fits its input (`call`: an
+    `AttentionCall`; value/key None come from a precomputed cache)."""
+    for name, inputs_name in (
+        ("query_mask", "query"),
+        ("value_mask", "value"),
+        ("key_mask", "key"),
+    ):
+        inputs = getattr(call, inputs_name)
+        if inputs is not None:
+            validation.check_padding_mask(
+                name, getattr(call, name), inputs, inputs_name
+            )
+
+
+def check_rolling_cache(cache, cache_update_index, sink_tokens, window, layer):
+    """`ValueError` unless a rolling cache can be used here: a window
+    (`window`, the layer's `cache_window()`), an update index, and room
+    for the window beside the sinks. `layer`: the layer's name."""
+    size = cache.shape[2] if cache is not None else None
+    problem = None
+    if not validation.is_int(sink_tokens) or sink_tokens < 0:
+        problem = "`cache_sink_tokens` must be a non-negative int"
+    elif cache is None or cache_update_index is None:
+        problem = (
+            "a rolling cache needs `cache` and `cache_update_index` "
+            "(the absolute position of the first query)"
+        )
+    elif window is None:
+        problem = (
+            "a rolling cache needs windowed attention (`sliding_window`, "
+            "or `LocalSelfAttention`'s causal `window_size`)"
+        )
+    elif size is not None and size < sink_tokens + window + 1:
+        problem = (
+            f"the cache needs at least sink_tokens + window + 1 = "
+            f"{sink_tokens + window + 1} slots, it has {size}"
+        )
+    if problem is not None:
+        raise ValueError(
+            f"{problem}. Received: cache_sink_tokens={sink_tokens!r}, "
+            f"cache.shape={getattr(cache, 'shape', None)!r}, "
+            f"window={window!r}, layer {layer!r}"
+        )
+
+
+def check_cache_index(
+    value, steps, cache_length, name="cache_update_index", rolling=False
+):
+    """Raises `ValueError` naming `name` unless `value` is a scalar
+    integer (or integer tensor) at which a call's `steps` positions fit a
+    cache of `cache_length` positions: `0 <= value` and `value + steps <=
+    cache_length` (a rolling cache, `rolling`, wraps around: `0 <= value`
+    only).
+
+    Values known now are read: Python and NumPy integers, eager tensors.
+    A symbolic index (a `tf.function`, XLA or `jax.jit` trace, a
+    functional model) has no value yet and is not compared: out of range,
+    the write then lands on a clamped slot. Keep `index + steps <=
+    cache_length` there.
+
+    Args:
+        value: the index, as the user passed it.
+        steps: int or None, the positions of this call.
+        cache_length: int or None, the positions of the cache.
+        name: the argument's name, as the user wrote it.
+        rolling: bool, whether the cache is a rolling one.
+
+    Example:
+
+    >>> from keras_attention.utils.attention_checks import check_cache_index
+    >>> check_cache_index(3, 1, 4)  # the last position: fine
+    >>> check_cache_index(4, 1, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `cache_update_index` must be >= 0 and leave room ...
+    """
+    validation.check_index(name, value, allow_negative=True)
+    known = value if validation.is_int(value) else None
+    if known is None:
+        known = keras_utils.concrete_int(value)
+    validation.check_cache_update_index(
+        known, steps, cache_length, name=name, rolling=rolling
+    )
