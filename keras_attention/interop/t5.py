@@ -120,6 +120,64 @@ def _feed_forward_pairs(theirs, ours, gated):
     ]
 
 
+def _weight_pairs(backbone, model, embedding, biases, blocks, heads, gated):
+    """`(their variable, our variable, reshape)` of every weight of a
+    `T5Backbone` and its conversion (`heads`: `(num_heads, head_dim)`)."""
+    heads, head_dim = heads
+    their_embedding = backbone.token_embedding
+    pairs = [(their_embedding.embeddings, embedding.embeddings, None)]
+    if not embedding.tie_weights:
+        pairs.append(
+            (
+                their_embedding.reverse_embeddings,
+                embedding.reverse_embeddings,
+                None,
+            )
+        )
+    for stack in ("encoder", "decoder"):
+        layers = getattr(backbone, f"{stack}_transformer_layers")
+        pairs.append(
+            (
+                layers[0].self_attention.relative_attention_bias,
+                biases[stack].embeddings,
+                None,
+            )
+        )
+        for theirs, ours in zip(layers, blocks[stack]):
+            pairs.append(
+                (
+                    theirs.self_attention_layer_norm.weight,
+                    ours.self_attention_norm.scale,
+                    None,
+                )
+            )
+            pairs += _attention_pairs(
+                theirs.self_attention, ours.self_attention, heads, head_dim
+            )
+            if stack == "decoder":
+                pairs.append(
+                    (
+                        theirs.cross_attention_layer_norm.weight,
+                        ours.cross_attention_norm.scale,
+                        None,
+                    )
+                )
+                pairs += _attention_pairs(
+                    theirs.cross_attention,
+                    ours.cross_attention_layer,
+                    heads,
+                    head_dim,
+                )
+            pairs.append(
+                (theirs.layer_norm.weight, ours.feed_forward_norm.scale, None)
+            )
+            pairs += _feed_forward_pairs(theirs, ours, gated)
+        final = getattr(backbone, f"{stack}_layer_norm").weight
+        norm = model.get_layer(f"{stack}_output_layer_norm")
+        pairs.append((final, norm.scale, None))
+    return pairs
+
+
 def convert_t5(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
     `T5Backbone` (T5 and T5 1.1: gated or plain feed-forward), holding a
@@ -262,56 +320,8 @@ def convert_t5(backbone):
         name=backbone.name,
     )
 
-    their_embedding = backbone.token_embedding
-    pairs = [(their_embedding.embeddings, embedding.embeddings, None)]
-    if not config["tie_embedding_weights"]:
-        pairs.append(
-            (
-                their_embedding.reverse_embeddings,
-                embedding.reverse_embeddings,
-                None,
-            )
-        )
-    for stack in ("encoder", "decoder"):
-        layers = getattr(backbone, f"{stack}_transformer_layers")
-        pairs.append(
-            (
-                layers[0].self_attention.relative_attention_bias,
-                biases[stack].embeddings,
-                None,
-            )
-        )
-        for theirs, ours in zip(layers, blocks[stack]):
-            pairs.append(
-                (
-                    theirs.self_attention_layer_norm.weight,
-                    ours.self_attention_norm.scale,
-                    None,
-                )
-            )
-            pairs += _attention_pairs(
-                theirs.self_attention, ours.self_attention, heads, head_dim
-            )
-            if stack == "decoder":
-                pairs.append(
-                    (
-                        theirs.cross_attention_layer_norm.weight,
-                        ours.cross_attention_norm.scale,
-                        None,
-                    )
-                )
-                pairs += _attention_pairs(
-                    theirs.cross_attention,
-                    ours.cross_attention_layer,
-                    heads,
-                    head_dim,
-                )
-            pairs.append(
-                (theirs.layer_norm.weight, ours.feed_forward_norm.scale, None)
-            )
-            pairs += _feed_forward_pairs(theirs, ours, gated)
-        final = getattr(backbone, f"{stack}_layer_norm").weight
-        norm = model.get_layer(f"{stack}_output_layer_norm")
-        pairs.append((final, norm.scale, None))
+    pairs = _weight_pairs(
+        backbone, model, embedding, biases, blocks, (heads, head_dim), gated
+    )
     _common.copy_pairs(backbone, model, pairs)
     return model

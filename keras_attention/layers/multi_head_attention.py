@@ -22,7 +22,7 @@ from keras_attention.layers._attention_call import AttentionCall
 from keras_attention.layers._attention_step import AttentionStep
 from keras_attention.layers._projections import Projections
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.layers.rotary_embedding import check_rotary_scaling
+from keras_attention.layers.rotary_embedding import check_rotary_arguments
 from keras_attention.mods import base as mods_base
 from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
@@ -289,20 +289,11 @@ class MultiHeadAttention(
         attention_scale = validation.check_positive_number(
             "attention_scale", attention_scale, allow_none=True
         )
-        num_heads = validation.check_positive_int("num_heads", num_heads)
-        key_dim = validation.check_positive_int("key_dim", key_dim)
-        value_dim = validation.check_positive_int(
-            "value_dim", value_dim, allow_none=True
-        )
-        num_key_value_heads = validation.check_positive_int(
-            "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
-        if num_key_value_heads is not None and num_heads % num_key_value_heads:
-            raise ValueError(
-                "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads!r}, "
-                f"num_heads={num_heads!r}"
+        num_heads, key_dim, value_dim, num_key_value_heads = (
+            attention_checks.check_heads(
+                num_heads, key_dim, value_dim, num_key_value_heads
             )
+        )
         dropout = validation.check_rate("dropout", dropout)
         sliding_window = validation.check_positive_int(
             "sliding_window", sliding_window, allow_none=True
@@ -311,17 +302,8 @@ class MultiHeadAttention(
             flash_attention = validation.check_bool(
                 "flash_attention", flash_attention
             )
-        rotary_max_wavelength = validation.check_positive_number(
-            "rotary_max_wavelength",
-            rotary_max_wavelength,
-            allow_none=True,
-            minimum=1,
-        )
-        validation.check_rotary_head_size(
-            rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
-        )
-        rotary_scaling = check_rotary_scaling(
-            rotary_scaling, rotary_max_wavelength
+        rotary_max_wavelength, rotary_scaling = check_rotary_arguments(
+            rotary_max_wavelength, rotary_scaling, key_dim
         )
         self.supports_masking = True
         self.num_heads = num_heads

@@ -192,6 +192,24 @@ def check_rotary_scaling(rotary_scaling, rotary_max_wavelength):
     return dict(rotary_scaling)
 
 
+def check_rotary_arguments(rotary_max_wavelength, rotary_scaling, head_size):
+    """The rotary options of an attention layer, checked: a wavelength
+    of at least 1 (or None), heads of an even size when rotated
+    (`head_size`, the layer's `key_dim`) and `rotary_scaling` as
+    `check_rotary_scaling` says. Returns both, normalized."""
+    rotary_max_wavelength = validation.check_positive_number(
+        "rotary_max_wavelength",
+        rotary_max_wavelength,
+        allow_none=True,
+        minimum=1,
+    )
+    validation.check_rotary_head_size(
+        rotary_max_wavelength, head_size, f"key_dim={head_size!r}"
+    )
+    rotary_scaling = check_rotary_scaling(rotary_scaling, rotary_max_wavelength)
+    return rotary_max_wavelength, rotary_scaling
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries and keys.

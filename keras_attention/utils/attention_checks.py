@@ -24,6 +24,27 @@ def shape_of(x):
     return None if shape is None else tuple(shape)
 
 
+def check_heads(num_heads, key_dim, value_dim, num_key_value_heads):
+    """The head arguments of an attention layer, checked: positive ints
+    (`value_dim`, `num_key_value_heads` may be None), and
+    `num_key_value_heads` dividing `num_heads`."""
+    num_heads = validation.check_positive_int("num_heads", num_heads)
+    key_dim = validation.check_positive_int("key_dim", key_dim)
+    value_dim = validation.check_positive_int(
+        "value_dim", value_dim, allow_none=True
+    )
+    num_key_value_heads = validation.check_positive_int(
+        "num_key_value_heads", num_key_value_heads, allow_none=True
+    )
+    if num_key_value_heads is not None and num_heads % num_key_value_heads:
+        raise ValueError(
+            "`num_key_value_heads` must divide `num_heads`. Received: "
+            f"num_key_value_heads={num_key_value_heads!r}, "
+            f"num_heads={num_heads!r}"
+        )
+    return num_heads, key_dim, value_dim, num_key_value_heads
+
+
 def check_output_shape(output_shape):
     """`None`, an int or a tuple of ints -> `None` or a tuple of ints."""
     if output_shape is None:
