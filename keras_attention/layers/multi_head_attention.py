@@ -16,10 +16,10 @@ from keras_attention.ops import scoring
 from keras_attention.ops.attention import dense_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
-from keras_attention.ops.local import local_attention
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.rolling_cache import rolling_cache_positions
 from keras_attention.ops.rolling_cache import rolling_cache_write
+from keras_attention.ops.sliding_window import local_attention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 from keras_attention.utils.cache_checks import check_cache_index

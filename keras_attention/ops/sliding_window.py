@@ -1,4 +1,6 @@
-"""Local (sliding-window) attention computed on the band only.
+"""Sliding-window (local) attention computed on the band only:
+`local_attention`, its global-token variant `global_local_attention`, and
+the conversions of their banded weights.
 
 Query `i` attends to keys `j` with `i - left <= j <= i + right`. Instead of
 masking a `T x T` score matrix, the sequence is cut into blocks of `B`
@@ -35,10 +37,10 @@ from keras import ops
 
 from keras_attention.masks import window_bounds
 from keras_attention.ops import scoring
-from keras_attention.ops.banded import window_attention
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
-from keras_attention.ops.windows import gather_windows
+from keras_attention.ops.sliding_window_kernel import window_attention
+from keras_attention.ops.window_gather import gather_windows
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
