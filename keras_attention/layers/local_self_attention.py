@@ -6,10 +6,10 @@ from keras_attention.layers import _recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
+from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.global_local import global_local_weights_to_dense
 from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import effective_window
-from keras_attention.ops.sliding_window import global_local_attention
-from keras_attention.ops.sliding_window import global_local_weights_to_dense
 from keras_attention.ops.sliding_window import local_attention
 from keras_attention.utils import validation
 

@@ -9,10 +9,10 @@ from references import masked_softmax as np_masked_softmax
 
 from keras_attention.masks import sliding_window_mask
 from keras_attention.ops.attention import dot_product_attention
+from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import dense_to_banded
 from keras_attention.ops.sliding_window import effective_window
-from keras_attention.ops.sliding_window import global_local_attention
 from keras_attention.ops.sliding_window import local_attention
 
 BACKEND = keras.backend.backend()
