@@ -148,7 +148,7 @@ def _imports(module, tree):
 
 
 def _group(name):
-    """`keras_attention.ops.local` -> "ops"; the root -> None."""
+    """`keras_attention.ops.sliding_window` -> "ops"; the root -> None."""
     parts = name.split(".")
     return parts[1] if len(parts) > 1 else None
 

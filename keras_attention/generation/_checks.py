@@ -246,3 +246,9 @@ def check_right_padded(mask, ids_name, token_ids, padding_mask, pad):
             f"token), but rows {holes!r} of {where} have padding "
             f"({padding}) before a token. {received}"
         )
+
+
+def token_steps(token_ids):
+    """The static length `T` of `(batch, T)` token ids (None: unknown)."""
+    shape = tuple(getattr(token_ids, "shape", None) or ())
+    return shape[1] if len(shape) > 1 else None

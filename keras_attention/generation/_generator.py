@@ -9,27 +9,30 @@ are siblings), says what its blocks look like (`_cross_attention`), what
 extra inputs its loop takes (`_input_names`), how its cache is built
 (`build_cache`), and exposes its own `generate`.
 
+The rolling cache (`_rolling.RollingCacheMixin`) and streamed generation
+(`_streaming.StreamingMixin`) are mixins `Generator` inherits; the
+samplers' helpers are in `_samplers`.
+
 The helpers below (`position_capacity`, `check_length_fits`,
 `mask_after_stop`) are shared by both generators; the argument checks are
 in `_checks`.
 """
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention.generation import _checks
+from keras_attention.generation._rolling import RollingCacheMixin
+from keras_attention.generation._samplers import get_sampler
+from keras_attention.generation._samplers import sampler_key
+from keras_attention.generation._streaming import StreamingMixin
 from keras_attention.generation.cache import init_cache
-from keras_attention.generation.cache import init_rolling_cache
-from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
-from keras_attention.generation.cache import unwindowed_block
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.ops import compile_step
-from keras_attention.ops.rolling_cache import rolling_cache_write
 from keras_attention.utils import validation
 from keras_attention.utils.attention_checks import check_cache_index
 
@@ -39,37 +42,6 @@ def as_list(x):
     if x is None:
         return []
     return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _steps(token_ids):
-    """The static length `T` of `(batch, T)` token ids (None: unknown)."""
-    shape = tuple(getattr(token_ids, "shape", None) or ())
-    return shape[1] if len(shape) > 1 else None
-
-
-def get_sampler(sampler):
-    """A `keras_hub` sampler from its name, or the sampler itself; raises
-    `ValueError` for anything else (an unknown name, None, ...)."""
-    import keras_hub  # an optional extra, needed only to generate
-
-    resolved = sampler
-    if isinstance(sampler, str):
-        try:
-            resolved = keras_hub.samplers.get(sampler)
-        except (KeyError, ValueError):  # "Greedy": names are lowercase
-            resolved = None
-    if not isinstance(resolved, keras_hub.samplers.Sampler):
-        raise ValueError(
-            "`sampler` must be a `keras_hub.samplers.Sampler` or the name "
-            'of one ("greedy", "beam", "top_k", "top_p", "random", '
-            f'"contrastive"). Received: sampler={sampler!r}'
-        )
-    return resolved
-
-
-def sampler_key(sampler):
-    """Samplers given by name share one compiled loop; objects by identity."""
-    return sampler if isinstance(sampler, str) else id(sampler)
 
 
 def position_capacity(layer):
@@ -137,32 +109,6 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids, pad_token_id):
     return token_ids, valid
 
 
-def stop_after_first(tokens, generated, stop_token_ids, stopped, pad):
-    """NumPy: pads what follows each row's first generated stop token.
-
-    `tokens` `(batch, n)` the next columns of the outputs, `generated`
-    their positions that were generated (not prompt), `stopped` `(batch,)`
-    whether the row stopped in earlier columns. Returns `(tokens,
-    stopped)`.
-    """
-    if stop_token_ids is None:
-        return tokens, stopped
-    is_stop = np.isin(tokens, stop_token_ids) & generated
-    before = np.cumsum(is_stop, axis=1) - is_stop + stopped[:, None]
-    tokens = np.where(before == 0, tokens, pad)
-    return tokens, stopped | np.any(is_stop, axis=1)
-
-
-def is_streamable(sampler):
-    """Whether `sampler` draws each token from the logits alone (the base
-    `keras_hub` loop: greedy, top-k, top-p, random), so that generation
-    can be split into pieces."""
-    import keras_hub  # an optional extra, needed only to generate
-
-    base = keras_hub.samplers.Sampler.__call__
-    return type(sampler).__call__ is base
-
-
 def free_id(pad_token_id, stop_token_ids):
     """`pad_token_id`, or the smallest id that is no stop token when it is
     one: what the positions still to generate hold."""
@@ -172,7 +118,7 @@ def free_id(pad_token_id, stop_token_ids):
     return token
 
 
-class Generator:
+class Generator(RollingCacheMixin, StreamingMixin):
     """Base of the generators: a decoder (embedding, blocks, head) run with
     a fixed-size key/value cache and driven by a `keras_hub` sampler.
 
@@ -309,7 +255,9 @@ class Generator:
         """
         self_cache = cache[0] if isinstance(cache, tuple) else cache
         check_cache_index(
-            cache_update_index, _steps(token_ids), self_cache.shape[3]
+            cache_update_index,
+            _checks.token_steps(token_ids),
+            self_cache.shape[3],
         )
         x = self.embed(token_ids, start_index=cache_update_index)
         attention_mask = None
@@ -362,319 +310,6 @@ class Generator:
         if not isinstance(self.embedding, keras.layers.Layer):
             return None
         return self.embedding.compute_mask(token_ids, None)
-
-    # The rolling cache (every self-attention windowed).
-
-    def call_with_rolling_cache(self, token_ids, cache, start, sink_tokens=0):
-        """Runs `token_ids` (positions `start ..`) through the model with a
-        rolling cache (`init_rolling_cache`) in which positions `0 ..
-        start - 1` were written in order; writes this call's positions.
-
-        Every self-attention must be windowed. Each query attends to the
-        cached positions within its window or below `sink_tokens`, and to
-        this call's positions up to its own; tokens the embedding masks
-        are masked as keys and queries, as in `call_with_cache`.
-
-        Args:
-            token_ids: int `(batch, T)` (static `T`).
-            cache: `(keys_values, slot_mask)` of `rolling_cache_size(
-                blocks, sink_tokens)` slots (or more).
-            start: int or int scalar tensor, the position of
-                `token_ids[:, 0]`.
-            sink_tokens: int >= 0, the attention sinks (the same at every
-                call on one cache).
-
-        Returns:
-            `(logits, hidden, cache)`.
-        """
-        keys_values, slot_mask = cache
-        check_cache_index(
-            start, _steps(token_ids), keys_values.shape[3], "start", True
-        )
-        x = self.embed(token_ids, start_index=start)
-        batch, steps = ops.shape(token_ids)[0], token_ids.shape[1]
-        token_mask = self._embedding_mask(token_ids)
-        if token_mask is None:
-            token_mask = ops.ones((batch, steps), "bool")
-        token_mask = ops.cast(token_mask, "bool")
-        keys = ops.concatenate([slot_mask, token_mask], axis=1)
-        attention_mask = ops.repeat(ops.expand_dims(keys, 1), steps, axis=1)
-        updated = []
-        for i, block in enumerate(self.blocks):
-            x, block_cache = block(
-                x,
-                attention_mask=attention_mask,
-                self_attention_cache=keys_values[:, i],
-                self_attention_cache_update_index=start,
-                self_attention_cache_sink_tokens=sink_tokens,
-                **self._block_kwargs(cache, i),
-            )
-            updated.append(block_cache)
-        slot_mask = rolling_cache_write(
-            slot_mask, token_mask, start, sink_tokens
-        )
-        return self.logits(x), x, (stack_caches(updated), slot_mask)
-
-    def _rolling_size(self, sink_tokens):
-        return rolling_cache_size(self.blocks, sink_tokens)
-
-    def _rolling_next(self, sink_tokens, offset=0):
-        """The sampler callback `next(prompt, cache, index)` over a rolling
-        cache: `prompt[:, index - 1]` sits at position `offset + index -
-        1`."""
-
-        def next(prompt, cache, index):
-            batch = ops.shape(prompt)[0]
-            token = ops.slice(prompt, (0, index - 1), (batch, 1))
-            logits, hidden, cache = self.call_with_rolling_cache(
-                token, cache, offset + index - 1, sink_tokens
-            )
-            return logits[:, 0], hidden[:, 0], cache
-
-        return next
-
-    def _rolling_prefill(self, token_ids, padding_mask, sink_tokens):
-        """Writes the shortest prompt's positions into an empty rolling
-        cache: in chunks of static length (the slots of the ring, at least
-        32), then the rest one position at a time.
-
-        Returns `(hidden, cache, index)`: the last block's outputs
-        `(batch, max_length, d)` at the positions written (zeros after;
-        the contrastive sampler compares with them), the cache, and the
-        shortest prompt's length (where the samplers start: they run the
-        token at `index - 1` again, which rewrites its slot with the same
-        keys and sees the same ones).
-
-        The buffer's length may be unknown while tracing (a `tf.function`
-        taking prompts of any length): only the chunks are static.
-        """
-        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
-        size = self._rolling_size(sink_tokens)
-        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
-        cache = init_rolling_cache(self.blocks, batch, size, dtype)
-        chunk = max(size - sink_tokens, 32)
-        if width is not None:
-            chunk = min(chunk, width)
-        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-        chunks = (shortest - 1) // chunk
-        features = self.embed(token_ids[:, :1]).shape[-1]
-        hidden = ops.zeros((batch, ops.shape(token_ids)[1], features), dtype)
-
-        def cond(i, hidden, cache):
-            return i < chunks
-
-        def body(i, hidden, cache):
-            start = i * chunk
-            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
-            _, h, cache = self.call_with_rolling_cache(
-                tokens, cache, start, sink_tokens
-            )
-            hidden = ops.slice_update(hidden, (0, start, 0), ops.cast(h, dtype))
-            return i + 1, hidden, cache
-
-        _, hidden, cache = ops.while_loop(
-            cond, body, (ops.convert_to_tensor(0, "int32"), hidden, cache)
-        )
-
-        def step_cond(position, hidden, cache):
-            return position < shortest
-
-        def step_body(position, hidden, cache):
-            token = ops.slice(token_ids, (0, position), (batch, 1))
-            _, h, cache = self.call_with_rolling_cache(
-                token, cache, position, sink_tokens
-            )
-            hidden = ops.slice_update(
-                hidden, (0, position, 0), ops.cast(h, dtype)
-            )
-            return position + 1, hidden, cache
-
-        _, hidden, cache = ops.while_loop(
-            step_cond, step_body, (chunks * chunk, hidden, cache)
-        )
-        return hidden, cache, shortest
-
-    def _cache_plan(self, sink_tokens):
-        """Which cache `generate` keeps: an int (the sinks of a rolling
-        cache) when every self-attention is windowed, else None (the full
-        cache). Raises `ValueError` for `sink_tokens` that are not a
-        non-negative int, or given to a model with a full attention (named
-        in the message)."""
-        if sink_tokens is not None and (
-            not _checks.is_integer(sink_tokens) or sink_tokens < 0
-        ):
-            raise ValueError(
-                "`sink_tokens` must be None or a non-negative int (the first "
-                "positions kept beside the window). "
-                f"Received: sink_tokens={sink_tokens!r}"
-            )
-        self._check_built()
-        limit = unwindowed_block(self.blocks)
-        if limit is None:
-            return 0 if sink_tokens is None else int(sink_tokens)
-        if sink_tokens is not None:
-            index, block = limit
-            raise ValueError(
-                "`sink_tokens` needs a rolling cache, so windowed "
-                "self-attention (`window_size`) in every block; block "
-                f"{index} ({block.name!r}, "
-                f"self-attention {type(block.self_attention).__name__}) "
-                f"has none. Received: sink_tokens={sink_tokens!r}"
-            )
-        return None
-
-    def _stream_size(self, stream):
-        """Tokens per piece of a streamed generation: `stream` (a positive
-        int), 64 for True, None for False (no streaming)."""
-        if stream is True:
-            return 64
-        if stream is False or stream is None:
-            return None
-        if not _checks.is_integer(stream) or stream < 1:
-            raise ValueError(
-                "`stream` must be a bool or a positive int (tokens per "
-                f"piece). Received: stream={stream!r}"
-            )
-        return int(stream)
-
-    def _sample_piece(
-        self, sampler, token_ids, padding_mask, cache, index, offset, sinks
-    ):
-        """The `keras_hub` sampling loop (greedy, top-k, ...: the base
-        `Sampler.__call__`, step for step) over a rolling cache, returning
-        the cache too: `(token_ids, cache)`. `token_ids[:, i]` sits at
-        position `offset + i`; positions before `offset + index - 1` are in
-        the cache."""
-        next = self._rolling_next(sinks, offset)
-        mask = ops.cast(padding_mask, "bool")
-
-        def cond(prompt, cache, index, mask):
-            return ops.convert_to_tensor(True, "bool")
-
-        def body(prompt, cache, index, mask):
-            logits, _, cache = next(prompt, cache, index)
-            probabilities = sampler.compute_probabilities(logits)
-            token = ops.cast(sampler.get_next_token(probabilities), "int32")
-            token = ops.where(mask[:, index], prompt[:, index], token)
-            prompt = ops.slice_update(prompt, (0, index), token[:, None])
-            return prompt, cache, index + 1, mask
-
-        index = ops.cast(index, "int32")
-        length = ops.cast(ops.shape(token_ids)[-1], "int32")
-        token_ids, cache, _, _ = sampler.run_loop(
-            cond,
-            body,
-            loop_vars=(ops.cast(token_ids, "int32"), cache, index, mask),
-            maximum_iterations=length - index,
-        )
-        return token_ids, cache
-
-    def _compile_stream(self, sampler, sink_tokens):
-        """The compiled pieces of a streamed generation (per sampler and
-        `sink_tokens`): `first(token_ids, padding_mask)` fills the cache
-        from the prompts and samples the rest of the buffer; `more(
-        token_ids, padding_mask, cache, offset)` goes on from a cache.
-        Both return `(token_ids, cache)`."""
-        key = ("stream", sampler_key(sampler), sink_tokens)
-        if key not in self._compiled:
-            resolved = get_sampler(sampler)
-            if not is_streamable(resolved):
-                raise ValueError(
-                    "`stream=True` needs a sampler that draws each token "
-                    "from the logits alone (greedy, top_k, top_p, random); "
-                    "beam and contrastive search look back over the whole "
-                    f"output. Received: sampler={sampler!r}"
-                )
-
-            def first(token_ids, padding_mask):
-                _, cache, index = self._rolling_prefill(
-                    token_ids, padding_mask, sink_tokens
-                )
-                return self._sample_piece(
-                    resolved,
-                    token_ids,
-                    padding_mask,
-                    cache,
-                    index,
-                    0,
-                    sink_tokens,
-                )
-
-            def more(token_ids, padding_mask, cache, offset):
-                return self._sample_piece(
-                    resolved,
-                    token_ids,
-                    padding_mask,
-                    cache,
-                    1,
-                    offset,
-                    sink_tokens,
-                )
-
-            self._compiled[key] = (
-                resolved,
-                compile_step(first, self.jit_compile),
-                compile_step(more, self.jit_compile),
-            )
-        return self._compiled[key][1:]
-
-    def _stream(
-        self,
-        sampler,
-        stop_ids,
-        token_ids,
-        padding_mask,
-        unbatched,
-        max_length,
-        sink_tokens,
-        piece,
-    ):
-        """A Python generator of the outputs' columns, piece by piece (see
-        `CausalLMGenerator.generate`); everything is checked before it is
-        returned."""
-        stop_token_ids = _checks.check_stop_token_ids(
-            stop_ids, self._vocabulary_size
-        )
-        first, more = self._compile_stream(sampler, sink_tokens)
-        width = token_ids.shape[1]
-        max_length = width if max_length is None else max_length
-        pad = self.pad_token_id
-
-        def pieces():
-            length = min(max_length, width + piece)
-            ids = ops.pad(
-                token_ids, ((0, 0), (0, length - width)), constant_values=pad
-            )
-            mask = ops.pad(padding_mask, ((0, 0), (0, length - width)))
-            out, cache = first(ids, mask)
-            out = ops.convert_to_numpy(out)
-            generated = np.logical_not(ops.convert_to_numpy(mask))
-            stopped = np.zeros(out.shape[0], bool)
-            shown, stopped = stop_after_first(
-                out, generated, stop_token_ids, stopped, pad
-            )
-            yield shown[0] if unbatched else shown
-            batch = out.shape[0]
-            while length < max_length and not np.all(stopped):
-                steps = min(piece, max_length - length)
-                ids = np.full((batch, steps + 1), pad, "int32")
-                ids[:, 0] = out[:, -1]
-                mask = np.zeros((batch, steps + 1), bool)
-                mask[:, 0] = True
-                offset = ops.convert_to_tensor(length - 1, "int32")
-                out, cache = more(ids, mask, cache, offset)
-                out = ops.convert_to_numpy(out)[:, 1:]
-                shown, stopped = stop_after_first(
-                    out,
-                    np.ones_like(mask[:, 1:]),
-                    stop_token_ids,
-                    stopped,
-                    pad,
-                )
-                yield shown[0] if unbatched else shown
-                length += steps
-
-        return pieces()
 
     # Generation.
 

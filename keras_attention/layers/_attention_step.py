@@ -18,8 +18,8 @@ from keras_attention.mods.masks import DocumentMask
 from keras_attention.mods.masks import KerasSlidingWindowMask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import memory_efficient_implementation
-from keras_attention.ops.local import local_attention
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.sliding_window import local_attention
 from keras_attention.utils import attention_checks
 
 

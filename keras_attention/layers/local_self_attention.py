@@ -6,11 +6,11 @@ from keras_attention.layers import _recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
-from keras_attention.ops.local import banded_to_dense
-from keras_attention.ops.local import effective_window
-from keras_attention.ops.local import global_local_attention
-from keras_attention.ops.local import global_local_weights_to_dense
-from keras_attention.ops.local import local_attention
+from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.global_local import global_local_weights_to_dense
+from keras_attention.ops.sliding_window import banded_to_dense
+from keras_attention.ops.sliding_window import effective_window
+from keras_attention.ops.sliding_window import local_attention
 from keras_attention.utils import validation
 
 
@@ -60,7 +60,8 @@ class LocalSelfAttention(SelfAttention):
             `i - left .. i`).
         block_size: optional int, number of queries per block (a speed
             knob; results do not depend on it). Defaults to
-            `keras_attention.ops.local.default_block_size(left, right)`.
+            `keras_attention.ops.sliding_window.default_block_size(left,
+            right)`.
         global_projections: bool, separate query/key/value projections
             (`query_global`, `key_global`, `value_global`) for the rows of
             global tokens, as in Longformer; off by default (the global

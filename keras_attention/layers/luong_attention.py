@@ -8,9 +8,9 @@ from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.ops import additive_scores
 from keras_attention.ops import masked_softmax
 from keras_attention.ops.masking import softmax_dtype
-from keras_attention.ops.windows import gather_windows
-from keras_attention.ops.windows import scatter_windows
-from keras_attention.ops.windows import window_indices
+from keras_attention.ops.window_gather import gather_windows
+from keras_attention.ops.window_gather import scatter_windows
+from keras_attention.ops.window_gather import window_indices
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 

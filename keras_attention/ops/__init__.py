@@ -6,15 +6,15 @@ from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
-from keras_attention.ops.local import banded_to_dense
-from keras_attention.ops.local import dense_to_banded
-from keras_attention.ops.local import effective_window
-from keras_attention.ops.local import global_local_attention
-from keras_attention.ops.local import global_local_weights_to_dense
-from keras_attention.ops.local import local_attention
+from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.global_local import global_local_weights_to_dense
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.segment import segment_softmax
+from keras_attention.ops.sliding_window import banded_to_dense
+from keras_attention.ops.sliding_window import dense_to_banded
+from keras_attention.ops.sliding_window import effective_window
+from keras_attention.ops.sliding_window import local_attention
 
 __all__ = [
     "additive_scores",

@@ -4,9 +4,9 @@ import pytest
 from keras import ops
 
 from keras_attention.ops.additive import additive_scores
-from keras_attention.ops.windows import gather_windows
-from keras_attention.ops.windows import scatter_windows
-from keras_attention.ops.windows import window_indices
+from keras_attention.ops.window_gather import gather_windows
+from keras_attention.ops.window_gather import scatter_windows
+from keras_attention.ops.window_gather import window_indices
 
 RNG = np.random.default_rng(7)
 Q = RNG.normal(size=(2, 7, 5)).astype("float32")

@@ -1,5 +1,5 @@
-"""Banded local attention (`keras_attention.ops.local`) against the dense
-masked computation and an independent NumPy reference."""
+"""Banded local attention (`keras_attention.ops.sliding_window`) against
+the dense masked computation and an independent NumPy reference."""
 
 import keras
 import numpy as np
@@ -9,11 +9,11 @@ from references import masked_softmax as np_masked_softmax
 
 from keras_attention.masks import sliding_window_mask
 from keras_attention.ops.attention import dot_product_attention
-from keras_attention.ops.local import banded_to_dense
-from keras_attention.ops.local import dense_to_banded
-from keras_attention.ops.local import effective_window
-from keras_attention.ops.local import global_local_attention
-from keras_attention.ops.local import local_attention
+from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.sliding_window import banded_to_dense
+from keras_attention.ops.sliding_window import dense_to_banded
+from keras_attention.ops.sliding_window import effective_window
+from keras_attention.ops.sliding_window import local_attention
 
 BACKEND = keras.backend.backend()
 

@@ -16,7 +16,7 @@ from references import masked_softmax as np_masked_softmax
 import keras_attention
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
-from keras_attention.ops.local import local_attention
+from keras_attention.ops.sliding_window import local_attention
 
 PATHS = ["dense", "blockwise", "fused"]
 

@@ -406,7 +406,7 @@ def test_tensor_masks_skip_empty_tiles_at_run_time():
 @pytest.mark.parametrize("name", ["causal", "document", "chunked", "prefix_lm"])
 @pytest.mark.parametrize("with_score", [False, True])
 def test_banded_path_takes_mask_and_score_functions(name, with_score):
-    from keras_attention.ops.local import local_attention
+    from keras_attention.ops.sliding_window import local_attention
 
     mask_mod, inputs, np_mask = MASKS[name]
     window = (6, 3)
@@ -427,7 +427,7 @@ def test_banded_path_takes_mask_and_score_functions(name, with_score):
 
 
 def test_gradients_reach_a_learned_bias_on_the_banded_path():
-    from keras_attention.ops.local import local_attention
+    from keras_attention.ops.sliding_window import local_attention
 
     band = mods.SlidingWindowMask((5, 2))
 

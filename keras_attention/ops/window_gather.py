@@ -1,4 +1,6 @@
-"""Gathering fixed-width windows of a sequence (local attention).
+"""Gathering and scattering fixed-width windows of a sequence (local
+attention of `LuongAttention`): `window_indices`, `gather_windows`,
+`scatter_windows`.
 
 Each query `i` reads only the `w` steps `start_i, ..., start_i + w - 1` of a
 `(b, T, d)` sequence: `O(Tq * w)` work and memory instead of `O(Tq * T)`.

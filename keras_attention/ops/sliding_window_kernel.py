@@ -1,12 +1,13 @@
-"""Softmax attention of query blocks on their key windows, chunk by chunk,
-with a hand-written backward pass (the core of `local_attention`).
+"""The kernel of sliding-window attention: softmax attention of query
+blocks on their key windows (`window_attention`), chunk by chunk, with a
+hand-written backward pass (the core of `local_attention`).
 
 `softmax(q k^T + mask) v` for every query block and its key window, as
-`local.py` lays them out. The blocks are computed in chunks of consecutive
-blocks (on TensorFlow one chunk after the other), and the backward pass
-recomputes each chunk's probabilities instead of keeping them: no tensor of
-the band's full size `(b n, h, B, W)` is kept between the passes, and while
-they run only one chunk's band tensors are alive.
+`sliding_window.py` lays them out. The blocks are computed in chunks of
+consecutive blocks (on TensorFlow one chunk after the other), and the
+backward pass recomputes each chunk's probabilities instead of keeping
+them: no tensor of the band's full size `(b n, h, B, W)` is kept between
+the passes, and while they run only one chunk's band tensors are alive.
 
 Backward, per chunk (P the probabilities, dO the output's gradient):
 `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`,

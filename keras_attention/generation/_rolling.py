@@ -1,0 +1,187 @@
+"""The rolling cache of the generators (private to `generation`):
+`RollingCacheMixin`, the methods of `Generator` that run a model whose
+every self-attention is windowed over a ring of cache slots (attention
+sinks included) instead of the full cache.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention.generation import _checks
+from keras_attention.generation.cache import init_rolling_cache
+from keras_attention.generation.cache import rolling_cache_size
+from keras_attention.generation.cache import stack_caches
+from keras_attention.generation.cache import unwindowed_block
+from keras_attention.ops.rolling_cache import rolling_cache_write
+from keras_attention.utils.attention_checks import check_cache_index
+
+
+class RollingCacheMixin:
+    """The rolling cache (every self-attention windowed) of `Generator`:
+    one pass through the model over it (`call_with_rolling_cache`), the
+    sampler callback over it, the prefill of the prompts, and which cache
+    `generate` keeps (`_cache_plan`). Reads the model pieces and helpers
+    of `Generator` (`embed`, `blocks`, `logits`, `_block_kwargs`,
+    `_embedding_mask`, `_check_built`)."""
+
+    def call_with_rolling_cache(self, token_ids, cache, start, sink_tokens=0):
+        """Runs `token_ids` (positions `start ..`) through the model with a
+        rolling cache (`init_rolling_cache`) in which positions `0 ..
+        start - 1` were written in order; writes this call's positions.
+
+        Every self-attention must be windowed. Each query attends to the
+        cached positions within its window or below `sink_tokens`, and to
+        this call's positions up to its own; tokens the embedding masks
+        are masked as keys and queries, as in `call_with_cache`.
+
+        Args:
+            token_ids: int `(batch, T)` (static `T`).
+            cache: `(keys_values, slot_mask)` of `rolling_cache_size(
+                blocks, sink_tokens)` slots (or more).
+            start: int or int scalar tensor, the position of
+                `token_ids[:, 0]`.
+            sink_tokens: int >= 0, the attention sinks (the same at every
+                call on one cache).
+
+        Returns:
+            `(logits, hidden, cache)`.
+        """
+        keys_values, slot_mask = cache
+        check_cache_index(
+            start,
+            _checks.token_steps(token_ids),
+            keys_values.shape[3],
+            "start",
+            True,
+        )
+        x = self.embed(token_ids, start_index=start)
+        batch, steps = ops.shape(token_ids)[0], token_ids.shape[1]
+        token_mask = self._embedding_mask(token_ids)
+        if token_mask is None:
+            token_mask = ops.ones((batch, steps), "bool")
+        token_mask = ops.cast(token_mask, "bool")
+        keys = ops.concatenate([slot_mask, token_mask], axis=1)
+        attention_mask = ops.repeat(ops.expand_dims(keys, 1), steps, axis=1)
+        updated = []
+        for i, block in enumerate(self.blocks):
+            x, block_cache = block(
+                x,
+                attention_mask=attention_mask,
+                self_attention_cache=keys_values[:, i],
+                self_attention_cache_update_index=start,
+                self_attention_cache_sink_tokens=sink_tokens,
+                **self._block_kwargs(cache, i),
+            )
+            updated.append(block_cache)
+        slot_mask = rolling_cache_write(
+            slot_mask, token_mask, start, sink_tokens
+        )
+        return self.logits(x), x, (stack_caches(updated), slot_mask)
+
+    def _rolling_size(self, sink_tokens):
+        return rolling_cache_size(self.blocks, sink_tokens)
+
+    def _rolling_next(self, sink_tokens, offset=0):
+        """The sampler callback `next(prompt, cache, index)` over a rolling
+        cache: `prompt[:, index - 1]` sits at position `offset + index -
+        1`."""
+
+        def next(prompt, cache, index):
+            batch = ops.shape(prompt)[0]
+            token = ops.slice(prompt, (0, index - 1), (batch, 1))
+            logits, hidden, cache = self.call_with_rolling_cache(
+                token, cache, offset + index - 1, sink_tokens
+            )
+            return logits[:, 0], hidden[:, 0], cache
+
+        return next
+
+    def _rolling_prefill(self, token_ids, padding_mask, sink_tokens):
+        """Writes the shortest prompt's positions into an empty rolling
+        cache: in chunks of static length (the slots of the ring, at least
+        32), then the rest one position at a time.
+
+        Returns `(hidden, cache, index)`: the last block's outputs
+        `(batch, max_length, d)` at the positions written (zeros after;
+        the contrastive sampler compares with them), the cache, and the
+        shortest prompt's length (where the samplers start: they run the
+        token at `index - 1` again, which rewrites its slot with the same
+        keys and sees the same ones).
+
+        The buffer's length may be unknown while tracing (a `tf.function`
+        taking prompts of any length): only the chunks are static.
+        """
+        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        size = self._rolling_size(sink_tokens)
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        cache = init_rolling_cache(self.blocks, batch, size, dtype)
+        chunk = max(size - sink_tokens, 32)
+        if width is not None:
+            chunk = min(chunk, width)
+        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        chunks = (shortest - 1) // chunk
+        features = self.embed(token_ids[:, :1]).shape[-1]
+        hidden = ops.zeros((batch, ops.shape(token_ids)[1], features), dtype)
+
+        def cond(i, hidden, cache):
+            return i < chunks
+
+        def body(i, hidden, cache):
+            start = i * chunk
+            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
+            _, h, cache = self.call_with_rolling_cache(
+                tokens, cache, start, sink_tokens
+            )
+            hidden = ops.slice_update(hidden, (0, start, 0), ops.cast(h, dtype))
+            return i + 1, hidden, cache
+
+        _, hidden, cache = ops.while_loop(
+            cond, body, (ops.convert_to_tensor(0, "int32"), hidden, cache)
+        )
+
+        def step_cond(position, hidden, cache):
+            return position < shortest
+
+        def step_body(position, hidden, cache):
+            token = ops.slice(token_ids, (0, position), (batch, 1))
+            _, h, cache = self.call_with_rolling_cache(
+                token, cache, position, sink_tokens
+            )
+            hidden = ops.slice_update(
+                hidden, (0, position, 0), ops.cast(h, dtype)
+            )
+            return position + 1, hidden, cache
+
+        _, hidden, cache = ops.while_loop(
+            step_cond, step_body, (chunks * chunk, hidden, cache)
+        )
+        return hidden, cache, shortest
+
+    def _cache_plan(self, sink_tokens):
+        """Which cache `generate` keeps: an int (the sinks of a rolling
+        cache) when every self-attention is windowed, else None (the full
+        cache). Raises `ValueError` for `sink_tokens` that are not a
+        non-negative int, or given to a model with a full attention (named
+        in the message)."""
+        if sink_tokens is not None and (
+            not _checks.is_integer(sink_tokens) or sink_tokens < 0
+        ):
+            raise ValueError(
+                "`sink_tokens` must be None or a non-negative int (the first "
+                "positions kept beside the window). "
+                f"Received: sink_tokens={sink_tokens!r}"
+            )
+        self._check_built()
+        limit = unwindowed_block(self.blocks)
+        if limit is None:
+            return 0 if sink_tokens is None else int(sink_tokens)
+        if sink_tokens is not None:
+            index, block = limit
+            raise ValueError(
+                "`sink_tokens` needs a rolling cache, so windowed "
+                "self-attention (`window_size`) in every block; block "
+                f"{index} ({block.name!r}, "
+                f"self-attention {type(block.self_attention).__name__}) "
+                f"has none. Received: sink_tokens={sink_tokens!r}"
+            )
+        return None

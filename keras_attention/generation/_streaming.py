@@ -1,0 +1,190 @@
+"""Streamed generation (private to `generation`): `StreamingMixin`, the
+methods of `Generator` that generate in pieces over a rolling cache and
+yield each piece's columns, and `stop_after_first`, the NumPy stop-token
+padding of those pieces.
+"""
+
+import numpy as np
+from keras import ops
+
+from keras_attention.generation import _checks
+from keras_attention.generation._samplers import get_sampler
+from keras_attention.generation._samplers import is_streamable
+from keras_attention.generation._samplers import sampler_key
+from keras_attention.ops import compile_step
+
+
+def stop_after_first(tokens, generated, stop_token_ids, stopped, pad):
+    """NumPy: pads what follows each row's first generated stop token.
+
+    `tokens` `(batch, n)` the next columns of the outputs, `generated`
+    their positions that were generated (not prompt), `stopped` `(batch,)`
+    whether the row stopped in earlier columns. Returns `(tokens,
+    stopped)`.
+    """
+    if stop_token_ids is None:
+        return tokens, stopped
+    is_stop = np.isin(tokens, stop_token_ids) & generated
+    before = np.cumsum(is_stop, axis=1) - is_stop + stopped[:, None]
+    tokens = np.where(before == 0, tokens, pad)
+    return tokens, stopped | np.any(is_stop, axis=1)
+
+
+class StreamingMixin:
+    """Streaming (`generate(..., stream=...)`) of `Generator`: the piece
+    size, the sampling loop of one piece over a rolling cache, the
+    compiled pieces and the Python generator of the outputs' columns.
+    Uses `RollingCacheMixin` (`_rolling_next`, `_rolling_prefill`)."""
+
+    def _stream_size(self, stream):
+        """Tokens per piece of a streamed generation: `stream` (a positive
+        int), 64 for True, None for False (no streaming)."""
+        if stream is True:
+            return 64
+        if stream is False or stream is None:
+            return None
+        if not _checks.is_integer(stream) or stream < 1:
+            raise ValueError(
+                "`stream` must be a bool or a positive int (tokens per "
+                f"piece). Received: stream={stream!r}"
+            )
+        return int(stream)
+
+    def _sample_piece(
+        self, sampler, token_ids, padding_mask, cache, index, offset, sinks
+    ):
+        """The `keras_hub` sampling loop (greedy, top-k, ...: the base
+        `Sampler.__call__`, step for step) over a rolling cache, returning
+        the cache too: `(token_ids, cache)`. `token_ids[:, i]` sits at
+        position `offset + i`; positions before `offset + index - 1` are in
+        the cache."""
+        next = self._rolling_next(sinks, offset)
+        mask = ops.cast(padding_mask, "bool")
+
+        def cond(prompt, cache, index, mask):
+            return ops.convert_to_tensor(True, "bool")
+
+        def body(prompt, cache, index, mask):
+            logits, _, cache = next(prompt, cache, index)
+            probabilities = sampler.compute_probabilities(logits)
+            token = ops.cast(sampler.get_next_token(probabilities), "int32")
+            token = ops.where(mask[:, index], prompt[:, index], token)
+            prompt = ops.slice_update(prompt, (0, index), token[:, None])
+            return prompt, cache, index + 1, mask
+
+        index = ops.cast(index, "int32")
+        length = ops.cast(ops.shape(token_ids)[-1], "int32")
+        token_ids, cache, _, _ = sampler.run_loop(
+            cond,
+            body,
+            loop_vars=(ops.cast(token_ids, "int32"), cache, index, mask),
+            maximum_iterations=length - index,
+        )
+        return token_ids, cache
+
+    def _compile_stream(self, sampler, sink_tokens):
+        """The compiled pieces of a streamed generation (per sampler and
+        `sink_tokens`): `first(token_ids, padding_mask)` fills the cache
+        from the prompts and samples the rest of the buffer; `more(
+        token_ids, padding_mask, cache, offset)` goes on from a cache.
+        Both return `(token_ids, cache)`."""
+        key = ("stream", sampler_key(sampler), sink_tokens)
+        if key not in self._compiled:
+            resolved = get_sampler(sampler)
+            if not is_streamable(resolved):
+                raise ValueError(
+                    "`stream=True` needs a sampler that draws each token "
+                    "from the logits alone (greedy, top_k, top_p, random); "
+                    "beam and contrastive search look back over the whole "
+                    f"output. Received: sampler={sampler!r}"
+                )
+
+            def first(token_ids, padding_mask):
+                _, cache, index = self._rolling_prefill(
+                    token_ids, padding_mask, sink_tokens
+                )
+                return self._sample_piece(
+                    resolved,
+                    token_ids,
+                    padding_mask,
+                    cache,
+                    index,
+                    0,
+                    sink_tokens,
+                )
+
+            def more(token_ids, padding_mask, cache, offset):
+                return self._sample_piece(
+                    resolved,
+                    token_ids,
+                    padding_mask,
+                    cache,
+                    1,
+                    offset,
+                    sink_tokens,
+                )
+
+            self._compiled[key] = (
+                resolved,
+                compile_step(first, self.jit_compile),
+                compile_step(more, self.jit_compile),
+            )
+        return self._compiled[key][1:]
+
+    def _stream(
+        self,
+        sampler,
+        stop_ids,
+        token_ids,
+        padding_mask,
+        unbatched,
+        max_length,
+        sink_tokens,
+        piece,
+    ):
+        """A Python generator of the outputs' columns, piece by piece (see
+        `CausalLMGenerator.generate`); everything is checked before it is
+        returned."""
+        stop_token_ids = _checks.check_stop_token_ids(
+            stop_ids, self._vocabulary_size
+        )
+        first, more = self._compile_stream(sampler, sink_tokens)
+        width = token_ids.shape[1]
+        max_length = width if max_length is None else max_length
+        pad = self.pad_token_id
+
+        def pieces():
+            length = min(max_length, width + piece)
+            ids = ops.pad(
+                token_ids, ((0, 0), (0, length - width)), constant_values=pad
+            )
+            mask = ops.pad(padding_mask, ((0, 0), (0, length - width)))
+            out, cache = first(ids, mask)
+            out = ops.convert_to_numpy(out)
+            generated = np.logical_not(ops.convert_to_numpy(mask))
+            stopped = np.zeros(out.shape[0], bool)
+            shown, stopped = stop_after_first(
+                out, generated, stop_token_ids, stopped, pad
+            )
+            yield shown[0] if unbatched else shown
+            batch = out.shape[0]
+            while length < max_length and not np.all(stopped):
+                steps = min(piece, max_length - length)
+                ids = np.full((batch, steps + 1), pad, "int32")
+                ids[:, 0] = out[:, -1]
+                mask = np.zeros((batch, steps + 1), bool)
+                mask[:, 0] = True
+                offset = ops.convert_to_tensor(length - 1, "int32")
+                out, cache = more(ids, mask, cache, offset)
+                out = ops.convert_to_numpy(out)[:, 1:]
+                shown, stopped = stop_after_first(
+                    out,
+                    np.ones_like(mask[:, 1:]),
+                    stop_token_ids,
+                    stopped,
+                    pad,
+                )
+                yield shown[0] if unbatched else shown
+                length += steps
+
+        return pieces()
