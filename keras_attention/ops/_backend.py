@@ -225,6 +225,28 @@ def prefers_fused_attention():
     return keras.backend.backend() == "torch" or has_gpu()
 
 
+def fused_attention_upcasts(dtype):
+    """Whether the fused path computes float16 / bfloat16 inputs in
+    float32 on this backend: TensorFlow's kernel forms low-precision
+    scores in the input dtype, and Keras's torch backend turns a boolean
+    mask into an additive one in float16 (-45850, which float32 scores of
+    large float16 inputs exceed); JAX's and cuDNN's kernels accumulate in
+    float32 themselves."""
+    if dtype not in ("float16", "bfloat16"):
+        return False
+    backend = keras.backend.backend()
+    return backend == "tensorflow" or (
+        backend == "torch" and dtype == "float16"
+    )
+
+
+def fused_mask_broadcasts():
+    """Whether this backend's `keras.ops.dot_product_attention` takes a
+    mask with broadcast query / key axes (`(b|1, h|1, 1, j)`); the others
+    want them spelled out."""
+    return keras.backend.backend() == "torch"
+
+
 # `scan_carry` unrolls TensorFlow loops of at most this many static steps.
 _UNROLL_MAX_STEPS = 64
 

@@ -17,17 +17,17 @@ Rules (shared by every layer of the package):
 import contextlib
 import warnings
 
-import keras
 import numpy as np
 from keras import ops
 
-from keras_attention import masks
 from keras_attention.ops import _backend
 from keras_attention.ops import scoring
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
+from keras_attention.ops.dense import dense_attention
+from keras_attention.ops.dense import dense_mask
+from keras_attention.ops.fused import fused_attention
 from keras_attention.ops.masking import as_4d_mask
-from keras_attention.ops.scoring import score_dtype
 
 _RENAMED = {
     "mask": "attention_mask",
@@ -245,7 +245,7 @@ def dot_product_attention(
                 query_offset=query_offset,
                 mask_mod=mask_mod,
             )
-        return _fused(query, key, value, scale=scale, **structural)
+        return fused_attention(query, key, value, scale=scale, **structural)
     if choice == "blockwise":
         query = ops.multiply(query, ops.cast(scale, query.dtype))
         return _blockwise(
@@ -270,7 +270,7 @@ def dot_product_attention(
     mask = dense_mask(
         attention_mask, query, key, causal, query_offset, key_mask, query_mask
     )
-    return _dense(
+    return dense_attention(
         query,
         key,
         value,
@@ -297,62 +297,6 @@ def _empty(query, key, value, return_weights):
         return out
     weights = ops.zeros((b, heads, i, ops.shape(key)[1]), query.dtype)
     return out, weights
-
-
-def _dense(
-    query,
-    key,
-    value,
-    mask,
-    scale,
-    dropout_fn,
-    return_weights,
-    rows_nonempty=False,
-    score_mod=None,
-    mask_mod=None,
-    query_offset=0,
-):
-    num_heads = query.shape[2]
-    num_groups = key.shape[2]
-    d = query.shape[-1]
-    # Scores in float32 for float16 inputs: they cannot overflow (float64
-    # stays float64, and so does the softmax: `scoring.softmax_dtype`).
-    dtype = score_dtype(query.dtype)
-    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
-    key = ops.cast(key, dtype)
-    mask = as_4d_mask(mask)
-    b, i = ops.shape(query)[0], ops.shape(query)[1]
-    j = ops.shape(key)[1]
-    if num_groups == num_heads:
-        scores = ops.einsum("bihd,bjhd->bhij", query, key)
-    else:
-        r = num_heads // num_groups
-        q = ops.reshape(query, (b, i, num_groups, r, d))
-        scores = ops.einsum("bigrd,bjgd->bgrij", q, key)
-        scores = ops.reshape(scores, (b, num_heads, i, j))
-    grid = None
-    if score_mod is not None or mask_mod is not None:
-        grid = scoring.Grid.dense(b, num_heads, i, j, q_offset=query_offset)
-    scores, mask = scoring.modify_scores(
-        scores, grid, score_mod, mask_mod, mask
-    )
-    # A score function's -inf may empty rows (zeros, as masked rows).
-    weights = scoring.softmax(
-        scores,
-        None if rows_nonempty else mask,
-        empty_rows=score_mod is not None,
-    )
-    weights = ops.cast(weights, value.dtype)
-    kept = dropout_fn(weights) if dropout_fn is not None else weights
-    if num_groups == num_heads:
-        output = ops.einsum("bhij,bjhe->bihe", kept, value)
-    else:
-        kept = ops.reshape(kept, (b, num_groups, r, i, j))
-        output = ops.einsum("bgrij,bjge->bigre", kept, value)
-        output = ops.reshape(output, (b, i, num_heads, value.shape[-1]))
-    if return_weights:
-        return output, weights
-    return output
 
 
 # Implementation choice ------------------------------------------------------
@@ -463,53 +407,6 @@ def _choose_implementation(
     return name
 
 
-def _positions_mask(tq, tk, offset):
-    i = ops.arange(tq, dtype="int32")[:, None] + ops.cast(offset, "int32")
-    j = ops.arange(tk, dtype="int32")[None, :]
-    return scoring.causal(i, j)[None, None]
-
-
-def dense_mask(
-    attention_mask,
-    query,
-    key,
-    causal=False,
-    query_offset=0,
-    key_mask=None,
-    query_mask=None,
-    mask_mod=None,
-):
-    """Every mask source of `dot_product_attention` as one dense boolean
-    `(b|1, h|1, i, j)` mask, or None when nothing masks (for kernels and
-    `_compute_attention` overrides that take a dense mask only).
-
-    Arguments as `dot_product_attention`'s; `query` `(b, i, h, d)` and
-    `key` `(b, j, g, d)` give the sizes.
-    """
-    causal_mask = None
-    if causal:
-        causal_mask = _positions_mask(
-            ops.shape(query)[1], ops.shape(key)[1], query_offset
-        )
-    if key_mask is not None:  # (b, j) -> (b, 1, 1, j)
-        key_mask = ops.cast(key_mask, "bool")[:, None, None, :]
-    if query_mask is not None:  # (b, i) -> (b, 1, i, 1)
-        query_mask = ops.cast(query_mask, "bool")[:, None, :, None]
-    mod = None
-    if mask_mod is not None:
-        grid = scoring.Grid.dense(
-            ops.shape(query)[0],
-            query.shape[2],
-            ops.shape(query)[1],
-            ops.shape(key)[1],
-            q_offset=query_offset,
-        )
-        mod = scoring.evaluate_mask(mask_mod, grid)
-    return masks.combine_masks(
-        as_4d_mask(attention_mask), causal_mask, key_mask, query_mask, mod
-    )
-
-
 def _blockwise(query, key, value, query_block=None, key_block=None, **kw):
     """The blockwise path with `_blockwise_tiles`' tile sizes unless given
     (results do not depend on them)."""
@@ -560,148 +457,3 @@ def _blockwise_tiles(tq, tk, heads, causal=False, sparse=False):
     while query_block > 64 and heads * query_block * key_block > budget:
         query_block //= 2
     return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
-
-
-def _fused(
-    query,
-    key,
-    value,
-    mask,
-    is_causal,
-    causal_offset,
-    key_padding,
-    query_padding,
-    scale=1.0,
-):
-    """`keras.ops.dot_product_attention` (flash / cuDNN where available).
-
-    Rows that may attend to nothing would give NaN, zeros or (through the
-    additive mask Keras builds) uniform weights, depending on the kernel:
-    they attend to everything instead and their result is zeroed
-    afterwards. Padded
-    queries are zeroed afterwards too, so that they never densify the mask:
-    causal attention with query padding alone still runs as `is_causal`,
-    and key padding alone stays a `(b, 1, 1, j)` mask on torch.
-
-    Low precision: JAX's kernels form float16 / bfloat16 scores in float32
-    (`preferred_element_type`), cuDNN / flash kernels accumulate in
-    float32. TensorFlow's kernel does not, and Keras's torch backend turns
-    a boolean mask into an additive one in the input dtype (-45850 in
-    float16, which float32 scores of large float16 inputs exceed): those
-    compute in float32. float64 stays float64 (on JAX and torch, whose
-    kernel calls would compute it in float32, through the dense path).
-    """
-    dtype = keras.backend.standardize_dtype(query.dtype)
-    if dtype == "float64" and keras.backend.result_type(dtype) != dtype:
-        # Keras's JAX and torch kernel calls compute float64 in float32
-        # (their type promotion), and no fused kernel takes float64: the
-        # dense path.
-        mask = dense_mask(
-            mask,
-            query,
-            key,
-            is_causal,
-            causal_offset,
-            key_padding,
-            query_padding,
-        )
-        return _dense(query, key, value, mask, scale, None, False)
-    if _fused_in_float32(dtype):
-        query, key, value = (
-            ops.cast(x, "float32") for x in (query, key, value)
-        )
-        out = _fused(
-            query,
-            key,
-            value,
-            mask,
-            is_causal,
-            causal_offset,
-            key_padding,
-            query_padding,
-            scale,
-        )
-        return ops.cast(out, dtype)
-    h, g = query.shape[2], key.shape[2]
-    if g == 1 and h > 1:  # Some backends only broadcast 1 < g < h groups.
-        key, value = ops.repeat(key, h, axis=2), ops.repeat(value, h, axis=2)
-    d, e = query.shape[-1], value.shape[-1]
-    if d != e:  # Kernels want one head size: zero padding changes nothing.
-        size = max(d, e)
-        query, key, value = (_pad_head(x, size) for x in (query, key, value))
-        out = _fused(
-            query,
-            key,
-            value,
-            mask,
-            is_causal,
-            causal_offset,
-            key_padding,
-            query_padding,
-            scale,
-        )
-        return out[..., :e]
-    out, valid = _fused_core(
-        query, key, value, mask, is_causal, causal_offset, key_padding, scale
-    )
-    if query_padding is not None:  # (b, i) -> (b, i, 1, 1)
-        rows = ops.cast(query_padding, "bool")[:, :, None, None]
-        valid = rows if valid is None else ops.logical_and(valid, rows)
-    if valid is None:
-        return out
-    return ops.where(valid, out, ops.zeros_like(out))
-
-
-def _fused_in_float32(dtype):
-    """Whether the fused path upcasts float16 / bfloat16 inputs."""
-    if dtype not in ("float16", "bfloat16"):
-        return False
-    backend = keras.backend.backend()
-    return backend == "tensorflow" or (
-        backend == "torch" and dtype == "float16"
-    )
-
-
-def _fused_core(
-    query, key, value, mask, is_causal, causal_offset, padding, scale
-):
-    """The fused call without query padding: the output `(b, i, h, e)` and
-    the rows that attend to something, `(b|1, i, h|1, 1)` bool or None
-    (every row)."""
-    simple_causal = (
-        is_causal
-        and isinstance(causal_offset, int)
-        and causal_offset == 0
-        and mask is None
-        and padding is None
-        and query.shape[1] == key.shape[1]
-    )
-    if simple_causal:
-        out = ops.dot_product_attention(
-            query, key, value, scale=scale, is_causal=True
-        )
-        return out, None
-    dense = dense_mask(mask, query, key, is_causal, causal_offset, padding)
-    if dense is None:
-        return ops.dot_product_attention(query, key, value, scale=scale), None
-    # b - batch, h - heads, i/j - query/key positions.
-    valid = ops.any(dense, axis=-1, keepdims=True)  # (b|1, h|1, i|1, 1)
-    dense = ops.logical_or(dense, ops.logical_not(valid))
-    if keras.backend.backend() != "torch":
-        # Other backends' kernels want the mask's query and key axes.
-        dense = ops.broadcast_to(
-            dense,
-            (
-                ops.shape(query)[0] if dense.shape[0] != 1 else 1,
-                dense.shape[1],
-                ops.shape(query)[1],
-                ops.shape(key)[1],
-            ),
-        )
-    out = ops.dot_product_attention(query, key, value, mask=dense, scale=scale)
-    return out, ops.transpose(valid, (0, 2, 1, 3))  # (b|1, i|1, h|1, 1)
-
-
-def _pad_head(x, size):
-    """Zero-pads the head axis of `(b, T, heads, dim)` to `size`."""
-    return ops.pad(x, [[0, 0]] * 3 + [[0, size - x.shape[-1]]])

@@ -1,0 +1,125 @@
+"""The dense attention path: the scores `(b, h, i, j)` in memory, the
+only path that can return the weights or apply dropout to them; and
+`dense_mask`, every mask source of a call as one dense boolean mask (for
+the fused kernels and `_compute_attention` overrides that take a dense
+mask only).
+
+Axes: b - batch, i/j - query/key positions, h - query heads, g -
+key/value heads (groups), r - query heads per group, d/e - key/value head
+dims.
+"""
+
+from keras import ops
+
+from keras_attention import masks
+from keras_attention.ops import scoring
+from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.scoring import score_dtype
+
+
+def dense_attention(
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    dropout_fn,
+    return_weights,
+    rows_nonempty=False,
+    score_mod=None,
+    mask_mod=None,
+    query_offset=0,
+):
+    """softmax(score_mod(q k^T * scale)) v with `mask` (dense, True =
+    may attend, None: nothing masks) and optional `dropout_fn` on the
+    weights; `(output, weights)` when `return_weights`. `rows_nonempty`:
+    the caller knows every row attends to something (no masking of empty
+    rows needed)."""
+    num_heads = query.shape[2]
+    num_groups = key.shape[2]
+    d = query.shape[-1]
+    # Scores in float32 for float16 inputs: they cannot overflow (float64
+    # stays float64, and so does the softmax: `scoring.softmax_dtype`).
+    dtype = score_dtype(query.dtype)
+    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
+    key = ops.cast(key, dtype)
+    mask = as_4d_mask(mask)
+    b, i = ops.shape(query)[0], ops.shape(query)[1]
+    j = ops.shape(key)[1]
+    if num_groups == num_heads:
+        scores = ops.einsum("bihd,bjhd->bhij", query, key)
+    else:
+        r = num_heads // num_groups
+        q = ops.reshape(query, (b, i, num_groups, r, d))
+        scores = ops.einsum("bigrd,bjgd->bgrij", q, key)
+        scores = ops.reshape(scores, (b, num_heads, i, j))
+    grid = None
+    if score_mod is not None or mask_mod is not None:
+        grid = scoring.Grid.dense(b, num_heads, i, j, q_offset=query_offset)
+    scores, mask = scoring.modify_scores(
+        scores, grid, score_mod, mask_mod, mask
+    )
+    # A score function's -inf may empty rows (zeros, as masked rows).
+    weights = scoring.softmax(
+        scores,
+        None if rows_nonempty else mask,
+        empty_rows=score_mod is not None,
+    )
+    weights = ops.cast(weights, value.dtype)
+    kept = dropout_fn(weights) if dropout_fn is not None else weights
+    if num_groups == num_heads:
+        output = ops.einsum("bhij,bjhe->bihe", kept, value)
+    else:
+        kept = ops.reshape(kept, (b, num_groups, r, i, j))
+        output = ops.einsum("bgrij,bjge->bigre", kept, value)
+        output = ops.reshape(output, (b, i, num_heads, value.shape[-1]))
+    if return_weights:
+        return output, weights
+    return output
+
+
+def _positions_mask(tq, tk, offset):
+    i = ops.arange(tq, dtype="int32")[:, None] + ops.cast(offset, "int32")
+    j = ops.arange(tk, dtype="int32")[None, :]
+    return scoring.causal(i, j)[None, None]
+
+
+def dense_mask(
+    attention_mask,
+    query,
+    key,
+    causal=False,
+    query_offset=0,
+    key_mask=None,
+    query_mask=None,
+    mask_mod=None,
+):
+    """Every mask source of `dot_product_attention` as one dense boolean
+    `(b|1, h|1, i, j)` mask, or None when nothing masks (for kernels and
+    `_compute_attention` overrides that take a dense mask only).
+
+    Arguments as `dot_product_attention`'s; `query` `(b, i, h, d)` and
+    `key` `(b, j, g, d)` give the sizes.
+    """
+    causal_mask = None
+    if causal:
+        causal_mask = _positions_mask(
+            ops.shape(query)[1], ops.shape(key)[1], query_offset
+        )
+    if key_mask is not None:  # (b, j) -> (b, 1, 1, j)
+        key_mask = ops.cast(key_mask, "bool")[:, None, None, :]
+    if query_mask is not None:  # (b, i) -> (b, 1, i, 1)
+        query_mask = ops.cast(query_mask, "bool")[:, None, :, None]
+    mod = None
+    if mask_mod is not None:
+        grid = scoring.Grid.dense(
+            ops.shape(query)[0],
+            query.shape[2],
+            ops.shape(query)[1],
+            ops.shape(key)[1],
+            q_offset=query_offset,
+        )
+        mod = scoring.evaluate_mask(mask_mod, grid)
+    return masks.combine_masks(
+        as_4d_mask(attention_mask), causal_mask, key_mask, query_mask, mod
+    )
