@@ -16,10 +16,10 @@ from keras_attention.layers import _keras_override
 from keras_attention.mods import base as mods_base
 from keras_attention.mods.masks import DocumentMask
 from keras_attention.mods.masks import KerasSlidingWindowMask
+from keras_attention.ops import paths
 from keras_attention.ops.attention import dot_product_attention
-from keras_attention.ops.attention import memory_efficient_implementation
 from keras_attention.ops.masking import as_4d_mask
-from keras_attention.ops.sliding_window import local_attention
+from keras_attention.ops.paths import memory_efficient_implementation
 from keras_attention.utils import attention_checks
 
 
@@ -149,41 +149,48 @@ class AttentionStep:
             return result
         return result, None
 
-    def _use_local_path(self, q, k, query, key, return_scores, cache):
-        """Whether `sliding_window` can run banded (`local_attention`):
-        not with score or mask functions (the blockwise path skips the
-        tiles outside the window then)."""
-        if self.sliding_window is None or return_scores or cache is not None:
-            return False
-        if self.score_mod is not None or self.mask_mod is not None:
-            return False
+    def _banded_request(self, call, q, k, v, cache):
+        """The call as a request for the table's banded path
+        (`ops/paths.py`), or None when it does not run it: the table says
+        whether the path can (a plain sliding window, no weights, no
+        score or mask function, self-attention lengths); the layer adds
+        what only it knows (no cache, no overridden attention step, no
+        `flash_attention=False`)."""
+        if self.sliding_window is None or cache is not None:
+            return None
         if (
             type(self)._compute_attention
             is not AttentionStep._compute_attention
         ):
-            return False  # An overridden attention step runs on every call.
+            return None  # An overridden attention step runs on every call.
         if self._flash_attention is False:
-            return False
-        tq, tk = q.shape[1], k.shape[1]
-        return query is key or (tq is not None and tq == tk)
-
-    def _attend_banded(self, call, q, k, v):
-        """`sliding_window` on the banded path (`local_attention`)."""
-        if call.attention_mask is not None:
-            attention_checks.check_attention_mask(
-                call.attention_mask, call.query, k, self.num_heads
-            )
-        return local_attention(
+            return None
+        request = paths.AttentionRequest(
             q,
             k,
             v,
-            self.sliding_window - 1,
+            attention_mask=call.attention_mask,
+            dropout_fn=self._dropout_fn(call.training),
+            return_weights=call.return_attention_scores,
             causal=bool(call.use_causal_mask),
             query_mask=call.query_mask,
             key_mask=masks_lib.combine_masks(call.value_mask, call.key_mask),
-            attention_mask=call.attention_mask,
-            dropout_fn=self._dropout_fn(call.training),
+            score_mod=self.score_mod,
+            mask_mod=self.mask_mod,
+            window=self.sliding_window - 1,
+            same_sequence=call.query is call.key,
         )
+        if paths.PATHS["banded"].can_run(request) is not None:
+            return None
+        return request
+
+    def _attend_banded(self, call, request):
+        """`sliding_window` on the table's banded path."""
+        if call.attention_mask is not None:
+            attention_checks.check_attention_mask(
+                call.attention_mask, call.query, request.key, self.num_heads
+            )
+        return paths.PATHS["banded"].run(request)
 
     def _attend(self, call, q, k, v):
         """The attention step (`_compute_attention`, or a Keras-style

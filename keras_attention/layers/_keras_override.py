@@ -13,7 +13,7 @@ and refuses a score function it could not apply.
 
 import inspect
 
-from keras_attention.ops.attention import dense_mask
+from keras_attention.ops.dense import dense_mask
 
 STRUCTURAL_ARGUMENTS = frozenset({"query_mask", "key_mask", "mask_mod"})
 

@@ -477,10 +477,11 @@ class MultiHeadAttention(
         if call.cache_update_index is not None:
             # Padding masks of this call's keys do not cover the whole cache.
             call = call.replace(value_mask=None, key_mask=None)
-        if call.segment_ids is None and self._use_local_path(
-            q, k, call.query, call.key, call.return_attention_scores, cache
-        ):
-            result, scores = self._attend_banded(call, q, k, v), None
+        banded = None
+        if call.segment_ids is None:
+            banded = self._banded_request(call, q, k, v, cache)
+        if banded is not None:
+            result, scores = self._attend_banded(call, banded), None
         else:
             result, scores = self._attend(call, q, k, v)
         return self._finish(call, result, scores, cache, gate)

@@ -101,7 +101,31 @@ class MaskMod(_Bindable):
 class ScoreMod(_Bindable):
     """Base class of score objects without weights:
     `score(score, batch, head, q_idx, kv_idx) -> score` (float32 scores
-    in, same shape out)."""
+    in, same shape out).
+
+    Two optional fast paths a kernel may use instead of calling the
+    object on every tile: `relative_bias(distance)` and `tanh_soft_cap()`
+    (see the class attributes below; `keras_attention.scores.ALiBi`,
+    `T5RelativeBias` and `SoftCap` implement them).
+    """
+
+    # Optional fast paths (`keras_attention.ops.scoring.split_relative_bias`
+    # and `split_soft_cap` read them): None here, a method in a subclass
+    # that is such a score. Used only when the class defining the method
+    # also defines the score function (a subclass overriding one of them
+    # gets the general path).
+    #
+    # `relative_bias(distance)`: the score only adds a bias of the head
+    # and the distance, `score(s, b, h, q, kv) == s + relative_bias(q -
+    # kv)[h]`; `distance` is a 1-D int32 tensor, the result float
+    # `(heads | 1, n)` (ALiBi, T5's buckets). The blockwise path then
+    # forms each tile's bias from its distances and sums the gradient
+    # along the tile's diagonals.
+    relative_bias = None
+    # `tanh_soft_cap()`: the score is `cap * tanh(score / cap)`; returns
+    # the cap (Gemma 2's logit soft-capping). The blockwise path then
+    # differentiates through the `tanh` in one op.
+    tanh_soft_cap = None
 
     def __call__(self, score, batch, head, q_idx, kv_idx):  # pragma: no cover
         raise NotImplementedError
@@ -112,9 +136,29 @@ class ScoreLayer(keras.layers.Layer, _Bindable):
     layer, so the attention layer holding it tracks, trains and saves
     them. Subclasses create their weights in `build(num_heads)` (called
     by the attention layer with its number of query heads) and implement
-    `score_fn(score, batch, head, q_idx, kv_idx)`."""
+    `score_fn(score, batch, head, q_idx, kv_idx)`. The optional fast
+    paths `relative_bias(distance)` and `tanh_soft_cap()` are those of
+    `ScoreMod` (declared below)."""
 
     inputs = ()
+
+    # Optional fast paths (`keras_attention.ops.scoring.split_relative_bias`
+    # and `split_soft_cap` read them): None here, a method in a subclass
+    # that is such a score. Used only when the class defining the method
+    # also defines the score function (a subclass overriding one of them
+    # gets the general path).
+    #
+    # `relative_bias(distance)`: the score only adds a bias of the head
+    # and the distance, `score(s, b, h, q, kv) == s + relative_bias(q -
+    # kv)[h]`; `distance` is a 1-D int32 tensor, the result float
+    # `(heads | 1, n)` (ALiBi, T5's buckets). The blockwise path then
+    # forms each tile's bias from its distances and sums the gradient
+    # along the tile's diagonals.
+    relative_bias = None
+    # `tanh_soft_cap()`: the score is `cap * tanh(score / cap)`; returns
+    # the cap (Gemma 2's logit soft-capping). The blockwise path then
+    # differentiates through the `tanh` in one op.
+    tanh_soft_cap = None
 
     def build(self, num_heads=None):
         self.built = True

@@ -14,19 +14,12 @@ Rules (shared by every layer of the package):
   result), never NaN and never uniform weights; gradients stay finite.
 """
 
-import contextlib
 import warnings
 
-import numpy as np
 from keras import ops
 
-from keras_attention.ops import _backend
+from keras_attention.ops import paths
 from keras_attention.ops import scoring
-from keras_attention.ops.blockwise import blockwise_attention
-from keras_attention.ops.blockwise import keeps_probabilities
-from keras_attention.ops.dense import dense_attention
-from keras_attention.ops.dense import dense_mask
-from keras_attention.ops.fused import fused_attention
 from keras_attention.ops.masking import as_4d_mask
 
 _RENAMED = {
@@ -218,71 +211,28 @@ def dot_product_attention(
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(query, key, value, return_weights)
-    choice = _choose_implementation(
-        implementation or _FORCED[-1],
-        query,
-        key,
-        dropout_fn,
-        return_weights,
-        score_mod,
-    )
-    d = query.shape[-1]
     if scale is None:
-        scale = 1.0 / float(np.sqrt(d))
-    structural = dict(
-        mask=as_4d_mask(attention_mask),
-        is_causal=causal,
-        causal_offset=query_offset,
-        key_padding=key_mask,
-        query_padding=query_mask,
-    )
-    if choice == "fused":  # The kernel scales (no extra op and gradient).
-        if mask_mod is not None:
-            structural["mask"] = dense_mask(
-                structural["mask"],
-                query,
-                key,
-                query_offset=query_offset,
-                mask_mod=mask_mod,
-            )
-        return fused_attention(query, key, value, scale=scale, **structural)
-    if choice == "blockwise":
-        query = ops.multiply(query, ops.cast(scale, query.dtype))
-        return _blockwise(
-            query,
-            key,
-            value,
-            score_mod=score_mod,
-            mask_mod=mask_mod,
-            **_OPTIONS[-1],
-            **structural,
-        )
-    # Causal alone with offset >= 0: every query sees key 0, no empty row.
-    rows_nonempty = (
-        causal
-        and isinstance(query_offset, int)
-        and query_offset >= 0
-        and key_mask is None
-        and query_mask is None
-        and mask_mod is None
-        and as_4d_mask(attention_mask) is None
-    )
-    mask = dense_mask(
-        attention_mask, query, key, causal, query_offset, key_mask, query_mask
-    )
-    return dense_attention(
+        scale = paths.default_scale(query)
+    request = paths.AttentionRequest(
         query,
         key,
         value,
-        mask,
-        scale,
-        dropout_fn,
-        return_weights,
-        rows_nonempty=rows_nonempty,
+        attention_mask=as_4d_mask(attention_mask),
+        scale=scale,
+        dropout_fn=dropout_fn,
+        return_weights=return_weights,
+        causal=causal,
+        query_offset=query_offset,
+        query_mask=query_mask,
+        key_mask=key_mask,
         score_mod=score_mod,
         mask_mod=mask_mod,
-        query_offset=query_offset,
     )
+    scope = paths.current_scope()
+    choice = paths.choose(request, implementation or scope.name)
+    path = paths.PATHS[choice]
+    options = {k: v for k, v in scope.options.items() if k in path.options}
+    return path.run(request, **options)
 
 
 def _empty(query, key, value, return_weights):
@@ -299,161 +249,6 @@ def _empty(query, key, value, return_weights):
     return out, weights
 
 
-# Implementation choice ------------------------------------------------------
-
-IMPLEMENTATIONS = ("dense", "blockwise", "fused")
-_FORCED = [None]
-# Tuning options of the blockwise path forced by `implementation_scope`.
-_OPTIONS = [{}]
-# Below this many (query, key) pairs the dense path is as fast (one tile).
-_BLOCKWISE_MIN_PAIRS = 128 * 256
-# Blockwise tiles (`_blockwise_tiles`): every key in one tile up to this
-# length, and scores of at most this many elements per batch element.
-_MAX_KEY_BLOCK = 8192
-_TILE_ELEMENTS = 2**21
-_KEPT_TILE_ELEMENTS = 2**23
-_MAX_QUERY_BLOCK = 512
-_SPARSE_KEY_BLOCK = 512
-
-
-@contextlib.contextmanager
-def implementation_scope(name, **options):
-    """Forces the implementation of `dot_product_attention` (for tests and
-    benchmarks): "dense", "blockwise", "fused" or None (automatic).
-
-    `options` tune the blockwise path (results do not depend on them):
-    `query_block`, `key_block` (tile sizes) and `keep_probabilities`
-    (reuse the forward's probabilities in the backward pass, or
-    recompute them).
-    """
-    if name is not None and name not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
-            f"Received: implementation={name!r}"
-        )
-    unknown = sorted(set(options) - set(_BLOCKWISE_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"implementation_scope() options must be among "
-            f"{_BLOCKWISE_OPTIONS}. Received: {unknown!r}"
-        )
-    _FORCED.append(name)
-    _OPTIONS.append(options)
-    try:
-        yield
-    finally:
-        _FORCED.pop()
-        _OPTIONS.pop()
-
-
-_BLOCKWISE_OPTIONS = ("query_block", "key_block", "keep_probabilities")
-
-
-def memory_efficient_implementation():
-    """The implementation `dot_product_attention` uses to save memory on
-    this machine: "fused" (flash / cuDNN kernels) when the JAX or torch
-    backend has a GPU and on torch's CPU (flash kernels that keep only the
-    log-sum-exp for the backward pass), else "blockwise"."""
-    return "fused" if _backend.prefers_fused_attention() else "blockwise"
-
-
-def _choose_implementation(
-    name, query, key, dropout_fn, return_weights, score_mod=None
-):
-    if name is not None and name not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS} or None. "
-            f"Received: implementation={name!r}"
-        )
-    needs_weights = return_weights or dropout_fn is not None
-    tq, tk = query.shape[1], key.shape[1]
-    static = tq is not None and tk is not None
-    # A plain function reading trainable variables: only the dense
-    # path's autodiff reaches them (a ScoreLayer passes its weights).
-    closure = scoring.closes_over_tensors(score_mod)
-    if name is None:
-        # Automatic: a traced tensor it reads may be differentiated too.
-        if needs_weights or closure:
-            return "dense"
-        if scoring.closes_over_tensors(score_mod, traced=True):
-            return "dense"
-        if _backend.prefers_fused_attention() and score_mod is None:
-            return "fused"
-        if static and tq * tk > _BLOCKWISE_MIN_PAIRS:
-            return "blockwise"
-        return "dense"
-    if name == "fused" and score_mod is not None:
-        raise ValueError(
-            "implementation='fused' takes no score function (the kernels "
-            "have no hook for one): use 'blockwise' or 'dense'. Received: "
-            f"score_mod={score_mod!r}"
-        )
-    if name == "blockwise" and closure:
-        raise ValueError(
-            "implementation='blockwise' cannot differentiate a score "
-            "function that reads trainable variables (its backward pass "
-            "is hand-written): make it a `keras_attention.mods.ScoreLayer` "
-            "(its weights are passed explicitly) or use 'dense'. Received: "
-            f"score_mod={score_mod!r}"
-        )
-    if name != "dense" and needs_weights:
-        raise ValueError(
-            f"implementation={name!r} computes no attention weights: it cannot "
-            "return them or apply dropout to them. Received: "
-            f"return_weights={return_weights!r}, dropout_fn={dropout_fn!r}"
-        )
-    if name == "blockwise" and not static:
-        return "dense"  # Tiles need lengths known at trace time.
-    return name
-
-
-def _blockwise(query, key, value, query_block=None, key_block=None, **kw):
-    """The blockwise path with `_blockwise_tiles`' tile sizes unless given
-    (results do not depend on them)."""
-    tq, tk = query.shape[1], key.shape[1]
-    auto_q, auto_k = _blockwise_tiles(
-        tq,
-        tk,
-        query.shape[2],
-        causal=bool(kw.get("is_causal")),
-        sparse=kw.get("mask_mod") is not None,
-    )
-    return blockwise_attention(
-        query,
-        key,
-        value,
-        query_block=query_block or auto_q,
-        key_block=key_block or auto_k,
-        **kw,
-    )
-
-
-def _blockwise_tiles(tq, tk, heads, causal=False, sparse=False):
-    """The tile sizes `(query_block, key_block)` of the blockwise path.
-
-    Every key up to `_MAX_KEY_BLOCK` in one tile: a row of tiles is then
-    one large matmul and one softmax op (no online softmax), the matmuls
-    stay efficient and each op has few, large operands. The query tile is
-    the largest power of two (64 to 512 rows) that keeps a tile's scores
-    at `heads * query_block * key_block` elements per batch element within
-    a budget: `_KEPT_TILE_ELEMENTS` (32 MiB in float32) when the backward
-    pass keeps the probabilities (`blockwise.keeps_probabilities`: short
-    sequences, where fewer, larger tiles were faster on an idle machine),
-    else `_TILE_ELEMENTS` (8 MiB: O(T) memory). A causal call also keeps
-    at least four rows of tiles and at most 256 rows per tile (the tiles
-    above the diagonal are skipped: smaller tiles skip more). At most 128
-    rows of tiles (tracing time: the tiles are unrolled). With a mask
-    function (`sparse`), key tiles of at most `_SPARSE_KEY_BLOCK` keys, so
-    that the tiles it masks entirely can be skipped.
-    """
-    key_block = min(tk, _SPARSE_KEY_BLOCK if sparse else _MAX_KEY_BLOCK)
-    budget = _TILE_ELEMENTS
-    if tq is not None and keeps_probabilities(tq * key_block, heads):
-        budget = _KEPT_TILE_ELEMENTS
-    query_block = _MAX_QUERY_BLOCK
-    if causal and tq is not None:
-        while query_block > 64 and (query_block > 256 or 4 * query_block > tq):
-            query_block //= 2
-    while query_block > 64 and heads * query_block * key_block > budget:
-        query_block //= 2
-    return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
+# What `implementation_scope` and the layers read (`paths.py`).
+implementation_scope = paths.implementation_scope
+memory_efficient_implementation = paths.memory_efficient_implementation

@@ -4,7 +4,7 @@
 over key tiles with a running row max `m`, row sum and accumulator (online
 softmax, Milakov & Gimelshein 2018; Rabe & Staats 2021; Dao et al. 2022).
 A query tile whose keys fit in one key tile (the usual case: see
-`attention._blockwise_tiles`) takes the softmax directly, one large matmul
+`paths.blockwise_tiles`) takes the softmax directly, one large matmul
 and one softmax op. The backward pass (hand-written:
 `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`,
 `dQ = dS K`, `dK = dS^T Q`) reuses the probabilities of one-tile rows when

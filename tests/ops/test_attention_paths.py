@@ -11,11 +11,11 @@ from references import masked_softmax as np_masked_softmax
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops import blockwise
-from keras_attention.ops.attention import _blockwise_tiles
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.blockwise import _Plan
 from keras_attention.ops.blockwise import blockwise_attention
+from keras_attention.ops.paths import blockwise_tiles
 
 # "blockwise-recompute": the blockwise path with its backward recomputing
 # the probabilities (long sequences) instead of reusing the forward's.
@@ -259,26 +259,26 @@ def test_causal_plan_skips_tiles_above_the_diagonal():
 @pytest.mark.parametrize("heads", [1, 8])
 @pytest.mark.parametrize("t", [512, 2048, 4096, 32768])
 def test_blockwise_tiles_follow_their_rules(t, heads, causal):
-    """The rules of `_blockwise_tiles` (not its numbers, which are tuned):
+    """The rules of `blockwise_tiles` (not its numbers, which are tuned):
     every key in one tile up to the key-tile limit; a query tile within
     the score budget unless at its floor; a causal call keeps at least
     four rows of tiles; at most 128 rows of tiles (tracing time)."""
-    from keras_attention.ops import attention as attention_lib
+    from keras_attention.ops import paths as attention_lib
 
-    qb, kb = _blockwise_tiles(t, t, heads, causal=causal)
-    assert kb == min(t, attention_lib._MAX_KEY_BLOCK)
+    qb, kb = blockwise_tiles(t, t, heads, causal=causal)
+    assert kb == min(t, attention_lib.MAX_KEY_BLOCK)
     kept = blockwise.keeps_probabilities(t * kb, heads)
     budget = (
-        attention_lib._KEPT_TILE_ELEMENTS
+        attention_lib.KEPT_TILE_ELEMENTS
         if kept
-        else attention_lib._TILE_ELEMENTS
+        else attention_lib.TILE_ELEMENTS
     )
     floor = max(64, -(-t // 128))
     assert heads * qb * kb <= budget or qb == floor
     assert -(-t // qb) <= 128
     if causal and t >= 4 * 64:
         assert -(-t // qb) >= 4 or qb == floor
-    qs, ks = _blockwise_tiles(t, t, heads, sparse=True)
+    qs, ks = blockwise_tiles(t, t, heads, sparse=True)
     assert ks < kb or t <= ks  # Smaller key tiles: something to skip.
 
 

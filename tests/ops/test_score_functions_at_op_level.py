@@ -21,7 +21,7 @@ import pytest
 from keras import ops
 
 import keras_attention as ka
-from keras_attention.ops import attention as attention_lib
+from keras_attention.ops import paths
 from keras_attention.ops import scoring
 
 BACKEND = keras.backend.backend()
@@ -137,14 +137,9 @@ def _variable_readers():
 def test_a_function_reading_a_variable_goes_dense_with_gradients(case):
     name, fn, variable = _variable_readers()[case]
     assert scoring.closes_over_tensors(fn), name
-    choice = attention_lib._choose_implementation(
-        None,
-        ops.convert_to_tensor(Q),
-        ops.convert_to_tensor(K),
-        None,
-        False,
-        fn,
-    )
+    q, k = ops.convert_to_tensor(Q), ops.convert_to_tensor(K)
+    request = paths.AttentionRequest(q, k, k, score_mod=fn)
+    choice = paths.choose(request)
     assert choice == "dense", name
     out, grads = _gradients(fn, variable)
     np.testing.assert_allclose(out, _reference(SLOPES), atol=2e-5)

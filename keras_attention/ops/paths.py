@@ -1,0 +1,503 @@
+"""The table of attention paths: one registry of name -> (function,
+can-run predicate, options it takes), and the choice among them.
+
+Every path computes the same attention (up to float rounding) under the
+package's rules (`scoring.py`); they differ in memory, speed and what
+they can do:
+
+| name | module | |
+|---|---|---|
+| "dense" | `dense.py` | scores in memory; weights, dropout |
+| "blockwise" | `blockwise.py` | query tiles, online softmax, O(T) memory |
+| "fused" | `fused.py` | `keras.ops.dot_product_attention` kernels |
+| "banded" | `sliding_window.py` | a sliding window in O(T * window) |
+| "global_local" | `global_local.py` | a window plus global tokens |
+
+A path runs one `AttentionRequest` (`path.run(request, **options)`, the
+shared signature); `path.can_run(request)` returns None when it can, else
+the reason, which a forced choice raises. `dot_product_attention`
+chooses among the paths marked `op_level` (`choose`); the attention
+layers ask the table for the banded path (`MultiHeadAttention` with a
+`sliding_window`). "global_local" takes inputs no request carries (the
+global tokens): `LocalSelfAttention` calls its `op` directly, and the
+table lists it for lookup and documentation (`run` is None).
+
+`implementation_scope` forces a path and its tuning options for the
+calls made inside it, through a context variable (`current_scope()`),
+not module state.
+"""
+
+import contextlib
+import contextvars
+import dataclasses
+
+import numpy as np
+from keras import ops
+
+from keras_attention.ops import _backend
+from keras_attention.ops import scoring
+from keras_attention.ops.blockwise import blockwise_attention
+from keras_attention.ops.blockwise import keeps_probabilities
+from keras_attention.ops.dense import dense_attention
+from keras_attention.ops.dense import dense_mask
+from keras_attention.ops.fused import fused_attention
+from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.masking import as_4d_mask
+from keras_attention.ops.sliding_window import local_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRequest:
+    """One attention computation, as every path takes it.
+
+    Fields as `dot_product_attention`'s arguments (`attention_mask` as a
+    4-D bool mask or None; `scale` a float); `window`: the left bound of
+    a sliding window (`sliding_window - 1`) for the banded path, or None;
+    `same_sequence`: the keys are the queries' sequence (self-attention),
+    so their lengths agree even when unknown at trace time.
+    """
+
+    query: object
+    key: object
+    value: object
+    attention_mask: object = None
+    scale: float = None
+    dropout_fn: object = None
+    return_weights: bool = False
+    causal: bool = False
+    query_offset: object = 0
+    query_mask: object = None
+    key_mask: object = None
+    score_mod: object = None
+    mask_mod: object = None
+    window: int = None
+    same_sequence: bool = False
+
+    @property
+    def needs_weights(self):
+        """Whether the weights are formed (returned, or dropped out)."""
+        return bool(self.return_weights) or self.dropout_fn is not None
+
+    @property
+    def static_lengths(self):
+        """Whether both lengths are known at trace time."""
+        return None not in (self.query.shape[1], self.key.shape[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPath:
+    """One path of the table.
+
+    Attributes:
+        name: its name (`implementation=`).
+        op: the module's public function.
+        run: `run(request, **options)` -> the output (and the weights when
+            `request.return_weights`), or None when the path takes inputs
+            a request does not carry.
+        can_run: `can_run(request)` -> None, or the reason it cannot.
+        options: the tuning options `run` takes (`implementation_scope`);
+            results do not depend on them.
+        op_level: whether `dot_product_attention` may choose it.
+    """
+
+    name: str
+    op: object
+    run: object
+    can_run: object
+    options: tuple = ()
+    op_level: bool = False
+
+
+PATHS = {}
+
+
+def register_path(path):
+    """Adds `path` (an `AttentionPath`) to the table; `ValueError` if its
+    name is taken."""
+    if path.name in PATHS:
+        raise ValueError(
+            f"An attention path named {path.name!r} is registered already. "
+            f"Received: path={path!r}"
+        )
+    PATHS[path.name] = path
+    return path
+
+
+def op_level_paths():
+    """The names `dot_product_attention(implementation=...)` takes."""
+    return tuple(name for name, path in PATHS.items() if path.op_level)
+
+
+def path_options():
+    """Every tuning option some path takes (`implementation_scope`)."""
+    names = []
+    for path in PATHS.values():
+        names += [o for o in path.options if o not in names]
+    return tuple(names)
+
+
+# Forcing a path -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ImplementationScope:
+    """What `implementation_scope` forces: a path name (None: the
+    automatic choice) and tuning options."""
+
+    name: str = None
+    options: dict = dataclasses.field(default_factory=dict)
+
+
+_SCOPE = contextvars.ContextVar(
+    "keras_attention_implementation_scope", default=ImplementationScope()
+)
+
+
+def current_scope():
+    """The innermost `implementation_scope` in effect (an
+    `ImplementationScope`; name None outside any)."""
+    return _SCOPE.get()
+
+
+def check_implementation(name):
+    """`ValueError` unless `name` is None or an op-level path."""
+    names = op_level_paths()
+    if name is not None and name not in names:
+        raise ValueError(
+            f"`implementation` must be one of {names} or None. "
+            f"Received: implementation={name!r}"
+        )
+
+
+@contextlib.contextmanager
+def implementation_scope(name, **options):
+    """Forces the implementation of `dot_product_attention` (for tests and
+    benchmarks): "dense", "blockwise", "fused" or None (automatic).
+
+    `options` tune the blockwise path (results do not depend on them):
+    `query_block`, `key_block` (tile sizes) and `keep_probabilities`
+    (reuse the forward's probabilities in the backward pass, or
+    recompute them).
+    """
+    check_implementation(name)
+    allowed = path_options()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"implementation_scope() options must be among "
+            f"{allowed}. Received: {unknown!r}"
+        )
+    token = _SCOPE.set(ImplementationScope(name, dict(options)))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def memory_efficient_implementation():
+    """The implementation `dot_product_attention` uses to save memory on
+    this machine: "fused" (flash / cuDNN kernels) when the JAX or torch
+    backend has a GPU and on torch's CPU (flash kernels that keep only the
+    log-sum-exp for the backward pass), else "blockwise"."""
+    return "fused" if _backend.prefers_fused_attention() else "blockwise"
+
+
+# The choice -----------------------------------------------------------------
+
+# Below this many (query, key) pairs the dense path is as fast (one tile).
+BLOCKWISE_MIN_PAIRS = 128 * 256
+
+
+def choose(request, name=None):
+    """The name of the op-level path that runs `request`: `name` (or the
+    scope's) when forced, refused with its reason if it cannot run it;
+    else the automatic choice (weights or a score function closing over
+    tensors: "dense"; "fused" where the backend prefers it and there is
+    no score function; "blockwise" above `BLOCKWISE_MIN_PAIRS` static
+    pairs; else "dense")."""
+    check_implementation(name)
+    score_mod = request.score_mod
+    if name is None:
+        # Automatic: a traced tensor it reads may be differentiated too.
+        if request.needs_weights or scoring.closes_over_tensors(score_mod):
+            return "dense"
+        if scoring.closes_over_tensors(score_mod, traced=True):
+            return "dense"
+        if _backend.prefers_fused_attention() and score_mod is None:
+            return "fused"
+        tq, tk = request.query.shape[1], request.key.shape[1]
+        if request.static_lengths and tq * tk > BLOCKWISE_MIN_PAIRS:
+            return "blockwise"
+        return "dense"
+    reason = PATHS[name].can_run(request)
+    if reason is not None:
+        raise ValueError(reason)
+    if name == "blockwise" and not request.static_lengths:
+        return "dense"  # Tiles need lengths known at trace time.
+    return name
+
+
+def _no_weights(name, request):
+    if request.needs_weights:
+        return (
+            f"implementation={name!r} computes no attention weights: it "
+            "cannot return them or apply dropout to them. Received: "
+            f"return_weights={request.return_weights!r}, "
+            f"dropout_fn={request.dropout_fn!r}"
+        )
+    return None
+
+
+# The dense path -------------------------------------------------------------
+
+
+def _run_dense(request):
+    causal, offset = request.causal, request.query_offset
+    # Causal alone with offset >= 0: every query sees key 0, no empty row.
+    rows_nonempty = (
+        causal
+        and isinstance(offset, int)
+        and offset >= 0
+        and request.key_mask is None
+        and request.query_mask is None
+        and request.mask_mod is None
+        and as_4d_mask(request.attention_mask) is None
+    )
+    mask = dense_mask(
+        request.attention_mask,
+        request.query,
+        request.key,
+        causal,
+        offset,
+        request.key_mask,
+        request.query_mask,
+    )
+    return dense_attention(
+        request.query,
+        request.key,
+        request.value,
+        mask,
+        request.scale,
+        request.dropout_fn,
+        request.return_weights,
+        rows_nonempty=rows_nonempty,
+        score_mod=request.score_mod,
+        mask_mod=request.mask_mod,
+        query_offset=offset,
+    )
+
+
+# The blockwise path ---------------------------------------------------------
+
+# Blockwise tiles (`blockwise_tiles`): every key in one tile up to this
+# length, and scores of at most this many elements per batch element.
+MAX_KEY_BLOCK = 8192
+TILE_ELEMENTS = 2**21
+KEPT_TILE_ELEMENTS = 2**23
+MAX_QUERY_BLOCK = 512
+SPARSE_KEY_BLOCK = 512
+
+
+def blockwise_tiles(tq, tk, heads, causal=False, sparse=False):
+    """The tile sizes `(query_block, key_block)` of the blockwise path.
+
+    Every key up to `MAX_KEY_BLOCK` in one tile: a row of tiles is then
+    one large matmul and one softmax op (no online softmax), the matmuls
+    stay efficient and each op has few, large operands. The query tile is
+    the largest power of two (64 to 512 rows) that keeps a tile's scores
+    at `heads * query_block * key_block` elements per batch element within
+    a budget: `KEPT_TILE_ELEMENTS` (32 MiB in float32) when the backward
+    pass keeps the probabilities (`blockwise.keeps_probabilities`: short
+    sequences, where fewer, larger tiles were faster on an idle machine),
+    else `TILE_ELEMENTS` (8 MiB: O(T) memory). A causal call also keeps
+    at least four rows of tiles and at most 256 rows per tile (the tiles
+    above the diagonal are skipped: smaller tiles skip more). At most 128
+    rows of tiles (tracing time: the tiles are unrolled). With a mask
+    function (`sparse`), key tiles of at most `SPARSE_KEY_BLOCK` keys, so
+    that the tiles it masks entirely can be skipped.
+    """
+    key_block = min(tk, SPARSE_KEY_BLOCK if sparse else MAX_KEY_BLOCK)
+    budget = TILE_ELEMENTS
+    if tq is not None and keeps_probabilities(tq * key_block, heads):
+        budget = KEPT_TILE_ELEMENTS
+    query_block = MAX_QUERY_BLOCK
+    if causal and tq is not None:
+        while query_block > 64 and (query_block > 256 or 4 * query_block > tq):
+            query_block //= 2
+    while query_block > 64 and heads * query_block * key_block > budget:
+        query_block //= 2
+    return max(query_block, -(-tq // 128)), max(key_block, -(-tk // 16))
+
+
+def _run_blockwise(
+    request, query_block=None, key_block=None, keep_probabilities=None
+):
+    """The blockwise path with `blockwise_tiles`' tile sizes unless given
+    (results do not depend on them)."""
+    query, key = request.query, request.key
+    auto_q, auto_k = blockwise_tiles(
+        query.shape[1],
+        key.shape[1],
+        query.shape[2],
+        causal=bool(request.causal),
+        sparse=request.mask_mod is not None,
+    )
+    options = {}
+    if keep_probabilities is not None:
+        options["keep_probabilities"] = keep_probabilities
+    query = ops.multiply(query, ops.cast(request.scale, query.dtype))
+    return blockwise_attention(
+        query,
+        key,
+        request.value,
+        query_block=query_block or auto_q,
+        key_block=key_block or auto_k,
+        score_mod=request.score_mod,
+        mask_mod=request.mask_mod,
+        mask=as_4d_mask(request.attention_mask),
+        is_causal=request.causal,
+        causal_offset=request.query_offset,
+        key_padding=request.key_mask,
+        query_padding=request.query_mask,
+        **options,
+    )
+
+
+def _blockwise_can_run(request):
+    if scoring.closes_over_tensors(request.score_mod):
+        return (
+            "implementation='blockwise' cannot differentiate a score "
+            "function that reads trainable variables (its backward pass "
+            "is hand-written): make it a `keras_attention.mods.ScoreLayer` "
+            "(its weights are passed explicitly) or use 'dense'. Received: "
+            f"score_mod={request.score_mod!r}"
+        )
+    return _no_weights("blockwise", request)
+
+
+# The fused path -------------------------------------------------------------
+
+
+def _run_fused(request):
+    """The kernel scales (no extra op and gradient); a mask function is
+    evaluated into the kernel's mask."""
+    mask = as_4d_mask(request.attention_mask)
+    if request.mask_mod is not None:
+        mask = dense_mask(
+            mask,
+            request.query,
+            request.key,
+            query_offset=request.query_offset,
+            mask_mod=request.mask_mod,
+        )
+    return fused_attention(
+        request.query,
+        request.key,
+        request.value,
+        scale=request.scale,
+        mask=mask,
+        is_causal=request.causal,
+        causal_offset=request.query_offset,
+        key_padding=request.key_mask,
+        query_padding=request.query_mask,
+    )
+
+
+def _fused_can_run(request):
+    if request.score_mod is not None:
+        return (
+            "implementation='fused' takes no score function (the kernels "
+            "have no hook for one): use 'blockwise' or 'dense'. Received: "
+            f"score_mod={request.score_mod!r}"
+        )
+    return _no_weights("fused", request)
+
+
+# The banded and global-local paths ------------------------------------------
+
+
+def _run_banded(request):
+    return local_attention(
+        request.query,
+        request.key,
+        request.value,
+        request.window,
+        causal=bool(request.causal),
+        query_mask=request.query_mask,
+        key_mask=request.key_mask,
+        attention_mask=request.attention_mask,
+        dropout_fn=request.dropout_fn,
+    )
+
+
+def _banded_can_run(request):
+    """The banded path runs a plain sliding window: not with score or
+    mask functions (the blockwise path skips the tiles outside the window
+    then), not when the weights are returned, and only over the queries'
+    own sequence."""
+    problem = None
+    if request.window is None:
+        problem = "it needs a sliding window"
+    elif request.return_weights:
+        problem = "it returns no dense weights"
+    elif request.score_mod is not None or request.mask_mod is not None:
+        problem = "it takes no score or mask function"
+    elif not request.same_sequence:
+        tq, tk = request.query.shape[1], request.key.shape[1]
+        if tq is None or tq != tk:
+            problem = "the keys must be the queries' sequence"
+    if problem is None:
+        return None
+    return (
+        f"The banded path cannot run this attention: {problem}. Received: "
+        f"window={request.window!r}, "
+        f"query.shape={tuple(request.query.shape)!r}, "
+        f"key.shape={tuple(request.key.shape)!r}"
+    )
+
+
+def _global_local_can_run(request):
+    return (
+        "The global-local path needs global tokens (`global_mask`), which "
+        "an attention request does not carry: call "
+        "`keras_attention.ops.global_local_attention` "
+        "(`LocalSelfAttention` with a `global_mask` does)."
+    )
+
+
+register_path(
+    AttentionPath(
+        "dense", dense_attention, _run_dense, lambda request: None, (), True
+    )
+)
+register_path(
+    AttentionPath(
+        "blockwise",
+        blockwise_attention,
+        _run_blockwise,
+        _blockwise_can_run,
+        ("query_block", "key_block", "keep_probabilities"),
+        True,
+    )
+)
+register_path(
+    AttentionPath(
+        "fused", fused_attention, _run_fused, _fused_can_run, (), True
+    )
+)
+register_path(
+    AttentionPath("banded", local_attention, _run_banded, _banded_can_run)
+)
+register_path(
+    AttentionPath(
+        "global_local",
+        global_local_attention,
+        None,
+        _global_local_can_run,
+    )
+)
+
+
+def default_scale(query):
+    """`1 / sqrt(d)` of queries `(b, i, h, d)`."""
+    return 1.0 / float(np.sqrt(query.shape[-1]))
