@@ -26,9 +26,23 @@ may be expanded to dense ones, or None).
 A layer class whose role is fixed sets `attention_kind` (`"self"`,
 `"cross"`): a parent layer holding a `"cross"` layer is a decoder block,
 and its self-attention is on the target side.
+
+How a call reaches the hook: every class deriving from
+`AttentionRecording` has its own `call` wrapped once, when the class is
+defined, by `recorded_call`, which consults the recording scope
+(`recording(recorder)`, a context variable; `collect_attention` opens
+it). Outside a scope, or for a layer the recorder did not select, the
+wrapper calls `call` straight through; inside, it hands the call to the
+recorder, which calls the hook. No instance method is replaced, the model
+is not rewired, and a subclass's `call` that calls `super().call` is
+recorded once (the recorder passes a layer's nested calls through).
 """
 
+import contextlib
+import contextvars
+import functools
 import inspect
+import types
 
 import numpy as np
 from keras import ops
@@ -64,12 +78,64 @@ def without_scores(outputs):
     return rest[0] if len(rest) == 1 else rest
 
 
+_SCOPE = contextvars.ContextVar("keras_attention_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording(recorder):
+    """The recording scope: inside it, the `call` of every
+    `AttentionRecording` layer asks `recorder` first.
+
+    `recorder` implements `wants(layer)` (whether to record this call of
+    `layer`) and `record(layer, call, args, kwargs)` (calls the hook with
+    `call`, the layer's `call` bound to it, and returns the outputs).
+    Scopes nest: the innermost one applies.
+    """
+    token = _SCOPE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _SCOPE.reset(token)
+
+
+def recorded_call(call):
+    """`call` (a layer class's own `call` function) wrapped so that it
+    consults the recording scope; applied by
+    `AttentionRecording.__init_subclass__`."""
+
+    @functools.wraps(call)
+    def wrapper(self, *args, **kwargs):
+        recorder = _SCOPE.get()
+        if recorder is None or not recorder.wants(self):
+            return call(self, *args, **kwargs)
+        return recorder.record(self, types.MethodType(call, self), args, kwargs)
+
+    wrapper._consults_recording = True
+    return wrapper
+
+
+def consults_recording(layer):
+    """Whether `layer`'s `call` consults the recording scope (its class
+    derives from `AttentionRecording`)."""
+    return bool(getattr(type(layer).call, "_consults_recording", False))
+
+
 class AttentionRecording:
-    """Mixin: `call_with_attention` for layers whose `call` takes
-    `return_attention_scores=`; subclasses implement
-    `describe_attention` (see the module docstring)."""
+    """Mixin: the recording hook for attention layers.
+
+    A subclass's `call` consults the recording scope (see the module
+    docstring); the default `call_with_attention` serves layers whose
+    `call` takes `return_attention_scores=`: they implement
+    `describe_attention`. Others override `call_with_attention`.
+    """
 
     attention_kind = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        call = cls.__dict__.get("call")
+        if call is not None and not getattr(call, "_consults_recording", False):
+            cls.call = recorded_call(call)
 
     def call_with_attention(self, call, args, kwargs, options):
         bound = inspect.signature(call).bind(*args, **kwargs)

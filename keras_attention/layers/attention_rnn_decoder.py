@@ -60,7 +60,7 @@ def _cell_sizes(cell):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionRNNDecoder(keras.layers.Layer):
+class AttentionRNNDecoder(_recording.AttentionRecording, keras.layers.Layer):
     """The decoder of an RNN encoder-decoder with attention.
 
     At target step `t`, with `x_t` the embedded previous token, `h` the

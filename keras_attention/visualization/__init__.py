@@ -1,6 +1,7 @@
 """Attention inspection: every layer's weights from a model, heatmaps
 (matplotlib, imported only when plotting) and TensorBoard images."""
 
+from keras_attention.layers._recording import AttentionRecording
 from keras_attention.visualization.attention_html import AttentionExplorer
 from keras_attention.visualization.attention_html import attention_html
 from keras_attention.visualization.collect import AttentionMaps
@@ -10,6 +11,7 @@ from keras_attention.visualization.tensorboard import AttentionTensorBoard
 
 __all__ = [
     "AttentionExplorer",
+    "AttentionRecording",
     "attention_html",
     "AttentionMaps",
     "AttentionTensorBoard",

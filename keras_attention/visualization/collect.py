@@ -68,19 +68,21 @@ read):
 Weights are the ones the forward pass used. Each attention layer is
 recorded through its hook `call_with_attention` (documented in
 `keras_attention/layers/_recording.py`; `is_attention_layer` tells which
-layers have it), called from a temporary wrapper of its own `call` (per
-instance, removed afterwards; the model is not rewired or rebuilt): the
-package's layers implement it (those with a `return_attention_scores`
-argument by describing their scores in `describe_attention`, an
-`AttentionRNNDecoder` by switching its alignment history on), and a new
-attention layer is recorded by implementing it, or by subclassing one of
-them, with no edit here. This works for functional, Sequential and
-subclassed models, models loaded from `.keras` files, a single block or
-layer, and on every Keras backend.
+layers have it), reached through a recording scope that the layers'
+`call` consults while `collect_attention` runs (no method is replaced;
+the model is not rewired or rebuilt): the package's layers implement it
+(those with a `return_attention_scores` argument by describing their
+scores in `describe_attention`, an `AttentionRNNDecoder` by switching its
+alignment history on), and a new attention layer is recorded by deriving
+from `AttentionRecording` and implementing the hook, or by subclassing
+one of the package's layers, with no edit here. This works for
+functional, Sequential and subclassed models, models loaded from `.keras`
+files, a single block or layer, and on every Keras backend.
 """
 
 import keras
 
+from keras_attention.layers import _recording
 from keras_attention.utils import validation
 
 
@@ -189,7 +191,8 @@ def _on_target_side(parent):
 
 
 class _Recorder:
-    """Wraps the attention layers' `call` and records their weights."""
+    """Records the selected attention layers' weights, through the
+    recording scope their `call` consults (`layers/_recording.py`)."""
 
     def __init__(self, layers, max_dense_length, reserved=()):
         self.layers = layers
@@ -200,10 +203,14 @@ class _Recorder:
         self.records = []  # (key, weights, metadata)
         self.calls = {}
         self._keys = set()
-        self._saved = []
+        self._selected = {
+            id(layer): (path, parent) for path, layer, parent in layers
+        }
+        self._active = set()  # layers whose call is being recorded
+        self._scope = None
 
     def __enter__(self):
-        for path, layer, parent in self.layers:
+        for path, layer, _ in self.layers:
             if getattr(layer, "flash_attention", None) is True:
                 raise ValueError(
                     f"Attention layer {path!r} was built with "
@@ -212,35 +219,41 @@ class _Recorder:
                     "default) to collect them. Received: "
                     f"flash_attention={layer.flash_attention!r}"
                 )
-            wrapper = self._wrapper(path, layer, parent)
-            self._saved.append((layer, layer.__dict__.get("call")))
-            layer.__dict__["call"] = wrapper
+            if not _recording.consults_recording(layer):
+                raise TypeError(
+                    f"Attention layer {path!r} implements "
+                    "`call_with_attention` but its class does not derive "
+                    "from `keras_attention.visualization.AttentionRecording`"
+                    ", so its `call` never consults the recording scope. "
+                    "Derive the class from it to record its weights. "
+                    f"Received: {type(layer).__name__!r}"
+                )
+        self._scope = _recording.recording(self)
+        self._scope.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for layer, previous in reversed(self._saved):
-            if previous is None:
-                layer.__dict__.pop("call", None)
-            else:
-                layer.__dict__["call"] = previous
-        self._saved = []
-        return False
+        scope, self._scope = self._scope, None
+        return scope.__exit__(*exc)
 
-    def _wrapper(self, path, layer, parent):
-        original = layer.call  # the bound method of the class
+    def wants(self, layer):
+        return id(layer) in self._selected and id(layer) not in self._active
+
+    def record(self, layer, call, args, kwargs):
+        path, parent = self._selected[id(layer)]
         options = {"max_dense_length": self.max_dense_length}
-
-        def call(*args, **kwargs):
+        self._active.add(id(layer))
+        try:
             outputs, weights, meta = layer.call_with_attention(
-                original, args, kwargs, options
+                call, args, kwargs, options
             )
-            meta.setdefault("layer", type(layer).__name__)
-            if meta["kind"] == "self":
-                meta.setdefault("on_target_side", _on_target_side(parent))
-            self._record(path, weights, meta)
-            return outputs
-
-        return call
+        finally:
+            self._active.discard(id(layer))
+        meta.setdefault("layer", type(layer).__name__)
+        if meta["kind"] == "self":
+            meta.setdefault("on_target_side", _on_target_side(parent))
+        self._record(path, weights, meta)
+        return outputs
 
     def _key(self, path, index):
         """The unique key of call `index` (0-based) of the layer at `path`

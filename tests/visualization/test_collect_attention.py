@@ -14,6 +14,7 @@ from keras import ops
 from keras_attention import blocks
 from keras_attention import layers
 from keras_attention.visualization import AttentionMaps
+from keras_attention.visualization import AttentionRecording
 from keras_attention.visualization import collect
 from keras_attention.visualization import collect_attention
 
@@ -500,39 +501,79 @@ def test_subclass_using_the_attention_step_is_recorded():
     assert maps.metadata["tempered"]["kind"] == "self"
 
 
+class _MeanAttention(AttentionRecording, keras.layers.Layer):
+    """A layer that is none of the package's classes: it joins by deriving
+    from `AttentionRecording` and implementing `call_with_attention`."""
+
+    attention_kind = "self"
+
+    def call(self, inputs):
+        return ops.mean(inputs, axis=1, keepdims=True) + 0.0 * inputs
+
+    def call_with_attention(self, call, args, kwargs, options):
+        # Reached through the recording scope: no method of the instance
+        # was replaced to get here.
+        assert "call" not in self.__dict__
+        outputs = call(*args, **kwargs)
+        b, t = args[0].shape[0], args[0].shape[1]
+        weights = np.full((b, 1, t, t), 1.0 / t, "float32")
+        meta = dict(
+            kind="self",
+            query_mask=None,
+            key_mask=None,
+            causal=False,
+            window=None,
+        )
+        return outputs, weights, meta
+
+
 def test_a_new_layer_with_the_hook_is_recorded():
-    # A layer that is none of the package's classes joins by implementing
-    # `call_with_attention` (duck-typed): recorded, outputs unchanged.
-    class MeanAttention(keras.layers.Layer):
-        attention_kind = "self"
-
-        def call(self, inputs):
-            return ops.mean(inputs, axis=1, keepdims=True) + 0.0 * inputs
-
-        def call_with_attention(self, call, args, kwargs, options):
-            outputs = call(*args, **kwargs)
-            b, t = args[0].shape[0], args[0].shape[1]
-            weights = np.full((b, 1, t, t), 1.0 / t, "float32")
-            meta = dict(
-                kind="self",
-                query_mask=None,
-                key_mask=None,
-                causal=False,
-                window=None,
-            )
-            return outputs, weights, meta
-
+    # Recorded, outputs unchanged; its `call` passes straight through
+    # outside `collect_attention`.
     inputs = keras.Input((4, 3))
-    model = keras.Model(inputs, MeanAttention(name="mean")(inputs))
+    layer = _MeanAttention(name="mean")
+    model = keras.Model(inputs, layer(inputs))
     x = RNG.normal(size=(2, 4, 3)).astype("float32")
     maps = collect_attention(model, x)
     assert list(maps) == ["mean"]
     np.testing.assert_allclose(maps["mean"], np.full((2, 1, 4, 4), 0.25))
     meta = maps.metadata["mean"]
-    assert meta["layer"] == "MeanAttention"
+    assert meta["layer"] == "_MeanAttention"
     assert (meta["query_tokens"], meta["key_tokens"]) == ("tokens", "tokens")
-    # The wrapper is gone afterwards.
-    assert "call" not in model.get_layer("mean").__dict__
+    assert "call" not in layer.__dict__
+    np.testing.assert_allclose(
+        np_(model(x)), np.repeat(x.mean(1, keepdims=True), 4, 1), atol=ATOL
+    )
+
+
+def test_a_subclass_calling_super_call_is_recorded_once():
+    class Scaled(_MeanAttention):
+        def call(self, inputs):
+            return 2.0 * super().call(inputs)
+
+    inputs = keras.Input((4, 3))
+    model = keras.Model(inputs, Scaled(name="scaled")(inputs))
+    x = RNG.normal(size=(2, 4, 3)).astype("float32")
+    maps = collect_attention(model, x)
+    assert list(maps) == ["scaled"]
+    assert maps.metadata["scaled"]["call_index"] == 0
+
+
+def test_a_layer_with_the_hook_but_not_the_mixin_is_refused():
+    # Its `call` would never consult the recording scope: refused rather
+    # than silently left out.
+    class DuckAttention(keras.layers.Layer):
+        def call(self, inputs):
+            return inputs
+
+        def call_with_attention(self, call, args, kwargs, options):
+            raise AssertionError("never reached")
+
+    inputs = keras.Input((4, 3))
+    model = keras.Model(inputs, DuckAttention(name="duck")(inputs))
+    x = RNG.normal(size=(2, 4, 3)).astype("float32")
+    with pytest.raises(TypeError, match="'duck'.*AttentionRecording.*'Duck"):
+        collect_attention(model, x)
 
 
 def test_collect_imports_no_attention_layer_class():
