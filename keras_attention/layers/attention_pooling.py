@@ -1,14 +1,14 @@
 import keras
 from keras import ops
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionPooling(_recording.AttentionRecording, keras.layers.Layer):
+class AttentionPooling(recording.AttentionRecording, keras.layers.Layer):
     """Attention-weighted pooling of a sequence into one vector.
 
     Scores each step, normalizes the scores over the (unpadded) steps with a
@@ -126,13 +126,13 @@ class AttentionPooling(_recording.AttentionRecording, keras.layers.Layer):
         return pooled
 
     def describe_attention(self, arguments, scores, options):
-        """`collect_attention`'s hook (`layers/_recording.py`): the
+        """`collect_attention`'s hook (`layers/recording.py`): the
         weights `(batch, 1, 1, T)` of the learned query."""
-        weights = _recording.numpy_weights(scores)[:, None, None, :]
+        weights = recording.numpy_weights(scores)[:, None, None, :]
         meta = dict(
             kind="pooling",
             query_mask=None,
-            key_mask=_recording.padding_mask(
+            key_mask=recording.padding_mask(
                 arguments.get("mask"), arguments.get("inputs")
             ),
             causal=False,

@@ -3,7 +3,7 @@ import inspect
 import keras
 from keras import ops
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
 from keras_attention.ops import scan_carry
@@ -60,7 +60,7 @@ def _cell_sizes(cell):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionRNNDecoder(_recording.AttentionRecording, keras.layers.Layer):
+class AttentionRNNDecoder(recording.AttentionRecording, keras.layers.Layer):
     """The decoder of an RNN encoder-decoder with attention.
 
     At target step `t`, with `x_t` the embedded previous token, `h` the
@@ -610,7 +610,7 @@ class AttentionRNNDecoder(_recording.AttentionRecording, keras.layers.Layer):
         return outputs[0] if len(outputs) == 1 else outputs
 
     def call_with_attention(self, call, args, kwargs, options):
-        """`collect_attention`'s hook (`layers/_recording.py`): `call`
+        """`collect_attention`'s hook (`layers/recording.py`): `call`
         with the alignment history switched on; its weights
         `(batch, 1, Tt, Ts)` (heads averaged over a multi-head
         attention)."""
@@ -621,13 +621,13 @@ class AttentionRNNDecoder(_recording.AttentionRecording, keras.layers.Layer):
             outputs = call(*args, **kwargs)
         finally:
             self.return_attention_scores = asked
-        weights = _recording.numpy_weights(outputs[1])[:, None]  # b 1 t s
+        weights = recording.numpy_weights(outputs[1])[:, None]  # b 1 t s
         meta = dict(
             kind="decoder",
-            query_mask=_recording.padding_mask(
+            query_mask=recording.padding_mask(
                 arguments.get("mask"), arguments.get("inputs")
             ),
-            key_mask=_recording.padding_mask(
+            key_mask=recording.padding_mask(
                 arguments.get("memory_mask"), arguments.get("memory")
             ),
             causal=False,
@@ -635,7 +635,7 @@ class AttentionRNNDecoder(_recording.AttentionRecording, keras.layers.Layer):
             heads_averaged=isinstance(self.attention, MultiHeadAttention),
         )
         if not asked:
-            outputs = _recording.without_scores(outputs)
+            outputs = recording.without_scores(outputs)
         return outputs, weights, meta
 
     def get_config(self):

@@ -1,6 +1,6 @@
 import keras
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -114,16 +114,16 @@ class CrossAttention(MultiHeadAttention):
         """`collect_attention`'s hook: see `MultiHeadAttention`."""
         meta = dict(
             kind="cross",
-            query_mask=_recording.padding_mask(
+            query_mask=recording.padding_mask(
                 arguments.get("query_mask"), arguments.get("query")
             ),
-            key_mask=_recording.padding_mask(
+            key_mask=recording.padding_mask(
                 arguments.get("context_mask"), arguments.get("context")
             ),
             causal=False,
             window=None,
         )
-        return _recording.numpy_weights(scores), meta
+        return recording.numpy_weights(scores), meta
 
     def compute_output_spec(
         self,

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.ops import is_symbolic
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import softmax_dtype
@@ -54,7 +54,7 @@ def _same(a, b):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
+class GraphAttention(recording.AttentionRecording, keras.layers.Layer):
     """Graph attention: each node attends over its incoming edges.
 
     Axes: b - graphs of a batch, n - nodes (`i` receivers, `j` senders),
@@ -554,7 +554,7 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
         return out, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def describe_attention(self, arguments, scores, options):
-        """`collect_attention`'s hook (`layers/_recording.py`): the
+        """`collect_attention`'s hook (`layers/recording.py`): the
         coefficients as dense weights `(batch or 1, heads, n, n)`,
         receivers as rows and senders as columns (duplicate edges add
         up). Raises `ValueError` for graphs of more than
@@ -570,7 +570,7 @@ class GraphAttention(_recording.AttentionRecording, keras.layers.Layer):
                 "`collect_attention`. Received: "
                 f"max_dense_length={limit!r}"
             )
-        coefficients = _recording.numpy_weights(scores)
+        coefficients = recording.numpy_weights(scores)
         batched = len(features.shape) == 3
         if not batched:
             coefficients = coefficients[None]

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 
 from keras_attention import masks as masks_lib
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
@@ -236,7 +236,7 @@ class LocalSelfAttention(SelfAttention):
         meta = self._self_metadata(arguments)
         meta["window"] = tuple(self.window_bounds)
         if arguments.get("cache") is not None:  # dense over the cache
-            return _recording.numpy_weights(scores), meta
+            return recording.numpy_weights(scores), meta
         banded = scores["local"] if isinstance(scores, dict) else scores
         steps = banded.shape[2]
         limit = options.get("max_dense_length")
@@ -249,11 +249,9 @@ class LocalSelfAttention(SelfAttention):
                 "`max_dense_length` (None: no limit). Received: "
                 f"max_dense_length={limit!r}"
             )
-        weights = _recording.numpy_weights(self.scores_to_dense(scores))
+        weights = recording.numpy_weights(self.scores_to_dense(scores))
         if isinstance(scores, dict):  # global tokens
-            indices = _recording.numpy_weights(
-                scores["global_indices"], "int64"
-            )
+            indices = recording.numpy_weights(scores["global_indices"], "int64")
             meta["global_mask"] = np.any(
                 indices[:, :, None] == np.arange(weights.shape[-1]), axis=1
             )

@@ -6,7 +6,7 @@ step (`_attention_step.py`, `_compute_attention`), the adapter for
 overrides with Keras's signature (`_keras_override.py`), the rolling
 cache (`_rolling_attention.py`, arithmetic in `ops/rolling_cache.py`),
 the `attention_axes` layout (`_attention_axes.py`) and the recording hook
-(`_recording.py`). A call's arguments are checked once (`_check_call`,
+(`recording.py`). A call's arguments are checked once (`_check_call`,
 checks in `utils/attention_checks.py`) and travel as one `AttentionCall`
 record (`_attention_call.py`).
 """
@@ -16,8 +16,8 @@ from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _attention_axes
-from keras_attention.layers import _recording
 from keras_attention.layers import _rolling_attention
+from keras_attention.layers import recording
 from keras_attention.layers._attention_call import AttentionCall
 from keras_attention.layers._attention_step import AttentionStep
 from keras_attention.layers._projections import Projections
@@ -32,7 +32,7 @@ from keras_attention.utils.attention_checks import check_cache_index
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(
     _attention_axes.AttentionAxesLayout,
-    _recording.AttentionRecording,
+    recording.AttentionRecording,
     Projections,
     AttentionStep,
     keras.layers.Layer,
@@ -532,23 +532,23 @@ class MultiHeadAttention(
         return self.sliding_window - 1
 
     def describe_attention(self, arguments, scores, options):
-        """`collect_attention`'s hook (`layers/_recording.py`): the
+        """`collect_attention`'s hook (`layers/recording.py`): the
         weights of one call as `(batch, heads, Tq, Tk)` and what they
         are (self- or cross-attention, padding masks, causal)."""
         query, value = arguments.get("query"), arguments.get("value")
         key = arguments.get("key")
         weights = self.weights_as_4d(
-            _recording.numpy_weights(scores), len(query.shape)
+            recording.numpy_weights(scores), len(query.shape)
         )
         is_self = value is query and (key is None or key is query)
         meta = dict(
             kind="self" if is_self else "cross",
-            query_mask=_recording.padding_mask(
+            query_mask=recording.padding_mask(
                 arguments.get("query_mask"), query
             ),
-            key_mask=_recording.all_masks(
-                _recording.padding_mask(arguments.get("value_mask"), value),
-                _recording.padding_mask(arguments.get("key_mask"), key),
+            key_mask=recording.all_masks(
+                recording.padding_mask(arguments.get("value_mask"), value),
+                recording.padding_mask(arguments.get("key_mask"), key),
             ),
             causal=bool(arguments.get("use_causal_mask")),
             window=None,

@@ -1,6 +1,6 @@
 import keras
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -142,10 +142,10 @@ class SelfAttention(MultiHeadAttention):
 
     def describe_attention(self, arguments, scores, options):
         """`collect_attention`'s hook: see `MultiHeadAttention`."""
-        return _recording.numpy_weights(scores), self._self_metadata(arguments)
+        return recording.numpy_weights(scores), self._self_metadata(arguments)
 
     def _self_metadata(self, arguments):
-        mask = _recording.padding_mask(
+        mask = recording.padding_mask(
             arguments.get("mask"), arguments.get("inputs")
         )
         return dict(

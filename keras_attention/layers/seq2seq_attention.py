@@ -5,13 +5,13 @@
 import keras
 from keras import ops
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.ops import masked_softmax
 from keras_attention.utils import validation
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class Seq2SeqAttention(_recording.AttentionRecording, keras.layers.Layer):
+class Seq2SeqAttention(recording.AttentionRecording, keras.layers.Layer):
     """Base class of encoder-decoder ("seq2seq") attention layers.
 
     A query `q_i` (a decoder state) attends to the source steps `j` of an
@@ -405,11 +405,11 @@ class Seq2SeqAttention(_recording.AttentionRecording, keras.layers.Layer):
         )
 
     def describe_attention(self, arguments, scores, options):
-        """`collect_attention`'s hook (`layers/_recording.py`): the
+        """`collect_attention`'s hook (`layers/recording.py`): the
         alignment `(batch, 1, Tq, Tv)` (one step: `Tq` = 1)."""
-        weights = _recording.numpy_weights(scores)
+        weights = recording.numpy_weights(scores)
         weights = weights[:, None] if weights.ndim == 2 else weights
-        query_mask = _recording.padding_mask(
+        query_mask = recording.padding_mask(
             arguments.get("query_mask"), arguments.get("query")
         )
         if query_mask is not None and query_mask.ndim == 1:
@@ -417,7 +417,7 @@ class Seq2SeqAttention(_recording.AttentionRecording, keras.layers.Layer):
         meta = dict(
             kind="cross",
             query_mask=query_mask,
-            key_mask=_recording.padding_mask(
+            key_mask=recording.padding_mask(
                 arguments.get("value_mask"), arguments.get("value")
             ),
             causal=False,

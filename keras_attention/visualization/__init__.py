@@ -1,7 +1,7 @@
 """Attention inspection: every layer's weights from a model, heatmaps
 (matplotlib, imported only when plotting) and TensorBoard images."""
 
-from keras_attention.layers._recording import AttentionRecording
+from keras_attention.layers.recording import AttentionRecording
 from keras_attention.visualization.attention_html import AttentionExplorer
 from keras_attention.visualization.attention_html import attention_html
 from keras_attention.visualization.collect import AttentionMaps

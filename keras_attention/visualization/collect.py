@@ -67,7 +67,7 @@ read):
 
 Weights are the ones the forward pass used. Each attention layer is
 recorded through its hook `call_with_attention` (documented in
-`keras_attention/layers/_recording.py`; `is_attention_layer` tells which
+`keras_attention/layers/recording.py`; `is_attention_layer` tells which
 layers have it), reached through a recording scope that the layers'
 `call` consults while `collect_attention` runs (no method is replaced;
 the model is not rewired or rebuilt): the package's layers implement it
@@ -82,13 +82,13 @@ files, a single block or layer, and on every Keras backend.
 
 import keras
 
-from keras_attention.layers import _recording
+from keras_attention.layers import recording
 from keras_attention.utils import validation
 
 
 def is_attention_layer(layer):
     """Whether `layer` records its attention weights: it implements the
-    hook `call_with_attention` (see `keras_attention/layers/_recording.py`;
+    hook `call_with_attention` (see `keras_attention/layers/recording.py`;
     every attention layer of the package does, and a new layer joins by
     implementing it). Its own sublayers are not searched: an
     `AttentionRNNDecoder`'s attention runs inside its loop."""
@@ -192,7 +192,7 @@ def _on_target_side(parent):
 
 class _Recorder:
     """Records the selected attention layers' weights, through the
-    recording scope their `call` consults (`layers/_recording.py`)."""
+    recording scope their `call` consults (`layers/recording.py`)."""
 
     def __init__(self, layers, max_dense_length, reserved=()):
         self.layers = layers
@@ -219,7 +219,7 @@ class _Recorder:
                     "default) to collect them. Received: "
                     f"flash_attention={layer.flash_attention!r}"
                 )
-            if not _recording.consults_recording(layer):
+            if not recording.consults_recording(layer):
                 raise TypeError(
                     f"Attention layer {path!r} implements "
                     "`call_with_attention` but its class does not derive "
@@ -228,7 +228,7 @@ class _Recorder:
                     "Derive the class from it to record its weights. "
                     f"Received: {type(layer).__name__!r}"
                 )
-        self._scope = _recording.recording(self)
+        self._scope = recording.recording(self)
         self._scope.__enter__()
         return self
 
