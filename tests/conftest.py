@@ -1,12 +1,17 @@
 import os
 import sys
 
-# Silence TensorFlow before anything imports it.
+sys.path.insert(0, os.path.dirname(__file__))
+
+import xla_flags  # noqa: E402
+
+# Silence TensorFlow before anything imports it; XLA's flags (one place:
+# tests/xla_flags.py) before JAX or TensorFlow starts.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-
-sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault(
+    "XLA_FLAGS", xla_flags.xla_flags(os.environ["KERAS_BACKEND"])
+)
 
 import harness  # noqa: E402
 import keras  # noqa: E402

@@ -16,6 +16,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import xla_flags
 
 from keras_attention.distribution import get_layout_map
 from keras_attention.layers import LocalSelfAttention
@@ -125,14 +126,8 @@ def test_invalid_arguments(kwargs, message):
         get_layout_map(**kwargs)
 
 
-def _env():
-    env = dict(os.environ)
-    env.update(
-        KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        PYTHONPATH=ROOT,
-    )
-    return env
+def _env(devices=4):
+    return xla_flags.jax_environment(devices, PYTHONPATH=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +242,7 @@ def _free_port():
 def test_two_jax_processes_train_like_one(tmp_path):
     script = os.path.join(HERE, "_multiprocess_script.py")
     port = str(_free_port())
-    env = dict(_env(), XLA_FLAGS="")
+    env = _env(devices=None)
     procs = [
         subprocess.Popen(
             [sys.executable, script, port, str(i), str(tmp_path / f"{i}.npz")],

@@ -19,6 +19,7 @@ import example_output
 import numpy as np
 import pytest
 import serving
+import xla_flags
 
 pytestmark = pytest.mark.tf_only
 
@@ -611,7 +612,8 @@ def test_quick_run_on_another_backend(backend, shared_data_dir, tmp_path):
             str(output_dir),
             "--data-dir",
             shared_data_dir,
-        ]
+        ],
+        extra_env={"XLA_FLAGS": xla_flags.xla_flags(backend)},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
@@ -680,7 +682,7 @@ def test_quick_run_with_model_parallel_on_four_devices(
     # 4 virtual CPU devices (fixed before JAX starts), a 2x2 mesh, the
     # weights sharded by keras_attention.distribution.get_layout_map.
     pytest.importorskip("jax")
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {"XLA_FLAGS": xla_flags.xla_flags("jax", devices=4)}
     out = _run_example(
         [
             "--backend",
