@@ -44,14 +44,10 @@ part() {
 }
 part TensorFlow env TF_ENABLE_ONEDNN_OPTS="$ONEDNN" "${PYTEST[@]}" tests "$@"
 # The JAX part compiles thousands of tiny programs (JAX compiles per shape
-# and per jitted `fit`), so XLA's compile time dominates it: LLVM's
-# optimization passes are turned off for it (the same operations, compiled
-# faster; measured on tests/ops/test_score_objects.py, idle 2-core machine:
-# 151 s -> 112 s). Fast math stays off, as tests/conftest.py sets it.
-JAX_XLA_FLAGS="--xla_cpu_enable_fast_math=false"
-JAX_XLA_FLAGS+=" --xla_backend_optimization_level=0"
-JAX_XLA_FLAGS+=" --xla_llvm_disable_expensive_passes=true"
-part JAX env KERAS_BACKEND=jax XLA_FLAGS="$JAX_XLA_FLAGS" "${PYTEST[@]}" \
+# and per jitted `fit`), so XLA's compile time dominates it: tests/conftest.py
+# turns LLVM's optimization passes off for JAX (tests/xla_flags.py, the one
+# place the suite's XLA flags live, also for its JAX subprocesses).
+part JAX env KERAS_BACKEND=jax "${PYTEST[@]}" \
     tests/layers tests/blocks tests/ops tests/properties tests/interop \
     tests/test_harness.py tests/test_doctests.py "$@"
 part PyTorch env KERAS_BACKEND=torch "${PYTEST[@]}" \
