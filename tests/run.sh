@@ -5,8 +5,9 @@
 # (the whole of `.ci/run` must stay under 25 minutes on 2 cores; measured
 # in a clean-clone CI run on the idle 2-core machine, 2026-12-02: TF 14.5
 # min, JAX 13.8 min, PyTorch 4.0 min, whole CI 34.6 min; 2026-12-03, same
-# suite, a slower day: TF 19.1, JAX 19.5, PyTorch 4.7, whole CI 46.1 min:
-# still over budget):
+# suite, a slower day: TF 19.1, JAX 19.5, PyTorch 4.7, whole CI 46.1 min;
+# later that day, JAX with the older fusion emitters (tests/xla_flags.py):
+# TF 16.3, JAX 12.6, PyTorch 4.4, whole CI 36.6 min: still over budget):
 #   TensorFlow: everything (examples, memory and graph-rank tests are
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
