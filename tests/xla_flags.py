@@ -6,12 +6,11 @@ multi-process distribution scripts) compile thousands of small programs,
 so XLA's compile time dominates them. LLVM's optimization passes are
 turned off there: the same operations, compiled faster, run a little
 slower (measured on tests/ops/test_score_objects.py under JAX, idle 2-core
-machine: 151 s -> 112 s). XLA's newer fusion emitters are turned off there
-too: the older emitters generate the same fused loops with less compile
-work (2026-12-03, idle 2-core machine, JAX part's flags otherwise equal:
-40 jitted gradients of a tiny attention step 8.6-8.9 s -> 4.6-5.6 s over
-four alternating runs; tests/ops/test_attention_paths.py plus
-tests/blocks/test_transformer_encoder_block.py, `-n 2`, 147 s -> 112 s).
+machine: 151 s -> 112 s). XLA's newer CPU fusion emitters are turned off
+there too: the older ones compile faster (2026-12-03, idle 2-core
+machine, the other flags equal: `KERAS_BACKEND=jax pytest -n 2
+tests/ops/test_attention_paths.py
+tests/blocks/test_transformer_encoder_block.py`, 147 s -> 112 s).
 Fast math stays off everywhere (IEEE semantics: `inf`, `nan` and `-inf`
 fill values behave as in NumPy).
 
