@@ -13,6 +13,7 @@ import json
 
 import keras
 import numpy as np
+import public_layers
 import pytest
 from keras import ops
 
@@ -37,6 +38,10 @@ def _call(layer):
         out = layer(H, H)
     elif isinstance(layer, ka.RotaryEmbedding):
         out = layer(X[:, :, None, :])
+    elif isinstance(layer, ka.GroupQueryAttention):
+        out = layer(X, X)  # Keras's contract: equal feature sizes
+    elif isinstance(layer, ka.GraphAttention):
+        out = layer(X, np.ones((2, 5, 5), bool))  # a dense adjacency
     elif isinstance(layer, (ka.SelfAttention, TransformerEncoderBlock)):
         out = layer(X)
     elif isinstance(layer, TransformerDecoderBlock):
@@ -61,6 +66,42 @@ def i64(n):
 
 # (class, arguments with NumPy scalars, the same with Python ones).
 NUMPY_SCALARS = [
+    (
+        ka.GroupQueryAttention,
+        dict(
+            head_dim=i64(4),
+            num_query_heads=np.int32(2),
+            num_key_value_heads=i64(1),
+            sliding_window=i64(2),
+            dropout=np.float32(0.25),
+            seed=i64(3),
+        ),
+        dict(
+            head_dim=4,
+            num_query_heads=2,
+            num_key_value_heads=1,
+            sliding_window=2,
+            dropout=0.25,
+            seed=3,
+        ),
+    ),
+    (
+        ka.GraphAttention,
+        dict(
+            num_heads=i64(2),
+            units_per_head=np.int32(3),
+            dropout=np.float32(0.25),
+            negative_slope=np.float32(0.25),
+            seed=i64(1),
+        ),
+        dict(
+            num_heads=2,
+            units_per_head=3,
+            dropout=0.25,
+            negative_slope=0.25,
+            seed=1,
+        ),
+    ),
     (
         ka.MultiHeadAttention,
         dict(
@@ -363,6 +404,21 @@ def halves(shape, dtype=None):
 
 
 INITIALIZED = [
+    (
+        ka.GroupQueryAttention,
+        dict(head_dim=4, num_query_heads=2, num_key_value_heads=1),
+        "kernel_initializer",
+    ),
+    (
+        ka.GraphAttention,
+        dict(num_heads=2, units_per_head=3),
+        "kernel_initializer",
+    ),
+    (
+        ka.CausalSelfAttention,
+        dict(num_heads=2, key_dim=4),
+        "kernel_initializer",
+    ),
     (ka.MultiHeadAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),
     (ka.MultiHeadAttention, dict(num_heads=2, key_dim=4), "bias_initializer"),
     (ka.SelfAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),
@@ -434,3 +490,14 @@ def test_plain_function_initializer(cls, kwargs, argument):
     assert from_fn, [w.path for w in layer.weights]
     again = cls.from_config(layer.get_config())
     assert _config_json(again) == _config_json(layer)
+
+
+# Layers with no initializer argument (no weights, or fixed tables).
+WITHOUT_INITIALIZERS = {"RotaryEmbedding", "SinusoidalPositionEncoding"}
+
+
+def test_every_public_layer_and_block_has_cases():
+    scalars = {cls.__name__ for cls, _, _ in NUMPY_SCALARS}
+    assert not public_layers.missing(scalars)
+    initialized = {cls.__name__ for cls, _, _ in INITIALIZED}
+    assert not public_layers.missing(initialized | WITHOUT_INITIALIZERS)
