@@ -97,15 +97,19 @@ def test_cached_logits_equal_full_pass_with_padded_prompts():
 
 def full_recompute_greedy(model, prompt, max_length):
     """Independent greedy decoding: the whole prefix through the model at
-    every step, no cache."""
-    out = []
-    for row in prompt:
-        seq = [t for t in row if t != 0]
-        while len(seq) < max_length:
-            logits = to_numpy(model(np.array([seq], "int32")))[0, -1]
-            seq.append(int(np.argmax(logits)))
-        out.append(seq)
-    return np.array(out)
+    every step, no cache. Rows whose prompts have the same number of
+    tokens share a model call per step (their prefixes have the same
+    length; a causal pass over one row does not see the others)."""
+    out = np.zeros((len(prompt), max_length), "int32")
+    lengths = np.sum(prompt != 0, axis=-1)
+    for length in np.unique(lengths):
+        rows = np.flatnonzero(lengths == length)
+        seqs = np.stack([[t for t in prompt[r] if t != 0] for r in rows])
+        while seqs.shape[1] < max_length:
+            logits = to_numpy(model(seqs.astype("int32")))[:, -1]
+            seqs = np.concatenate([seqs, logits.argmax(-1)[:, None]], 1)
+        out[rows] = seqs
+    return out
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
