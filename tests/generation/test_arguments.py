@@ -19,18 +19,35 @@ from keras_attention.layers import TokenAndPositionEmbedding
 VOCAB, POSITIONS = 11, 8
 
 
-def causal_lm(embedding=None, **kwargs):
-    embedding = embedding or TokenAndPositionEmbedding(
-        VOCAB, POSITIONS, 8, mask_zero=True
-    )
+# The model pieces are built once per configuration and shared: every
+# call of `causal_lm` / `seq2seq` makes a new generator of them (its own
+# compiled loops), and no test changes them. Seeded, so that they do not
+# depend on which test builds them first.
+_PIECES = {}
+
+
+def _built(key, seed, build):
+    if key not in _PIECES:
+        keras.utils.set_random_seed(seed)
+        _PIECES[key] = build()
+    return _PIECES[key]
+
+
+def _causal_lm_pieces():
+    embedding = TokenAndPositionEmbedding(VOCAB, POSITIONS, 8, mask_zero=True)
     block = TransformerDecoderBlock(2, 8, cross_attention=False)
     head = keras.layers.Dense(VOCAB)
     head(block(embedding(np.ones((1, 3), "int32"))))  # build
+    return embedding, block, head
+
+
+def causal_lm(**kwargs):
+    embedding, block, head = _built("causal_lm", 0, _causal_lm_pieces)
     kwargs.setdefault("jit_compile", False)
     return CausalLMGenerator(embedding, [block], head, **kwargs)
 
 
-def seq2seq(source_positions=POSITIONS, **kwargs):
+def _seq2seq_pieces(source_positions):
     src = keras.Input((None,), dtype="int32")
     source_embedding = TokenAndPositionEmbedding(
         VOCAB, source_positions, 8, mask_zero=True
@@ -45,6 +62,15 @@ def seq2seq(source_positions=POSITIONS, **kwargs):
         block(
             embedding(np.ones((1, 3), "int32")), np.ones((1, 2, 8), "float32")
         )
+    )
+    return encoder, embedding, block, head
+
+
+def seq2seq(source_positions=POSITIONS, **kwargs):
+    encoder, embedding, block, head = _built(
+        ("seq2seq", source_positions),
+        source_positions,
+        lambda: _seq2seq_pieces(source_positions),
     )
     kwargs.setdefault("jit_compile", False)
     return Seq2SeqGenerator(encoder, embedding, [block], head, **kwargs)
