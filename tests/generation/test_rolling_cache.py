@@ -79,14 +79,49 @@ def build_lm(windows=WINDOWS, sinks=None, embedding=None, jit_compile=False):
     )
 
 
+# Models are built once per configuration and shared by the tests (and
+# parametrizations) of that configuration; no test changes them. Each call
+# of `seeded_lm` / `twin_models` gives a new generator of the shared layers
+# (its own compiled loops).
+_BUILT = {}
+
+
+def _once(key, build):
+    if key not in _BUILT:
+        _BUILT[key] = build()
+    return _BUILT[key]
+
+
+def new_generator(lm, jit_compile=False):
+    return CausalLMGenerator(
+        lm.embedding, lm.blocks, lm.head, jit_compile=jit_compile
+    )
+
+
+def seeded_lm(seed, jit_compile=False):
+    """`build_lm()` after `keras.utils.set_random_seed(seed)` (the same
+    weights), built once: `(model, new generator)`."""
+
+    def build():
+        keras.utils.set_random_seed(seed)
+        return build_lm()
+
+    model, lm = _once(("lm", seed), build)
+    return model, new_generator(lm, jit_compile)
+
+
 def twin_models(sinks):
     """The windowed model, its generator, and the uncached reference with
     `sinks` (model and generator), sharing weights."""
-    keras.utils.set_random_seed(3)
-    model, lm = build_lm()
-    reference, reference_lm = build_lm(sinks=sinks)
-    reference.set_weights(model.get_weights())
-    return model, lm, reference, reference_lm
+    model, lm = seeded_lm(3)
+
+    def build_reference():
+        reference, reference_lm = build_lm(sinks=sinks)
+        reference.set_weights(model.get_weights())
+        return reference, reference_lm
+
+    reference, reference_lm = _once(("reference", 3, sinks), build_reference)
+    return model, lm, reference, new_generator(reference_lm)
 
 
 def random_tokens(shape, seed=0):
@@ -195,15 +230,14 @@ def test_greedy_with_score_objects_uses_the_rolling_cache(mods):
 
 
 def test_cache_holds_the_window_only():
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     assert rolling_cache_size(lm.blocks) == max(WINDOWS) + 1
     assert rolling_cache_size(lm.blocks, sink_tokens=4) == max(WINDOWS) + 5
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 9])
 def test_rolling_logits_equal_uncached_windowed_pass(chunk):
-    keras.utils.set_random_seed(1)
-    model, lm = build_lm()
+    model, lm = seeded_lm(1)
     ids = random_tokens((2, 29))
     ids[1, 20] = 0  # a token the embedding masks (`mask_zero`)
     full = to_numpy(model(ids))
@@ -228,8 +262,7 @@ def test_sinks_equal_uncached_mask_window_or_first_keys(sinks):
     [False, pytest.param(True, marks=pytest.mark.tf_only("XLA on TensorFlow"))],
 )
 def test_greedy_equals_uncached_windowed_model(jit_compile):
-    keras.utils.set_random_seed(2)
-    model, lm = build_lm(jit_compile=jit_compile)
+    model, lm = seeded_lm(2, jit_compile=jit_compile)
     # Prompts longer than a prefill chunk (32), of different lengths.
     prompt = np.zeros((3, 40), "int32")
     prompt[0] = random_tokens(40, seed=4)
@@ -272,7 +305,7 @@ def test_beam_and_contrastive_search_equal_the_full_cache(sampler):
 
 @pytest.mark.parametrize("sampler", ["top_k", "top_p"])
 def test_random_samplers_run_on_the_rolling_cache(sampler):
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     tokens, mask = lm.generate(np.array([[3, 4, 5]]), 24, sampler=sampler)
     tokens = to_numpy(tokens)
     assert tokens.shape == (1, 24) and np.all(to_numpy(mask))
@@ -281,7 +314,7 @@ def test_random_samplers_run_on_the_rolling_cache(sampler):
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
 def test_stream_yields_the_outputs_piece_by_piece():
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     prompt = np.array([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0]])
     whole, _ = lm.generate(prompt, max_length=31)
     pieces = list(lm.generate(prompt, max_length=31, stream=8))
@@ -294,7 +327,7 @@ def test_stream_yields_the_outputs_piece_by_piece():
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
 def test_stream_pads_after_stop_tokens_and_ends():
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     prompt = np.array([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0]])
     whole, _ = lm.generate(prompt, max_length=40)
     whole = to_numpy(whole)
@@ -315,7 +348,7 @@ def test_rolling_cache_in_a_graph_of_unknown_length():
     # `(None, None)`, its length known at run time only.
     import tensorflow as tf
 
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     generate = tf.function(
         lambda ids: lm.generate(ids, sampler="greedy")[0],
         input_signature=[tf.TensorSpec([None, None], tf.int32)],
@@ -331,7 +364,7 @@ def test_rolling_cache_in_a_graph_of_unknown_length():
 
 
 def test_lengths_beyond_every_position_table_when_windowed():
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     tokens, _ = lm.generate(np.array([[3, 4]]), max_length=300)
     assert to_numpy(tokens).shape == (1, 300)
 
@@ -354,20 +387,20 @@ def test_sinks_and_stream_need_windowed_attention_in_every_block():
 
 @pytest.mark.parametrize("value", [-1, 1.5, "2"])
 def test_bad_sink_tokens_are_refused(value):
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     with pytest.raises(ValueError, match=rf"sink_tokens={value!r}"):
         lm.generate(np.array([[3, 4]]), 8, sink_tokens=value)
 
 
 @pytest.mark.parametrize("value", [0, -2, 2.0])
 def test_bad_stream_is_refused(value):
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     with pytest.raises(ValueError, match=rf"stream={value!r}"):
         lm.generate(np.array([[3, 4]]), 8, stream=value)
 
 
 def test_beam_cannot_stream():
-    _, lm = build_lm()
+    _, lm = seeded_lm(0)  # any weights
     with pytest.raises(ValueError, match="sampler='beam'"):
         lm.generate(np.array([[3, 4]]), 8, sampler="beam", stream=True)
 
