@@ -149,6 +149,8 @@ def fit(
     """
     strategy = strategy or getattr(model, "distribute_strategy", None)
     if not uses_custom_loop(strategy):
+        if strategy is not None:
+            _build(model, train_ds, strategy)  # every step traced once
         return model.fit(
             train_ds,
             validation_data=validation_data,
@@ -283,6 +285,20 @@ def _distribute(dataset, strategy):
     return strategy.experimental_distribute_dataset(
         dataset.with_options(options)
     )
+
+
+def build_training_state(model, dataset, strategy=None):
+    """Creates the optimizer's variables and the compiled metrics' and
+    loss's state of a compiled, built `model` now, from the shapes of
+    `dataset`'s elements, before `fit` or `evaluate` run.
+
+    Without a distribution strategy, Keras's TensorFlow trainer creates
+    them while it traces the first training (or evaluation) step, and a
+    `tf.function` that creates variables while it traces is traced a
+    second time: created first, every step is traced once. The same
+    numbers either way (the state starts at zero).
+    """
+    _build(model, dataset, strategy or model.distribute_strategy)
 
 
 def _build(model, dataset, strategy):

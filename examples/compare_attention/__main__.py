@@ -377,6 +377,7 @@ def run_one(task, variant, seed, args):
     import tensorflow as tf
 
     from examples.common import text
+    from examples.common.distributed import build_training_state
     from examples.compare_attention.models import build_variant
     from examples.translate.export import StringTranslator
 
@@ -406,6 +407,9 @@ def run_one(task, variant, seed, args):
             ),
             jit_compile=False,
         )
+        # The optimizer's variables now, not while `fit` traces its first
+        # step (which would then be traced twice).
+        build_training_state(model, train)
         serve = StringTranslator(
             translator,
             task.source_tokenizer,

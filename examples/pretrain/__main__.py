@@ -289,6 +289,7 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     import keras
 
     from examples.common import packing
+    from examples.common.distributed import build_training_state
     from examples.common.distributed import with_known_size
     from examples.pretrain import data
     from examples.pretrain.model import PACKABLE
@@ -327,8 +328,10 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     chunks = min(10, args.pretrain_steps)
     steps = args.pretrain_steps // chunks
     timer = EpochTimer()
+    train = batches(train_ids, True).repeat()
+    build_training_state(model, train)  # each step traced once
     history = model.fit(
-        batches(train_ids, True).repeat(),
+        train,
         epochs=chunks,
         steps_per_epoch=steps,
         # A known size: Keras warns "Your input ran out of data" otherwise.

@@ -209,6 +209,8 @@ class FineTuner:
         "steps"}` (the model holds the best validation weights)."""
         import tensorflow as tf
 
+        from examples.common.distributed import build_training_state
+
         recipe, (x, y) = self.recipe, train
         epoch_steps = recipe.epoch_steps(len(x))
         self.reset(weights, seed, epoch_steps * recipe.max_epochs)
@@ -218,6 +220,7 @@ class FineTuner:
             .repeat()
             .batch(recipe.batch_size)
         )
+        build_training_state(self.model, batches)  # each step traced once
         stop = keras.callbacks.EarlyStopping(
             monitor="val_accuracy",
             mode="max",
