@@ -36,6 +36,9 @@ class StringTranslator(tf.Module):
         self.translate = tf.function(
             self._translate,
             input_signature=[tf.TensorSpec([None], tf.string)],
+            # No Python control flow on tensors (the samplers loop with
+            # `while_loop`): AutoGraph would only add seconds of tracing.
+            autograph=False,
         )
 
     def tokenize(self, sentences):
