@@ -166,6 +166,7 @@ def train(kind, splits, args):
     import numpy as np
 
     from examples.caption import data
+    from examples.common.distributed import build_training_state
 
     keras.utils.set_random_seed(args.seed)
     captioner = build(kind, args)
@@ -187,6 +188,9 @@ def train(kind, splits, args):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=args.jit_compile,
     )
+    # The optimizer's variables now: created while `fit` traces its first
+    # step, they would make TensorFlow trace it twice.
+    build_training_state(captioner.model, train_batches)
     timer = _step_timer(keras)
     start = time.time()
     history = captioner.model.fit(
@@ -216,7 +220,8 @@ def generate(captioner, images, batch_size=250):
     import numpy as np
     import tensorflow as tf
 
-    fn = tf.function(captioner.generate, reduce_retracing=True)
+    # No AutoGraph: the decoding loop is a Python loop of fixed length.
+    fn = tf.function(captioner.generate, reduce_retracing=True, autograph=False)
     ids, attention = [], []
     for i in range(0, len(images), batch_size):
         out = fn(tf.constant(images[i : i + batch_size]))

@@ -35,6 +35,7 @@ class CaptionServer(tf.Module):
             input_signature=[
                 tf.TensorSpec([None, HEIGHT, WIDTH], tf.float32, name="image")
             ],
+            autograph=False,  # no Python control flow on tensors
         )
 
     def _caption(self, images):

@@ -219,6 +219,7 @@ def train_and_test(kind, g, split, args, seed):
     import numpy as np
     import tensorflow as tf
 
+    from examples.common.distributed import build_training_state
     from examples.graph.model import NodeClassifier
 
     keras.utils.set_random_seed(seed)
@@ -250,9 +251,13 @@ def train_and_test(kind, g, split, args, seed):
         )
 
     train, validation, test = split
+    train_data = masked(train)
+    # The optimizer's variables now: created while `fit` traces its first
+    # step, they would make TensorFlow trace it twice.
+    build_training_state(model, train_data)
     timer = _epoch_timer(keras)
     model.fit(
-        masked(train),
+        train_data,
         validation_data=masked(validation),
         epochs=args.epochs,
         shuffle=False,  # one sample: the graph
