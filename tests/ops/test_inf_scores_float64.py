@@ -17,6 +17,7 @@ dtype.
 """
 
 import contextlib
+import functools
 
 import keras
 import numpy as np
@@ -111,6 +112,18 @@ def inputs(dtype="float32", tk=TK):
     return q, k, v
 
 
+@functools.lru_cache(maxsize=None)
+def shared_inputs(dtype="float32", tk=TK):
+    """`inputs(dtype, tk)` drawn once (its own seed) for every
+    parametrization of a test, so that the dense path's reference
+    gradients are computed (on JAX: compiled) once, not once per path."""
+    rng = np.random.default_rng(3636)
+    q = rng.normal(size=(B, T, H, D)).astype(dtype)
+    k = rng.normal(size=(B, tk, G, D)).astype(dtype)
+    v = rng.normal(size=(B, tk, G, D)).astype(dtype)
+    return q, k, v
+
+
 def np_attention(q, k, v, allowed):
     """softmax(q k^T / sqrt(d)) v over the `allowed` pairs `(b|1, h|1,
     i, j)`, in float64; rows with no allowed key get zeros."""
@@ -174,9 +187,16 @@ def dense_with_mask(rule, **kwargs):
     return attend
 
 
+@functools.lru_cache(maxsize=None)
+def dense_reference(rule, tk=TK):
+    """`value_and_grads` of `dense_with_mask(rule)` on `shared_inputs`,
+    once per rule."""
+    return value_and_grads(dense_with_mask(rule), shared_inputs(tk=tk))
+
+
 @pytest.mark.parametrize("path,options", PATHS, ids=PATH_IDS)
 def test_minus_inf_scores_equal_numpy_with_finite_gradients(path, options):
-    q, k, v = inputs()
+    q, k, v = shared_inputs()
 
     def attend(q, k, v):
         with implementation_scope(path, **options):
@@ -187,7 +207,7 @@ def test_minus_inf_scores_equal_numpy_with_finite_gradients(path, options):
     np.testing.assert_allclose(
         out, np_attention(q, k, v, np_rule(ahead)), atol=2e-5
     )
-    _, want = value_and_grads(dense_with_mask(ahead), (q, k, v))
+    _, want = dense_reference(ahead)
     for got, expected in zip(grads, want):
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, atol=2e-5)
@@ -216,10 +236,14 @@ def test_minus_inf_scores_with_a_mask_function(path, options):
     np.testing.assert_allclose(out, np_attention(q, k, v, allowed), atol=2e-5)
 
 
+def ahead_in_band(b, qi, kj):
+    return ahead(b, qi, kj) & band(b, qi, kj)
+
+
 @pytest.mark.parametrize("chunk_blocks", [None, 1])
 def test_minus_inf_scores_on_the_banded_path(chunk_blocks):
     """`local_attention` (window 3) with a score function emptying rows."""
-    q, k, v = inputs(tk=T)
+    q, k, v = shared_inputs(tk=T)
 
     def attend(q, k, v):
         return ka.ops.local_attention(
@@ -236,11 +260,7 @@ def test_minus_inf_scores_on_the_banded_path(chunk_blocks):
     allowed = np_rule(ahead, T) & np_rule(band, T)
     assert np.isfinite(out).all(), f"{np.isnan(out).sum()} NaN"
     np.testing.assert_allclose(out, np_attention(q, k, v, allowed), atol=2e-5)
-
-    def rule(b, qi, kj):
-        return ahead(b, qi, kj) & band(b, qi, kj)
-
-    _, want = value_and_grads(dense_with_mask(rule), (q, k, v))
+    _, want = dense_reference(ahead_in_band, T)
     for got, expected in zip(grads, want):
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, atol=2e-5)
@@ -251,14 +271,29 @@ def test_minus_inf_scores_on_the_banded_path(chunk_blocks):
 
 FLOAT64_PATHS = PATHS + [("fused", {})]
 FLOAT64_IDS = PATH_IDS + ["fused"]
+FLOAT64_KEY_MASK = np.ones((B, TK), bool)
+FLOAT64_KEY_MASK[1, :5] = False  # rows of example 1 left empty
+
+
+def float64_dense(q, k, v):
+    with implementation_scope("dense"):
+        return dot_product_attention(
+            q, k, v, causal=True, key_mask=FLOAT64_KEY_MASK
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def float64_dense_reference():
+    """`value_and_grads(float64_dense)` on the float64 `shared_inputs`, once
+    for every path (called with float64 enabled)."""
+    return value_and_grads(float64_dense, shared_inputs("float64"))
 
 
 @pytest.mark.parametrize("path,options", FLOAT64_PATHS, ids=FLOAT64_IDS)
 def test_float64_inputs_compute_in_float64(x64, path, options):
     """Causal, with key padding that leaves rows of example 1 empty."""
-    q, k, v = inputs("float64")
-    key_mask = np.ones((B, TK), bool)
-    key_mask[1, :5] = False
+    q, k, v = shared_inputs("float64")
+    key_mask = FLOAT64_KEY_MASK
 
     def attend(q, k, v):
         with implementation_scope(path, **options):
@@ -273,14 +308,7 @@ def test_float64_inputs_compute_in_float64(x64, path, options):
     # The gradients of the dense path in float64 (float32 scores on the
     # blockwise backward pass: 1e-7 apart).
     if path != "dense":
-
-        def dense(q, k, v):
-            with implementation_scope("dense"):
-                return dot_product_attention(
-                    q, k, v, causal=True, key_mask=key_mask
-                )
-
-        _, want = value_and_grads(dense, (q, k, v))
+        _, want = float64_dense_reference()
         for got, expected in zip(grads, want):
             assert got.dtype == np.float64
             np.testing.assert_allclose(got, expected, atol=1e-11)
