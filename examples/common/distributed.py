@@ -296,9 +296,12 @@ def build_training_state(model, dataset, strategy=None):
     them while it traces the first training (or evaluation) step, and a
     `tf.function` that creates variables while it traces is traced a
     second time: created first, every step is traced once. The same
-    numbers either way (the state starts at zero).
+    numbers either way (the state starts at zero). Other backends build
+    it before they trace: nothing to do there.
     """
-    _build(model, dataset, strategy or model.distribute_strategy)
+    strategy = strategy or getattr(model, "distribute_strategy", None)
+    if strategy is not None:  # TensorFlow
+        _build(model, dataset, strategy)
 
 
 def _build(model, dataset, strategy):
