@@ -7,7 +7,9 @@
 # min, JAX 13.8 min, PyTorch 4.0 min, whole CI 34.6 min; 2026-12-03, same
 # suite, a slower day: TF 19.1, JAX 19.5, PyTorch 4.7, whole CI 46.1 min;
 # later that day, JAX with the older fusion emitters (tests/xla_flags.py):
-# TF 16.3, JAX 12.6, PyTorch 4.4, whole CI 36.6 min: still over budget):
+# TF 16.3, JAX 12.6, PyTorch 4.4, whole CI 36.6 min: still over budget;
+# ef30756 with the parts overlapped (OVERLAP=1, see below), whole CI 35.0
+# min, all parts passing):
 #   TensorFlow: everything (examples, memory and graph-rank tests are
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
@@ -43,14 +45,16 @@ part() {
     "$@"
     echo "=== tests, $name part: $((SECONDS - start)) s"
 }
-# The parts overlap (OVERLAP=0 runs them one after the other): the
-# TensorFlow part alone uses about 160 % of the 2 cores (its examples wait
-# on subprocesses, files and Python tracing), so the JAX and PyTorch parts
-# start with it in the background at the lowest CPU priority (`nice -n
-# 19`: they take only the CPU the TensorFlow part leaves idle, then all of
-# it once it ends). Their output is printed, whole, when each ends; their
-# `--durations` are inflated while they overlap.
-OVERLAP="${OVERLAP:-1}"
+# The parts run one after the other. OVERLAP=1 starts the JAX and PyTorch
+# parts with the TensorFlow part, in the background under `nice -n 19`
+# (the TensorFlow part alone keeps the 2 cores only ~160 % busy). Measured
+# in a clean-clone `.ci/run` of ef30756 (2026-12-03, idle 2-core machine):
+# it does not pay. The TensorFlow part took 1,153 s instead of ~910 s
+# alone (6 workers on 2 cores: nice does not stop the contention), and
+# the tests step 1,994 s, against ~1,800 s estimated for the parts alone
+# (TF 514 s + 397 s for its examples, JAX 646 s, PyTorch ~250 s, each
+# measured alone that day). Kept as an option for machines with more cores.
+OVERLAP="${OVERLAP:-0}"
 if [[ "$OVERLAP" != 0 && "$OVERLAP" != 1 ]]; then
     echo "OVERLAP must be 0 or 1, got '$OVERLAP'" >&2
     exit 2
