@@ -149,8 +149,7 @@ def fit(
     """
     strategy = strategy or getattr(model, "distribute_strategy", None)
     if not uses_custom_loop(strategy):
-        if strategy is not None:
-            _build(model, train_ds, strategy)  # every step traced once
+        build_training_state(model, train_ds, strategy)
         return model.fit(
             train_ds,
             validation_data=validation_data,

@@ -1,5 +1,6 @@
 """Generator arguments checked before any graph is built (both backends)."""
 
+import functools
 import inspect
 import re
 
@@ -19,21 +20,13 @@ from keras_attention.layers import TokenAndPositionEmbedding
 VOCAB, POSITIONS = 11, 8
 
 
-# The model pieces are built once per configuration and shared: every
-# call of `causal_lm` / `seq2seq` makes a new generator of them (its own
-# compiled loops), and no test changes them. Seeded, so that they do not
-# depend on which test builds them first.
-_PIECES = {}
-
-
-def _built(key, seed, build):
-    if key not in _PIECES:
-        keras.utils.set_random_seed(seed)
-        _PIECES[key] = build()
-    return _PIECES[key]
-
-
+# The model pieces are built once per configuration (`functools.lru_cache`)
+# and shared: every call of `causal_lm` / `seq2seq` makes a new generator of
+# them (its own compiled loops), and no test changes them. Seeded, so that
+# they do not depend on which test builds them first.
+@functools.lru_cache(maxsize=None)
 def _causal_lm_pieces():
+    keras.utils.set_random_seed(0)
     embedding = TokenAndPositionEmbedding(VOCAB, POSITIONS, 8, mask_zero=True)
     block = TransformerDecoderBlock(2, 8, cross_attention=False)
     head = keras.layers.Dense(VOCAB)
@@ -42,12 +35,14 @@ def _causal_lm_pieces():
 
 
 def causal_lm(**kwargs):
-    embedding, block, head = _built("causal_lm", 0, _causal_lm_pieces)
+    embedding, block, head = _causal_lm_pieces()
     kwargs.setdefault("jit_compile", False)
     return CausalLMGenerator(embedding, [block], head, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
 def _seq2seq_pieces(source_positions):
+    keras.utils.set_random_seed(source_positions)
     src = keras.Input((None,), dtype="int32")
     source_embedding = TokenAndPositionEmbedding(
         VOCAB, source_positions, 8, mask_zero=True
@@ -67,11 +62,7 @@ def _seq2seq_pieces(source_positions):
 
 
 def seq2seq(source_positions=POSITIONS, **kwargs):
-    encoder, embedding, block, head = _built(
-        ("seq2seq", source_positions),
-        source_positions,
-        lambda: _seq2seq_pieces(source_positions),
-    )
+    encoder, embedding, block, head = _seq2seq_pieces(source_positions)
     kwargs.setdefault("jit_compile", False)
     return Seq2SeqGenerator(encoder, embedding, [block], head, **kwargs)
 

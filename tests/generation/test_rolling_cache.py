@@ -6,6 +6,8 @@ relative bias, soft-capping, a chunked mask) on absolute positions,
 streaming, lengths beyond every position table, and the arguments refused
 (every backend)."""
 
+import functools
+
 import keras
 import keras_hub
 import numpy as np
@@ -79,48 +81,43 @@ def build_lm(windows=WINDOWS, sinks=None, embedding=None, jit_compile=False):
     )
 
 
-# Models are built once per configuration and shared by the tests (and
-# parametrizations) of that configuration; no test changes them. Each call
-# of `seeded_lm` / `twin_models` gives a new generator of the shared layers
-# (its own compiled loops).
-_BUILT = {}
-
-
-def _once(key, build):
-    if key not in _BUILT:
-        _BUILT[key] = build()
-    return _BUILT[key]
-
-
+# Models are built once per configuration (`functools.lru_cache`) and
+# shared by the tests (and parametrizations) of that configuration; no test
+# changes them. Each call of `seeded_lm` / `twin_models` gives a new
+# generator of the shared layers (its own compiled loops).
 def new_generator(lm, jit_compile=False):
     return CausalLMGenerator(
         lm.embedding, lm.blocks, lm.head, jit_compile=jit_compile
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _seeded_build(seed):
+    keras.utils.set_random_seed(seed)
+    return build_lm()
+
+
 def seeded_lm(seed, jit_compile=False):
     """`build_lm()` after `keras.utils.set_random_seed(seed)` (the same
     weights), built once: `(model, new generator)`."""
-
-    def build():
-        keras.utils.set_random_seed(seed)
-        return build_lm()
-
-    model, lm = _once(("lm", seed), build)
+    model, lm = _seeded_build(seed)
     return model, new_generator(lm, jit_compile)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_build(sinks):
+    """The uncached reference with `sinks`, with `seeded_lm(3)`'s weights."""
+    model, _ = _seeded_build(3)
+    reference, reference_lm = build_lm(sinks=sinks)
+    reference.set_weights(model.get_weights())
+    return reference, reference_lm
 
 
 def twin_models(sinks):
     """The windowed model, its generator, and the uncached reference with
     `sinks` (model and generator), sharing weights."""
     model, lm = seeded_lm(3)
-
-    def build_reference():
-        reference, reference_lm = build_lm(sinks=sinks)
-        reference.set_weights(model.get_weights())
-        return reference, reference_lm
-
-    reference, reference_lm = _once(("reference", 3, sinks), build_reference)
+    reference, reference_lm = _reference_build(sinks)
     return model, lm, reference, new_generator(reference_lm)
 
 

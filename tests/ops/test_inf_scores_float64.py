@@ -104,11 +104,11 @@ def value_and_grads(fn, args, dtype="float32"):
     return np_(y), [np_(g) for g in tape.gradient(loss, args)]
 
 
-def inputs(dtype="float32", tk=TK):
+def inputs(dtype="float32", tk=TK, rng=RNG):
     """Queries `(B, T, H, D)`; keys and values `(B, tk, G, D)`."""
-    q = RNG.normal(size=(B, T, H, D)).astype(dtype)
-    k = RNG.normal(size=(B, tk, G, D)).astype(dtype)
-    v = RNG.normal(size=(B, tk, G, D)).astype(dtype)
+    q = rng.normal(size=(B, T, H, D)).astype(dtype)
+    k = rng.normal(size=(B, tk, G, D)).astype(dtype)
+    v = rng.normal(size=(B, tk, G, D)).astype(dtype)
     return q, k, v
 
 
@@ -117,11 +117,7 @@ def shared_inputs(dtype="float32", tk=TK):
     """`inputs(dtype, tk)` drawn once (its own seed) for every
     parametrization of a test, so that the dense path's reference
     gradients are computed (on JAX: compiled) once, not once per path."""
-    rng = np.random.default_rng(3636)
-    q = rng.normal(size=(B, T, H, D)).astype(dtype)
-    k = rng.normal(size=(B, tk, G, D)).astype(dtype)
-    v = rng.normal(size=(B, tk, G, D)).astype(dtype)
-    return q, k, v
+    return inputs(dtype, tk, rng=np.random.default_rng(3636))
 
 
 def np_attention(q, k, v, allowed):
