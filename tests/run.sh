@@ -8,8 +8,8 @@
 # suite, a slower day: TF 19.1, JAX 19.5, PyTorch 4.7, whole CI 46.1 min;
 # later that day, JAX with the older fusion emitters (tests/xla_flags.py):
 # TF 16.3, JAX 12.6, PyTorch 4.4, whole CI 36.6 min: still over budget;
-# ef30756 with the parts overlapped (OVERLAP=1, see below), whole CI 35.0
-# min, all parts passing):
+# ef30756 with the parts overlapped (see below), whole CI 35.0 min, all
+# parts passing):
 #   TensorFlow: everything (examples, memory and graph-rank tests are
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
@@ -45,55 +45,21 @@ part() {
     "$@"
     echo "=== tests, $name part: $((SECONDS - start)) s"
 }
-# The parts run one after the other. OVERLAP=1 starts the JAX and PyTorch
-# parts with the TensorFlow part, in the background under `nice -n 19`
-# (the TensorFlow part alone keeps the 2 cores only ~160 % busy). Measured
-# in a clean-clone `.ci/run` of ef30756 (2026-12-03, idle 2-core machine):
-# it does not pay. The TensorFlow part took 1,153 s instead of ~910 s
-# alone (6 workers on 2 cores: nice does not stop the contention), and
-# the tests step 1,994 s, against ~1,800 s estimated for the parts alone
-# (TF 514 s + 397 s for its examples, JAX 646 s, PyTorch ~250 s, each
-# measured alone that day). Kept as an option for machines with more cores.
-OVERLAP="${OVERLAP:-0}"
-if [[ "$OVERLAP" != 0 && "$OVERLAP" != 1 ]]; then
-    echo "OVERLAP must be 0 or 1, got '$OVERLAP'" >&2
-    exit 2
-fi
-JAX_PART=(env KERAS_BACKEND=jax "${PYTEST[@]}"
-    tests/layers tests/blocks tests/ops tests/properties tests/interop
-    tests/test_harness.py tests/test_doctests.py "$@")
-TORCH_PART=(env KERAS_BACKEND=torch "${PYTEST[@]}"
-    tests/layers tests/blocks tests/ops tests/properties tests/generation
-    tests/interop tests/test_harness.py tests/test_doctests.py "$@")
+# The parts run one after the other. Overlapping them (the JAX and PyTorch
+# parts under `nice -n 19` beside the TensorFlow part, which alone keeps
+# the 2 cores ~160 % busy) was measured in a clean-clone `.ci/run`
+# (2026-12-03, idle 2-core machine) and does not pay: the TensorFlow part
+# took 1,153 s instead of ~910 s alone, the tests 1,994 s against ~1,800 s
+# for the parts one after the other (six workers on two cores contend
+# whatever the nice level). Commit 1057dd4 has that script.
+part TensorFlow env TF_ENABLE_ONEDNN_OPTS="$ONEDNN" "${PYTEST[@]}" tests "$@"
 # The JAX part compiles thousands of tiny programs (JAX compiles per shape
 # and per jitted `fit`), so XLA's compile time dominates it: tests/conftest.py
 # turns LLVM's optimization passes off for JAX (tests/xla_flags.py, the one
 # place the suite's XLA flags live, also for its JAX subprocesses).
-if [[ "$OVERLAP" == 0 ]]; then
-    part TensorFlow env TF_ENABLE_ONEDNN_OPTS="$ONEDNN" "${PYTEST[@]}" \
-        tests "$@"
-    part JAX "${JAX_PART[@]}"
-    part PyTorch "${TORCH_PART[@]}"
-    exit 0
-fi
-logs="$(mktemp -d)"
-# An interrupted run takes its background parts with it.
-trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-part JAX nice -n 19 "${JAX_PART[@]}" >"$logs/jax.log" 2>&1 &
-jax_job=$!
-part PyTorch nice -n 19 "${TORCH_PART[@]}" >"$logs/torch.log" 2>&1 &
-torch_job=$!
-echo "=== tests: the JAX and PyTorch parts run in the background (nice 19)"
-status=0
-part TensorFlow env TF_ENABLE_ONEDNN_OPTS="$ONEDNN" "${PYTEST[@]}" \
-    tests "$@" || status=$?
-for job in "jax:$jax_job" "torch:$torch_job"; do
-    rc=0
-    wait "${job#*:}" || rc=$?
-    cat "$logs/${job%%:*}.log"
-    if [[ "$rc" != 0 ]]; then
-        echo "=== tests, ${job%%:*} part FAILED (exit $rc)"
-        status=$rc
-    fi
-done
-exit "$status"
+part JAX env KERAS_BACKEND=jax "${PYTEST[@]}" \
+    tests/layers tests/blocks tests/ops tests/properties tests/interop \
+    tests/test_harness.py tests/test_doctests.py "$@"
+part PyTorch env KERAS_BACKEND=torch "${PYTEST[@]}" \
+    tests/layers tests/blocks tests/ops tests/properties tests/generation \
+    tests/interop tests/test_harness.py tests/test_doctests.py "$@"
