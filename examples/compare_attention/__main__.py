@@ -33,6 +33,7 @@ models with the same budget, so a `--full` run after a default one (same
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import logging
@@ -368,10 +369,34 @@ def character_accuracy(hypotheses, references):
     return 100.0 * right / max(sum(len(r) for r in references), 1)
 
 
+# The last variant's compiled model and serving function, reused by its
+# next seed: `(key, translator, serve, optimizer state at its start)`.
+_PREPARED = []
+
+
+def _restart(model, fresh, optimizer_start):
+    """Puts `model` (compiled and traced for an earlier seed) where a new
+    run starts: `fresh`'s initial weights and random streams (a model of
+    the same variant just built from the run's seed), the optimizer's
+    state as it was before any step."""
+    variables, fresh_variables = model.variables, fresh.variables
+    if [v.shape for v in variables] != [v.shape for v in fresh_variables]:
+        raise ValueError("the fresh model's variables differ")
+    for variable, value in zip(variables, fresh_variables):
+        variable.assign(value)
+    for variable, value in zip(model.optimizer.variables, optimizer_start):
+        variable.assign(value)
+
+
 def run_one(task, variant, seed, args):
     """Trains `variant` on `task` with `seed` until early stopping,
     evaluates its best weights; returns the measurements (a dict of
-    `report.summarize`'s inputs)."""
+    `report.summarize`'s inputs).
+
+    The seeds of one variant share its compiled model: each run starts
+    from the weights a model built from its seed has, with a fresh
+    optimizer, and the training step and the serving function are traced
+    once per variant, not once per seed."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -381,8 +406,12 @@ def run_one(task, variant, seed, args):
     from examples.compare_attention.models import build_variant
     from examples.translate.export import StringTranslator
 
-    keras.backend.clear_session()
-    gc.collect()
+    key = (task.name, variant, id(task), repr(_config(args)))
+    prepared = _PREPARED[0] if _PREPARED and _PREPARED[0][0] == key else None
+    if prepared is None:
+        _PREPARED.clear()
+        keras.backend.clear_session()
+        gc.collect()
     keras.utils.set_random_seed(seed)
     _, start_id, end_id = text.special_ids(task.target_tokenizer)
     train = task.batches(args.batch_size, seed).repeat()
@@ -399,23 +428,34 @@ def run_one(task, variant, seed, args):
             size=args.size,
             window=args.window,
         )
-        model = translator.model
-        model.compile(
-            optimizer=keras.optimizers.Adam(args.learning_rate, clipnorm=1.0),
-            loss=keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, ignore_class=0
-            ),
-            jit_compile=False,
-        )
-        # The optimizer's variables now, not while `fit` traces its first
-        # step (which would then be traced twice).
-        build_training_state(model, train)
-        serve = StringTranslator(
-            translator,
-            task.source_tokenizer,
-            task.target_tokenizer,
-            task.max_source_length,
-        ).translate
+        if prepared is None:
+            model = translator.model
+            model.compile(
+                optimizer=keras.optimizers.Adam(
+                    args.learning_rate, clipnorm=1.0
+                ),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True, ignore_class=0
+                ),
+                jit_compile=False,
+            )
+            # The optimizer's variables now, not while `fit` traces its
+            # first step (which would then be traced twice).
+            build_training_state(model, train)
+            serve = StringTranslator(
+                translator,
+                task.source_tokenizer,
+                task.target_tokenizer,
+                task.max_source_length,
+            ).translate
+            optimizer_start = [v.numpy() for v in model.optimizer.variables]
+            _PREPARED.append((key, translator, serve, optimizer_start))
+        else:
+            fresh = translator
+            _, translator, serve, optimizer_start = prepared
+            model = translator.model
+            _restart(model, fresh.model, optimizer_start)
+            del fresh
 
         def validation_score():
             hypotheses, hits = exact_match(serve, task.validation_pairs)
@@ -616,6 +656,17 @@ def _load_run(path, args):
     return run if run.get("config") == _config(args) else None
 
 
+@functools.lru_cache(maxsize=1)
+def _load_task(name, quick, max_test, max_validation):
+    """`tasks.load_task`, once per process for the same arguments (its
+    data are fixed: a later `main` in the same process reuses them)."""
+    from examples.compare_attention.tasks import load_task
+
+    return load_task(
+        name, quick=quick, max_test=max_test, max_validation=max_validation
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
     setup_runtime(
@@ -630,7 +681,6 @@ def main(argv=None):
     import tensorflow as tf
 
     from examples.compare_attention import report
-    from examples.compare_attention.tasks import load_task
 
     tf.get_logger().setLevel(logging.ERROR)
     runs = []
@@ -642,11 +692,8 @@ def main(argv=None):
                 saved = _load_run(path, args)
                 if saved is None and not args.report_only:
                     if task is None:
-                        task = load_task(
-                            name,
-                            quick=args.quick,
-                            max_test=args.max_test,
-                            max_validation=args.max_validation,
+                        task = _load_task(
+                            name, args.quick, args.max_test, args.max_validation
                         )
                     started = time.time(), time.process_time()
                     saved = run_one(task, variant, seed, args)
