@@ -282,10 +282,10 @@ def new_backbone(args, vocabulary_size, seed):
 def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
     """Trains `backbone` with `objective`; returns `(model, curve,
     throughput)`: `curve` the training and validation per-token
-    cross-entropy (nats) at `steps` (ten points), `throughput`
-    `{"tokens_per_second", "padding", "packed"}` of the training batches
-    (real input tokens per wall second after the first interval, which
-    compiles; the padding fraction of the batches)."""
+    cross-entropy (nats) at `steps` (ten points; four with `--quick`),
+    `throughput` `{"tokens_per_second", "padding", "packed"}` of the
+    training batches (real input tokens per wall second after the first
+    interval, which compiles; the padding fraction of the batches)."""
     import keras
 
     from examples.common import packing
@@ -325,7 +325,8 @@ def pretrain(backbone, objective, tokenizer, train_ids, val_ids, args):
             keras.metrics.SparseCategoricalAccuracy(name="token_accuracy"),
         ],
     )
-    chunks = min(10, args.pretrain_steps)
+    # Ten validation points (four with --quick: a smoke test's curve).
+    chunks = min(4 if args.quick else 10, args.pretrain_steps)
     steps = args.pretrain_steps // chunks
     timer = EpochTimer()
     train = batches(train_ids, True).repeat()
@@ -464,7 +465,7 @@ def pretrained_models(args, objectives, clock):
             texts = (
                 data.encode(train_texts, tokenizer, args.max_length),
                 data.encode(val_texts, tokenizer, args.max_length).take(
-                    200 if args.quick else 2000
+                    64 if args.quick else 2000
                 ),
             )
         start = clock.seconds()

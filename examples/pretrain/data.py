@@ -265,10 +265,24 @@ def packed_batches(
     return rows.map(transform, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+# The last `labelled_arrays`, by vocabulary and arguments: a later run in
+# the same process (`main` again, with the saved tokenizer) reuses them.
+_LABELLED = {}
+
+
 def labelled_arrays(tokenizer, max_length, data_dir=None, tiny=False):
     """The `classify` task as NumPy arrays: `{"train", "validation",
     "test"}` -> `(ids (n, max_length) int32, 0-padded; labels (n,))`, plus
     the class names."""
+    key = (tuple(tokenizer.get_vocabulary()), max_length, data_dir, tiny)
+    if key not in _LABELLED:
+        _LABELLED.clear()
+        _LABELLED[key] = _labelled_arrays(tokenizer, max_length, data_dir, tiny)
+    arrays, class_names = _LABELLED[key]
+    return dict(arrays), list(class_names)
+
+
+def _labelled_arrays(tokenizer, max_length, data_dir, tiny):
     import numpy as np
 
     *splits, class_names = load_splits("wordnet_glosses", data_dir, tiny=tiny)

@@ -518,7 +518,8 @@ def test_pretrained_models_attend_as_their_objective(quick_run):
             assert real[:, upper[:5, :5]][:, 1:].max() == 0
 
 
-def test_quick_packed_clm_run(tmp_path):
+def test_quick_packed_clm_run(quick_run, tmp_path):
+    # The quick run's TFDS directory: its datasets are prepared already.
     from examples.pretrain import __main__ as pretrain
 
     with example_output.captured() as output:
@@ -532,7 +533,7 @@ def test_quick_packed_clm_run(tmp_path):
                 "--output-dir",
                 str(tmp_path / "run"),
                 "--data-dir",
-                str(tmp_path / "tfds"),
+                quick_run["data_dir"],
             ]
         )
     assert not output.problems(), "\n".join(output.problems())
