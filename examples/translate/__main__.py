@@ -191,24 +191,50 @@ def translate_all(serve, sentences, batch_size=256):
     return out
 
 
-def plot_examples(string_translator, sentences, directory, limit):
-    """Heatmaps of the cross-attention for the first `limit` sentences."""
+def translate_batch(string_translator, sentences):
+    """`(source, target)` ids of `sentences`: the sources 0-padded to the
+    longest, and the model's greedy (or beam) translations, `[START]`
+    first, in one `generate` call."""
     import numpy as np
     import tensorflow as tf
+
+    # One sentence at a time (eager keras_hub tokenizers return lists for
+    # ragged batches), then 0-padded to the longest.
+    rows = [
+        string_translator.tokenize(tf.constant([s])).numpy()[0]
+        for s in sentences
+    ]
+    source = np.zeros((len(rows), max(len(r) for r in rows)), "int32")
+    for i, row in enumerate(rows):
+        source[i, : len(row)] = row
+    target = np.asarray(string_translator.translator.generate(source))
+    return source, target
+
+
+def plot_examples(string_translator, sentences, directory, limit, batch=None):
+    """Heatmaps of the cross-attention for the first `limit` sentences
+    (`batch`: their `translate_batch`, if already computed)."""
+    import numpy as np
 
     from examples.common.text import id_to_tokens
     from keras_attention.visualization import plot_attention
 
     os.makedirs(directory, exist_ok=True)
     paths = []
-    for i, sentence in enumerate(sentences[:limit]):
-        source = string_translator.tokenize(tf.constant([sentence]))
-        target = np.asarray(string_translator.translator.generate(source))
-        weights = np.asarray(
-            string_translator.translator.cross_attention(source, target)
-        )[0]
-        source_ids = [t for t in source.numpy()[0] if t != 0]
-        target_ids = [t for t in target[0] if t != 0]
+    sentences = sentences[:limit]
+    if not sentences:
+        return paths
+    if batch is None:
+        batch = translate_batch(string_translator, sentences)
+    sources, targets = batch[0][: len(sentences)], batch[1][: len(sentences)]
+    # The padded sources' attention: 0 on the padding (cut off below).
+    all_weights = np.asarray(
+        string_translator.translator.cross_attention(sources, targets)
+    )
+    for i, sentence in enumerate(sentences):
+        weights = all_weights[i]
+        source_ids = [t for t in sources[i] if t != 0]
+        target_ids = [t for t in targets[i] if t != 0]
         # Row t holds the attention used to predict token t + 1.
         rows = target_ids[1:]
         path = os.path.join(directory, f"attention_{i}.png")
@@ -253,27 +279,18 @@ def tensorboard_images(data, output_dir, count=3):
     )
 
 
-def write_explorer(string_translator, sentences, output_dir):
+def write_explorer(string_translator, sentences, output_dir, batch=None):
     """Every attention layer of the model (encoder self-attention, decoder
     self- and cross-attention, or the RNN decoder's alignment), teacher-
     forced on the model's own translations of `sentences`, as the
-    explorer `<output_dir>/attention.html`."""
-    import numpy as np
-    import tensorflow as tf
-
+    explorer `<output_dir>/attention.html` (`batch`: their
+    `translate_batch`, if already computed)."""
     from examples.common import attention_outputs
     from examples.common.text import id_to_tokens
 
-    # One sentence at a time (eager keras_hub tokenizers return lists for
-    # ragged batches), then 0-padded to the longest.
-    rows = [
-        string_translator.tokenize(tf.constant([s])).numpy()[0]
-        for s in sentences
-    ]
-    source = np.zeros((len(rows), max(len(r) for r in rows)), "int32")
-    for i, row in enumerate(rows):
-        source[i, : len(row)] = row
-    target = np.asarray(string_translator.translator.generate(source))
+    if batch is None:
+        batch = translate_batch(string_translator, sentences)
+    source, target = batch
     target = target[:, :-1]  # the decoder's inputs, as in training
     inputs = {"encoder_ids": source, "decoder_ids": target}
     # Decoder position t reads token t and predicts token t + 1.
@@ -419,16 +436,18 @@ def main(argv=None):
             f"{', '.join(f'{v:.2f}' for v in validation_scores)} %"
         )
 
+    # The plots' and the explorer's sentences, translated in one call.
+    shown = sources[: max(args.num_plots, 1)]
+    batch = translate_batch(string_translator, shown)
     plots = plot_examples(
         string_translator,
         sources,
         os.path.join(args.output_dir, "plots"),
         args.num_plots,
+        batch,
     )
     print("Attention heatmaps:", *[p["path"] for p in plots], sep="\n  ")
-    explorer = write_explorer(
-        string_translator, sources[: max(args.num_plots, 1)], args.output_dir
-    )
+    explorer = write_explorer(string_translator, shown, args.output_dir, batch)
     print(f"Attention explorer: {explorer}")
     path = export(
         string_translator, os.path.join(args.output_dir, "saved_model")
