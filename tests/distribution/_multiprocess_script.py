@@ -8,12 +8,19 @@ decoder-only language model from the library's blocks with `DataParallel`
 over the 2 processes' devices (each process feeds its half of every global
 batch), and writes its losses and final weights to OUT (`.npz`). With
 PROCESS_ID -1 it runs alone on one device with the whole global batch (the
-reference). KERAS_BACKEND=jax must be set by the caller.
+reference); process 0 of the pair also writes that reference, after its
+distributed run, to `OUT` with `-ref` before `.npz` (one process less to
+start). KERAS_BACKEND=jax must be set by the caller.
 """
 
 import sys
 
-import jax
+# A JAX program: TensorFlow (installed for the TensorFlow backend) is kept
+# out; `keras.utils.set_random_seed` would import it to seed it (~2 s CPU
+# per process).
+sys.modules["tensorflow"] = None
+
+import jax  # noqa: E402
 
 PORT, PROCESS_ID, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 NUM_PROCESSES, VOCAB, HIDDEN, STEPS, GLOBAL_BATCH = 2, 32, 16, 3, 8
@@ -49,12 +56,25 @@ def build():
     return model
 
 
+def train(inputs, targets, batch, out):
+    model = build()
+    history = model.fit(
+        inputs, targets, batch_size=batch, shuffle=False, verbose=0
+    )
+    weights = [np.asarray(w) for w in model.get_weights()]
+    np.savez(
+        out,
+        losses=np.asarray(history.history["loss"]),
+        devices=np.asarray(len(jax.devices())),
+        **{f"w{i}": w for i, w in enumerate(weights)},
+    )
+
+
 def main():
     rng = np.random.default_rng(0)
     ids = rng.integers(1, VOCAB, size=(GLOBAL_BATCH * STEPS, 9))
     ids = ids.astype("int32")
     inputs, targets = ids[:, :-1], ids[:, 1:]
-    batch = GLOBAL_BATCH
     if PROCESS_ID >= 0:
         keras.distribution.initialize(
             job_addresses=f"127.0.0.1:{PORT}",
@@ -73,18 +93,13 @@ def main():
         batch = GLOBAL_BATCH // NUM_PROCESSES
         rows = np.arange(len(ids)).reshape(STEPS, NUM_PROCESSES, batch)
         rows = rows[:, PROCESS_ID].reshape(-1)
-        inputs, targets = inputs[rows], targets[rows]
-    model = build()
-    history = model.fit(
-        inputs, targets, batch_size=batch, shuffle=False, verbose=0
-    )
-    weights = [np.asarray(w) for w in model.get_weights()]
-    np.savez(
-        OUT,
-        losses=np.asarray(history.history["loss"]),
-        devices=np.asarray(len(jax.devices())),
-        **{f"w{i}": w for i, w in enumerate(weights)},
-    )
+        train(inputs[rows], targets[rows], batch, OUT)
+    if PROCESS_ID <= 0:
+        # The reference: this process's own device, no distribution, the
+        # whole global batch.
+        keras.distribution.set_distribution(None)
+        out = OUT if PROCESS_ID < 0 else OUT[: -len(".npz")] + "-ref.npz"
+        train(inputs, targets, GLOBAL_BATCH, out)
     print(f"process {PROCESS_ID}: {len(jax.devices())} devices, done")
 
 

@@ -12,20 +12,24 @@ generated tokens, and every weight's global and per-device shapes.
 import json
 import sys
 
-import jax
-import keras
-import numpy as np
+# A JAX program: TensorFlow (installed for the TensorFlow backend) is kept
+# out; `keras.utils.set_random_seed` would import it to seed it (~2 s CPU).
+sys.modules["tensorflow"] = None
 
-from keras_attention import distribution as ka_distribution
-from keras_attention.blocks import TransformerDecoderBlock
-from keras_attention.blocks import TransformerEncoderBlock
-from keras_attention.generation import CausalLMGenerator
-from keras_attention.layers import BahdanauAttention
-from keras_attention.layers import CrossAttention
-from keras_attention.layers import FeedForward
-from keras_attention.layers import LocalSelfAttention
-from keras_attention.layers import LuongAttention
-from keras_attention.layers import MultiHeadAttention
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_attention import distribution as ka_distribution  # noqa: E402
+from keras_attention.blocks import TransformerDecoderBlock  # noqa: E402
+from keras_attention.blocks import TransformerEncoderBlock  # noqa: E402
+from keras_attention.generation import CausalLMGenerator  # noqa: E402
+from keras_attention.layers import BahdanauAttention  # noqa: E402
+from keras_attention.layers import CrossAttention  # noqa: E402
+from keras_attention.layers import FeedForward  # noqa: E402
+from keras_attention.layers import LocalSelfAttention  # noqa: E402
+from keras_attention.layers import LuongAttention  # noqa: E402
+from keras_attention.layers import MultiHeadAttention  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, STEPS, BATCH = 32, 16, 4, 3, 8
 
