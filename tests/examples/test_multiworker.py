@@ -86,7 +86,13 @@ def _state(model, history, seen):
 
 
 def _worker(config):
-    sys.path.insert(0, ROOT)
+    print("RESULT " + json.dumps(_train(config)), flush=True)
+
+
+def _train(config):
+    """Trains as `config` says in this process; returns its state."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     from examples.common import distributed
     from examples.common import setup_runtime
 
@@ -98,7 +104,7 @@ def _worker(config):
     if config.get("probe_keras_fit"):
         state["keras_fit"] = _probe_keras_fit(model)
     state["output_dir"] = args.output_dir
-    print("RESULT " + json.dumps(state), flush=True)
+    return state
 
 
 def _train_in_scope(args, kill_at):
@@ -225,20 +231,12 @@ def _run_two_workers(tmp_path, name, output_dir, probe=False):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The same training in one process, without a strategy."""
+    """The same training without a strategy, in this (TensorFlow) process:
+    no third process to start (`setup_runtime` sets the seeds and the
+    float32 policy, as in a fresh one). JSON round trip: as the workers'."""
     tmp_path = tmp_path_factory.mktemp("one_process")
     config = {"output_dir": str(tmp_path / "out"), "strategy": "default"}
-    out = subprocess.run(
-        [sys.executable, __file__, "worker", json.dumps(config)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        cwd=ROOT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CONFIG": ""},
-    )
-    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stdout + out.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return json.loads(json.dumps(_train(config)))
 
 
 def _assert_same_training(a, b, rtol=1e-5, atol=1e-5):
