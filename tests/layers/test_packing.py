@@ -59,6 +59,29 @@ def _out(y):
     return y[0] if isinstance(y, (tuple, list)) else y
 
 
+def _build(layer):
+    """Builds `layer` for `X`: symbolically on JAX (no eager op compiled),
+    by a call elsewhere."""
+    if layer.built:
+        return
+    if BACKEND == "jax":
+        layer(keras.KerasTensor(X.shape))
+    else:
+        layer(X)
+
+
+def _outputs(layer, calls):
+    """`_out(layer(x, **kw))` for each `(x, kw)` of `calls`, as NumPy. On
+    JAX each call is one jitted program (eager JAX compiles every op for
+    every document's length): the layer is built symbolically first."""
+    if BACKEND != "jax":
+        return [np_(_out(layer(x, **kw))) for x, kw in calls]
+    import jax
+
+    _build(layer)
+    return [np_(jax.jit(lambda: _out(layer(x, **kw)))()) for x, kw in calls]
+
+
 @pytest.mark.parametrize("path", ["dense", "blockwise"])
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_packed_batch_equals_documents_one_by_one(name, path):
@@ -67,8 +90,8 @@ def test_packed_batch_equals_documents_one_by_one(name, path):
     with attention_lib.implementation_scope(
         None if path == "dense" else path, **options
     ):
-        packed = np_(_out(layer(X, segment_ids=IDS)))
-    alone = [np_(_out(layer(x))) for x in pieces(X)]
+        (packed,) = _outputs(layer, [(X, dict(segment_ids=IDS))])
+    alone = _outputs(layer, [(x, {}) for x in pieces(X)])
     np.testing.assert_allclose(packed, np.concatenate(alone, 1), atol=2e-5)
 
 
@@ -94,7 +117,10 @@ def _weight_gradients(layer, inputs_and_kwargs):
                     total += ops.sum(_out(layer(x, **kw)) ** 2)
             return total
 
-        return [np_(g) for g in jax.grad(loss)([w.value for w in weights])]
+        # One compiled program (eager JAX compiles every op of the forward
+        # and backward passes for every document's length).
+        grads = jax.jit(jax.grad(loss))([w.value for w in weights])
+        return [np_(g) for g in grads]
     for w in weights:
         w.value.grad = None
     loss = sum(
@@ -106,7 +132,7 @@ def _weight_gradients(layer, inputs_and_kwargs):
 
 def test_packed_gradients_equal_the_documents_gradients():
     layer = LAYERS["SelfAttention"]()
-    layer(X)
+    _build(layer)
     packed = _weight_gradients(layer, [(X, dict(segment_ids=IDS))])
     alone = _weight_gradients(layer, [(x, {}) for x in pieces(X)])
     for a, b in zip(packed, alone):
@@ -118,8 +144,13 @@ def test_padded_tokens_do_not_change_the_documents():
     x = np.concatenate([X, RNG.normal(size=(1, 3, F)) * 100], 1)
     valid = ids >= 0
     layer = LAYERS["SelfAttention"]()
-    out = np_(layer(x.astype("float32"), mask=valid, segment_ids=ids))
-    ref = np_(layer(X, segment_ids=IDS))
+    out, ref = _outputs(
+        layer,
+        [
+            (x.astype("float32"), dict(mask=valid, segment_ids=ids)),
+            (X, dict(segment_ids=IDS)),
+        ],
+    )
     np.testing.assert_allclose(out[:, :T], ref, atol=2e-5)
 
 

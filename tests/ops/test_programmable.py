@@ -8,6 +8,8 @@ sizes (several tilings, none pinned); tiles a static mask masks entirely
 skipped; call-time inputs; the deprecated argument names.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -123,6 +125,16 @@ class LearnedDistanceBias(mods.ScoreLayer):
 PATHS = ["dense", "blockwise"] + (["fused"] if BACKEND == "torch" else [])
 
 
+def _compiled(fn, *args):
+    """`fn(*args)`, under `jax.jit` on JAX (one compiled program instead
+    of every op compiled for every tile shape)."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)(*args)
+    return fn(*args)
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", sorted(MASKS))
 def test_mask_objects_match_numpy(name, path):
@@ -162,14 +174,19 @@ def test_score_function_with_masks_matches_numpy(name, path):
 def test_blockwise_results_do_not_depend_on_tiles(name, tiles):
     mask_mod, inputs, np_mask = MASKS[name]
     scale = 1 / np.sqrt(D)
-    out = blockwise_attention(
-        Q * scale,
+    out = _compiled(
+        lambda q, k, v: blockwise_attention(
+            q * scale,
+            k,
+            v,
+            query_block=tiles[0],
+            key_block=tiles[1],
+            score_mod=distance_bias,
+            mask_mod=mask_mod.bind(**inputs),
+        ),
+        Q,
         K,
         V,
-        query_block=tiles[0],
-        key_block=tiles[1],
-        score_mod=distance_bias,
-        mask_mod=mask_mod.bind(**inputs),
     )
     np.testing.assert_allclose(
         ops.convert_to_numpy(out),
@@ -200,9 +217,10 @@ def _gradients(fn, *args):
                 out, _ = fn(*a, layer=layer)
             return ops.sum(out * ops.sin(out))
 
-        grads = jax.grad(loss, argnums=tuple(range(len(args) + 1)))(
-            ops.convert_to_tensor(SLOPES), *args
-        )
+        # One compiled program (eager JAX compiles every op of the forward
+        # and backward passes).
+        grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(args) + 1))))
+        grads = grad(ops.convert_to_tensor(SLOPES), *args)
         return list(grads[1:]) + [grads[0]]
     import torch
 
@@ -211,6 +229,30 @@ def _gradients(fn, *args):
     loss = torch.sum(out * torch.sin(out))
     loss.backward()
     return [a.grad for a in args] + [layer.slopes.value.grad]
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_gradients(name):
+    """`_gradients` of the dense path with mask `name` and the learned
+    bias, once per mask (the reference of every tiling)."""
+    mask_mod, inputs, _ = MASKS[name]
+    mask_mod = mask_mod.bind(**inputs)
+
+    def fn(q, k, v, layer=None):
+        if layer is None:
+            layer = LearnedDistanceBias()
+            layer.build(H)
+        out = attention_lib.dot_product_attention(
+            q,
+            k,
+            v,
+            score_mod=layer,
+            mask_mod=mask_mod,
+            implementation="dense",
+        )
+        return out, layer
+
+    return [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -225,36 +267,24 @@ def test_gradients_reach_a_learned_bias_on_the_blockwise_path(
     mask_mod, inputs, _ = MASKS[name]
     mask_mod = mask_mod.bind(**inputs)
 
-    def run(path):
-        def fn(q, k, v, layer=None):
-            if layer is None:
-                layer = LearnedDistanceBias()
-                layer.build(H)
-            if path == "dense":
-                out = attention_lib.dot_product_attention(
-                    q,
-                    k,
-                    v,
-                    score_mod=layer,
-                    mask_mod=mask_mod,
-                    implementation="dense",
-                )
-            else:
-                out = blockwise_attention(
-                    q * (1 / np.sqrt(D)),
-                    k,
-                    v,
-                    query_block=tiles[0],
-                    key_block=tiles[1],
-                    score_mod=layer,
-                    mask_mod=mask_mod,
-                    keep_probabilities=keep,
-                )
-            return out, layer
+    def fn(q, k, v, layer=None):
+        if layer is None:
+            layer = LearnedDistanceBias()
+            layer.build(H)
+        out = blockwise_attention(
+            q * (1 / np.sqrt(D)),
+            k,
+            v,
+            query_block=tiles[0],
+            key_block=tiles[1],
+            score_mod=layer,
+            mask_mod=mask_mod,
+            keep_probabilities=keep,
+        )
+        return out, layer
 
-        return [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
-
-    dense, blockwise = run("dense"), run("blockwise")
+    dense = _dense_gradients(name)
+    blockwise = [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
     for name_, a, b in zip(["q", "k", "v", "slopes"], dense, blockwise):
         scale = max(1.0, float(np.abs(a).max()))
         np.testing.assert_allclose(

@@ -48,11 +48,23 @@ def np_attention(bias, mask, q=Q, k=K, v=V, cap=None):
     return np.einsum("bhij,bjhe->bihe", p, v)
 
 
-def attend(score_mod, path, options, causal=True, q=Q, k=K, v=V):
+def _attend(score_mod, path, options, causal=True, q=Q, k=K, v=V):
     with attention_lib.implementation_scope(path, **options):
         return attention_lib.dot_product_attention(
             q, k, v, causal=causal, score_mod=score_mod
         )
+
+
+def attend(score_mod, path, options, causal=True, q=Q, k=K, v=V):
+    """`_attend`, jitted on JAX (eager JAX compiles every op for every
+    shape: one compiled program instead)."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(
+            lambda *a: _attend(score_mod, path, options, causal, *a)
+        )(q, k, v)
+    return _attend(score_mod, path, options, causal, q, k, v)
 
 
 # ALiBi ------------------------------------------------------------------
@@ -156,13 +168,15 @@ def _gradients(score_mod, path, options, variable):
         def loss(value, *a):
             mapping = [(variable, value)] if variable is not None else []
             with keras.StatelessScope(state_mapping=mapping):
-                out = attend(score_mod, path, options, True, *a)
+                out = _attend(score_mod, path, options, True, *a)
             return ops.sum(out * ops.sin(out))
 
         value = ops.convert_to_tensor(
             variable.value if variable is not None else 0.0
         )
-        grads = jax.grad(loss, argnums=(0, 1, 2, 3))(value, *args)
+        # One compiled program (eager JAX compiles every op of both passes).
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+        grads = grad(value, *args)
         grads = [np_(g) for g in grads]
         return grads[1:] + (grads[:1] if variable is not None else [])
     import torch
