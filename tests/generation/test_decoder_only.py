@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from harness import check_saved_model
 from keras.ops import convert_to_numpy as to_numpy
+from one_torch_thread import one_torch_thread  # noqa: F401
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
@@ -58,8 +59,12 @@ def trained_lm():
     keras.utils.set_random_seed(1)
     model, lm = build_lm(rotary=True, jit_compile=True)  # XLA generation
     x, y = counting_data()
+    # 48 steps of batch 64 at 1e-2 (was 200 of 32 at 3e-3: the fixture
+    # cost 25 s on torch, which runs `fit` eagerly). Measured with seeds
+    # 1-5 on torch and 1-3 on TensorFlow: every next token of the counting
+    # sequences gets probability >= 0.98 and the loss falls > 1,000-fold.
     model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
+        optimizer=keras.optimizers.Adam(1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[],
     )
@@ -67,8 +72,8 @@ def trained_lm():
         x,
         y,
         sample_weight=(y != 0).astype("float32"),
-        batch_size=32,
-        epochs=25,
+        batch_size=64,
+        epochs=12,
         verbose=0,
     )
     assert history.history["loss"][-1] < history.history["loss"][0] / 5

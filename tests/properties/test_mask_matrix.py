@@ -53,6 +53,7 @@ import pytest
 import references
 from keras import ops
 from keras.src.backend import get_keras_mask
+from one_torch_thread import one_torch_thread  # noqa: F401
 
 from keras_attention import layers as ka
 from keras_attention import masks as masks_lib
@@ -476,6 +477,28 @@ def built_layers():
     return get
 
 
+@pytest.fixture(scope="module")
+def references_of(built_layers):
+    """The NumPy reference of a case, computed once per (layer,
+    combination) for the module and shared by its call modes: it depends
+    on the layer's weights (built once above, never trained) and on the
+    masks, not on the mode."""
+    cache = {}
+
+    def get(name, combo, valid, attn):
+        if (name, combo) not in cache:
+            spec = SPECS[name]
+            causal = combo[3]
+            layer = built_layers(name, causal)
+            xs = [x for x, _ in spec["inputs"]]
+            cache[name, combo] = spec["reference"](
+                layer, xs, valid, attn, causal
+            )
+        return cache[name, combo]
+
+    return get
+
+
 def _randomize_biases(layer):
     """Non-zero biases, so that a padded query's output (the bias) and a
     padded key's projection differ from zero."""
@@ -541,7 +564,7 @@ def _run(mode, spec, layer, xs, keras_valid, kwargs, causal):
 
 
 @pytest.mark.parametrize("name,combo,mode", list(_params()))
-def test_mask_matrix(built_layers, name, combo, mode):
+def test_mask_matrix(built_layers, references_of, name, combo, mode):
     keras_on, explicit, attention, causal = combo
     spec = SPECS[name]
     layer = built_layers(name, causal)
@@ -569,7 +592,7 @@ def test_mask_matrix(built_layers, name, combo, mode):
 
     run = _run(mode, spec, layer, xs, keras_valid, kwargs, causal)
     out = run(xs, keras_valid, kwargs)
-    expected = spec["reference"](layer, xs, valid, attn, causal)
+    expected = references_of(name, combo, valid, attn)
     rows = Ellipsis if spec["core"] else valid[0]
     assert np.all(np.isfinite(out)), "non-finite output"
     np.testing.assert_allclose(out[rows], expected[rows], atol=1e-4, rtol=1e-4)
