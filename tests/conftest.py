@@ -45,6 +45,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BACKEND = keras.backend.backend()
 
+# One PyTorch intra-op thread per pytest worker. The suite runs two workers
+# on two cores and PyTorch starts as many OpenMP threads as cores in each,
+# so a tiny op it parallelizes (softmax, scaled_dot_product_attention)
+# waits for a thread the other worker holds: on the loaded 2-core machine a
+# softmax of a (2, 2, 5, 6) tensor took ~44 ms with 2 threads and ~10 us
+# with 1, and tests/generation/test_encoder_decoder.py's training fixture
+# ~220 CPU s instead of ~13. The suite's tensors are far too small to gain
+# from threads (the examples' subprocesses set OMP_NUM_THREADS=1 alike).
+if BACKEND == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def _reason(item, name):
     """The reason given to marker `name` (positional or `reason=`)."""

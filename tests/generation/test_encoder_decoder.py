@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from harness import check_saved_model
 from keras.ops import convert_to_numpy as to_numpy
-from one_torch_thread import one_torch_thread  # noqa: F401
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.blocks import TransformerEncoderBlock

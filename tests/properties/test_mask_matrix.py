@@ -53,7 +53,6 @@ import pytest
 import references
 from keras import ops
 from keras.src.backend import get_keras_mask
-from one_torch_thread import one_torch_thread  # noqa: F401
 
 from keras_attention import layers as ka
 from keras_attention import masks as masks_lib
