@@ -51,9 +51,13 @@ class LanguageModelServer(tf.Module):
         ]
         spec = tf.TensorSpec([None], tf.string, name="prompt")
         for name in samplers:
+            # No AutoGraph: nothing in `_complete` branches on a tensor in
+            # Python (the generator's loop is a `tf.function` of its own);
+            # converting it only made tracing (the export) slower.
             fn = tf.function(
                 lambda prompt, name=name: self._complete(prompt, name),
                 input_signature=[spec],
+                autograph=False,
             )
             setattr(self, name, fn)
 

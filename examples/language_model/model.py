@@ -411,10 +411,19 @@ def positional_bits_per_character(model, batches):
         float64 `(T,)`: `mean_b -log2 softmax(logits[b, t])[targets[b, t]]`.
     """
     # b - windows, t - positions, v - vocabulary
+    # Eager JAX compiles every operation for every new shape: the model's
+    # predict function (`predict_on_batch`, jitted unless the model was
+    # compiled with `jit_compile=False`), once per batch shape, is cheaper.
+    # Eager TensorFlow and PyTorch run the operations as they come.
+    use_predict = keras.backend.backend() == "jax"
     total, count = 0.0, 0
     for inputs, targets in batches:
         inputs = np.asarray(inputs)
-        logits = keras.ops.convert_to_numpy(model(inputs, training=False))
+        logits = keras.ops.convert_to_numpy(
+            model.predict_on_batch(inputs)
+            if use_predict
+            else model(inputs, training=False)
+        )
         logits = logits.astype("float64")
         logits -= logits.max(-1, keepdims=True)
         log_z = np.log(np.exp(logits).sum(-1))  # (b, t)

@@ -207,12 +207,20 @@ def bible(tmp_path_factory):
 TRAIN_LENGTH, GENERATION_LENGTH = 32, 64
 
 
-def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
-    """Quick-trains on windows of TRAIN_LENGTH characters; returns held-out
-    teacher-forced bits/char at positions `< TRAIN_LENGTH` and at positions
-    `TRAIN_LENGTH .. GENERATION_LENGTH - 1` of windows as long as generation."""
+def _bits_inside_and_beyond_training_length(bible, steps, **model_kwargs):
+    """Quick-trains `steps` steps on windows of TRAIN_LENGTH characters;
+    returns held-out teacher-forced bits/char at positions `< TRAIN_LENGTH`
+    and at positions `TRAIN_LENGTH .. GENERATION_LENGTH - 1` of windows as
+    long as generation.
+
+    Steps: rotary (windowed) and ALiBi models extrapolate by construction,
+    and 150 steps leave both far inside their thresholds (held-out bits
+    2.9 and 3.3 inside, ratios 0.99 and 1.02, over 3 seeds); a learned
+    table needs 500 to fail clearly (ratios 1.6-1.8 against 1.5; 1.43 after
+    250: it fails beyond the training length once it relies on positions)."""
     import keras
 
+    from examples.common.distributed import build_training_state
     from examples.language_model import data as lm_data
     from examples.language_model.model import build_language_model
     from examples.language_model.model import positional_bits_per_character
@@ -233,9 +241,12 @@ def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     windows = lm_data.char_windows(train, tokenizer, TRAIN_LENGTH)
+    train_batches = lm_data.batches(windows, 32, shuffle=True).repeat()
+    # The optimizer's variables now: the first step is traced once.
+    build_training_state(model, train_batches)
     model.fit(
-        lm_data.batches(windows, 32, shuffle=True).repeat(),
-        steps_per_epoch=500,
+        train_batches,
+        steps_per_epoch=steps,
         epochs=1,
         verbose=0,
         shuffle=False,  # the pipeline shuffles (Keras would warn)
@@ -252,7 +263,9 @@ def _bits_inside_and_beyond_training_length(bible, **model_kwargs):
 def test_positions_beyond_the_training_length_are_predicted_as_well(bible):
     # The example's setup: rotary positions, a window below the training
     # length (default 64 of 128; here 16 of 32).
-    inside, beyond = _bits_inside_and_beyond_training_length(bible, window=16)
+    inside, beyond = _bits_inside_and_beyond_training_length(
+        bible, 150, window=16
+    )
     assert inside < 4.0  # it learned something (uniform: ~6 bits)
     assert beyond <= 1.5 * inside, (inside, beyond)
 
@@ -261,7 +274,7 @@ def test_learned_positions_fail_beyond_the_training_length(bible):
     # The old setup (issue 17): a learned table of GENERATION_LENGTH
     # positions, trained on TRAIN_LENGTH windows. The check above catches it.
     inside, beyond = _bits_inside_and_beyond_training_length(
-        bible, positions="learned"
+        bible, 500, positions="learned"
     )
     assert inside < 4.0
     assert beyond > 1.5 * inside, (inside, beyond)
@@ -272,7 +285,7 @@ def test_alibi_extrapolates_beyond_the_training_length(bible):
     # no position input, trained on TRAIN_LENGTH windows; held-out
     # positions up to twice as far are predicted about as well.
     inside, beyond = _bits_inside_and_beyond_training_length(
-        bible, positions="alibi"
+        bible, 150, positions="alibi"
     )
     assert inside < 4.0
     assert beyond <= 1.2 * inside, (inside, beyond)
@@ -591,30 +604,130 @@ def _run_example(args, env_backend=None, timeout=240, extra_env=None):
     )
 
 
+# Runs `main(argv)` for each argv of a JSON list, one after the other in
+# this one process, each run's output after a "=== run K" line (stdout and
+# stderr) and, when it raised, "=== run K failed" (stdout).
+RUNS = """
+import json
+import sys
+import traceback
+
+from examples.language_model.__main__ import main
+
+for k, argv in enumerate(json.loads(sys.argv[1])):
+    for stream in (sys.stdout, sys.stderr):
+        print(f"=== run {k}", file=stream, flush=True)
+    try:
+        main(argv)
+    except BaseException:
+        traceback.print_exc()
+        print(f"=== run {k} failed", flush=True)
+"""
+
+
+def _run_examples(argvs, timeout, extra_env):
+    """`python -m examples.language_model` with each argv of `argvs`, all
+    in one process (one start-up of Python, TensorFlow, Keras and the
+    backend); one `CompletedProcess` per run, with that run's output and
+    returncode 1 where it raised."""
+    env = dict(os.environ)
+    env.pop("KERAS_BACKEND", None)
+    env.update(extra_env)
+    env["OMP_NUM_THREADS"] = "1"  # as in `_run_example`
+    out = subprocess.run(
+        [sys.executable, "-c", RUNS, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+    def part(text, k):
+        return text.split(f"=== run {k}\n", 1)[-1].split(
+            f"=== run {k + 1}\n", 1
+        )[0]
+
+    runs = []
+    for k, argv in enumerate(argvs):
+        stdout = part(out.stdout, k)
+        failed = out.returncode or f"=== run {k} failed" in stdout
+        if f"=== run {k}\n" not in out.stdout:  # never started
+            stdout, failed = "", True
+        runs.append(
+            subprocess.CompletedProcess(
+                argv, int(bool(failed)), stdout, part(out.stderr, k)
+            )
+        )
+    return runs
+
+
+def _quick_args(backend, output_dir, data_dir):
+    return [
+        "--backend",
+        backend,
+        "--quick",
+        "--samplers",
+        "greedy,top_k",
+        "--output-dir",
+        str(output_dir),
+        "--data-dir",
+        data_dir,
+    ]
+
+
 @pytest.fixture(scope="module")
 def shared_data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tfds_backends"))
 
 
+@pytest.fixture(scope="module")
+def jax_quick_runs(shared_data_dir, tmp_path_factory):
+    """Both JAX quick runs, in one process with 4 virtual CPU devices
+    (fixed before JAX starts): the plain run (`--quick`, on the first
+    device: no distribution), then the run with `--distribution model`
+    (it sets Keras's global distribution, so it comes last). `{"plain":
+    (CompletedProcess, output_dir), "model": CompletedProcess}`."""
+    pytest.importorskip("jax")
+    tmp = tmp_path_factory.mktemp("jax_runs")
+    plain = _quick_args("jax", tmp / "plain", shared_data_dir)
+    model_parallel = [
+        "--backend",
+        "jax",
+        "--distribution",
+        "model",
+        "--quick",
+        "--epochs",
+        "1",
+        "--samplers",
+        "greedy",
+        "--output-dir",
+        str(tmp / "model"),
+        "--data-dir",
+        shared_data_dir,
+    ]
+    runs = _run_examples(
+        [plain, model_parallel],
+        timeout=480,
+        extra_env={"XLA_FLAGS": xla_flags.xla_flags("jax", devices=4)},
+    )
+    return {"plain": (runs[0], tmp / "plain"), "model": runs[1]}
+
+
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_quick_run_on_another_backend(backend, shared_data_dir, tmp_path):
+def test_quick_run_on_another_backend(
+    backend, shared_data_dir, tmp_path, request
+):
     # TensorFlow: `quick_run` above (in this process, with --backend).
     pytest.importorskip(backend)
-    output_dir = tmp_path / "run"
-    out = _run_example(
-        [
-            "--backend",
-            backend,
-            "--quick",
-            "--samplers",
-            "greedy,top_k",
-            "--output-dir",
-            str(output_dir),
-            "--data-dir",
-            shared_data_dir,
-        ],
-        extra_env={"XLA_FLAGS": xla_flags.xla_flags(backend)},
-    )
+    if backend == "jax":  # in one process with the run on 4 devices
+        out, output_dir = request.getfixturevalue("jax_quick_runs")["plain"]
+    else:
+        output_dir = tmp_path / "run"
+        out = _run_example(
+            _quick_args(backend, output_dir, shared_data_dir),
+            extra_env={"XLA_FLAGS": xla_flags.xla_flags(backend)},
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     # "backend: torch | train loss per epoch: 4.2099 3.4739 | 56.1 ms/step"
@@ -676,31 +789,11 @@ def test_distribution_needs_the_jax_backend(monkeypatch, capsys):
     assert parse_args([]).distribution == "none"
 
 
-def test_quick_run_with_model_parallel_on_four_devices(
-    shared_data_dir, tmp_path
-):
+def test_quick_run_with_model_parallel_on_four_devices(jax_quick_runs):
     # 4 virtual CPU devices (fixed before JAX starts), a 2x2 mesh, the
-    # weights sharded by keras_attention.distribution.get_layout_map.
-    pytest.importorskip("jax")
-    env = {"XLA_FLAGS": xla_flags.xla_flags("jax", devices=4)}
-    out = _run_example(
-        [
-            "--backend",
-            "jax",
-            "--distribution",
-            "model",
-            "--quick",
-            "--epochs",
-            "1",
-            "--samplers",
-            "greedy",
-            "--output-dir",
-            str(tmp_path / "run"),
-            "--data-dir",
-            shared_data_dir,
-        ],
-        extra_env=env,
-    )
+    # weights sharded by keras_attention.distribution.get_layout_map
+    # (`--quick --epochs 1 --samplers greedy`: see `jax_quick_runs`).
+    out = jax_quick_runs["model"]
     assert out.returncode == 0, out.stderr[-3000:]
     (report,) = [s for s in out.stdout.splitlines() if s.startswith("backend")]
     assert report.startswith("backend: jax | ")
