@@ -488,6 +488,6 @@ class Generator(RollingCacheMixin, StreamingMixin):
 
             self._compiled[key] = (
                 sampler,
-                compile_step(step, self.jit_compile),
+                compile_step(step, self.jit_compile, autograph=False),
             )
         return self._compiled[key][1]

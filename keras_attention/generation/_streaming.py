@@ -126,8 +126,8 @@ class StreamingMixin:
 
             self._compiled[key] = (
                 resolved,
-                compile_step(first, self.jit_compile),
-                compile_step(more, self.jit_compile),
+                compile_step(first, self.jit_compile, autograph=False),
+                compile_step(more, self.jit_compile, autograph=False),
             )
         return self._compiled[key][1:]
 

@@ -327,21 +327,26 @@ def scan_carry(f, init, xs):
     return pack(carry), pack([a.stack() for a in arrays])
 
 
-def compile_step(step, jit_compile):
+def compile_step(step, jit_compile, autograph=True):
     """`step` as one compiled function on the current backend.
 
     Args:
         step: a function of tensors (a decoding loop, a training step).
         jit_compile: bool, compile with XLA.
+        autograph: bool, on TensorFlow, whether AutoGraph converts Python
+            control flow on tensors (`if`/`while` on tensor values) into
+            graph ops. A step written with `keras.ops` control flow only
+            (`ops.while_loop`, `ops.cond`: every backend runs it) needs
+            none, and traces faster without it.
 
     Returns:
-        On TensorFlow, `tf.function(step, jit_compile=jit_compile)` (a graph,
-        traced once per input signature); on the other backends `step` as
-        it is (JAX and PyTorch run it eagerly, or under the caller's own
-        `jax.jit` / `torch.compile`).
+        On TensorFlow, `tf.function(step, jit_compile=jit_compile,
+        autograph=autograph)` (a graph, traced once per input signature);
+        on the other backends `step` as it is (JAX and PyTorch run it
+        eagerly, or under the caller's own `jax.jit` / `torch.compile`).
     """
     if keras.backend.backend() != "tensorflow":
         return step
     import tensorflow as tf
 
-    return tf.function(step, jit_compile=jit_compile)
+    return tf.function(step, jit_compile=jit_compile, autograph=autograph)
