@@ -9,7 +9,9 @@
 # later that day, JAX with the older fusion emitters (tests/xla_flags.py):
 # TF 16.3, JAX 12.6, PyTorch 4.4, whole CI 36.6 min: still over budget;
 # ef30756 with the parts overlapped (see below), whole CI 35.0 min, all
-# parts passing):
+# parts passing; b4a832f, 2026-12-04, idle, `--durations=0`: TF 12.2,
+# JAX 9.4, PyTorch 3.1 min, the CI machine's whole CI 31.2 min; then
+# PyTorch with one thread per worker (tests/conftest.py) 2.5 min):
 #   TensorFlow: everything (examples, memory and graph-rank tests are
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
