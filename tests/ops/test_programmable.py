@@ -231,18 +231,27 @@ def _gradients(fn, *args):
     return [a.grad for a in args] + [layer.slopes.value.grad]
 
 
-@functools.lru_cache(maxsize=None)
-def _dense_gradients(name):
-    """`_gradients` of the dense path with mask `name` and the learned
-    bias, once per mask (the reference of every tiling)."""
-    mask_mod, inputs, _ = MASKS[name]
-    mask_mod = mask_mod.bind(**inputs)
+def _bias_gradients(attend):
+    """`_gradients` (NumPy) of `attend(q, k, v, score_mod)` with a fresh
+    `LearnedDistanceBias` as the score function."""
 
     def fn(q, k, v, layer=None):
         if layer is None:
             layer = LearnedDistanceBias()
             layer.build(H)
-        out = attention_lib.dot_product_attention(
+        return attend(q, k, v, layer), layer
+
+    return [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_gradients(name):
+    """`_bias_gradients` of the dense path with mask `name`, once per
+    mask (the reference of every tiling)."""
+    mask_mod, inputs, _ = MASKS[name]
+    mask_mod = mask_mod.bind(**inputs)
+    return _bias_gradients(
+        lambda q, k, v, layer: attention_lib.dot_product_attention(
             q,
             k,
             v,
@@ -250,9 +259,7 @@ def _dense_gradients(name):
             mask_mod=mask_mod,
             implementation="dense",
         )
-        return out, layer
-
-    return [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
+    )
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -267,11 +274,9 @@ def test_gradients_reach_a_learned_bias_on_the_blockwise_path(
     mask_mod, inputs, _ = MASKS[name]
     mask_mod = mask_mod.bind(**inputs)
 
-    def fn(q, k, v, layer=None):
-        if layer is None:
-            layer = LearnedDistanceBias()
-            layer.build(H)
-        out = blockwise_attention(
+    dense = _dense_gradients(name)
+    blockwise = _bias_gradients(
+        lambda q, k, v, layer: blockwise_attention(
             q * (1 / np.sqrt(D)),
             k,
             v,
@@ -281,10 +286,7 @@ def test_gradients_reach_a_learned_bias_on_the_blockwise_path(
             mask_mod=mask_mod,
             keep_probabilities=keep,
         )
-        return out, layer
-
-    dense = _dense_gradients(name)
-    blockwise = [ops.convert_to_numpy(g) for g in _gradients(fn, Q, K, V)]
+    )
     for name_, a, b in zip(["q", "k", "v", "slopes"], dense, blockwise):
         scale = max(1.0, float(np.abs(a).max()))
         np.testing.assert_allclose(
