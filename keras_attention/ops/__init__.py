@@ -8,6 +8,7 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
+from keras_attention.ops.log_sum_exp import merge_attention
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.segment import segment_softmax
@@ -30,6 +31,7 @@ __all__ = [
     "global_local_attention",
     "global_local_weights_to_dense",
     "local_attention",
+    "merge_attention",
     "scan_carry",
     "segment_softmax",
 ]

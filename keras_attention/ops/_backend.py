@@ -13,7 +13,9 @@ def custom_vjp(forward, backward):
     """A function with a hand-written backward pass, on any backend.
 
     Args:
-        forward: `forward(q, k, v, aux) -> (output, residuals)`, or
+        forward: `forward(q, k, v, aux) -> (output, residuals)` (`output`
+            a tensor or a tuple of tensors: `backward` then gets a tuple of
+            their gradients, None or zeros for an unused one), or
             `forward(q, k, v, aux, params)` when the function is called
             with `params`.
         backward: `backward(residuals, d_output) -> (dq, dk, dv)`, or
@@ -52,7 +54,12 @@ def custom_vjp(forward, backward):
             def inner(q, k, v, *params):
                 output, residuals = fwd(q, k, v, aux, params)
 
-                def grad(d_output):
+                def grad(*d_outputs):
+                    # One upstream gradient per output (a tuple output:
+                    # the attention and its log-sum-exp).
+                    d_output = (
+                        d_outputs[0] if len(d_outputs) == 1 else d_outputs
+                    )
                     dq, dk, dv, dparams = bwd(residuals, d_output)
                     return (dq, dk, dv) + tuple(dparams)
 

@@ -20,6 +20,8 @@ from keras import ops
 
 from keras_attention.ops import paths
 from keras_attention.ops import scoring
+from keras_attention.ops.log_sum_exp import check_sink_logits
+from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
 
 _RENAMED = {
@@ -78,6 +80,8 @@ def dot_product_attention(
     score_mod=None,
     mask_mod=None,
     implementation=None,
+    return_lse=False,
+    sink_logits=None,
     **deprecated,
 ):
     """softmax(score_mod(q k^T * scale)) v, per head, masked, with
@@ -149,14 +153,29 @@ def dot_product_attention(
             elementwise operators on the indices alone, it is evaluated on
             NumPy tiles while tracing and fully masked tiles are skipped.
         implementation: None (automatic), "dense", "blockwise" or "fused".
+        return_lse: also return the softmax's log-sum-exp `lse` `(b, h,
+            i)` (float32; float64 for float64 inputs), `-inf` on rows that
+            attend to nothing, differentiable on every path (the fused
+            kernels return none: a second pass computes it there, and the
+            automatic choice then avoids "fused"). `merge_attention`
+            combines results over disjoint key sets with it.
+        sink_logits: optional learned attention sinks `(h,)` (gpt-oss):
+            one logit per query head, a virtual key that takes probability
+            mass and contributes no value (`p_j = exp(s_j) / (sum_k
+            exp(s_k) + exp(z_h))`), differentiable, on every path (applied
+            through the log-sum-exp: `o' = o exp(lse - lse')`, no extra
+            score column). With sinks the returned `lse` includes the
+            sink's term (`log_sum_exp.py` says how to merge then). Not the
+            streaming `sink_tokens` of rolling caches, which are real
+            first tokens kept in the cache.
 
     The names `mask`, `is_causal`, `causal_offset`, `key_padding` and
     `query_padding` of earlier releases are accepted with a
     `DeprecationWarning` naming the new one.
 
     Returns:
-        `(b, i, h, e)` in the query's dtype, and the weights (query dtype) if
-        `return_weights`.
+        `(b, i, h, e)` in the query's dtype, then the weights (query dtype)
+        if `return_weights`, then the log-sum-exp if `return_lse`.
 
     Low-precision inputs: the scores of float16 inputs are formed in float32
     on the dense and blockwise paths (and by the fused kernels of JAX, which
@@ -193,6 +212,20 @@ def dot_product_attention(
     ...     return_weights=True)
     >>> float(np.asarray(weights)[0, 0, 0, 3])  # another document
     0.0
+
+    The log-sum-exp, and learned sinks (a sink logit of 0 for each head
+    next to zero scores over 7 keys takes 1/8 of the mass):
+
+    >>> zeros = np.zeros((1, 2, 2, 4), "float32")
+    >>> keys = np.zeros((1, 7, 2, 4), "float32")
+    >>> out, lse = keras_attention.ops.dot_product_attention(
+    ...     zeros, keys, keys + 1.0, return_lse=True)
+    >>> round(float(np.asarray(lse)[0, 0, 0]), 4)  # log(7)
+    1.9459
+    >>> out = keras_attention.ops.dot_product_attention(
+    ...     zeros, keys, keys + 1.0, sink_logits=np.zeros((2,), "float32"))
+    >>> round(float(np.asarray(out)[0, 0, 0, 0]), 4)  # 7/8 of the value 1
+    0.875
     """
     if deprecated:
         given = dict(
@@ -209,8 +242,12 @@ def dot_product_attention(
     scoring.check_mod(score_mod, "score_mod")
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
+    if sink_logits is not None:
+        check_sink_logits(sink_logits, query.shape[2])
     if 0 in (query.shape[1], key.shape[1]):
-        return _empty(query, key, value, return_weights)
+        return _empty(
+            query, key, value, return_weights, return_lse, sink_logits
+        )
     if scale is None:
         scale = paths.default_scale(query)
     request = paths.AttentionRequest(
@@ -227,26 +264,37 @@ def dot_product_attention(
         key_mask=key_mask,
         score_mod=score_mod,
         mask_mod=mask_mod,
+        return_lse=bool(return_lse),
+        sink_logits=sink_logits,
     )
     scope = paths.current_scope()
     choice = paths.choose(request, implementation or scope.name)
     path = paths.PATHS[choice]
     options = {k: v for k, v in scope.options.items() if k in path.options}
-    return path.run(request, **options)
+    return paths.run_path(choice, request, **options)
 
 
-def _empty(query, key, value, return_weights):
+def _empty(query, key, value, return_weights, return_lse, sink_logits):
     """The result when the query or the key length is statically 0: no
     rows, or rows with nothing to attend to (zeros, as a fully masked
-    row). TensorFlow's einsum mixes up the batch axes of the grouped-query
-    products on empty sequences, so they are not formed."""
+    row; log-sum-exp `-inf`, or the sink's logit). TensorFlow's einsum
+    mixes up the batch axes of the grouped-query products on empty
+    sequences, so they are not formed."""
     b, i = ops.shape(query)[0], ops.shape(query)[1]
     heads = query.shape[2]
     out = ops.zeros((b, i, heads, value.shape[-1]), query.dtype)
-    if not return_weights:
-        return out
-    weights = ops.zeros((b, heads, i, ops.shape(key)[1]), query.dtype)
-    return out, weights
+    results = (out,)
+    if return_weights:
+        weights = ops.zeros((b, heads, i, ops.shape(key)[1]), query.dtype)
+        results += (weights,)
+    if return_lse:
+        dtype = lse_dtype(query.dtype)
+        lse = ops.full((b, heads, i), float("-inf"), dtype)
+        if sink_logits is not None:
+            sinks = ops.cast(sink_logits, dtype)[None, :, None]
+            lse = ops.broadcast_to(sinks, (b, heads, i))
+        results += (lse,)
+    return results[0] if len(results) == 1 else results
 
 
 # What `implementation_scope` and the layers read (`paths.py`).

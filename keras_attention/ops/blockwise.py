@@ -161,6 +161,7 @@ class _Plan:
         if keep_probabilities is None:
             keep_probabilities = keeps_probabilities(kept, heads)
         self.keep_probabilities = keep_probabilities
+        self.return_lse = False
 
 
 def _forward(plan, qh, kh, vh, aux, params, valid_rows):
@@ -178,7 +179,7 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
     ks = ops.cast(kh, score_dtype(kh.dtype))
     dtype = softmax_dtype(kh.dtype)
-    outs, lses, valids, probs = [], [], [], []
+    outs, lses, valids, probs, row_lses = [], [], [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
@@ -201,16 +202,35 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
             valid = rows if valid is None else ops.logical_and(valid, rows)
         if valid is not None:
             out = ops.where(valid, out, 0.0)
+        if plan.return_lse:
+            row_lses.append(_row_lse(lse, valid, out))
         outs.append(ops.cast(out, qh.dtype))
         lses.append(lse)
         valids.append(valid)
         probs.append(p if plan.keep_probabilities else None)
-    return _concat_rows(outs), lses, valids, probs
+    lse_out = _concat_rows(row_lses) if plan.return_lse else None
+    return _concat_rows(outs), lse_out, lses, valids, probs
+
+
+def _row_lse(lse, valid, out):
+    """A row of tiles' log-sum-exp as returned, `(b, g, r, Bq)` (the
+    shape of its output `out` `(b, g, r, Bq, e)` without `e`): `-inf`
+    where its queries attend to nothing (`valid` False, or no key tile:
+    `lse` None)."""
+    like = ops.cast(out[..., 0], softmax_dtype(out.dtype))
+    if lse is None:
+        return ops.full_like(like, float("-inf"))
+    lse = ops.reshape(lse, ops.shape(like))
+    if valid is None:
+        return lse
+    return ops.where(valid[..., 0], lse, ops.full_like(lse, float("-inf")))
 
 
 def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     """`softmax(s) v` of a row with one key tile, `(b, g, r, Bq, e)` in
-    `softmax_dtype`; no log-sum-exp; validity from the row max (None when
+    `softmax_dtype`; its log-sum-exp `(b, g, q, 1)` when
+    `plan.return_lse` (else None: the backward recomputes the softmax);
+    validity from the row max (None when
     the row cannot be empty); the probabilities `(b, g, q, k)`."""
     g, n, e = q_t.shape[1], i1 - i0, vh.shape[-1]
     r = q_t.shape[2] // n
@@ -219,7 +239,15 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     s, _ = blockwise_tiles.scores(
         plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
     )
-    p = scoring.plain_softmax(s, axis=-1)
+    lse = None
+    if plan.return_lse:  # The softmax's own terms: no extra pass.
+        m = ops.max(s, axis=-1, keepdims=True)
+        p = ops.exp(s - m)
+        row_sum = ops.sum(p, axis=-1, keepdims=True)
+        p = p / row_sum
+        lse = m + ops.log(row_sum)
+    else:
+        p = scoring.plain_softmax(s, axis=-1)
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
     )
@@ -228,7 +256,7 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     if not blockwise_tiles.never_empty(plan, aux, i0, chunks):
         m = ops.max(s, axis=-1, keepdims=True)
         valid = ops.reshape(scoring.rows_valid(m), (-1, g, r, n, 1))
-    return out, None, valid, p
+    return out, lse, valid, p
 
 
 def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
@@ -302,12 +330,14 @@ def _concat_rows(tiles):
     return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
-def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
+def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
     """Gradients w.r.t. `qh, kh, vh` (and a score function's `params`)
     from each tile's probabilities: kept by the forward pass
     (`plan.keep_probabilities`), else recomputed (the softmax of a
     one-tile row, or from the saved log-sum-exp). A score function is
-    differentiated tile by tile (`_backend.vjp`)."""
+    differentiated tile by tile (`_backend.vjp`). `d_lse` `(b, g, r, i)`:
+    the gradient of the returned log-sum-exp, if any (`d lse_i / d s_ij =
+    P_ij`, so `dS = P * (dP - (D - dlse))`)."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
     sm_dtype = softmax_dtype(kh.dtype)
@@ -333,6 +363,11 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out):
             axis=-1,
             keepdims=True,
         )
+        if d_lse is not None:
+            dl_t = ops.cast(_slice(d_lse, 3, i0, i1)[..., None], sm_dtype)
+            if valid is not None:
+                dl_t = ops.where(valid, dl_t, ops.zeros_like(dl_t))
+            dd_t = dd_t - dl_t
         # One row of tiles at a time (TensorFlow would start them all).
         previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
         previous += [x[0] for x in list(dvs.values())[-1:]]
@@ -514,6 +549,7 @@ def blockwise_attention(
     score_mod=None,
     mask_mod=None,
     keep_probabilities=None,
+    return_lse=False,
 ):
     """Exact attention in O(T * tile) memory, forward and backward.
 
@@ -541,9 +577,13 @@ def blockwise_attention(
             probabilities of one-tile rows (True) or recomputes them
             (False); None: `keeps_probabilities` decides (small problems
             keep them). Results do not depend on it.
+        return_lse: also return the softmax's log-sum-exp `(b, h, i)`
+            (float32, float64 for float64 inputs; `-inf` on rows that
+            attend to nothing), differentiable (`log_sum_exp.py`).
 
     Returns:
-        `(b, i, h, e)` in the query's dtype.
+        `(b, i, h, e)` in the query's dtype, and the log-sum-exp if
+        `return_lse`.
     """
     b_tq, tk = query.shape[1], key.shape[1]
     h, g = query.shape[2], key.shape[2]
@@ -566,6 +606,7 @@ def blockwise_attention(
         relative_fn=relative_fn,
         soft_cap=soft_cap,
     )
+    plan.return_lse = bool(return_lse)
     if mask is not None:
         mask = ops.cast(mask, "bool")
     if key_padding is not None:
@@ -580,22 +621,32 @@ def blockwise_attention(
         kh = ops.transpose(k, (0, 2, 1, 3))
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
-        out, *saved = _forward(
+        out, lse, *saved = _forward(
             plan, qh, kh, vh, tile_aux, params, query_padding
         )
         result = ops.reshape(
             ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
         )
+        if return_lse:
+            result = (result, ops.reshape(lse, (-1, h, b_tq)))
         return result, (qh, kh, vh, tile_aux, params, out, saved)
 
     def backward(residuals, d_result):
         qh, kh, vh, tile_aux, params, out, saved = residuals
-        d_out = ops.transpose(
-            ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
-            (0, 2, 3, 1, 4),
-        )
+        d_lse = None
+        if return_lse:
+            d_result, d_lse = d_result
+            if d_lse is not None:
+                d_lse = ops.reshape(d_lse, (-1, g, r, b_tq))
+        if d_result is None:  # Only the log-sum-exp is used.
+            d_out = ops.zeros_like(out, qh.dtype)
+        else:
+            d_out = ops.transpose(
+                ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
+                (0, 2, 3, 1, 4),
+            )
         dq, dk, dv, dparams = _backward(
-            plan, qh, kh, vh, tile_aux, params, out, saved, d_out
+            plan, qh, kh, vh, tile_aux, params, out, saved, d_out, d_lse
         )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
         grads = (

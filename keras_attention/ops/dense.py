@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_attention import masks
 from keras_attention.ops import scoring
+from keras_attention.ops.log_sum_exp import row_log_sum_exp
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.scoring import score_dtype
 
@@ -29,12 +30,14 @@ def dense_attention(
     score_mod=None,
     mask_mod=None,
     query_offset=0,
+    return_lse=False,
 ):
     """softmax(score_mod(q k^T * scale)) v with `mask` (dense, True =
     may attend, None: nothing masks) and optional `dropout_fn` on the
-    weights; `(output, weights)` when `return_weights`. `rows_nonempty`:
-    the caller knows every row attends to something (no masking of empty
-    rows needed)."""
+    weights; `(output, weights)` when `return_weights`, then the
+    log-sum-exp `(b, h, i)` when `return_lse` (`log_sum_exp.py`).
+    `rows_nonempty`: the caller knows every row attends to something (no
+    masking of empty rows needed)."""
     num_heads = query.shape[2]
     num_groups = key.shape[2]
     d = query.shape[-1]
@@ -65,6 +68,10 @@ def dense_attention(
         None if rows_nonempty else mask,
         empty_rows=score_mod is not None,
     )
+    lse = None
+    if return_lse:
+        valid = None if mask is None else ops.any(mask, -1, keepdims=True)
+        lse = row_log_sum_exp(scores, valid)[..., 0]
     weights = ops.cast(weights, value.dtype)
     kept = dropout_fn(weights) if dropout_fn is not None else weights
     if num_groups == num_heads:
@@ -73,9 +80,9 @@ def dense_attention(
         kept = ops.reshape(kept, (b, num_groups, r, i, j))
         output = ops.einsum("bgrij,bjge->bigre", kept, value)
         output = ops.reshape(output, (b, i, num_heads, value.shape[-1]))
-    if return_weights:
-        return output, weights
-    return output
+    results = (output,) + ((weights,) if return_weights else ())
+    results += (lse,) if return_lse else ()
+    return results[0] if len(results) == 1 else results
 
 
 def _positions_mask(tq, tk, offset):

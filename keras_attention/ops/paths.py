@@ -42,6 +42,7 @@ from keras_attention.ops.dense import dense_attention
 from keras_attention.ops.dense import dense_mask
 from keras_attention.ops.fused import fused_attention
 from keras_attention.ops.global_local import global_local_attention
+from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.sliding_window import local_attention
 
@@ -54,8 +55,17 @@ class AttentionRequest:
     4-D bool mask or None; `scale` a float); `window`: the left bound of
     a sliding window (`sliding_window - 1`) for the banded path, or None;
     `same_sequence`: the keys are the queries' sequence (self-attention),
-    so their lengths agree even when unknown at trace time.
+    so their lengths agree even when unknown at trace time; `return_lse`:
+    the caller wants the log-sum-exp; `sink_logits`: learned sinks `(h,)`
+    or None (`log_sum_exp.py`: a path computes attention without them
+    and returns its log-sum-exp, and `run_path` applies them).
     """
+
+    @property
+    def needs_lse(self):
+        """Whether the path must return the log-sum-exp (asked for, or
+        needed to apply learned sinks)."""
+        return bool(self.return_lse) or self.sink_logits is not None
 
     query: object
     key: object
@@ -72,6 +82,8 @@ class AttentionRequest:
     mask_mod: object = None
     window: int = None
     same_sequence: bool = False
+    return_lse: bool = False
+    sink_logits: object = None
 
     @property
     def needs_weights(self):
@@ -91,9 +103,12 @@ class AttentionPath:
     Attributes:
         name: its name (`implementation=`).
         op: the module's public function.
-        run: `run(request, **options)` -> the output (and the weights when
-            `request.return_weights`), or None when the path takes inputs
-            a request does not carry.
+        run: `run(request, **options)` -> the output, then the weights
+            when `request.return_weights`, then the log-sum-exp `(b, h,
+            i)` when `request.needs_lse` (a tuple when more than the
+            output); None when the path takes inputs a request does not
+            carry. Learned sinks are not its business: `run_path`
+            applies them through the log-sum-exp.
         can_run: `can_run(request)` -> None, or the reason it cannot.
         options: the tuning options `run` takes (`implementation_scope`);
             results do not depend on them.
@@ -202,6 +217,26 @@ def memory_efficient_implementation():
     return "fused" if _backend.prefers_fused_attention() else "blockwise"
 
 
+def run_path(name, request, **options):
+    """Runs `request` on path `name` and applies its learned sinks:
+    the output, then the weights if `request.return_weights`, then the
+    log-sum-exp if `request.return_lse` (a tuple when more than one)."""
+    result = PATHS[name].run(request, **options)
+    if not request.needs_lse and not request.return_weights:
+        return result
+    result = list(result) if isinstance(result, (tuple, list)) else [result]
+    output = result[0]
+    weights = result[1] if request.return_weights else None
+    lse = result[-1] if request.needs_lse else None
+    if request.sink_logits is not None:
+        output, lse, weights = apply_sinks(
+            output, lse, request.sink_logits, weights
+        )
+    results = (output,) + ((weights,) if request.return_weights else ())
+    results += (lse,) if request.return_lse else ()
+    return results[0] if len(results) == 1 else results
+
+
 # The choice -----------------------------------------------------------------
 
 # Below this many (query, key) pairs the dense path is as fast (one tile).
@@ -223,7 +258,8 @@ def choose(request, name=None):
             return "dense"
         if scoring.closes_over_tensors(score_mod, traced=True):
             return "dense"
-        if _backend.prefers_fused_attention() and score_mod is None:
+        fused_ok = score_mod is None and not request.needs_lse
+        if _backend.prefers_fused_attention() and fused_ok:
             return "fused"
         tq, tk = request.query.shape[1], request.key.shape[1]
         if request.static_lengths and tq * tk > BLOCKWISE_MIN_PAIRS:
@@ -284,6 +320,7 @@ def _run_dense(request):
         score_mod=request.score_mod,
         mask_mod=request.mask_mod,
         query_offset=offset,
+        return_lse=request.needs_lse,
     )
 
 
@@ -359,6 +396,7 @@ def _run_blockwise(
         causal_offset=request.query_offset,
         key_padding=request.key_mask,
         query_padding=request.query_mask,
+        return_lse=request.needs_lse,
         **options,
     )
 
@@ -380,7 +418,10 @@ def _blockwise_can_run(request):
 
 def _run_fused(request):
     """The kernel scales (no extra op and gradient); a mask function is
-    evaluated into the kernel's mask."""
+    evaluated into the kernel's mask. The kernels return no log-sum-exp
+    (neither `keras.ops.dot_product_attention` nor a differentiable one of
+    PyTorch's): when it is needed, a second pass computes it (`_lse`),
+    which the automatic choice avoids by not choosing "fused" then."""
     mask = as_4d_mask(request.attention_mask)
     if request.mask_mod is not None:
         mask = dense_mask(
@@ -390,7 +431,7 @@ def _run_fused(request):
             query_offset=request.query_offset,
             mask_mod=request.mask_mod,
         )
-    return fused_attention(
+    output = fused_attention(
         request.query,
         request.key,
         request.value,
@@ -401,6 +442,25 @@ def _run_fused(request):
         key_padding=request.key_mask,
         query_padding=request.query_mask,
     )
+    if not request.needs_lse:
+        return output
+    return output, _lse(request)
+
+
+def _lse(request):
+    """The log-sum-exp alone of `request` (for the fused path): from the
+    blockwise path's tiles when the lengths are static (memory O(T)),
+    else from the dense scores; differentiable."""
+    plain = dataclasses.replace(
+        request,
+        return_weights=False,
+        dropout_fn=None,
+        return_lse=True,
+        sink_logits=None,
+    )
+    if plain.static_lengths:
+        return _run_blockwise(plain)[-1]
+    return _run_dense(plain)[-1]
 
 
 def _fused_can_run(request):
@@ -427,6 +487,9 @@ def _run_banded(request):
         key_mask=request.key_mask,
         attention_mask=request.attention_mask,
         dropout_fn=request.dropout_fn,
+        scale=request.scale,
+        return_weights=request.return_weights,
+        return_lse=request.needs_lse,
     )
 
 

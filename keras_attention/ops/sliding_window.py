@@ -41,6 +41,7 @@ from keras import ops
 
 from keras_attention.masks import window_bounds
 from keras_attention.ops import scoring
+from keras_attention.ops.log_sum_exp import row_log_sum_exp
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.sliding_window_kernel import window_attention
@@ -369,6 +370,7 @@ def local_attention(
     chunk_blocks=None,
     score_mod=None,
     mask_mod=None,
+    return_lse=False,
 ):
     """Sliding-window softmax(q k^T * scale) v in `O(T * window)`.
 
@@ -406,10 +408,15 @@ def local_attention(
             band (memory `O(T * window)` still).
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx)`:
             restricts the window further (and-ed with it).
+        return_lse: also return the softmax's log-sum-exp `(b, h, t)`
+            (float32, or float64; `-inf` where a query attends to
+            nothing; `log_sum_exp.py`), differentiable by autodiff on the
+            band (memory `O(T * window)`).
 
     Returns:
-        `(b, t, h, e)` in the query's dtype, and the banded weights (value
-        dtype) if `return_weights`.
+        `(b, t, h, e)` in the query's dtype, the banded weights (value
+        dtype) if `return_weights`, then the log-sum-exp if
+        `return_lse`.
 
     Example:
 
@@ -426,7 +433,12 @@ def local_attention(
     left, right = effective_window(window_size, static_length(query, 1), causal)
     if static_length(query, 1) == 0:
         out, band = empty(query, value, left + right + 1)
-        return (out, band) if return_weights else out
+        results = (out,) + ((band,) if return_weights else ())
+        if return_lse:
+            dtype = scoring.softmax_dtype(query.dtype)
+            b, heads = ops.shape(query)[0], query.shape[2]
+            results += (ops.zeros((b, heads, 0), dtype),)
+        return results[0] if len(results) == 1 else results
     geo = Geometry(query, key, value, left, right, block_size, causal)
     if scale is None:
         scale = 1.0 / float(np.sqrt(geo.d))
@@ -458,8 +470,9 @@ def local_attention(
             dropout_fn,
             return_weights,
             empty_rows=True,
+            return_lse=return_lse,
         )
-    if dropout_fn is None and not return_weights:
+    if dropout_fn is None and not return_weights and not return_lse:
         blocks = geo.n if isinstance(geo.n, int) else None
         out = window_attention(
             q, k, v, mask, blocks=blocks, chunk_blocks=chunk_blocks
@@ -474,6 +487,7 @@ def local_attention(
         value,
         dropout_fn,
         return_weights,
+        return_lse=return_lse,
     )
 
 
@@ -487,11 +501,21 @@ def _weighted(
     dropout_fn,
     return_weights,
     empty_rows=False,
+    return_lse=False,
 ):
     """Softmax of the window scores `(z, g, r, B, W)`, dropout, the
-    weighted values; the output and the banded weights if asked.
-    `empty_rows`: the scores come from a score function (whose `-inf`
-    may empty rows: zeros too)."""
+    weighted values; the output, then the banded weights and the
+    log-sum-exp `(b, h, t)` if asked. `empty_rows`: the scores come from
+    a score function (whose `-inf` may empty rows: zeros too)."""
+    lse = None
+    if return_lse:
+        masked, _ = scoring.modify_scores(scores, None, mask=mask)
+        valid = ops.any(mask, axis=-1, keepdims=True)
+        lse = row_log_sum_exp(masked, valid)  # (z, g, r, B, 1)
+        lse = ops.reshape(lse, (geo.b, geo.n, geo.heads, geo.block))
+        lse = ops.transpose(lse, (0, 2, 1, 3))
+        lse = ops.reshape(lse, (geo.b, geo.heads, geo.n * geo.block))
+        lse = lse[:, :, : geo.t]
     weights = masked_softmax(scores, mask, empty_rows=empty_rows)
     weights = ops.reshape(
         ops.cast(weights, value.dtype),
@@ -500,9 +524,9 @@ def _weighted(
     kept = dropout_fn(weights) if dropout_fn is not None else weights
     out = ops.einsum("zgqk,zgke->zgqe", kept, v)  # (z, g, r B, e)
     out = unblock(geo, out, query.dtype)
-    if not return_weights:
-        return out
-    return out, banded(geo, weights)
+    results = (out,) + ((banded(geo, weights),) if return_weights else ())
+    results += (lse,) if return_lse else ()
+    return results[0] if len(results) == 1 else results
 
 
 def _band_grid(geo):
