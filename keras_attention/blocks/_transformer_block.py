@@ -85,6 +85,12 @@ class TransformerBlock(keras.layers.Layer):
             scores of every attention layer of the block (self- and
             cross-attention; `MultiHeadAttention(attention_scale=...)`),
             e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
+        qk_norm: optional "rms" or "layer": QK-norm in every attention
+            layer of the block (`MultiHeadAttention(qk_norm=...)`), with
+            `layer_norm_epsilon`. Default None.
+        learned_sinks: bool, learned attention sinks in every attention
+            layer of the block (`MultiHeadAttention(learned_sinks=...)`).
+            Default False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -112,6 +118,8 @@ class TransformerBlock(keras.layers.Layer):
         sandwich_norm=False,
         rotary_scaling=None,
         attention_scale=None,
+        qk_norm=None,
+        learned_sinks=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -177,6 +185,10 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_scale = validation.check_positive_number(
             "attention_scale", attention_scale, allow_none=True
         )
+        self.qk_norm = validation.check_qk_norm(qk_norm, layer_norm_epsilon)[0]
+        self.learned_sinks = validation.check_bool(
+            "learned_sinks", learned_sinks
+        )
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -211,6 +223,7 @@ class TransformerBlock(keras.layers.Layer):
             dropout=self.dropout,
             use_bias=self.use_bias,
             attention_scale=self.attention_scale,
+            **self._modern_attention_kwargs(),
             kernel_initializer=keras_utils.clone_initializer(
                 self.kernel_initializer
             ),
@@ -220,6 +233,18 @@ class TransformerBlock(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+
+    def _modern_attention_kwargs(self):
+        """QK-norm and learned sinks, given only when set (the layers'
+        configs then stay those of earlier releases)."""
+        kwargs = {}
+        if self.qk_norm is not None:
+            kwargs.update(
+                qk_norm=self.qk_norm, qk_norm_epsilon=self.layer_norm_epsilon
+            )
+        if self.learned_sinks:
+            kwargs["learned_sinks"] = True
+        return kwargs
 
     def _self_attention_kwargs(self, hidden_dim):
         """Arguments shared by every self-attention variant of the block."""
@@ -406,6 +431,8 @@ class TransformerBlock(keras.layers.Layer):
                 "rotary_scaling": self.rotary_scaling,
                 "attention_scale": self.attention_scale,
                 "window_size": self.window_size,
+                "qk_norm": self.qk_norm,
+                "learned_sinks": self.learned_sinks,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

@@ -87,6 +87,7 @@ class AttentionStep:
         query_offset=0,
         score_mod=None,
         mask_mod=None,
+        sink_logits=None,
     ):
         """The attention step on projected heads: the one place a subclass
         changes how attention is computed (projections, rotary positions,
@@ -114,6 +115,8 @@ class AttentionStep:
             query_offset: position of the first query (a cache offset).
             score_mod, mask_mod: bound score and mask functions (see
                 `keras_attention.ops.dot_product_attention`).
+            sink_logits: the learned sinks `(heads,)` (`learned_sinks`),
+                or None; passed only when the layer has them.
 
         Returns:
             `(attention_output, attention_scores)`: `(b, Tq, heads,
@@ -144,6 +147,7 @@ class AttentionStep:
             key_mask=key_mask,
             score_mod=score_mod,
             mask_mod=mask_mod,
+            sink_logits=sink_logits,
         )
         if return_attention_scores:
             return result
@@ -179,6 +183,7 @@ class AttentionStep:
             mask_mod=self.mask_mod,
             window=self.sliding_window - 1,
             same_sequence=call.query is call.key,
+            sink_logits=self._sink_logits(),
         )
         if paths.PATHS["banded"].can_run(request) is not None:
             return None
@@ -190,7 +195,7 @@ class AttentionStep:
             attention_checks.check_attention_mask(
                 call.attention_mask, call.query, request.key, self.num_heads
             )
-        return paths.PATHS["banded"].run(request)
+        return paths.run_path("banded", request)
 
     def _attend(self, call, q, k, v):
         """The attention step (`_compute_attention`, or a Keras-style

@@ -39,13 +39,19 @@ def fold_masks(q, k, use_causal_mask=False, score_mod=None, **masks):
 def attention_step(layer, q, k, v, return_scores, training, **kwargs):
     """Calls `layer._compute_attention`, or a Keras-style override of it
     (without the structural keyword arguments) with every mask folded
-    into a dense `attention_mask`.
+    into a dense `attention_mask`; the layer's learned sinks as
+    `sink_logits` when it has them (refused for a step that does not
+    take them).
 
     Returns what `_compute_attention` returns: `(result, scores)` (scores
     None unless `return_scores`), or for a Keras-style override that does
     not take `return_attention_scores`, whatever it returns.
     """
     step = layer._compute_attention
+    sinks = layer._sink_logits()
+    if sinks is not None:  # Learned sinks: only to steps that take them.
+        kwargs["sink_logits"] = sinks
+    _check_sinks_reach(layer, kwargs)
     # What the call asked, for steps that do not take the argument
     # (Keras's GroupedQueryAttention reads this attribute).
     layer._return_attention_scores = return_scores
@@ -72,3 +78,21 @@ def attention_step(layer, q, k, v, return_scores, training, **kwargs):
     if "return_attention_scores" in params:
         extra["return_attention_scores"] = return_scores
     return step(q, k, v, attention_mask=mask, training=training, **extra)
+
+
+def _check_sinks_reach(layer, kwargs):
+    """`ValueError` when the layer has learned sinks (`sink_logits` in
+    `kwargs`) and its `_compute_attention` does not take them: they
+    would be silently ignored."""
+    if kwargs.get("sink_logits") is None:
+        return
+    params = inspect.signature(type(layer)._compute_attention).parameters
+    if "sink_logits" in params or any(
+        p.kind is p.VAR_KEYWORD for p in params.values()
+    ):
+        return
+    raise ValueError(
+        f"{type(layer).__name__}._compute_attention does not take "
+        "`sink_logits`, so the layer's learned sinks cannot reach it. "
+        "Received: learned_sinks=True"
+    )

@@ -167,6 +167,7 @@ class Projections:
                 )
             if not self.score_mod.built:
                 self.score_mod.build(self.num_heads)
+        self._build_qk_norm_and_sinks()
         self.built = True
 
     @property
@@ -193,7 +194,7 @@ class Projections:
         without projecting it again.
         """
         key = value if key is None else key
-        k = self._rotate(self._key_dense(key), 0)
+        k = self._rotate(self._project_key(key), 0)
         return ops.stack([k, self._value_dense(value)], axis=1)
 
     def _rotate(self, x, start_index, positions=None):

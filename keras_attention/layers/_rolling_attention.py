@@ -48,7 +48,7 @@ def attend_rolling_cache(layer, call, q):
         cache, start, sink_tokens, layer.cache_window(), layer.name
     )
     size, steps = cache.shape[2], q.shape[1]
-    new_k = layer._rotate(layer._key_dense(call.key), start)
+    new_k = layer._rotate(layer._project_key(call.key), start)
     new_v = layer._value_dense(call.value)
     k = ops.concatenate([cache[:, 0], ops.cast(new_k, cache.dtype)], 1)
     v = ops.concatenate([cache[:, 1], ops.cast(new_v, cache.dtype)], 1)

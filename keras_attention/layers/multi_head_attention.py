@@ -21,6 +21,7 @@ from keras_attention.layers import recording
 from keras_attention.layers._attention_call import AttentionCall
 from keras_attention.layers._attention_step import AttentionStep
 from keras_attention.layers._projections import Projections
+from keras_attention.layers._qk_norm import QKNormAndSinks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.rotary_embedding import check_rotary_arguments
 from keras_attention.mods import base as mods_base
@@ -34,6 +35,7 @@ class MultiHeadAttention(
     _attention_axes.AttentionAxesLayout,
     recording.AttentionRecording,
     Projections,
+    QKNormAndSinks,
     AttentionStep,
     keras.layers.Layer,
 ):
@@ -158,6 +160,21 @@ class MultiHeadAttention(
             `1 / sqrt(key_dim)`. Applied to the projected queries (after
             the rotary positions) as `attention_scale * sqrt(key_dim)`,
             so every path and a `_compute_attention` override see it.
+        qk_norm: keyword-only None, "rms" or "layer": QK-norm, each head's
+            projected queries and keys normalized over `key_dim` before
+            the rotary positions (Gemma 3, Qwen 3; `_qk_norm.py` has the
+            formula). Weights `query_norm` and `key_norm` (a `key_dim`
+            scale each, and a bias for "layer"). Defaults to None.
+        qk_norm_epsilon: keyword-only float > 0, the norms' epsilon.
+            Defaults to 1e-6.
+        learned_sinks: keyword-only bool, learned attention sinks
+            (gpt-oss): one trainable logit per query head (weight
+            `sinks`, `(num_heads,)`, zeros) joins each row's softmax as a
+            virtual key that contributes no value, on every path
+            (`keras_attention.ops.dot_product_attention`'s `sink_logits`).
+            Unlike a rolling cache's `cache_sink_tokens` (real first
+            tokens kept in the cache), nothing is stored. Defaults to
+            False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -282,9 +299,18 @@ class MultiHeadAttention(
         score_mod=None,
         mask_mod=None,
         attention_scale=None,
+        qk_norm=None,
+        qk_norm_epsilon=1e-6,
+        learned_sinks=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.qk_norm, self.qk_norm_epsilon = validation.check_qk_norm(
+            qk_norm, qk_norm_epsilon
+        )
+        self.learned_sinks = validation.check_bool(
+            "learned_sinks", learned_sinks
+        )
         self._return_attention_scores = False
         attention_scale = validation.check_positive_number(
             "attention_scale", attention_scale, allow_none=True
@@ -466,7 +492,9 @@ class MultiHeadAttention(
         rotary = self._rotary is not None
         if positions is None and call.segment_ids is not None and rotary:
             positions = masks_lib.segment_positions(call.segment_ids)
-        q = self._rotate(self._query_dense(call.query), call.offset, positions)
+        q = self._rotate(
+            self._project_query(call.query), call.offset, positions
+        )
         q = self._scale_query(q)
         if call.cache_sink_tokens is not None:
             result, scores, cache = _rolling_attention.attend_rolling_cache(
@@ -493,12 +521,14 @@ class MultiHeadAttention(
         `cache_update_index`."""
         cache, index = call.cache, call.cache_update_index
         if cache is None:
-            k = self._rotate(self._key_dense(call.key), 0, positions)
+            k = self._rotate(self._project_key(call.key), 0, positions)
             return k, self._value_dense(call.value), None
         if index is None:
             return cache[:, 0], cache[:, 1], cache
         start = (0, index, 0, 0)
-        new_k = self._rotate(self._key_dense(call.key), call.offset, positions)
+        new_k = self._rotate(
+            self._project_key(call.key), call.offset, positions
+        )
         k = ops.slice_update(cache[:, 0], start, new_k)
         v = ops.slice_update(cache[:, 1], start, self._value_dense(call.value))
         return k, v, ops.stack([k, v], axis=1)
@@ -601,6 +631,11 @@ class MultiHeadAttention(
         if self.attention_scale is not None:
             # Only when set: Keras's layer has no such key.
             config["attention_scale"] = self.attention_scale
+        if self.qk_norm is not None:
+            config["qk_norm"] = self.qk_norm
+            config["qk_norm_epsilon"] = self.qk_norm_epsilon
+        if self.learned_sinks:
+            config["learned_sinks"] = True
         config.update(mods_base.config_entries(self))
         return config
 

@@ -409,3 +409,19 @@ of shape (2,)
         f"{name}{at}={_plain(values[index])!r}, in {name} of shape "
         f"{tuple(values.shape)!r}"
     )
+
+
+QK_NORMS = ("rms", "layer")
+
+
+def check_qk_norm(qk_norm, qk_norm_epsilon):
+    """`(qk_norm, qk_norm_epsilon)` checked (`MultiHeadAttention`'s
+    QK-norm): `qk_norm` None or one of `QK_NORMS`, the epsilon a finite
+    number > 0 (returned as a float)."""
+    if qk_norm is not None and qk_norm not in QK_NORMS:
+        raise ValueError(
+            f"`qk_norm` must be None or one of {QK_NORMS}. Received: "
+            f"qk_norm={qk_norm!r}"
+        )
+    epsilon = check_positive_number("qk_norm_epsilon", qk_norm_epsilon)
+    return qk_norm, float(epsilon)

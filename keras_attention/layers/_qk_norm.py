@@ -1,0 +1,131 @@
+"""QK-norm and learned sinks of `MultiHeadAttention`: the per-head
+normalization of the projected queries and keys, and the learned
+attention-sink logits (one per query head).
+
+QK-norm (Dehghani et al. 2023, "Scaling Vision Transformers to 22
+Billion Parameters"; Gemma 3, Qwen 3, OLMo 2): each head's query and key
+vectors are normalized over the head dimension after their projection and
+before the rotary positions, as keras-hub's `Gemma3Attention` and
+`Qwen3Attention` do:
+
+    q_n = norm(q_n W_q),  k_n = norm(k_n W_k),  then RoPE, then softmax.
+
+"rms": `x / sqrt(mean(x^2) + eps) * scale` (Qwen 3's `Qwen3LayerNorm`;
+Gemma 3's `RMSNormalization` stores `scale - 1`: its converter adds 1);
+"layer": `keras.layers.LayerNormalization` over the head dimension. One
+scale (and for "layer" one bias) of `key_dim` per projection, shared by
+the heads, computed in at least float32 (float64 in float64).
+
+`QKNormAndSinks` is a mixin of `MultiHeadAttention` (it reads `qk_norm`,
+`qk_norm_epsilon`, `learned_sinks`, `num_heads`, `key_dim`).
+"""
+
+import keras
+from keras import ops
+
+from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import validation
+
+
+class HeadRMSNorm(keras.layers.Layer):
+    """RMS normalization over the last axis, `x / sqrt(mean(x^2) + eps) *
+    scale`, computed in at least float32 (float64 in float64), as
+    keras-hub's `Qwen3LayerNorm`.
+
+    Args:
+        epsilon: float > 0 added to the mean square.
+        **kwargs: base layer arguments.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.layers._qk_norm import HeadRMSNorm
+    >>> y = HeadRMSNorm()(np.full((1, 2, 3, 4), 3.0, "float32"))
+    >>> round(float(np.asarray(y)[0, 0, 0, 0]), 4)
+    1.0
+    """
+
+    def __init__(self, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = float(
+            validation.check_positive_number("epsilon", epsilon)
+        )
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(
+            name="scale", shape=(input_shape[-1],), initializer="ones"
+        )
+        self.built = True
+
+    def call(self, x):
+        dtype = softmax_dtype(x.dtype)
+        y = ops.cast(x, dtype)
+        mean_square = ops.mean(ops.square(y), axis=-1, keepdims=True)
+        y = y * ops.rsqrt(mean_square + ops.cast(self.epsilon, dtype))
+        return ops.cast(y * ops.cast(self.scale, dtype), x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config["epsilon"] = self.epsilon
+        return config
+
+
+class QKNormAndSinks:
+    """The QK-norm layers and the sink logits of `MultiHeadAttention`
+    (a mixin)."""
+
+    def _build_qk_norm_and_sinks(self):
+        """Creates the norms (`query_norm`, `key_norm`) and the sinks
+        (`sinks`, `(num_heads,)`, zeros) the constructor asked for."""
+        self._query_norm = self._key_norm = None
+        if self.qk_norm is not None:
+            self._query_norm = self._head_norm("query_norm", self.num_heads)
+            self._key_norm = self._head_norm("key_norm", self._kv_heads)
+        self.sinks = None
+        if self.learned_sinks:
+            self.sinks = self.add_weight(
+                name="sinks",
+                shape=(self.num_heads,),
+                initializer="zeros",
+                dtype=self.variable_dtype,
+            )
+
+    def _head_norm(self, name, heads):
+        if self.qk_norm == "rms":
+            norm = HeadRMSNorm(
+                epsilon=self.qk_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+        else:
+            norm = keras.layers.LayerNormalization(
+                epsilon=self.qk_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+        norm.build((None, None, heads, self.key_dim))
+        return norm
+
+    @property
+    def query_norm(self):
+        """The queries' QK-norm layer (None without `qk_norm`)."""
+        return getattr(self, "_query_norm", None)
+
+    @property
+    def key_norm(self):
+        """The keys' QK-norm layer (None without `qk_norm`)."""
+        return getattr(self, "_key_norm", None)
+
+    def _project_query(self, x):
+        """The query projection, then its QK-norm (if any)."""
+        q = self._query_dense(x)
+        return q if self.query_norm is None else self._query_norm(q)
+
+    def _project_key(self, x):
+        """The key projection, then its QK-norm (if any)."""
+        k = self._key_dense(x)
+        return k if self.key_norm is None else self._key_norm(k)
+
+    def _sink_logits(self):
+        """The learned sink logits `(num_heads,)`, or None."""
+        return getattr(self, "sinks", None)
