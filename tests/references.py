@@ -59,6 +59,55 @@ def multi_head_attention(layer, query, value, key=None, mask=None, scale=None):
     return np.einsum("bihe,heo->bio", out, wo) + bo, weights
 
 
+def qk_norm_sinks_attention(layer, query, value, mask=None):
+    """`MultiHeadAttention(qk_norm=..., learned_sinks=...)` in NumPy from
+    its weights (read by name): projections, each head's query and key
+    normalized over its dimension ("rms": x / sqrt(mean(x^2) + eps) *
+    scale; "layer": (x - mean) / sqrt(var + eps) * gamma + beta), then a
+    softmax over the unmasked keys and one sink logit per head (a column
+    that takes mass and has no value). Returns `(output, weights)`."""
+    w = {v.path.split("/", 1)[1]: np.asarray(v) for v in layer.weights}
+    eps = layer.qk_norm_epsilon
+
+    def project(x, name):
+        return np.einsum("bid,dhk->bihk", x, w[f"{name}/kernel"]) + w.get(
+            f"{name}/bias", 0.0
+        )
+
+    def norm(x, name):
+        if layer.qk_norm == "rms":
+            x = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps)
+            return x * w[f"{name}/scale"]
+        if layer.qk_norm == "layer":
+            x = x - x.mean(-1, keepdims=True)
+            x = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps)
+            return x * w[f"{name}/gamma"] + w[f"{name}/beta"]
+        return x
+
+    q = norm(project(query, "query"), "query_norm")
+    k = norm(project(value, "key"), "key_norm")
+    v = project(value, "value")
+    h, g = q.shape[2], k.shape[2]
+    k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
+    scores = np.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(np.broadcast_to(mask, scores.shape), scores, -np.inf)
+    if "sinks" in w:
+        sinks = np.broadcast_to(
+            w["sinks"][None, :, None, None], scores.shape[:3] + (1,)
+        )
+        scores = np.concatenate([scores, sinks], axis=-1)
+    m = scores.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(scores - m)
+    total = e.sum(-1, keepdims=True)
+    weights = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    weights = weights[..., : k.shape[1]]
+    out = np.einsum("bhij,bjhe->bihe", weights, v)
+    out = np.einsum("bihe,heo->bio", out, w["attention_output/kernel"])
+    return out + w.get("attention_output/bias", 0.0), weights
+
+
 def _np(x):
     return np.asarray(x)
 

@@ -103,6 +103,8 @@ class QKNormAndSinks:
                 dtype=self.dtype_policy,
                 name=name,
             )
+        # Per position, as the projections: Keras masks pass through.
+        norm.supports_masking = True
         norm.build((None, None, heads, self.key_dim))
         return norm
 

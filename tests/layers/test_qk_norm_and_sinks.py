@@ -135,9 +135,7 @@ def test_equal_to_keras_hub_gemma3_attention():
 
 
 def _gpt_oss_pair(window):
-    from keras_hub.src.models.gpt_oss.gpt_oss_attention import (
-        GptOssAttention,
-    )
+    from keras_hub.src.models.gpt_oss.gpt_oss_attention import GptOssAttention
 
     hub = GptOssAttention(
         num_query_heads=HEADS,

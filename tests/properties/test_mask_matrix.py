@@ -124,6 +124,15 @@ def _mha_ref(layer, xs, valid, attn, causal):
     return references.multi_head_attention(layer, xs[0], xs[1], mask=mask)[0]
 
 
+def _qk_norm_sinks_ref(layer, xs, valid, attn, causal):
+    mask = pad4(valid[0], valid[1])
+    if attn:
+        mask = mask & attn["attention_mask"][:, None]
+    if causal:
+        mask = mask & CAUSAL[xs[1].shape[1]]
+    return references.qk_norm_sinks_attention(layer, xs[0], xs[1], mask)[0]
+
+
 def _gated_window_ref(layer, xs, valid, attn, causal):
     """`_mha_ref` with Keras 3.15's sliding window: |i - j| < w, and with
     `use_causal_mask` i - w < j <= i (the gate is in the reference)."""
@@ -240,6 +249,16 @@ def _with_mod(reference, rule):
     return ref
 
 
+def _with_random_sinks(layer):
+    """The layer built with non-trivial norm scales and sink logits."""
+    layer.build((B, T, F), (B, S, F))
+    rng = np.random.default_rng(38)
+    for v in layer.weights:
+        if "norm" in v.path or v.path.endswith("sinks"):
+            v.assign(rng.normal(size=v.shape).astype("float32"))
+    return layer
+
+
 SPECS = {
     "MultiHeadAttention": dict(
         make=lambda causal: ka.MultiHeadAttention(2, 4),
@@ -248,6 +267,17 @@ SPECS = {
         causal="call",
         core=True,
         reference=_mha_ref,
+    ),
+    # QK-norm and learned sinks (a fully masked row: zeros, then bias).
+    "MultiHeadAttention[qk_norm,learned_sinks]": dict(
+        make=lambda causal: _with_random_sinks(
+            ka.MultiHeadAttention(2, 4, qk_norm="rms", learned_sinks=True)
+        ),
+        inputs=((X, "query_mask"), (C, "value_mask")),
+        attention={"attention_mask": S},
+        causal="call",
+        core=True,
+        reference=_qk_norm_sinks_ref,
     ),
     # Keras 3.15's options on self-attention shapes: the banded path.
     "MultiHeadAttention[use_gate,sliding_window]": dict(
@@ -625,6 +655,7 @@ def test_matrix_size(capsys):
     """Every masked layer is in the matrix; prints its size."""
     assert set(SPECS) == {
         "MultiHeadAttention",
+        "MultiHeadAttention[qk_norm,learned_sinks]",
         "MultiHeadAttention[use_gate,sliding_window]",
         "SelfAttention",
         "CausalSelfAttention",
