@@ -77,6 +77,15 @@ def backbones():
             )
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        # keras-hub 0.32's Qwen3Attention drops its window where Keras
+        # has a fused attention op (JAX, PyTorch): windowed on TF only.
+        "Qwen 3": models.Qwen3Backbone(
+            head_dim=16,
+            sliding_window_size=(
+                16 if keras.backend.backend() == "tensorflow" else None
+            ),
+            **llama_style,
+        ),
         "T5 1.1": models.T5Backbone(
             num_heads=4, key_value_dim=16, activation="gelu", **common
         ),

@@ -86,8 +86,10 @@ class TransformerBlock(keras.layers.Layer):
             cross-attention; `MultiHeadAttention(attention_scale=...)`),
             e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
         qk_norm: optional "rms" or "layer": QK-norm in every attention
-            layer of the block (`MultiHeadAttention(qk_norm=...)`), with
-            `layer_norm_epsilon`. Default None.
+            layer of the block (`MultiHeadAttention(qk_norm=...)`).
+            Default None.
+        qk_norm_epsilon: optional float > 0, the QK-norms' epsilon.
+            Default None: `layer_norm_epsilon`.
         learned_sinks: bool, learned attention sinks in every attention
             layer of the block (`MultiHeadAttention(learned_sinks=...)`).
             Default False.
@@ -119,6 +121,7 @@ class TransformerBlock(keras.layers.Layer):
         rotary_scaling=None,
         attention_scale=None,
         qk_norm=None,
+        qk_norm_epsilon=None,
         learned_sinks=False,
         **kwargs,
     ):
@@ -185,6 +188,11 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_scale = validation.check_positive_number(
             "attention_scale", attention_scale, allow_none=True
         )
+        self.qk_norm_epsilon = None
+        if qk_norm_epsilon is not None:
+            self.qk_norm_epsilon = validation.check_positive_number(
+                "qk_norm_epsilon", qk_norm_epsilon
+            )
         self.qk_norm = validation.check_qk_norm(qk_norm, layer_norm_epsilon)[0]
         self.learned_sinks = validation.check_bool(
             "learned_sinks", learned_sinks
@@ -239,9 +247,8 @@ class TransformerBlock(keras.layers.Layer):
         configs then stay those of earlier releases)."""
         kwargs = {}
         if self.qk_norm is not None:
-            kwargs.update(
-                qk_norm=self.qk_norm, qk_norm_epsilon=self.layer_norm_epsilon
-            )
+            epsilon = self.qk_norm_epsilon or self.layer_norm_epsilon
+            kwargs.update(qk_norm=self.qk_norm, qk_norm_epsilon=epsilon)
         if self.learned_sinks:
             kwargs["learned_sinks"] = True
         return kwargs
@@ -432,6 +439,7 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_scale": self.attention_scale,
                 "window_size": self.window_size,
                 "qk_norm": self.qk_norm,
+                "qk_norm_epsilon": self.qk_norm_epsilon,
                 "learned_sinks": self.learned_sinks,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer

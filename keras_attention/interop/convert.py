@@ -6,6 +6,7 @@ from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
+from keras_attention.interop.qwen3 import convert_qwen3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
 
@@ -19,6 +20,7 @@ CONVERTERS = {
     "GemmaBackbone": convert_gemma,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
+    "Qwen3Backbone": convert_qwen3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
 }
@@ -70,7 +72,8 @@ def from_keras_hub(backbone):
     post-norms, Gemma 2 27B's query scaling as the blocks'
     `attention_scale`), `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
-    `BloomBackbone` (ALiBi), `ViTBackbone` (input `images`)
+    `BloomBackbone` (ALiBi), `Qwen3Backbone` (QK-norm as the blocks'
+    `qk_norm="rms"`), `ViTBackbone` (input `images`)
     and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.

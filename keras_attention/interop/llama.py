@@ -105,7 +105,14 @@ def llama_rotary_scaling(backbone):
 
 
 def build_llama_style(
-    backbone, config, window_size=None, key_dim=None, rotary_scaling=None
+    backbone,
+    config,
+    window_size=None,
+    key_dim=None,
+    rotary_scaling=None,
+    qk_norm=None,
+    table=WEIGHT_TABLE,
+    qk_norm_epsilon=None,
 ):
     """The Llama-style model: a token embedding (`ReversibleEmbedding`,
     tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
@@ -125,6 +132,11 @@ def build_llama_style(
             num_query_heads`).
         rotary_scaling: optional dict, the blocks' `rotary_scaling` (RoPE
             context extension; None: none).
+        qk_norm: optional, the blocks' `qk_norm` (Qwen 3: "rms").
+        qk_norm_epsilon: optional, the blocks' `qk_norm_epsilon` (None:
+            `layer_norm_epsilon`).
+        table: the weight table (theirs -> ours); `WEIGHT_TABLE` unless
+            the family names more weights.
 
     Returns:
         The converted `keras.Model`.
@@ -155,6 +167,8 @@ def build_llama_style(
             normalization="rms_norm",
             use_bias=False,
             gated_feed_forward=True,
+            qk_norm=qk_norm,
+            qk_norm_epsilon=qk_norm_epsilon,
             dtype=dtype,
             name=f"transformer_layer_{i}",
         )(x, padding_mask=inputs["padding_mask"])
@@ -164,7 +178,7 @@ def build_llama_style(
         name="sequence_output_layernorm",
     )(x)
     model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
+    prefixes = _common.layer_prefixes(table, config["num_layers"])
     _common.copy_weights(backbone, model, prefixes)
     return model
 

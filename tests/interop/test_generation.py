@@ -63,6 +63,11 @@ def tiny(name):
     if name == "bloom":
         backbone = models.BloomBackbone(num_heads=4, **common)
         return backbone, models.BloomCausalLM
+    if name == "qwen3":  # QK-norm; a window shorter than the outputs.
+        backbone = models.Qwen3Backbone(
+            head_dim=4, sliding_window_size=4, **llama_style
+        )
+        return backbone, models.Qwen3CausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
@@ -79,6 +84,7 @@ def tiny(name):
         "gemma",
         "gemma2",
         "bloom",
+        "qwen3",
     ],
 )
 def test_greedy_tokens_equal_keras_hub(name):
