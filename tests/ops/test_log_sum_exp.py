@@ -131,9 +131,7 @@ def loss_of(out, lse):
     """A loss reading both outputs (the lse on its finite rows only)."""
     finite = ops.logical_not(ops.isinf(lse))
     lse = ops.where(finite, lse, 0.0)
-    return ops.sum(ops.multiply(out, W_OUT)) + ops.sum(
-        ops.multiply(lse, W_LSE)
-    )
+    return ops.sum(ops.multiply(out, W_OUT)) + ops.sum(ops.multiply(lse, W_LSE))
 
 
 def value_and_grads(fn, args):
@@ -159,6 +157,7 @@ def value_and_grads(fn, args):
             tape.watch(args)
             loss, aux = fn(*args)
         grads = tape.gradient(loss, args)
+
     def to_np(x):
         if x is None:  # No gradient (an argument the loss does not read).
             return None
