@@ -77,6 +77,15 @@ def backbones():
             )
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        "Gemma 3": models.Gemma3Backbone(
+            head_dim=16,
+            image_size=None,
+            vision_encoder=None,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+            global_rope_scaling_factor=8.0,
+            **dict(llama_style, num_layers=6),
+        ),
         # keras-hub 0.32's Qwen3Attention drops its window where Keras
         # has a fused attention op (JAX, PyTorch): windowed on TF only.
         "Qwen 3": models.Qwen3Backbone(

@@ -3,6 +3,7 @@
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.gemma import convert_gemma
+from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
@@ -18,6 +19,7 @@ CONVERTERS = {
     "BloomBackbone": convert_bloom,
     "GPT2Backbone": convert_gpt2,
     "GemmaBackbone": convert_gemma,
+    "Gemma3Backbone": convert_gemma3,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
     "Qwen3Backbone": convert_qwen3,
@@ -70,7 +72,9 @@ def from_keras_hub(backbone):
     `rotary_scaling`),
     `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
     post-norms, Gemma 2 27B's query scaling as the blocks'
-    `attention_scale`), `T5Backbone` (encoder-decoder; one
+    `attention_scale`), `Gemma3Backbone` (text: QK-norm, five windowed
+    layers for one global, a rotary wavelength per kind of layer),
+    `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
     `BloomBackbone` (ALiBi), `Qwen3Backbone` (QK-norm as the blocks'
     `qk_norm="rms"`), `ViTBackbone` (input `images`)

@@ -129,6 +129,32 @@ def convert_gemma(backbone):
           Practical Size".
     """
     get = backbone.get_config()
+    sandwich = sandwich_norm(get)
+    soft_cap = get.get("attention_logit_soft_cap")
+    window = None
+    if get.get("use_sliding_window_attention"):
+        window = int(get["sliding_window_size"])
+    config = gemma_config(backbone)
+    config["intermediate_dim"] //= 2  # GeGLU halves (`gate_dim_reduction`)
+
+    def layer_kwargs(i):
+        kwargs = dict(
+            rotary_max_wavelength=ROPE_MAX_WAVELENGTH,
+            sandwich_norm=sandwich,
+            attention_scale=_attention_scale(backbone, i, config),
+        )
+        if soft_cap is not None:
+            kwargs["score_mod"] = SoftCap(soft_cap)
+        if window is not None and i % 2 == 0:
+            kwargs["mask_mod"] = KerasSlidingWindowMask(window)
+        return kwargs
+
+    return build_gemma_style(backbone, config, layer_kwargs)
+
+
+def sandwich_norm(get):
+    """The blocks' `sandwich_norm` from a Gemma config `get`: its post-
+    attention and post-feed-forward norms, both or neither."""
     post_norms = (
         bool(get.get("use_post_attention_norm")),
         bool(get.get("use_post_ffw_norm")),
@@ -140,10 +166,11 @@ def convert_gemma(backbone):
             f"Received: use_post_attention_norm={post_norms[0]!r}, "
             f"use_post_ffw_norm={post_norms[1]!r}"
         )
-    soft_cap = get.get("attention_logit_soft_cap")
-    window = None
-    if get.get("use_sliding_window_attention"):
-        window = int(get["sliding_window_size"])
+    return post_norms[0]
+
+
+def gemma_config(backbone):
+    """The config entries of a Gemma backbone that every layer shares."""
     config = {
         name: _common.config_value(backbone, name)
         for name in (
@@ -157,12 +184,35 @@ def convert_gemma(backbone):
             "layer_norm_epsilon",
         )
     }
+    get = backbone.get_config()
+    config["dropout"] = get.get("dropout", 0.0)
+    config["final_logit_soft_cap"] = get.get("final_logit_soft_cap")
+    return config
+
+
+def build_gemma_style(backbone, config, layer_kwargs, table=WEIGHT_TABLE):
+    """The Gemma-style model: the tied token embedding scaled by
+    `sqrt(hidden_dim)`, pre-norm decoder blocks (RMS norms, no biases,
+    grouped-query attention with `key_dim=head_dim`, a GeGLU feed-forward
+    of `config["intermediate_dim"]`), a final RMS norm; the weights
+    copied by `table` with `transform_weight`.
+
+    Args:
+        backbone: the keras-hub backbone.
+        config: `gemma_config(backbone)` (with the feed-forward's width).
+        layer_kwargs: `layer_kwargs(i)` -> the block options of layer `i`
+            (rotary positions, windows, soft-caps, norms).
+        table: the weight table (theirs -> ours).
+
+    Returns:
+        The converted `keras.Model`.
+    """
     dtype = backbone.dtype_policy
     inputs = _common.token_inputs("token_ids", "padding_mask")
     x = keras.layers.ReversibleEmbedding(
         config["vocabulary_size"],
         config["hidden_dim"],
-        logit_soft_cap=get.get("final_logit_soft_cap"),
+        logit_soft_cap=config["final_logit_soft_cap"],
         dtype=dtype,
         name="token_embedding",
     )(inputs["token_ids"])
@@ -170,31 +220,22 @@ def convert_gemma(backbone):
         math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
     )(x)
     for i in range(config["num_layers"]):
-        attention_scale = _attention_scale(backbone, i, config)
-        mods = {}
-        if soft_cap is not None:
-            mods["score_mod"] = SoftCap(soft_cap)
-        if window is not None and i % 2 == 0:
-            mods["mask_mod"] = KerasSlidingWindowMask(window)
         x = TransformerDecoderBlock(
             num_heads=config["num_query_heads"],
-            intermediate_dim=config["intermediate_dim"] // 2,
+            intermediate_dim=config["intermediate_dim"],
             cross_attention=False,
             key_dim=config["head_dim"],
             num_key_value_heads=config["num_key_value_heads"],
-            dropout=get.get("dropout", 0.0),
+            dropout=config["dropout"],
             activation=gelu_approximate,
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
-            rotary_max_wavelength=ROPE_MAX_WAVELENGTH,
             normalization="rms_norm",
             use_bias=False,
             gated_feed_forward=True,
-            sandwich_norm=post_norms[0],
-            attention_scale=attention_scale,
             dtype=dtype,
             name=f"decoder_block_{i}",
-            **mods,
+            **layer_kwargs(i),
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],
@@ -202,6 +243,6 @@ def convert_gemma(backbone):
         name="final_normalization",
     )(x)
     model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
+    prefixes = _common.layer_prefixes(table, config["num_layers"])
     _common.copy_weights(backbone, model, prefixes, transform_weight)
     return model

@@ -76,6 +76,22 @@ def tiny(name, **kwargs):
         for layer in backbone.transformer_layers:
             layer.attention.query_head_dim_normalize = False
         return backbone
+    if name == "gemma3":
+        # Five windowed layers (window 3 < the inputs) and a global one,
+        # their own RoPE wavelengths and scalings, QK-norm, post-norms.
+        gemma3 = dict(llama_style, intermediate_dim=32, num_layers=6)
+        return models.Gemma3Backbone(
+            head_dim=6,
+            image_size=None,
+            vision_encoder=None,
+            use_sliding_window_attention=True,
+            sliding_window_size=3,
+            global_rope_scaling_factor=2.0,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            **gemma3,
+            **kwargs,
+        )
     if name == "qwen3":
         # QK-norm; heads of 6; on TensorFlow a window shorter than the
         # inputs. keras-hub 0.32's Qwen3Attention drops its window where
@@ -111,6 +127,7 @@ FAMILIES = (
     "gemma2_27b",
     "bloom",
     "qwen3",
+    "gemma3",
 )
 
 
