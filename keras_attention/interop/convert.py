@@ -84,7 +84,9 @@ def from_keras_hub(backbone):
 
     Args:
         backbone: a built keras-hub backbone (`keras_hub.models.*Backbone`,
-            e.g. from `keras_hub.models.BertBackbone.from_preset(...)`).
+            e.g. from `keras_hub.models.BertBackbone.from_preset(...)`),
+            or a keras-hub task holding one (`CausalLM`, `TextClassifier`,
+            ...: its `backbone` is converted).
 
     Returns:
         The converted `keras.Model`.
@@ -93,7 +95,8 @@ def from_keras_hub(backbone):
         ValueError: for a backbone of an unsupported class (the message
             lists the supported ones), or one whose weights do not match
             the family's layout.
-        TypeError: when `backbone` is not a keras-hub backbone.
+        TypeError: when `backbone` is neither a keras-hub backbone nor a
+            keras-hub task.
 
     Example:
 
@@ -132,10 +135,13 @@ def from_keras_hub(backbone):
     """
     import keras_hub  # an optional extra, needed only to convert
 
+    if isinstance(backbone, keras_hub.models.Task):
+        backbone = backbone.backbone  # A task (`CausalLM`, ...): its model.
     if not isinstance(backbone, keras_hub.models.Backbone):
         raise TypeError(
             "`backbone` must be a keras-hub backbone "
-            "(`keras_hub.models.Backbone`). Received: "
+            "(`keras_hub.models.Backbone`) or task (`keras_hub.models."
+            "Task`). Received: "
             f"backbone={backbone!r} of type {type(backbone).__name__}"
         )
     registry = _registry()

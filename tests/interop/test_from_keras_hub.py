@@ -322,6 +322,15 @@ def test_partial_llama31_rope_arguments_are_refused():
         keras_attention.interop.llama.llama_rotary_scaling(backbone)
 
 
+def test_a_task_converts_its_backbone():
+    backbone = perturbed(tiny("llama"))
+    task = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    inputs = make_inputs(backbone)
+    got = as_dict(from_keras_hub(task)(inputs))
+    want = as_dict(backbone(inputs))
+    assert real_positions_error(got, want, inputs["padding_mask"]) <= 1e-5
+
+
 def test_not_a_backbone():
     with pytest.raises(TypeError, match="backbone"):
         from_keras_hub(keras.Sequential([keras.layers.Dense(2)]))
