@@ -287,6 +287,24 @@ CASES = [
         {"q": X, "v": X, "qm": VALID, "vm": VALID},
     ),
     (
+        "multi-head-latent-attention",
+        lambda: L.MultiHeadLatentAttention(
+            2, 4, 2, 2, 3, q_lora_rank=4, dropout=0.1
+        ),
+        lambda layer, x, m: layer(
+            x, query_mask=m, use_causal_mask=True, training=True
+        ),
+        {"x": X, "m": VALID},
+    ),
+    (
+        "multi-head-latent-attention-absorbed-cached",
+        lambda: L.MultiHeadLatentAttention(2, 4, 2, 2, 3),
+        lambda layer, x, cache: layer(
+            x, cache=cache, cache_update_index=2, use_causal_mask=True
+        )[0],
+        {"x": X[:, :1], "cache": np.zeros((2, 6, 6), "float32")},
+    ),
+    (
         "self-attention-packed-blockwise",
         lambda: L.SelfAttention(4, 4, causal=True, rotary_max_wavelength=100),
         _scoped(

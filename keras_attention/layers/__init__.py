@@ -12,6 +12,9 @@ from keras_attention.layers.group_query_attention import GroupQueryAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.multi_head_latent_attention import (
+    MultiHeadLatentAttention,
+)
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.self_attention import CausalSelfAttention
@@ -36,6 +39,7 @@ __all__ = [
     "LocalSelfAttention",
     "LuongAttention",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "PositionEmbedding",
     "RotaryEmbedding",
     "CausalSelfAttention",

@@ -67,6 +67,33 @@ def i64(n):
 # (class, arguments with NumPy scalars, the same with Python ones).
 NUMPY_SCALARS = [
     (
+        ka.MultiHeadLatentAttention,
+        dict(
+            num_heads=i64(2),
+            kv_lora_rank=np.int32(4),
+            qk_nope_head_dim=i64(2),
+            qk_rope_head_dim=i64(2),
+            v_head_dim=np.int32(3),
+            q_lora_rank=i64(3),
+            rope_theta=np.float32(100.0),
+            rms_norm_eps=np.float32(1e-5),
+            dropout=np.float32(0.25),
+            seed=i64(3),
+        ),
+        dict(
+            num_heads=2,
+            kv_lora_rank=4,
+            qk_nope_head_dim=2,
+            qk_rope_head_dim=2,
+            v_head_dim=3,
+            q_lora_rank=3,
+            rope_theta=100.0,
+            rms_norm_eps=float(np.float32(1e-5)),
+            dropout=0.25,
+            seed=3,
+        ),
+    ),
+    (
         ka.GroupQueryAttention,
         dict(
             head_dim=i64(4),
@@ -386,6 +413,18 @@ NAN, INF = float("nan"), float("inf")
         ),
         (ka.FeedForward, dict(intermediate_dim=4, dropout=NAN), "dropout"),
         (
+            ka.MultiHeadLatentAttention,
+            dict(
+                num_heads=2,
+                kv_lora_rank=4,
+                qk_nope_head_dim=2,
+                qk_rope_head_dim=2,
+                v_head_dim=2,
+                rope_theta=INF,
+            ),
+            "rope_theta",
+        ),
+        (
             ka.BahdanauAttention,
             dict(units=4, dropout=np.float32(NAN)),
             "dropout",
@@ -404,6 +443,17 @@ def halves(shape, dtype=None):
 
 
 INITIALIZED = [
+    (
+        ka.MultiHeadLatentAttention,
+        dict(
+            num_heads=2,
+            kv_lora_rank=4,
+            qk_nope_head_dim=2,
+            qk_rope_head_dim=2,
+            v_head_dim=2,
+        ),
+        "kernel_initializer",
+    ),
     (
         ka.GroupQueryAttention,
         dict(head_dim=4, num_query_heads=2, num_key_value_heads=1),

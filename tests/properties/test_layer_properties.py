@@ -555,6 +555,94 @@ def test_group_query_attention(data):
     )
 
 
+def _mla_spec():
+    return dict(
+        num_heads=(ints(1, 2), BAD_INTS),
+        kv_lora_rank=(ints(1, 3), BAD_INTS),
+        qk_nope_head_dim=(ints(1, 2), BAD_INTS),
+        qk_rope_head_dim=(st.sampled_from([2, 4]), (3, 0, -2, 2.5, "2", True)),
+        v_head_dim=(ints(1, 2), BAD_INTS),
+        q_lora_rank=(st.one_of(st.none(), ints(1, 3)), (0, -1, 2.5, "2")),
+        rope_theta=(WAVELENGTHS, BAD_WAVELENGTHS),
+        rope_interleave=(BOOLS, BAD_BOOLS),
+        attention_bias=(BOOLS, BAD_BOOLS),
+        rms_norm_eps=(
+            one_of_values(1e-6, 1e-3, np.float32(1e-5)),
+            (0, -1.0, NAN, INF, "1e-6"),
+        ),
+        dropout=(RATES, BAD_RATES),
+        absorb=(st.one_of(st.none(), BOOLS), ("True", 1, 0.0)),
+    )
+
+
+def mla_reference(layer, x, valid, causal):
+    """`MultiHeadLatentAttention` (naive form) in float64."""
+    b, t, _ = x.shape
+    h, n = layer.num_heads, layer.qk_nope_head_dim
+    p, v, r = layer.qk_rope_head_dim, layer.v_head_dim, layer.kv_lora_rank
+
+    def linear(dense, y):
+        y = y @ _w(dense.kernel)
+        return y if dense.bias is None else y + _w(dense.bias)
+
+    def rms(y, norm):
+        mean_square = np.mean(y**2, -1, keepdims=True)
+        return y / np.sqrt(mean_square + layer.rms_norm_eps) * _w(norm.scale)
+
+    def rope(y):
+        if layer.rope_interleave:
+            y = np.concatenate([y[..., 0::2], y[..., 1::2]], -1)
+        return _rotate(y, layer.rope_theta)
+
+    if layer.q_lora_rank is None:
+        q = linear(layer.q_proj, x)
+    else:
+        a = rms(linear(layer.q_a_proj, x), layer.q_a_layernorm)
+        q = linear(layer.q_b_proj, a)
+    q = q.reshape(b, t, h, n + p)
+    q = np.concatenate([q[..., :n], rope(q[..., n:])], -1)
+    kv = linear(layer.kv_a_proj_with_mqa, x)
+    c = rms(kv[..., :r], layer.kv_a_layernorm)
+    up = linear(layer.kv_b_proj, c).reshape(b, t, h, n + v)
+    k_rope = np.repeat(rope(kv[:, :, None, r:]), h, axis=2)
+    k = np.concatenate([up[..., :n], k_rope], -1)
+    scores = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(n + p)
+    mask = _attention_mask(b, t, t, valid, valid, causal)
+    weights = _softmax(scores, np.broadcast_to(mask, scores.shape))
+    heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
+    return linear(layer.o_proj, heads.reshape(b, t, h * v))
+
+
+@DRAWS
+@given(st.data())
+def test_multi_head_latent_attention(data):
+    kwargs, bad = _draw_args(data, _mla_spec())
+    batch = data.draw(st.sampled_from(BATCHES))
+    t = data.draw(st.sampled_from(LENGTHS), label="T")
+    x, finite, huge = data.draw(sequences(batch, t))
+    mask = data.draw(masks(batch, t), label="query_mask")
+    causal = data.draw(st.booleans(), label="use_causal_mask")
+    if data.draw(st.sampled_from([False] * 8 + [True])):
+        mask, bad = np.ones((batch, t + 1), bool), bad | {"query_mask"}
+
+    def run():
+        layer = _layer(
+            ka.MultiHeadLatentAttention,
+            kwargs,
+            lambda layer: layer(np.zeros((1, 1, FEATURES), "float32")),
+        )
+        return layer, layer(x, query_mask=mask, use_causal_mask=causal)
+
+    result = expect(run, bad)
+    if result is None:
+        return
+    layer, out = result
+    valid = _valid(mask, batch, t)
+    reference = mla_reference(layer, x.astype("float64"), valid, causal)
+    spec = layer.compute_output_spec(keras.KerasTensor(x.shape))
+    _check_outputs([out], [spec], [reference], finite, huge)
+
+
 def _graph_spec():
     return dict(
         num_heads=(ints(1, 3), BAD_INTS),
@@ -1444,6 +1532,7 @@ def test_layers_are_all_covered():
         "LocalSelfAttention",
         "LuongAttention",
         "MultiHeadAttention",
+        "MultiHeadLatentAttention",
         "PositionEmbedding",
         "RotaryEmbedding",
         "CausalSelfAttention",

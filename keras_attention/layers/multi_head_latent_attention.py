@@ -1,0 +1,493 @@
+"""`MultiHeadLatentAttention`: DeepSeek-V2/V3's multi-head latent
+attention (MLA), whose key/value cache holds one low-rank latent per
+token instead of per-head keys and values.
+
+Axes in comments: b - batch, t - query positions, s - key positions
+(the cache's), h - heads, n - `qk_nope_head_dim`, p - `qk_rope_head_dim`,
+v - `v_head_dim`, r - `kv_lora_rank`.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention import masks as masks_lib
+from keras_attention.layers._qk_norm import HeadRMSNorm
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.ops.attention import dot_product_attention
+from keras_attention.utils import attention_checks
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
+
+_LAYOUT = "(batch, steps, features)"
+
+
+def _check_rope_head_dim(value):
+    value = validation.check_positive_int("qk_rope_head_dim", value)
+    if value % 2:
+        raise ValueError(
+            "`qk_rope_head_dim` must be even (rotary embeddings rotate "
+            f"feature pairs). Received: qk_rope_head_dim={value!r}"
+        )
+    return value
+
+
+def _check_absorb(value):
+    if value is None:
+        return None
+    return validation.check_bool("absorb", value)
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class MultiHeadLatentAttention(keras.layers.Layer):
+    """Multi-head latent attention (MLA) of DeepSeek-V2 and DeepSeek-V3.
+
+    Each token is compressed into a latent `c = RMSNorm(x W_dkv)` of
+    `kv_lora_rank` features, from which every head's keys and values are
+    up-projected (`kv_b_proj`); a second, decoupled key of
+    `qk_rope_head_dim` features, shared by all heads, carries the rotary
+    positions. Queries have a position-free part of `qk_nope_head_dim` and
+    a rotary part of `qk_rope_head_dim` per head:
+
+        q = x W_q  (or RMSNorm(x W_qa) W_qb with `q_lora_rank`)
+        [c, k_rope] = x W_kv_a;  c = RMSNorm(c);  k_rope = RoPE(k_rope)
+        [k_nope, v] = c W_kv_b                    (per head)
+        score = ([q_nope, RoPE(q_rope)] . [k_nope, k_rope])
+                / sqrt(qk_nope_head_dim + qk_rope_head_dim)
+        output = (softmax(score) v) W_o
+
+    The weights are named and shaped as the `DeepseekV3Attention` of
+    Hugging Face `transformers` (a `Dense` kernel is the `nn.Linear`
+    weight transposed): `q_proj` or `q_a_proj`, `q_a_layernorm`,
+    `q_b_proj`; `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`,
+    `o_proj`. The biases follow `transformers` too: with
+    `attention_bias`, `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj` get
+    one; `q_proj`, `q_b_proj` and `kv_b_proj` never do.
+
+    Cache: only the normalised latent and the rotated rope key of each
+    token, `(batch, max_length, kv_lora_rank + qk_rope_head_dim)`. Per
+    token and layer that is `kv_lora_rank + qk_rope_head_dim` numbers
+    against `2 * num_heads * (qk_nope_head_dim + qk_rope_head_dim)` for a
+    `MultiHeadAttention` cache of the same heads (keys and values of
+    that width): DeepSeek-V3's sizes (`r=512, p=64, n=128, h=128`) give
+    576 against 49,152, 85 times fewer bytes.
+
+    Absorbed form (`absorb`): the up-projections are folded into the
+    query and the output, so attention runs on the latents directly as
+    multi-query attention with one shared key/value head:
+    `score = (q_nope W_uk) . c + q_rope . k_rope`, `output = ((softmax .
+    c) W_uv) W_o`. It gives the naive result (up to float rounding) and
+    never materialises per-head keys or values: the cheap form for
+    decoding, where the cache is long and the query short.
+
+    Rotary positions: plain RoPE, frequencies `rope_theta ** (-2k / p)`.
+    DeepSeek's checkpoints lay the rope features out in interleaved pairs
+    `(x0, x1), (x2, x3), ...` (`rope_interleave=True`, as
+    `DeepseekV3Config`'s default); `False` rotates halves `(x_k,
+    x_{k + p/2})` as Llama does. YaRN context extension (DeepSeek-V3's
+    `rope_scaling`, with its `mscale_all_dim` factor on the softmax
+    scale) is not supported yet.
+
+    Args:
+        num_heads: int, number of attention heads `h`.
+        kv_lora_rank: int, size `r` of the key/value latent.
+        qk_nope_head_dim: int, per-head size of the position-free query
+            and key part.
+        qk_rope_head_dim: even int, size of the rotary query part (per
+            head) and of the shared rotary key.
+        v_head_dim: int, per-head value size.
+        q_lora_rank: optional int: queries through a low-rank bottleneck
+            (`q_a_proj`, RMSNorm, `q_b_proj`, as DeepSeek-V2/V3); None
+            (default): one projection `q_proj` (DeepSeek-V2-Lite).
+        rope_theta: finite number >= 1, the rotary base. Defaults to
+            10000.
+        rope_interleave: bool, interleaved rope pairs (DeepSeek's layout,
+            default True) or halves (False).
+        attention_bias: bool, biases on `q_a_proj`, `kv_a_proj_with_mqa`
+            and `o_proj`. Defaults to False.
+        rms_norm_eps: float > 0, the epsilon of the latents' RMSNorms.
+            Defaults to 1e-6 (`transformers` builds these two norms with
+            1e-6 whatever its config's `rms_norm_eps`).
+        dropout: float in [0, 1), dropout on the attention weights.
+        absorb: None, True or False: compute attention in the absorbed
+            form above (True), the naive one (False), or absorbed for
+            cached calls only (None, default).
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        seed: optional int, seed of the dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(batch, T, hidden)`, the sequence (self-attention).
+        query_mask: optional boolean `(batch, T)`, True on real tokens;
+            read from the query's Keras mask when omitted. Padded tokens
+            are not attended to (uncached calls) and give zero attention
+            (then `o_proj`'s bias). The output carries the query's Keras
+            mask.
+        attention_mask: optional boolean `(T, S)`, `(batch, T, S)` or
+            `(batch, num_heads, T, S)`, True = may attend (`S = T`, or
+            the cache's length with a cache).
+        use_causal_mask: bool, position `i` sees keys `j <= i` (positions
+            counted from `cache_update_index` with a cache).
+        cache: optional latent cache `(batch, max_length, kv_lora_rank +
+            qk_rope_head_dim)`, with `cache_update_index`: this call's
+            latents are written at that index and attention runs over the
+            whole cache (mask its unfilled slots with `use_causal_mask`
+            or `attention_mask`).
+        cache_update_index: int or scalar integer tensor, the position of
+            this call's first token (and of its rotary positions):
+            `0 <= index` and `index + T <= max_length`, refused with a
+            `ValueError` when known (eager calls); a symbolic index is
+            not checked.
+        training: bool, dropout on or off.
+
+    Returns:
+        The output `(batch, T, hidden)`; with a `cache`, `(output,
+        new_cache)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> mla = keras_attention.layers.MultiHeadLatentAttention(
+    ...     num_heads=2, kv_lora_rank=8, qk_nope_head_dim=4,
+    ...     qk_rope_head_dim=2, v_head_dim=4)
+    >>> x = np.random.default_rng(0).normal(size=(1, 5, 16)).astype("float32")
+    >>> tuple(mla(x, use_causal_mask=True).shape)
+    (1, 5, 16)
+    >>> cache = np.zeros((1, 5, 8 + 2), "float32")
+    >>> y, cache = mla(x[:, :3], cache=cache, cache_update_index=0,
+    ...                use_causal_mask=True)
+    >>> tuple(cache.shape)
+    (1, 5, 10)
+
+    References:
+        - DeepSeek-AI, 2024, "DeepSeek-V2: A Strong, Economical, and
+          Efficient Mixture-of-Experts Language Model" (arXiv 2405.04434),
+          section 2.1.
+        - DeepSeek-AI, 2024, "DeepSeek-V3 Technical Report" (arXiv
+          2412.19437).
+        - Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary
+          Position Embedding".
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        kv_lora_rank,
+        qk_nope_head_dim,
+        qk_rope_head_dim,
+        v_head_dim,
+        q_lora_rank=None,
+        rope_theta=10000.0,
+        rope_interleave=True,
+        attention_bias=False,
+        rms_norm_eps=1e-6,
+        dropout=0.0,
+        absorb=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        positive = validation.check_positive_int
+        self.num_heads = positive("num_heads", num_heads)
+        self.kv_lora_rank = positive("kv_lora_rank", kv_lora_rank)
+        self.qk_nope_head_dim = positive("qk_nope_head_dim", qk_nope_head_dim)
+        self.qk_rope_head_dim = _check_rope_head_dim(qk_rope_head_dim)
+        self.v_head_dim = positive("v_head_dim", v_head_dim)
+        self.q_lora_rank = positive("q_lora_rank", q_lora_rank, True)
+        self.rope_theta = float(
+            validation.check_positive_number(
+                "rope_theta", rope_theta, minimum=1
+            )
+        )
+        self.rope_interleave = validation.check_bool(
+            "rope_interleave", rope_interleave
+        )
+        self.attention_bias = validation.check_bool(
+            "attention_bias", attention_bias
+        )
+        self.rms_norm_eps = float(
+            validation.check_positive_number("rms_norm_eps", rms_norm_eps)
+        )
+        self.dropout = validation.check_rate("dropout", dropout)
+        self.absorb = _check_absorb(absorb)
+        self.seed = validation.check_seed("seed", seed)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+        self._rotary = RotaryEmbedding(
+            max_wavelength=self.rope_theta,
+            dtype=self.dtype_policy,
+            name="rotary_embedding",
+        )
+        self._dropout_layer = keras.layers.Dropout(
+            rate=self.dropout, seed=self.seed, dtype=self.dtype_policy
+        )
+
+    @property
+    def qk_head_dim(self):
+        """Per-head query/key size, `qk_nope_head_dim + qk_rope_head_dim`."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_dim(self):
+        """Last axis of the latent cache, `kv_lora_rank +
+        qk_rope_head_dim`."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    # Build ---------------------------------------------------------------
+
+    def _dense(self, units, name, use_bias, input_dim):
+        clone = keras_utils.clone_initializer
+        dense = keras.layers.Dense(
+            units,
+            use_bias=use_bias,
+            kernel_initializer=clone(self.kernel_initializer),
+            bias_initializer=clone(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        dense.build((None, None, input_dim))
+        return dense
+
+    def _norm(self, name, dim):
+        norm = HeadRMSNorm(
+            epsilon=self.rms_norm_eps, dtype=self.dtype_policy, name=name
+        )
+        norm.build((None, None, dim))
+        return norm
+
+    def build(self, query_shape):
+        hidden = validation.check_sequence_shape(
+            "query", query_shape, layout=_LAYOUT
+        )
+        self._hidden = hidden
+        q_units = self.num_heads * self.qk_head_dim
+        bias = self.attention_bias
+        self.q_proj = self.q_a_proj = None
+        self.q_a_layernorm = self.q_b_proj = None
+        if self.q_lora_rank is None:
+            self.q_proj = self._dense(q_units, "q_proj", False, hidden)
+        else:
+            rank = self.q_lora_rank
+            self.q_a_proj = self._dense(rank, "q_a_proj", bias, hidden)
+            self.q_a_layernorm = self._norm("q_a_layernorm", rank)
+            self.q_b_proj = self._dense(q_units, "q_b_proj", False, rank)
+        self.kv_a_proj_with_mqa = self._dense(
+            self.cache_dim, "kv_a_proj_with_mqa", bias, hidden
+        )
+        self.kv_a_layernorm = self._norm("kv_a_layernorm", self.kv_lora_rank)
+        self.kv_b_proj = self._dense(
+            self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
+            "kv_b_proj",
+            False,
+            self.kv_lora_rank,
+        )
+        self.o_proj = self._dense(
+            hidden, "o_proj", bias, self.num_heads * self.v_head_dim
+        )
+        self.built = True
+
+    # Pieces --------------------------------------------------------------
+
+    def _heads(self, x, dim):
+        """`(b, t, h * dim)` -> `(b, t, h, dim)` (no -1: `t` may be 0)."""
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1], self.num_heads, dim))
+
+    def _rope(self, x, start):
+        """Rotary positions on the rope features `(b, t, heads, p)`, from
+        position `start`; interleaved pairs are first gathered into halves
+        (as `transformers`' `apply_rotary_pos_emb_interleave` returns
+        them), so queries and cached keys share the halves layout."""
+        if self.rope_interleave:
+            p = self.qk_rope_head_dim
+            order = np.concatenate([np.arange(0, p, 2), np.arange(1, p, 2)])
+            x = ops.take(x, ops.convert_to_tensor(order, "int32"), axis=-1)
+        return self._rotary(x, start_index=start)
+
+    def _queries(self, query, start):
+        """`(q_nope (b, t, h, n), q_rope (b, t, h, p))`, rope rotated."""
+        if self.q_proj is not None:
+            q = self.q_proj(query)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(query)))
+        q = self._heads(q, self.qk_head_dim)
+        n = self.qk_nope_head_dim
+        return q[..., :n], self._rope(q[..., n:], start)
+
+    def latents(self, query, start=0):
+        """The cache entries of `query`'s tokens: the normalised latent
+        and the rotated rope key, `(b, t, kv_lora_rank +
+        qk_rope_head_dim)`, rotary positions from `start`."""
+        kv = self.kv_a_proj_with_mqa(query)
+        r = self.kv_lora_rank
+        c = self.kv_a_layernorm(kv[..., :r])
+        k_rope = self._rope(kv[..., None, r:], start)[:, :, 0]
+        return ops.concatenate([c, ops.cast(k_rope, c.dtype)], axis=-1)
+
+    def _up_projections(self):
+        """`kv_b_proj`'s kernel split per head: `(W_uk (r, h, n), W_uv (r,
+        h, v))`, in the compute dtype."""
+        kernel = ops.cast(self.kv_b_proj.kernel, self.compute_dtype)
+        kernel = ops.reshape(
+            kernel,
+            (
+                self.kv_lora_rank,
+                self.num_heads,
+                self.qk_nope_head_dim + self.v_head_dim,
+            ),
+        )
+        n = self.qk_nope_head_dim
+        return kernel[..., :n], kernel[..., n:]
+
+    def _attend(self, q_nope, q_rope, latent, masks, training, absorb):
+        """Attention of the queries over the latents `(b, s, r + p)`,
+        naive or absorbed; returns the heads `(b, t, h, v)`."""
+        r = self.kv_lora_rank
+        c, k_rope = latent[..., :r], latent[..., r:]
+        dropout_fn = None
+        if self.dropout > 0 and training is not None and training is not False:
+
+            def dropout_fn(weights):
+                return self._dropout_layer(weights, training=training)
+
+        options = dict(
+            masks,
+            scale=1.0 / math.sqrt(self.qk_head_dim),
+            dropout_fn=dropout_fn,
+            implementation="dense" if dropout_fn is not None else None,
+        )
+        if absorb:
+            w_uk, w_uv = self._up_projections()
+            q_latent = ops.einsum("bthn,rhn->bthr", q_nope, w_uk)
+            query = ops.concatenate([q_latent, q_rope], axis=-1)
+            # One key/value head shared by every query head (MQA).
+            result = dot_product_attention(
+                query, latent[:, :, None], c[:, :, None], **options
+            )
+            return ops.einsum("bthr,rhv->bthv", result, w_uv)
+        kv = self._heads(
+            self.kv_b_proj(c), self.qk_nope_head_dim + self.v_head_dim
+        )
+        k_nope, value = (
+            kv[..., : self.qk_nope_head_dim],
+            kv[..., self.qk_nope_head_dim :],
+        )
+        shape = ops.shape(k_nope)
+        k_rope = ops.broadcast_to(
+            k_rope[:, :, None],
+            (shape[0], shape[1], self.num_heads, self.qk_rope_head_dim),
+        )
+        key = ops.concatenate([k_nope, k_rope], axis=-1)
+        query = ops.concatenate([q_nope, q_rope], axis=-1)
+        return dot_product_attention(query, key, value, **options)
+
+    # Call ----------------------------------------------------------------
+
+    def _check_call(self, query, query_mask, cache, index):
+        validation.check_call_input("query", query, self._hidden, (3,), _LAYOUT)
+        validation.check_padding_mask("query_mask", query_mask, query, "query")
+        if (cache is None) != (index is None):
+            raise ValueError(
+                "`cache` and `cache_update_index` go together: the latents "
+                "of this call are written into the cache at that index. "
+                f"Received: cache={None if cache is None else 'a tensor'}, "
+                f"cache_update_index={index!r}"
+            )
+        if cache is None:
+            return
+        shape = tuple(cache.shape)
+        if len(shape) != 3 or shape[-1] not in (None, self.cache_dim):
+            raise ValueError(
+                "`cache` must have shape (batch, max_length, kv_lora_rank + "
+                f"qk_rope_head_dim) = (batch, max_length, {self.cache_dim}). "
+                f"Received: cache.shape={shape!r}"
+            )
+        attention_checks.check_cache_index(index, query.shape[1], shape[1])
+
+    def call(
+        self,
+        query,
+        query_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        training=None,
+    ):
+        if query_mask is None:
+            query_mask = keras_utils.keras_mask(query)
+        self._check_call(query, query_mask, cache, cache_update_index)
+        start = 0 if cache is None else cache_update_index
+        q_nope, q_rope = self._queries(query, start)
+        latent = self.latents(query, start)
+        key_mask = query_mask
+        if cache is not None:
+            cache = ops.slice_update(
+                ops.cast(cache, latent.dtype), (0, start, 0), latent
+            )
+            latent, key_mask = cache, None
+        if attention_mask is not None:
+            attention_checks.check_attention_mask(
+                attention_mask, query, latent, self.num_heads
+            )
+        masks = dict(
+            attention_mask=attention_mask,
+            causal=bool(use_causal_mask),
+            query_offset=start,
+            query_mask=masks_lib.combine_masks(query_mask),
+            key_mask=masks_lib.combine_masks(key_mask),
+        )
+        absorb = self.absorb
+        if absorb is None:
+            absorb = cache is not None
+        heads = self._attend(q_nope, q_rope, latent, masks, training, absorb)
+        shape = ops.shape(heads)
+        output = self.o_proj(
+            ops.reshape(
+                heads, (shape[0], shape[1], self.num_heads * self.v_head_dim)
+            )
+        )
+        return output if cache is None else (output, cache)
+
+    def compute_mask(self, query, previous_mask=None):
+        return previous_mask
+
+    def compute_output_spec(self, query, cache=None, **kwargs):
+        validation.check_sequence_shape("query", query.shape, layout=_LAYOUT)
+        dtype = self.compute_dtype
+        output = keras.KerasTensor(tuple(query.shape), dtype=dtype)
+        if cache is None:
+            return output
+        return output, keras.KerasTensor(tuple(cache.shape), dtype=dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_nope_head_dim=self.qk_nope_head_dim,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            v_head_dim=self.v_head_dim,
+            q_lora_rank=self.q_lora_rank,
+            rope_theta=self.rope_theta,
+            rope_interleave=self.rope_interleave,
+            attention_bias=self.attention_bias,
+            rms_norm_eps=self.rms_norm_eps,
+            dropout=self.dropout,
+            absorb=self.absorb,
+            kernel_initializer=keras.initializers.serialize(
+                self.kernel_initializer
+            ),
+            bias_initializer=keras.initializers.serialize(
+                self.bias_initializer
+            ),
+            seed=self.seed,
+        )
+        return config

@@ -1,0 +1,441 @@
+"""`MultiHeadLatentAttention` (DeepSeek-V2/V3's MLA): the shared harness,
+equality with `transformers`' `DeepseekV3Attention` (weights copied), a
+NumPy reference, cached decoding over a latent-only cache, the absorbed
+form, argument errors and low precision."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+from harness import run_layer_test
+from harness import run_mask_test
+from keras import ops
+
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import MultiHeadLatentAttention
+
+RNG = np.random.default_rng(0)
+HIDDEN = 16
+X = RNG.normal(size=(2, 6, HIDDEN)).astype("float32")
+SIZES = dict(
+    num_heads=2,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=3,
+)
+
+
+def np_(x):
+    return ops.convert_to_numpy(ops.cast(x, "float32")).astype("float64")
+
+
+def _layer(**kwargs):
+    layer = MultiHeadLatentAttention(**dict(SIZES, **kwargs))
+    layer.build(X.shape)
+    rng = np.random.default_rng(1)
+    # Non-trivial norm scales and biases (ones and zeros hide mistakes).
+    for w in layer.weights:
+        if len(w.shape) == 1:
+            w.assign((1 + 0.3 * rng.normal(size=w.shape)).astype(w.dtype))
+    return layer
+
+
+# --- The shared harness ------------------------------------------------------
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 4])
+def test_harness(q_lora_rank):
+    full = q_lora_rank is not None  # SavedModel, fit: once is enough.
+    run_layer_test(
+        MultiHeadLatentAttention,
+        dict(SIZES, q_lora_rank=q_lora_rank, dropout=0.1, seed=1),
+        dict(query=X),
+        call_kwargs=dict(use_causal_mask=True),
+        expected_output_shape=X.shape,
+        expected_num_trainable_weights=7 if full else 5,
+        expected_num_seed_generators=1,
+        run_saved_model=full,
+        run_fit=full,
+        run_mixed_precision=full,
+    )
+
+
+def test_masks():
+    run_mask_test(
+        MultiHeadLatentAttention,
+        dict(SIZES, attention_bias=True),
+        ("query",),
+        ("query_mask",),
+        call_kwargs=dict(use_causal_mask=True),
+        causal=True,
+    )
+
+
+# --- An independent NumPy reference ------------------------------------------
+
+
+def _rms(x, scale, eps):
+    return x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps) * scale
+
+
+def _dense(layer, x):
+    y = x @ np_(layer.kernel)
+    return y if layer.bias is None else y + np_(layer.bias)
+
+
+def _rope(x, theta, interleave, start=0):
+    """`(b, t, ..., p)`: DeepSeek's interleaved pairs `(x0, x1), (x2,
+    x3)`, rotated then laid out as halves (`transformers`), or halves."""
+    p, t = x.shape[-1], x.shape[1]
+    if interleave:
+        x = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
+    freq = theta ** (-np.arange(0, p, 2) / p)
+    angle = (np.arange(t) + start)[:, None] * freq
+    shape = (1, t) + (1,) * (x.ndim - 3) + (p // 2,)
+    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
+    x1, x2 = x[..., : p // 2], x[..., p // 2 :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def mla_reference(layer, x, valid=None, causal=True):
+    """MLA in float64 from the paper's equations (naive form)."""
+    b, t, _ = x.shape
+    h, n, p, v = (
+        layer.num_heads,
+        layer.qk_nope_head_dim,
+        layer.qk_rope_head_dim,
+        layer.v_head_dim,
+    )
+    eps, theta = layer.rms_norm_eps, layer.rope_theta
+    if layer.q_lora_rank is None:
+        q = _dense(layer.q_proj, x)
+    else:
+        a = _dense(layer.q_a_proj, x)
+        q = _dense(layer.q_b_proj, _rms(a, np_(layer.q_a_layernorm.scale), eps))
+    q = q.reshape(b, t, h, n + p)
+    kv = _dense(layer.kv_a_proj_with_mqa, x)
+    r = layer.kv_lora_rank
+    c = _rms(kv[..., :r], np_(layer.kv_a_layernorm.scale), eps)
+    k_rope = _rope(kv[:, :, None, r:], theta, layer.rope_interleave)
+    up = _dense(layer.kv_b_proj, c).reshape(b, t, h, n + v)
+    key = np.concatenate([up[..., :n], np.repeat(k_rope, h, 2)], -1)
+    query = np.concatenate(
+        [q[..., :n], _rope(q[..., n:], theta, layer.rope_interleave)], -1
+    )
+    scores = np.einsum("bihd,bjhd->bhij", query, key) / np.sqrt(n + p)
+    allowed = np.ones((b, 1, t, t), bool)
+    if causal:
+        allowed = allowed & np.tril(np.ones((t, t), bool))
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :] & valid[:, None, :, None]
+    scores = np.where(allowed, scores, -np.inf)
+    top = np.max(scores, -1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.where(allowed, np.exp(scores - top), 0.0)
+    total = e.sum(-1, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
+    return _dense(layer.o_proj, heads.reshape(b, t, h * v))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(q_lora_rank=4, rope_interleave=False, attention_bias=True),
+    ],
+    ids=["default", "lora-halves-bias"],
+)
+def test_matches_numpy_reference(kwargs):
+    layer = _layer(**kwargs)
+    valid = np.array([[True] * 6, [True] * 4 + [False] * 2])
+    out = np_(layer(X, query_mask=valid, use_causal_mask=True))
+    expected = mla_reference(layer, X.astype("float64"), valid)
+    np.testing.assert_allclose(out[valid], expected[valid], atol=2e-5)
+
+
+def test_rope_interleave_default_matches_transformers_config():
+    layer = MultiHeadLatentAttention(**SIZES)
+    assert layer.rope_interleave is True
+    assert layer.get_config()["rope_interleave"] is True
+
+
+# --- transformers' DeepseekV3Attention ---------------------------------------
+
+# Runs in a subprocess: importing transformers pulls triton, which crashes
+# beside TensorFlow in one process. One subprocess per module (fixture).
+_REFERENCE_SCRIPT = r"""
+import json, sys
+import numpy as np
+import torch
+from transformers import DeepseekV3Config
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
+
+cases = json.loads(sys.argv[1])
+x = np.load(sys.argv[2])["x"]
+out = {}
+for i, case in enumerate(cases):
+    config = DeepseekV3Config(
+        hidden_size=x.shape[-1],
+        num_attention_heads=case["num_heads"],
+        num_key_value_heads=case["num_heads"],
+        kv_lora_rank=case["kv_lora_rank"],
+        q_lora_rank=case["q_lora_rank"],
+        qk_nope_head_dim=case["qk_nope_head_dim"],
+        qk_rope_head_dim=case["qk_rope_head_dim"],
+        v_head_dim=case["v_head_dim"],
+        rope_interleave=case["rope_interleave"],
+        attention_bias=case["attention_bias"],
+        rope_parameters={"rope_type": "default", "rope_theta": case["theta"]},
+        max_position_embeddings=64,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(i)
+    attention = m.DeepseekV3Attention(config, layer_idx=0).float().eval()
+    with torch.no_grad():
+        for p in attention.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    rotary = m.DeepseekV3RotaryEmbedding(config)
+    hidden = torch.from_numpy(x)
+    t = x.shape[1]
+    positions = torch.arange(t)[None].expand(x.shape[0], t)
+    mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        y, _ = attention(hidden, rotary(hidden, positions), mask)
+    out[f"{i}/output"] = y.numpy()
+    for name, p in attention.named_parameters():
+        out[f"{i}/{name}"] = p.detach().numpy()
+np.savez(sys.argv[3], **out)
+"""
+
+TRANSFORMERS_CASES = [
+    dict(SIZES, q_lora_rank=None, rope_interleave=True, attention_bias=False),
+    dict(SIZES, q_lora_rank=4, rope_interleave=True, attention_bias=True),
+    dict(SIZES, q_lora_rank=4, rope_interleave=False, attention_bias=False),
+]
+for _case in TRANSFORMERS_CASES:
+    _case["theta"] = 500.0
+
+
+@pytest.fixture(scope="module")
+def transformers_outputs():
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip(
+            "transformers is not installed (the `test` extra): the "
+            "DeepseekV3Attention reference is unavailable"
+        )
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["OMP_NUM_THREADS"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        x_path = os.path.join(tmp, "x.npz")
+        out_path = os.path.join(tmp, "out.npz")
+        np.savez(x_path, x=X)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _REFERENCE_SCRIPT,
+                json.dumps(TRANSFORMERS_CASES),
+                x_path,
+                out_path,
+            ],
+            check=True,
+            env=env,
+            timeout=300,
+        )
+        with np.load(out_path) as data:
+            return {k: data[k] for k in data.files}
+
+
+def _copy_torch_weights(layer, weights, i):
+    for name in (
+        "q_proj",
+        "q_a_proj",
+        "q_b_proj",
+        "kv_a_proj_with_mqa",
+        "kv_b_proj",
+        "o_proj",
+    ):
+        dense = getattr(layer, name)
+        if dense is None:
+            continue
+        dense.kernel.assign(weights[f"{i}/{name}.weight"].T)
+        if dense.bias is not None:
+            dense.bias.assign(weights[f"{i}/{name}.bias"])
+    for name in ("q_a_layernorm", "kv_a_layernorm"):
+        if getattr(layer, name) is not None:
+            getattr(layer, name).scale.assign(weights[f"{i}/{name}.weight"])
+
+
+@pytest.mark.parametrize(
+    "i",
+    range(len(TRANSFORMERS_CASES)),
+    ids=["interleave", "interleave-lora-bias", "halves-lora"],
+)
+def test_matches_transformers_deepseek_v3(transformers_outputs, i):
+    case = dict(TRANSFORMERS_CASES[i])
+    layer = MultiHeadLatentAttention(
+        **{k: v for k, v in case.items() if k != "theta"},
+        rope_theta=case["theta"],
+    )
+    layer.build(X.shape)
+    _copy_torch_weights(layer, transformers_outputs, i)
+    expected = transformers_outputs[f"{i}/output"]
+    out = np_(layer(X, use_causal_mask=True))
+    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+    # The absorbed form gives the same result.
+    layer.absorb = True
+    out = np_(layer(X, use_causal_mask=True))
+    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+
+
+# --- Cached decoding ---------------------------------------------------------
+
+
+def _decode(layer, x, prefill, max_length):
+    cache = np.zeros((x.shape[0], max_length, layer.cache_dim), "float32")
+    out, cache = layer(
+        x[:, :prefill], cache=cache, cache_update_index=0, use_causal_mask=True
+    )
+    outs = [np_(out)]
+    for i in range(prefill, x.shape[1]):
+        out, cache = layer(
+            x[:, i : i + 1],
+            cache=cache,
+            cache_update_index=i,
+            use_causal_mask=True,
+        )
+        outs.append(np_(out))
+    return np.concatenate(outs, axis=1), cache
+
+
+@pytest.mark.parametrize("absorb", [None, False])
+def test_cached_decoding_equals_uncached(absorb):
+    layer = _layer(q_lora_rank=4, absorb=absorb)
+    full = np_(layer(X, use_causal_mask=True))
+    decoded, cache = _decode(layer, X, prefill=3, max_length=8)
+    np.testing.assert_allclose(decoded, full, atol=2e-5)
+    # The cache holds the latent only: (b, max_length, r + p).
+    assert tuple(cache.shape) == (2, 8, 8 + 4)
+    assert cache.shape[-1] == layer.kv_lora_rank + layer.qk_rope_head_dim
+    # Its entries are this layer's latents; the slots not written stay 0.
+    np.testing.assert_allclose(
+        np_(cache)[:, :6], np_(layer.latents(X)), atol=1e-5
+    )
+    assert not np.any(np_(cache)[:, 6:])
+
+
+def test_absorbed_equals_naive_with_masks():
+    naive = _layer(absorb=False)
+    absorbed = MultiHeadLatentAttention(**SIZES, absorb=True)
+    absorbed.build(X.shape)
+    absorbed.set_weights(naive.get_weights())
+    valid = np.array([[True] * 6, [False, True, True, True, True, False]])
+    allowed = np.random.default_rng(3).random((2, 6, 6)) < 0.7
+    for layer_kwargs in (
+        dict(query_mask=valid, attention_mask=allowed),
+        dict(use_causal_mask=True),
+    ):
+        a = np_(naive(X, **layer_kwargs))
+        b = np_(absorbed(X, **layer_kwargs))
+        np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_cache_bytes_against_multi_head_attention():
+    """Per token: `r + p` numbers against `2 h (n + p)` for an MHA cache of
+    the same heads and key width (here 12 against 32)."""
+    layer = _layer()
+    _, cache = _decode(layer, X[:, :2], prefill=1, max_length=4)
+    mha = MultiHeadAttention(SIZES["num_heads"], layer.qk_head_dim)
+    width = (2, 2, 4, SIZES["num_heads"], layer.qk_head_dim)
+    _, _, mha_cache = mha(
+        X[:, :1],
+        X[:, :1],
+        cache=np.zeros(width, "float32"),
+        cache_update_index=0,
+        return_attention_scores=True,
+    )
+    per_token = cache.shape[-1]
+    mha_per_token = int(np.prod(mha_cache.shape)) // (2 * 4)
+    assert per_token == layer.kv_lora_rank + layer.qk_rope_head_dim
+    assert mha_per_token == 2 * layer.num_heads * layer.qk_head_dim
+    assert mha_per_token / per_token == pytest.approx(32 / 12)
+
+
+def test_cache_index_past_the_end_is_refused():
+    layer = _layer()
+    cache = np.zeros((2, 4, layer.cache_dim), "float32")
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(X[:, :2], cache=cache, cache_update_index=3)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(X[:, :1], cache=cache, cache_update_index=-1)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(X[:, :1], cache=cache)
+    with pytest.raises(ValueError, match=re.escape("cache.shape=(2, 4, 5)")):
+        layer(X[:, :1], cache=cache[..., :5], cache_update_index=0)
+
+
+# --- Arguments and precision -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("num_heads", 0),
+        ("kv_lora_rank", 2.5),
+        ("qk_nope_head_dim", "4"),
+        ("qk_rope_head_dim", 3),
+        ("v_head_dim", True),
+        ("q_lora_rank", 0),
+        ("rope_theta", 0.5),
+        ("rope_interleave", "True"),
+        ("attention_bias", 1),
+        ("rms_norm_eps", float("nan")),
+        ("dropout", 1.0),
+        ("absorb", "yes"),
+        ("seed", 1.5),
+    ],
+)
+def test_argument_errors_name_the_value(name, value):
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
+        MultiHeadLatentAttention(**dict(SIZES, **{name: value}))
+
+
+def test_query_shape_errors():
+    layer = MultiHeadLatentAttention(**SIZES)
+    with pytest.raises(ValueError, match="query_shape"):
+        layer(X[0])
+    layer(X)
+    with pytest.raises(ValueError, match="query_shape"):
+        layer(X[..., :8])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision(dtype):
+    """Close to float32 on ordinary inputs; finite where `q . k` is far
+    beyond float16's range (the scores are formed in float32)."""
+    layer = _layer()
+    low = MultiHeadLatentAttention(**SIZES, dtype=dtype)
+    low.build(X.shape)
+    low.set_weights(layer.get_weights())
+    x = X.astype(dtype)
+    expected = np_(layer(x.astype("float32"), use_causal_mask=True))
+    out = low(x, use_causal_mask=True)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    scale = np.max(np.abs(expected))
+    np.testing.assert_allclose(np_(out), expected, atol=0.03 * scale)
+    for name in ("q_proj", "kv_b_proj"):
+        kernel = getattr(low, name).kernel
+        kernel.assign((np_(kernel) * 300).astype(kernel.dtype))
+    q_nope, _ = low._queries(x, 0)
+    k_nope = np_(low.kv_b_proj(low.latents(x)[..., :8]))[..., :4]
+    assert np.max(np.abs(np_(q_nope)[..., 0, :] @ k_nope[0, 0])) > 65504
+    assert np.all(np.isfinite(np_(low(x, use_causal_mask=True))))
