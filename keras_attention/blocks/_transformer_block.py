@@ -90,6 +90,9 @@ class TransformerBlock(keras.layers.Layer):
             Default None.
         qk_norm_epsilon: optional float > 0, the QK-norms' epsilon.
             Default None: `layer_norm_epsilon`.
+        rotary_fraction: float in (0, 1], partial rotary positions in the
+            self-attention (`MultiHeadAttention(rotary_fraction=...)`).
+            Default 1.0.
         learned_sinks: bool, learned attention sinks in every attention
             layer of the block (`MultiHeadAttention(learned_sinks=...)`).
             Default False.
@@ -123,6 +126,7 @@ class TransformerBlock(keras.layers.Layer):
         qk_norm=None,
         qk_norm_epsilon=None,
         learned_sinks=False,
+        rotary_fraction=1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -197,6 +201,9 @@ class TransformerBlock(keras.layers.Layer):
         self.learned_sinks = validation.check_bool(
             "learned_sinks", learned_sinks
         )
+        self.rotary_fraction = float(
+            validation.check_positive_number("rotary_fraction", rotary_fraction)
+        )
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -255,7 +262,11 @@ class TransformerBlock(keras.layers.Layer):
 
     def _self_attention_kwargs(self, hidden_dim):
         """Arguments shared by every self-attention variant of the block."""
+        kwargs = {}
+        if self.rotary_fraction != 1.0:
+            kwargs["rotary_fraction"] = self.rotary_fraction
         return dict(
+            **kwargs,
             rotary_max_wavelength=self.rotary_max_wavelength,
             rotary_scaling=self.rotary_scaling,
             score_mod=self.score_mod,
@@ -441,6 +452,7 @@ class TransformerBlock(keras.layers.Layer):
                 "qk_norm": self.qk_norm,
                 "qk_norm_epsilon": self.qk_norm_epsilon,
                 "learned_sinks": self.learned_sinks,
+                "rotary_fraction": self.rotary_fraction,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

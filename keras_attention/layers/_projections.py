@@ -202,7 +202,14 @@ class Projections:
         from `start_index`, or `positions` `(b, T)` (packed documents)."""
         if self._rotary is None:
             return x
-        return self._rotary(x, start_index=start_index, positions=positions)
+        dims = getattr(self, "_rotary_dims", x.shape[-1])
+        if dims == x.shape[-1]:
+            return self._rotary(x, start_index=start_index, positions=positions)
+        # Partial rotary (`rotary_fraction`): the first `dims` features.
+        rotated = self._rotary(
+            x[..., :dims], start_index=start_index, positions=positions
+        )
+        return ops.concatenate([rotated, x[..., dims:]], axis=-1)
 
     def _scale_query(self, q):
         """The projected queries multiplied by `attention_scale *

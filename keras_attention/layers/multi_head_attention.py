@@ -24,6 +24,7 @@ from keras_attention.layers._projections import Projections
 from keras_attention.layers._qk_norm import QKNormAndSinks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.rotary_embedding import check_rotary_arguments
+from keras_attention.layers.rotary_embedding import check_rotary_fraction
 from keras_attention.mods import base as mods_base
 from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
@@ -160,6 +161,12 @@ class MultiHeadAttention(
             `1 / sqrt(key_dim)`. Applied to the projected queries (after
             the rotary positions) as `attention_scale * sqrt(key_dim)`,
             so every path and a `_compute_attention` override see it.
+        rotary_fraction: keyword-only float in (0, 1], the share of each
+            head's `key_dim` features that the rotary positions rotate
+            (partial rotary, as GPT-NeoX and Phi-2: the first
+            `2 * floor(key_dim * rotary_fraction / 2)` features, the
+            frequencies computed over them; the rest pass unrotated).
+            Needs `rotary_max_wavelength` when below 1. Defaults to 1.0.
         qk_norm: keyword-only None, "rms" or "layer": QK-norm, each head's
             projected queries and keys normalized over `key_dim` before
             the rotary positions (Gemma 3, Qwen 3; `_qk_norm.py` has the
@@ -302,6 +309,7 @@ class MultiHeadAttention(
         qk_norm=None,
         qk_norm_epsilon=1e-6,
         learned_sinks=False,
+        rotary_fraction=1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -328,8 +336,11 @@ class MultiHeadAttention(
             flash_attention = validation.check_bool(
                 "flash_attention", flash_attention
             )
+        self.rotary_fraction, self._rotary_dims = check_rotary_fraction(
+            rotary_fraction, rotary_max_wavelength, key_dim
+        )
         rotary_max_wavelength, rotary_scaling = check_rotary_arguments(
-            rotary_max_wavelength, rotary_scaling, key_dim
+            rotary_max_wavelength, rotary_scaling, self._rotary_dims
         )
         self.supports_masking = True
         self.num_heads = num_heads
@@ -636,6 +647,8 @@ class MultiHeadAttention(
             config["qk_norm_epsilon"] = self.qk_norm_epsilon
         if self.learned_sinks:
             config["learned_sinks"] = True
+        if self.rotary_fraction != 1.0:
+            config["rotary_fraction"] = self.rotary_fraction
         config.update(mods_base.config_entries(self))
         return config
 

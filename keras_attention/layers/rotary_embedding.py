@@ -210,6 +210,37 @@ def check_rotary_arguments(rotary_max_wavelength, rotary_scaling, head_size):
     return rotary_max_wavelength, rotary_scaling
 
 
+def check_rotary_fraction(rotary_fraction, rotary_max_wavelength, head_size):
+    """`(rotary_fraction, rotated features)` of an attention layer's
+    partial rotary: a number in (0, 1] (below 1 only with rotary
+    positions), rotating the first `2 * floor(head_size * fraction / 2)`
+    features of each head (at least 2)."""
+    fraction = validation.check_positive_number(
+        "rotary_fraction", rotary_fraction
+    )
+    if fraction > 1:
+        raise ValueError(
+            "`rotary_fraction` must be in (0, 1]. Received: "
+            f"rotary_fraction={rotary_fraction!r}"
+        )
+    if fraction == 1:
+        return 1.0, head_size
+    if rotary_max_wavelength is None:
+        raise ValueError(
+            "`rotary_fraction` below 1 needs rotary positions "
+            "(`rotary_max_wavelength`). Received: "
+            f"rotary_fraction={rotary_fraction!r}, rotary_max_wavelength=None"
+        )
+    dims = 2 * int(head_size * fraction / 2)
+    if dims < 2:
+        raise ValueError(
+            "`rotary_fraction` must rotate at least 2 features of each "
+            f"head. Received: rotary_fraction={rotary_fraction!r}, "
+            f"key_dim={head_size!r}"
+        )
+    return float(fraction), dims
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries and keys.
