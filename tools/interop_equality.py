@@ -77,6 +77,14 @@ def backbones():
             )
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        "Phi-3 (LongRoPE)": models.Phi3Backbone(
+            rope_scaling_type="su",
+            rope_scaling_short_factor=[1.0 + 0.1 * k for k in range(8)],
+            rope_scaling_long_factor=[2.0 + 0.5 * k for k in range(8)],
+            max_sequence_length=256,
+            pretraining_sequence_length=32,
+            **llama_style,
+        ),
         "Gemma 3": models.Gemma3Backbone(
             head_dim=16,
             image_size=None,

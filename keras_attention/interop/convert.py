@@ -7,6 +7,7 @@ from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
+from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
@@ -22,6 +23,7 @@ CONVERTERS = {
     "Gemma3Backbone": convert_gemma3,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
+    "Phi3Backbone": convert_phi3,
     "Qwen3Backbone": convert_qwen3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
@@ -76,7 +78,8 @@ def from_keras_hub(backbone):
     layers for one global, a rotary wavelength per kind of layer),
     `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
-    `BloomBackbone` (ALiBi), `Qwen3Backbone` (QK-norm as the blocks'
+    `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'
+    `rotary_scaling`), `Qwen3Backbone` (QK-norm as the blocks'
     `qk_norm="rms"`), `ViTBackbone` (input `images`)
     and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the

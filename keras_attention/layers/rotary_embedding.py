@@ -21,7 +21,7 @@ def _check_inputs(shape):
         )
 
 
-ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 def _check_denominator_dim(denominator_dim, rope_type):
@@ -53,6 +53,9 @@ def inverse_frequencies(
     low_freq_factor=1.0,
     high_freq_factor=4.0,
     denominator_dim=None,
+    short_factor=None,
+    long_factor=None,
+    long=False,
 ):
     """RoPE's `theta_k`, `k = 0 .. dim/2 - 1`, with keras-hub's scaling
     rules, as a float32 NumPy array (computed in float64 on the host).
@@ -78,6 +81,11 @@ def inverse_frequencies(
       `LlamaRotaryEmbedding` with `frequency_adjustment_factor =
       scaling_factor` and `pretraining_sequence_length =
       original_max_position_embeddings`).
+    - `"longrope"` (LongRoPE, Ding et al. 2024; Phi-3's "su"):
+      `theta_k / short_factor[k]`, or `theta_k / long_factor[k]` with
+      `long` (`RotaryEmbedding` takes the long factors when the positions
+      reach past `original_max_position_embeddings`, as keras-hub's
+      `Phi3SuScaledRotaryEmbedding`).
     """
     k = np.arange(0, dim, 2, dtype="float64")
     _check_denominator_dim(denominator_dim, rope_type)
@@ -85,6 +93,15 @@ def inverse_frequencies(
     theta = np.power(float(max_wavelength), -k / denominator)
     if rope_type == "linear":
         return (theta / scaling_factor).astype("float32")
+    if rope_type == "longrope":
+        factors = np.asarray(long_factor if long else short_factor, "float64")
+        if factors.shape != theta.shape:
+            raise ValueError(
+                "LongRoPE's `short_factor` and `long_factor` need one factor "
+                f"per rotated pair ({theta.shape[0]} for {dim} features). "
+                f"Received: {len(factors)} factors"
+            )
+        return (theta / factors).astype("float32")
     if rope_type == "dynamic":
         return (theta / scaling_factor ** (dim / max(1, dim - 2))).astype(
             "float32"
@@ -135,12 +152,53 @@ ROTARY_SCALING_ARGUMENTS = (
     "truncate",
     "low_freq_factor",
     "high_freq_factor",
+    "short_factor",
+    "long_factor",
 )
 
 
 # Its arguments after `dim`: RotaryEmbedding's attributes and config keys.
 _FREQUENCY_ARGUMENTS = tuple(inspect.signature(inverse_frequencies).parameters)
-_FREQUENCY_ARGUMENTS = _FREQUENCY_ARGUMENTS[1:]  # all but `dim`
+_FREQUENCY_ARGUMENTS = _FREQUENCY_ARGUMENTS[1:-1]  # all but `dim`, `long`
+
+
+def _check_factors(rope_type, short_factor, long_factor):
+    """LongRoPE's factors as tuples of floats: both given (lists of
+    positive numbers of one length) for `rope_type="longrope"`, neither
+    for the other types."""
+    given = (short_factor is not None, long_factor is not None)
+    if rope_type != "longrope":
+        if any(given):
+            raise ValueError(
+                "`short_factor` and `long_factor` apply to "
+                f"`rope_type='longrope'` only. Received: rope_type="
+                f"{rope_type!r}, short_factor={short_factor!r}, "
+                f"long_factor={long_factor!r}"
+            )
+        return None, None
+    out = []
+    for name, factors in (
+        ("short_factor", short_factor),
+        ("long_factor", long_factor),
+    ):
+        if factors is None or isinstance(factors, (str, bytes)):
+            raise ValueError(
+                f"`rope_type='longrope'` needs `{name}`, a list of positive "
+                f"numbers. Received: {name}={factors!r}"
+            )
+        factors = tuple(float(f) for f in factors)
+        if not factors or min(factors) <= 0:
+            raise ValueError(
+                f"`{name}` must be a non-empty list of positive numbers. "
+                f"Received: {name}={factors!r}"
+            )
+        out.append(factors)
+    if len(out[0]) != len(out[1]):
+        raise ValueError(
+            "`short_factor` and `long_factor` must have one length. "
+            f"Received: short_factor={out[0]!r}, long_factor={out[1]!r}"
+        )
+    return tuple(out)
 
 
 def check_rotary_scaling(rotary_scaling, rotary_max_wavelength):
@@ -348,6 +406,8 @@ class RotaryEmbedding(keras.layers.Layer):
         denominator_dim=None,
         low_freq_factor=1.0,
         high_freq_factor=4.0,
+        short_factor=None,
+        long_factor=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -363,6 +423,9 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"rope_type={rope_type!r}"
             )
         self.rope_type = rope_type
+        self.short_factor, self.long_factor = _check_factors(
+            rope_type, short_factor, long_factor
+        )
         self.beta_fast = validation.check_positive_number(
             "beta_fast", beta_fast
         )
@@ -452,8 +515,14 @@ class RotaryEmbedding(keras.layers.Layer):
                 m = m[None]
         # Frequencies in float64 on the host, then float32: a huge
         # `max_wavelength` (1e300) has no float32 value, its powers do.
-        theta = inverse_frequencies(dim, **self._frequency_arguments())
-        angles = ops.einsum("bm,k->bmk", m, ops.convert_to_tensor(theta))
+        theta = ops.convert_to_tensor(
+            inverse_frequencies(dim, **self._frequency_arguments())
+        )
+        if self.rope_type == "longrope":
+            theta = self._longrope_frequencies(
+                dim, theta, m, length, start_index
+            )
+        angles = ops.einsum("bm,k->bmk", m, theta)
         # No -1: a length-0 sequence makes it ambiguous (JAX divides by 0).
         shape = (ops.shape(angles)[0], length) + (1,) * (rank - 3)
         shape = shape + (dim // 2,)
@@ -461,7 +530,31 @@ class RotaryEmbedding(keras.layers.Layer):
         if self.rope_type == "yarn":
             factor = 0.1 * float(np.log(self.scaling_factor)) + 1.0
             cos, sin = cos * factor, sin * factor
+        if self.rope_type == "longrope" and self.scaling_factor > 1:
+            # LongRoPE's attention factor (keras-hub's Phi-3, HF's).
+            factor = float(
+                np.sqrt(
+                    1
+                    + np.log(self.scaling_factor)
+                    / np.log(self.original_max_position_embeddings)
+                )
+            )
+            cos, sin = cos * factor, sin * factor
         return ops.reshape(cos, shape), ops.reshape(sin, shape)
+
+    def _longrope_frequencies(self, dim, short, m, length, start_index):
+        """LongRoPE's frequencies: the long factors' when the positions
+        reach past `original_max_position_embeddings` (the largest
+        position plus 1: `start_index + length` as keras-hub's
+        `Phi3SuScaledRotaryEmbedding` has it, or the largest of
+        `positions` plus 1), else the short factors'."""
+        arguments = dict(self._frequency_arguments(), long=True)
+        long = ops.convert_to_tensor(inverse_frequencies(dim, **arguments))
+        if isinstance(length, int) and length == 0:
+            return short
+        reach = ops.max(m) + 1.0
+        beyond = reach > float(self.original_max_position_embeddings)
+        return ops.where(beyond, long, short)
 
     def _frequency_arguments(self):
         """The arguments of `inverse_frequencies` this layer was built

@@ -76,6 +76,18 @@ def tiny(name, **kwargs):
         for layer in backbone.transformer_layers:
             layer.attention.query_head_dim_normalize = False
         return backbone
+    if name == "phi3":
+        # LongRoPE ("su") with a pretraining length (4) below the inputs'
+        # (8): the long factors and the attention factor apply.
+        return models.Phi3Backbone(
+            rope_scaling_type="su",
+            rope_scaling_short_factor=[1.0, 1.3],
+            rope_scaling_long_factor=[1.5, 4.0],
+            max_sequence_length=32,
+            pretraining_sequence_length=4,
+            **llama_style,
+            **kwargs,
+        )
     if name == "gemma3":
         # Five windowed layers (window 3 < the inputs) and a global one,
         # their own RoPE wavelengths and scalings, QK-norm, post-norms.
@@ -128,6 +140,7 @@ FAMILIES = (
     "bloom",
     "qwen3",
     "gemma3",
+    "phi3",
 )
 
 

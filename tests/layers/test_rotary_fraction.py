@@ -1,4 +1,5 @@
-"""`MultiHeadAttention(rotary_fraction=...)`: partial rotary positions.
+"""`MultiHeadAttention(rotary_fraction=...)`: partial rotary positions;
+and `RotaryEmbedding(rope_type="longrope")` (Phi-3's LongRoPE).
 The first `2 * floor(key_dim * fraction / 2)` features of each head are
 rotated (NumPy's RoPE over them, frequencies over them), the others pass
 as they are; cached decoding equals the whole sequence; refusals."""
@@ -94,3 +95,44 @@ def test_blocks_pass_it_to_their_self_attention():
     config = block.get_config()
     assert config["rotary_fraction"] == 0.5
     assert type(block).from_config(config).rotary_fraction == 0.5
+
+
+@pytest.mark.parametrize("start, length", [(0, 6), (0, 10), (5, 1), (8, 1)])
+def test_longrope_equals_keras_hub_phi3_rotary(start, length):
+    """`rope_type="longrope"` against keras-hub's Phi-3 "su" rotary: the
+    short factors up to the pretraining length (8), the long ones past
+    it (`start + length > 8`), cos and sin scaled by the attention
+    factor of `max / pretraining = 8`."""
+    from keras_hub.src.models.phi3.phi3_rotary_embedding import (
+        Phi3SuScaledRotaryEmbedding,
+    )
+
+    x = np.random.default_rng(6).normal(size=(2, 10, 3, 4)).astype("float32")
+    short, long = [1.0, 1.5], [2.0, 3.0]
+    hub = Phi3SuScaledRotaryEmbedding(
+        short, long, max_sequence_length=64, pretraining_sequence_length=8
+    )
+    ours = ka.layers.RotaryEmbedding(
+        rope_type="longrope",
+        short_factor=short,
+        long_factor=long,
+        original_max_position_embeddings=8,
+        scaling_factor=8.0,
+    )
+    want = ops.convert_to_numpy(hub(x[:, :length], start_index=start))
+    got = ops.convert_to_numpy(ours(x[:, :length], start_index=start))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    clone = ka.layers.RotaryEmbedding.from_config(ours.get_config())
+    assert clone.long_factor == (2.0, 3.0)
+
+
+def test_longrope_refusals():
+    with pytest.raises(ValueError, match="short_factor=None"):
+        ka.layers.RotaryEmbedding(rope_type="longrope", long_factor=[1.0])
+    with pytest.raises(ValueError, match="longrope"):
+        ka.layers.RotaryEmbedding(short_factor=[1.0], long_factor=[1.0])
+    layer = ka.layers.RotaryEmbedding(
+        rope_type="longrope", short_factor=[1.0], long_factor=[1.0]
+    )
+    with pytest.raises(ValueError, match="one factor per rotated pair"):
+        layer(np.zeros((1, 3, 2, 8), "float32"))
