@@ -162,9 +162,10 @@ class _Plan:
             keep_probabilities = keeps_probabilities(kept, heads)
         self.keep_probabilities = keep_probabilities
         self.return_lse = False
+        self.sinks = False
 
 
-def _forward(plan, qh, kh, vh, aux, params, valid_rows):
+def _forward(plan, qh, kh, vh, aux, params, valid_rows, sinks=None):
     """Softmax attention for every row of tiles (query tile).
 
     A row with one key tile takes the softmax in one op and keeps no
@@ -174,12 +175,15 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
     Returns the output `(b, g, r, i, e)` and, per row of tiles, the
     log-sum-exp `(b, g, q, 1)` (None for one-tile rows), the validity
     of its queries, bool `(b|1, g|1, r|1, Bq, 1)` (None: all valid), and
-    the kept probabilities (None: recomputed).
+    the kept probabilities (None: recomputed). With learned `sinks`
+    `(g, r)`, each row's output is scaled by its kept share of the mass
+    and the log-sum-exp kept (and returned) is the sink-inclusive one
+    (`_sink_row`).
     """
     g, r, e = qh.shape[1], qh.shape[2], vh.shape[-1]
     ks = ops.cast(kh, score_dtype(kh.dtype))
     dtype = softmax_dtype(kh.dtype)
-    outs, lses, valids, probs, row_lses = [], [], [], [], []
+    outs, lses, valids, probs, row_lses, keeps = [], [], [], [], [], []
     for i0, i1, chunks in plan.rows:
         n = i1 - i0
         # One row of tiles at a time (TensorFlow would start them all).
@@ -202,14 +206,46 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows):
             valid = rows if valid is None else ops.logical_and(valid, rows)
         if valid is not None:
             out = ops.where(valid, out, 0.0)
+        keep = None
+        if sinks is not None:
+            out, keep, row_lse = _sink_row(sinks, out, lse, valid)
+        elif plan.return_lse:
+            row_lse = _row_lse(lse, valid, out)
         if plan.return_lse:
-            row_lses.append(_row_lse(lse, valid, out))
+            row_lses.append(row_lse)
         outs.append(ops.cast(out, qh.dtype))
         lses.append(lse)
         valids.append(valid)
         probs.append(p if plan.keep_probabilities else None)
+        keeps.append(keep)
     lse_out = _concat_rows(row_lses) if plan.return_lse else None
-    return _concat_rows(outs), lse_out, lses, valids, probs
+    return _concat_rows(outs), lse_out, lses, valids, probs, keeps
+
+
+def _sink_row(sinks, out, lse, valid):
+    """Learned sinks on one row of tiles: the output `(b, g, r, Bq, e)`
+    times the kept share of the mass `keep = sigmoid(lse - z)` (0 where
+    the row attends to nothing), `keep` as the backward pass reads it
+    `(b, g, q, 1)`, and the sink-inclusive log-sum-exp `lse' = z +
+    softplus(lse - z)` (`z` where the row attends to nothing) as returned
+    `(b, g, r, Bq)`. The probabilities stay those without the sink (the
+    backward pass scales `dO` and `D` by `keep` instead: one multiply per
+    row, not per score)."""
+    g, r, n = out.shape[1], out.shape[2], out.shape[3]
+    z = ops.reshape(ops.cast(sinks, out.dtype), (1, g, r, 1, 1))
+    zeros = ops.zeros_like(out[..., :1])
+    if lse is None:  # No key tile: all the mass on the sink.
+        keep, new = zeros, zeros + z
+    else:
+        d = ops.reshape(ops.cast(lse, out.dtype), ops.shape(zeros)) - z
+        if valid is None:
+            keep, new = ops.sigmoid(d), z + ops.softplus(d)
+        else:
+            d = ops.where(valid, d, zeros)
+            keep = ops.where(valid, ops.sigmoid(d), zeros)
+            new = z + ops.where(valid, ops.softplus(d), zeros)
+    out = out * keep
+    return out, ops.reshape(keep, (-1, g, r * n, 1)), new[..., 0]
 
 
 def _row_lse(lse, valid, out):
@@ -239,15 +275,13 @@ def _one_tile(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     s, _ = blockwise_tiles.scores(
         plan, aux, params, q_t, _slice(ks, 2, j0, j1), i0, i1, chunk
     )
+    p = scoring.plain_softmax(s, axis=-1)
     lse = None
-    if plan.return_lse:  # The softmax's own terms: no extra pass.
+    if plan.return_lse or plan.sinks:
+        # From the fused softmax, with two reductions and no extra pass
+        # over the tile: the largest probability is exp(m - lse).
         m = ops.max(s, axis=-1, keepdims=True)
-        p = ops.exp(s - m)
-        row_sum = ops.sum(p, axis=-1, keepdims=True)
-        p = p / row_sum
-        lse = m + ops.log(row_sum)
-    else:
-        p = scoring.plain_softmax(s, axis=-1)
+        lse = m - ops.log(ops.max(p, axis=-1, keepdims=True))
     out = ops.einsum(
         "bgqk,bgke->bgqe", ops.cast(p, vh.dtype), _slice(vh, 2, j0, j1)
     )
@@ -330,14 +364,19 @@ def _concat_rows(tiles):
     return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
 
 
-def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
+def _backward(
+    plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None, sinks=None
+):
     """Gradients w.r.t. `qh, kh, vh` (and a score function's `params`)
     from each tile's probabilities: kept by the forward pass
     (`plan.keep_probabilities`), else recomputed (the softmax of a
     one-tile row, or from the saved log-sum-exp). A score function is
     differentiated tile by tile (`_backend.vjp`). `d_lse` `(b, g, r, i)`:
     the gradient of the returned log-sum-exp, if any (`d lse_i / d s_ij =
-    P_ij`, so `dS = P * (dP - (D - dlse))`)."""
+    P_ij`, so `dS = P * (dP - (D - dlse))`). With learned `sinks` `(g,
+    r)` (the saved log-sum-exps include them), also their gradient
+    `sum_i p_sink,i (dlse_i - D_i)`, `p_sink = exp(z - lse)`, appended to
+    the parameters' gradients."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
     sm_dtype = softmax_dtype(kh.dtype)
@@ -345,13 +384,17 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
     dqs = []
     dks, dvs = {}, {}
     dparams = [ops.zeros_like(p) for p in params]
+    dz = None if sinks is None else ops.zeros((g, r), sm_dtype)
     # Last query tile first: with a causal structure each key tile then
     # gets ever shorter contributions, summed as they come (not kept).
     rows = list(zip(plan.rows, *saved))[::-1]
-    for (i0, i1, chunks), lse_t, valid, p_t in rows:
+    for (i0, i1, chunks), lse_t, valid, p_t, keep_t in rows:
         n = i1 - i0
         if not chunks:
             dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
+            if sinks is not None and d_lse is not None:  # p_sink = 1.
+                row = ops.cast(_slice(d_lse, 3, i0, i1), sm_dtype)
+                dz = dz + ops.sum(row, axis=(0, 3))
             continue
         do_t = _slice(d_out, 3, i0, i1)
         if valid is not None:
@@ -363,8 +406,13 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
             axis=-1,
             keepdims=True,
         )
+        # The sinks' gradient reads every row's dlse: a row that attends
+        # to nothing has lse = z there (the sink's share is 1), where
+        # without sinks its lse is -inf (constant, no gradient).
+        sink_dd = dd_t
         if d_lse is not None:
             dl_t = ops.cast(_slice(d_lse, 3, i0, i1)[..., None], sm_dtype)
+            sink_dd = dd_t - dl_t
             if valid is not None:
                 dl_t = ops.where(valid, dl_t, ops.zeros_like(dl_t))
             dd_t = dd_t - dl_t
@@ -375,6 +423,16 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
         q_t = ops.reshape(_slice(q_src, 3, i0, i1), (-1, g, r * n, d))
         do_t = ops.reshape(do_t, (-1, g, r * n, e))
         dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
+        if sinks is not None:
+            # P' = keep * P (P without the sink, as kept or recomputed):
+            # dS = P * (keep dO V^T - keep (D - dlse)), so dO and D scale.
+            keep_t = ops.cast(keep_t, sm_dtype)
+            p_sink = 1.0 - keep_t
+            sink_dd = ops.reshape(sink_dd, (-1, g, r * n, 1))
+            contribution = ops.sum(-p_sink * sink_dd, axis=(0, 3))  # (g, q)
+            dz = dz + ops.sum(ops.reshape(contribution, (g, r, n)), axis=2)
+            do_t = do_t * ops.cast(keep_t, do_t.dtype)
+            dd_t = dd_t * keep_t
         dq_t, last = None, []
         for chunk in chunks:
             c, j0, j1, _, _ = chunk
@@ -447,6 +505,8 @@ def _backward(plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None):
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
     dq = _concat_rows(dqs[::-1])
     dk, dv = _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
+    if sinks is not None:
+        dparams.append(ops.cast(dz, sinks.dtype))
     return dq, dk, dv, tuple(dparams)
 
 
@@ -550,6 +610,7 @@ def blockwise_attention(
     mask_mod=None,
     keep_probabilities=None,
     return_lse=False,
+    sink_logits=None,
 ):
     """Exact attention in O(T * tile) memory, forward and backward.
 
@@ -580,6 +641,10 @@ def blockwise_attention(
         return_lse: also return the softmax's log-sum-exp `(b, h, i)`
             (float32, float64 for float64 inputs; `-inf` on rows that
             attend to nothing), differentiable (`log_sum_exp.py`).
+        sink_logits: optional learned sinks `(h,)` (`log_sum_exp.py`),
+            applied in each row of tiles through its log-sum-exp (no
+            score column) and differentiated by the hand-written backward
+            pass; the returned log-sum-exp then includes the sink.
 
     Returns:
         `(b, i, h, e)` in the query's dtype, and the log-sum-exp if
@@ -607,6 +672,10 @@ def blockwise_attention(
         soft_cap=soft_cap,
     )
     plan.return_lse = bool(return_lse)
+    plan.sinks = sink_logits is not None
+    num_params = len(params)
+    if plan.sinks:  # Differentiable: passed with the score parameters.
+        params = tuple(params) + (ops.reshape(sink_logits, (g, r)),)
     if mask is not None:
         mask = ops.cast(mask, "bool")
     if key_padding is not None:
@@ -615,24 +684,31 @@ def blockwise_attention(
         query_padding = ops.cast(query_padding, "bool")
     offset = causal_offset if not isinstance(plan.offset, int) else None
 
+    def split(params):
+        params = tuple(params)
+        if not plan.sinks:
+            return params, None
+        return params[:num_params], params[num_params]
+
     def forward(q, k, v, aux, params=()):
+        params, sinks = split(params)
         key_padding, query_padding, mask, offset = aux
         qh = ops.transpose(ops.reshape(q, (-1, b_tq, g, r, d)), (0, 2, 3, 1, 4))
         kh = ops.transpose(k, (0, 2, 1, 3))
         vh = ops.transpose(v, (0, 2, 1, 3))
         tile_aux = (key_padding, mask, offset)
         out, lse, *saved = _forward(
-            plan, qh, kh, vh, tile_aux, params, query_padding
+            plan, qh, kh, vh, tile_aux, params, query_padding, sinks
         )
         result = ops.reshape(
             ops.transpose(out, (0, 3, 1, 2, 4)), (-1, b_tq, h, e)
         )
         if return_lse:
             result = (result, ops.reshape(lse, (-1, h, b_tq)))
-        return result, (qh, kh, vh, tile_aux, params, out, saved)
+        return result, (qh, kh, vh, tile_aux, params, out, saved, sinks)
 
     def backward(residuals, d_result):
-        qh, kh, vh, tile_aux, params, out, saved = residuals
+        qh, kh, vh, tile_aux, params, out, saved, sinks = residuals
         d_lse = None
         if return_lse:
             d_result, d_lse = d_result
@@ -646,7 +722,7 @@ def blockwise_attention(
                 (0, 2, 3, 1, 4),
             )
         dq, dk, dv, dparams = _backward(
-            plan, qh, kh, vh, tile_aux, params, out, saved, d_out, d_lse
+            plan, qh, kh, vh, tile_aux, params, out, saved, d_out, d_lse, sinks
         )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
         grads = (
@@ -654,7 +730,7 @@ def blockwise_attention(
             ops.transpose(dk, (0, 2, 1, 3)),
             ops.transpose(dv, (0, 2, 1, 3)),
         )
-        return grads + (dparams,) if params else grads
+        return grads + (dparams,) if params or sinks is not None else grads
 
     aux = (key_padding, query_padding, mask, offset)
     return _backend.custom_vjp(forward, backward)(

@@ -92,15 +92,19 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     """
     dtype = lse.dtype
     z = ops.cast(sink_logits, dtype)[None, :, None]  # (1, h, 1)
-    z = ops.broadcast_to(z, ops.shape(lse))
-    lse_f, valid = _finite_lse(lse, z)
-    m = ops.maximum(lse_f, z)
-    total = m + ops.log(ops.exp(lse_f - m) + ops.exp(z - m))
-    keep = ops.where(valid, ops.exp(lse_f - total), ops.zeros_like(lse))
-    new_lse = ops.where(valid, total, z)
+    valid = lse > NEG_INF
+    # d = lse - z on rows that attend to something (0 elsewhere: no -inf
+    # in the arithmetic, so no NaN in the gradient): the kept share of
+    # the mass is sigmoid(d), and lse' = z + softplus(d).
+    d = ops.where(valid, lse - z, ops.zeros_like(lse))
+    zeros = ops.zeros_like(d)
+    keep = ops.where(valid, ops.sigmoid(d), zeros)
+    new_lse = z + ops.where(valid, ops.softplus(d), zeros)
     factor = ops.transpose(keep, (0, 2, 1))[..., None]  # (b, i, h, 1)
-    out_dtype = output.dtype
-    output = ops.cast(ops.cast(output, dtype) * factor, out_dtype)
+    if output.dtype == factor.dtype:
+        output = output * factor
+    else:
+        output = ops.cast(ops.cast(output, dtype) * factor, output.dtype)
     if weights is not None:
         weights = ops.cast(
             ops.cast(weights, dtype) * keep[..., None], weights.dtype

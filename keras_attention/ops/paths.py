@@ -105,14 +105,18 @@ class AttentionPath:
         op: the module's public function.
         run: `run(request, **options)` -> the output, then the weights
             when `request.return_weights`, then the log-sum-exp `(b, h,
-            i)` when `request.needs_lse` (a tuple when more than the
-            output); None when the path takes inputs a request does not
-            carry. Learned sinks are not its business: `run_path`
-            applies them through the log-sum-exp.
+            i)` when `request.return_lse` or, on a path that does not
+            apply learned sinks itself, when sinks need it
+            (`request.needs_lse`) (a tuple when more than the output);
+            None when the path takes inputs a request does not carry.
+            `run_path` applies the sinks through the log-sum-exp for the
+            paths that do not (`applies_sinks`).
         can_run: `can_run(request)` -> None, or the reason it cannot.
         options: the tuning options `run` takes (`implementation_scope`);
             results do not depend on them.
         op_level: whether `dot_product_attention` may choose it.
+        applies_sinks: whether `run` applies `request.sink_logits`
+            itself (else `run_path` does, through the log-sum-exp).
     """
 
     name: str
@@ -121,6 +125,7 @@ class AttentionPath:
     can_run: object
     options: tuple = ()
     op_level: bool = False
+    applies_sinks: bool = False
 
 
 PATHS = {}
@@ -221,14 +226,18 @@ def run_path(name, request, **options):
     """Runs `request` on path `name` and applies its learned sinks:
     the output, then the weights if `request.return_weights`, then the
     log-sum-exp if `request.return_lse` (a tuple when more than one)."""
-    result = PATHS[name].run(request, **options)
-    if not request.needs_lse and not request.return_weights:
+    path = PATHS[name]
+    result = path.run(request, **options)
+    has_lse = request.return_lse or (
+        request.needs_lse and not path.applies_sinks
+    )
+    if not has_lse and not request.return_weights:
         return result
     result = list(result) if isinstance(result, (tuple, list)) else [result]
     output = result[0]
     weights = result[1] if request.return_weights else None
-    lse = result[-1] if request.needs_lse else None
-    if request.sink_logits is not None:
+    lse = result[-1] if has_lse else None
+    if request.sink_logits is not None and not path.applies_sinks:
         output, lse, weights = apply_sinks(
             output, lse, request.sink_logits, weights
         )
@@ -396,7 +405,8 @@ def _run_blockwise(
         causal_offset=request.query_offset,
         key_padding=request.key_mask,
         query_padding=request.query_mask,
-        return_lse=request.needs_lse,
+        return_lse=request.return_lse,
+        sink_logits=request.sink_logits,
         **options,
     )
 
@@ -541,6 +551,7 @@ register_path(
         _blockwise_can_run,
         ("query_block", "key_block", "keep_probabilities"),
         True,
+        applies_sinks=True,
     )
 )
 register_path(
