@@ -106,6 +106,50 @@ def test_gpt2_preset_without_a_tokenizer(tmp_path):
     assert all(0 <= p <= 1 for p in layer["first"])
 
 
+# The families of issue 38 (QK-norm, interleaved windows, LongRoPE):
+# tiny random backbones saved as presets, no tokenizer.
+MODERN = {
+    "Qwen3Backbone": dict(head_dim=4, sliding_window_size=None),
+    "Gemma3Backbone": dict(
+        head_dim=4,
+        image_size=None,
+        vision_encoder=None,
+        use_sliding_window_attention=True,
+        sliding_window_size=3,
+    ),
+    "Phi3Backbone": dict(
+        rope_scaling_type="su",
+        rope_scaling_short_factor=[1.0, 1.2],
+        rope_scaling_long_factor=[2.0, 3.0],
+        max_sequence_length=32,
+        pretraining_sequence_length=4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODERN))
+def test_modern_families_without_a_tokenizer(name, tmp_path):
+    preset = str(tmp_path / "preset")
+    cls = getattr(keras_hub.models, name)
+    cls(
+        vocabulary_size=40,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        **MODERN[name],
+    ).save_to_preset(preset)
+    out = tmp_path / "out"
+    results, _ = _run(
+        ["--preset", preset, "--output-dir", str(out), "--length", "8"]
+    )
+    assert results["backbone"] == name and results["equal"]
+    (layer,) = results["layers"]
+    assert os.path.isfile(out / "attention.html")
+    assert all(0 <= p <= 1 for p in layer["first"])
+
+
 @pytest.mark.parametrize(
     "preset, message",
     [
