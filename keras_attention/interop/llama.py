@@ -41,6 +41,41 @@ WEIGHT_TABLE = (
 )
 
 
+# The config entries every Llama-style backbone has (`llama_style_config`).
+LLAMA_STYLE_CONFIG = (
+    "vocabulary_size",
+    "num_layers",
+    "num_query_heads",
+    "num_key_value_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "rope_max_wavelength",
+    "layer_norm_epsilon",
+)
+
+
+def llama_style_config(backbone, tie_word_embeddings=False):
+    """The `config` of `build_llama_style` for a Llama-style keras-hub
+    backbone: `LLAMA_STYLE_CONFIG` (each required), its `dropout` (0 when
+    absent) and `tie_word_embeddings`."""
+    config = {
+        name: _common.config_value(backbone, name)
+        for name in LLAMA_STYLE_CONFIG
+    }
+    config["dropout"] = backbone.get_config().get("dropout", 0.0)
+    config["tie_word_embeddings"] = bool(tie_word_embeddings)
+    return config
+
+
+def linear_rotary_scaling(factor):
+    """The blocks' `rotary_scaling` for keras-hub's `rope_scaling_factor`
+    (position interpolation: the frequencies divided by it), or None when
+    it is unset or 1."""
+    if factor is None or float(factor) == 1.0:
+        return None
+    return {"scaling_factor": float(factor)}
+
+
 # Llama 3.1's RoPE arguments: all set, or none.
 LLAMA3_ROPE_ARGUMENTS = (
     "rope_frequency_adjustment_factor",
@@ -217,21 +252,10 @@ def convert_llama(backbone):
         - Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
           Language Models".
     """
-    config = {
-        name: _common.config_value(backbone, name)
-        for name in (
-            "vocabulary_size",
-            "num_layers",
-            "num_query_heads",
-            "num_key_value_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "rope_max_wavelength",
-            "layer_norm_epsilon",
-            "dropout",
-            "tie_word_embeddings",
-        )
-    }
+    config = llama_style_config(
+        backbone, _common.config_value(backbone, "tie_word_embeddings")
+    )
+    config["dropout"] = _common.config_value(backbone, "dropout")
     return build_llama_style(
         backbone, config, rotary_scaling=llama_rotary_scaling(backbone)
     )

@@ -1,7 +1,8 @@
 """keras-hub's `MistralBackbone` rebuilt from `keras_attention` blocks."""
 
-from keras_attention.interop import _common
 from keras_attention.interop.llama import build_llama_style
+from keras_attention.interop.llama import linear_rotary_scaling
+from keras_attention.interop.llama import llama_style_config
 
 # The Llama table (`keras_attention.interop.llama.WEIGHT_TABLE`): Mistral's
 # layers and weights have the same names and shapes.
@@ -42,29 +43,12 @@ def convert_mistral(backbone):
         - Jiang et al., 2023, "Mistral 7B".
     """
     get = backbone.get_config()
-    config = {
-        name: _common.config_value(backbone, name)
-        for name in (
-            "vocabulary_size",
-            "num_layers",
-            "num_query_heads",
-            "num_key_value_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "rope_max_wavelength",
-            "layer_norm_epsilon",
-        )
-    }
-    config["dropout"] = get.get("dropout", 0.0)
-    config["tie_word_embeddings"] = False
+    config = llama_style_config(backbone)
     sliding_window = get.get("sliding_window")
     window_size = None
     if sliding_window is not None:
         window_size = int(sliding_window) - 1
-    factor = get.get("rope_scaling_factor")
-    rotary_scaling = None
-    if factor is not None and factor != 1:
-        rotary_scaling = {"scaling_factor": float(factor)}
+    rotary_scaling = linear_rotary_scaling(get.get("rope_scaling_factor"))
     return build_llama_style(
         backbone,
         config,

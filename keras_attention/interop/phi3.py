@@ -1,7 +1,7 @@
 """keras-hub's `Phi3Backbone` rebuilt from `keras_attention` blocks."""
 
-from keras_attention.interop import _common
 from keras_attention.interop.llama import build_llama_style
+from keras_attention.interop.llama import llama_style_config
 
 # Their weight path prefix -> ours (`{i}`: the layer index); the weights
 # under each prefix have the same names and shapes on both sides.
@@ -107,25 +107,9 @@ def convert_phi3(backbone):
         - Ding et al., 2024, "LongRoPE: Extending LLM Context Window Beyond
           2 Million Tokens".
     """
-    get = backbone.get_config()
-    config = {
-        name: _common.config_value(backbone, name)
-        for name in (
-            "vocabulary_size",
-            "num_layers",
-            "num_query_heads",
-            "num_key_value_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "rope_max_wavelength",
-            "layer_norm_epsilon",
-        )
-    }
-    config["dropout"] = get.get("dropout", 0.0)
-    config["tie_word_embeddings"] = False
     return build_llama_style(
         backbone,
-        config,
+        llama_style_config(backbone),
         rotary_scaling=phi3_rotary_scaling(backbone),
         table=WEIGHT_TABLE,
     )

@@ -1,8 +1,9 @@
 """keras-hub's `Qwen3Backbone` rebuilt from `keras_attention` blocks."""
 
-from keras_attention.interop import _common
 from keras_attention.interop.llama import WEIGHT_TABLE as LLAMA_TABLE
 from keras_attention.interop.llama import build_llama_style
+from keras_attention.interop.llama import linear_rotary_scaling
+from keras_attention.interop.llama import llama_style_config
 
 # The Llama table, plus Qwen 3's per-head query and key norms (QK-norm),
 # which our attention layers call `query_norm` and `key_norm`.
@@ -56,26 +57,9 @@ def convert_qwen3(backbone):
         - Qwen Team, 2025, "Qwen3 Technical Report".
     """
     get = backbone.get_config()
-    config = {
-        name: _common.config_value(backbone, name)
-        for name in (
-            "vocabulary_size",
-            "num_layers",
-            "num_query_heads",
-            "num_key_value_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "rope_max_wavelength",
-            "layer_norm_epsilon",
-        )
-    }
-    config["dropout"] = get.get("dropout", 0.0)
-    config["tie_word_embeddings"] = bool(get.get("tie_word_embeddings", True))
+    config = llama_style_config(backbone, get.get("tie_word_embeddings", True))
     window = get.get("sliding_window_size")
-    factor = get.get("rope_scaling_factor")
-    rotary_scaling = None
-    if factor is not None and factor != 1:
-        rotary_scaling = {"scaling_factor": float(factor)}
+    rotary_scaling = linear_rotary_scaling(get.get("rope_scaling_factor"))
     return build_llama_style(
         backbone,
         config,
