@@ -291,3 +291,49 @@ def t5_bucket(relative, bidirectional, num_buckets, max_distance):
         ).astype(relative.dtype)
     large = np.minimum(large, num_buckets - 1)
     return ret + np.where(is_small, n, large)
+
+
+def mixture_of_experts(layer, x, mask=None):
+    """A built `MixtureOfExperts`, token by token in float64: the routing
+    of `layer.routing` over the router's logits, each chosen expert's
+    gated feed-forward, and keras-hub's load-balancing loss (without the
+    coefficient) over the tokens where `mask` (`x.shape[:-1]`) is True.
+
+    Returns (output (x's shape), aux_loss).
+    """
+    w = lambda v: None if v is None else _np(v).astype("float64")  # noqa: E731
+    wr, br = w(layer.router_kernel), w(layer.router_bias_weight)
+    wgu, bgu = w(layer.gate_up_kernel), w(layer.gate_up_bias)
+    wd, bd = w(layer.down_kernel), w(layer.down_bias)
+    e, k, i = layer.num_experts, layer.top_k, layer.intermediate_dim
+    tokens = np.asarray(x, "float64").reshape(-1, x.shape[-1])
+    valid = np.ones(len(tokens), bool) if mask is None else mask.reshape(-1)
+    out, f, p = np.zeros_like(tokens), np.zeros(e), np.zeros(e)
+    for n, t in enumerate(tokens):
+        logits = t @ wr + (0.0 if br is None else br)
+        probs = softmax(logits)
+        if layer.routing == "softmax_topk":
+            chosen = np.argsort(-probs, kind="stable")[:k]
+            gates = probs[chosen]
+            if layer.normalize_top_k:
+                gates = gates / gates.sum()
+        else:
+            chosen = np.argsort(-logits, kind="stable")[:k]
+            gates = softmax(logits[chosen])
+        for expert, gate in zip(chosen, gates):
+            h = t @ wgu[expert] + (0.0 if bgu is None else bgu[expert])
+            g, u = h[:i], h[i:]
+            if layer.activation == "swiglu":
+                a = g / (1 + np.exp(-g)) * u
+            else:
+                g = np.minimum(g, layer.glu_limit)
+                u = np.clip(u, -layer.glu_limit, layer.glu_limit)
+                a = (u + 1) * g / (1 + np.exp(-layer.glu_alpha * g))
+            y = a @ wd[expert] + (0.0 if bd is None else bd[expert])
+            out[n] += gate * y
+        if valid[n]:
+            f[chosen] += 1.0
+            p += probs
+    count = max(valid.sum(), 1e-9)
+    aux = e * np.sum(f / (count * k) * (p / count))
+    return out.reshape(x.shape), aux

@@ -522,6 +522,22 @@ CASES = [
         {"x": X},
     ),
     (
+        "mixture-of-experts",
+        lambda: L.MixtureOfExperts(
+            4,
+            2,
+            8,
+            routing="topk_softmax",
+            router_bias=True,
+            activation="gpt_oss_glu",
+            expert_bias=True,
+            router_aux_loss_coef=0.01,
+            router_jitter_noise=0.1,
+        ),
+        lambda layer, x, m: layer(x, mask=m, training=True),
+        {"x": X, "m": VALID},
+    ),
+    (
         "encoder-block",
         lambda: L.TransformerEncoderBlock(
             4,

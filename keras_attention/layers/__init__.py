@@ -11,6 +11,7 @@ from keras_attention.layers.graph_attention import GraphAttention
 from keras_attention.layers.group_query_attention import GroupQueryAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.mixture_of_experts import MixtureOfExperts
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.multi_head_latent_attention import (
     MultiHeadLatentAttention,
@@ -38,6 +39,7 @@ __all__ = [
     "GroupQueryAttention",
     "LocalSelfAttention",
     "LuongAttention",
+    "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "PositionEmbedding",

@@ -203,6 +203,29 @@ NUMPY_SCALARS = [
         dict(intermediate_dim=i64(4), dropout=np.float64(0.5)),
         dict(intermediate_dim=4, dropout=0.5),
     ),
+    (
+        ka.MixtureOfExperts,
+        dict(
+            num_experts=i64(4),
+            top_k=np.int32(2),
+            intermediate_dim=i64(6),
+            normalize_top_k=np.bool_(True),
+            glu_alpha=np.float32(1.5),
+            router_aux_loss_coef=np.float64(0.5),
+            router_jitter_noise=np.float64(0.25),
+            seed=np.uint32(3),
+        ),
+        dict(
+            num_experts=4,
+            top_k=2,
+            intermediate_dim=6,
+            normalize_top_k=True,
+            glu_alpha=1.5,
+            router_aux_loss_coef=0.5,
+            router_jitter_noise=0.25,
+            seed=3,
+        ),
+    ),
     (ka.AttentionPooling, dict(units=i64(3)), dict(units=3)),
     (
         ka.BahdanauAttention,
@@ -343,6 +366,11 @@ def test_numpy_window_size_in_masks():
             "intermediate_dim",
         ),
         (
+            ka.MixtureOfExperts,
+            dict(num_experts=4, top_k=True, intermediate_dim=6),
+            "top_k",
+        ),
+        (
             ka.MultiHeadAttention,
             dict(num_heads=2, key_dim=4, seed=True),
             "seed",
@@ -413,6 +441,21 @@ NAN, INF = float("nan"), float("inf")
         ),
         (ka.FeedForward, dict(intermediate_dim=4, dropout=NAN), "dropout"),
         (
+            ka.MixtureOfExperts,
+            dict(num_experts=4, top_k=2, intermediate_dim=6, glu_limit=INF),
+            "glu_limit",
+        ),
+        (
+            ka.MixtureOfExperts,
+            dict(
+                num_experts=4,
+                top_k=2,
+                intermediate_dim=6,
+                router_aux_loss_coef=NAN,
+            ),
+            "router_aux_loss_coef",
+        ),
+        (
             ka.MultiHeadLatentAttention,
             dict(
                 num_heads=2,
@@ -480,6 +523,16 @@ INITIALIZED = [
     ),
     (ka.FeedForward, dict(intermediate_dim=4), "kernel_initializer"),
     (ka.FeedForward, dict(intermediate_dim=4), "bias_initializer"),
+    (
+        ka.MixtureOfExperts,
+        dict(num_experts=4, top_k=2, intermediate_dim=6),
+        "kernel_initializer",
+    ),
+    (
+        ka.MixtureOfExperts,
+        dict(num_experts=4, top_k=2, intermediate_dim=6, expert_bias=True),
+        "bias_initializer",
+    ),
     (ka.AttentionPooling, dict(units=3), "kernel_initializer"),
     (ka.AttentionPooling, dict(units=3), "bias_initializer"),
     (ka.BahdanauAttention, dict(units=3), "kernel_initializer"),

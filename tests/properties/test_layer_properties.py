@@ -34,6 +34,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
+from references import mixture_of_experts as reference_moe
 
 from keras_attention import layers as ka
 from keras_attention.blocks import TransformerDecoderBlock
@@ -1352,6 +1353,50 @@ def test_pooling_feed_forward_and_bridge(data):
     _check_outputs(outputs, specs, references, finite, huge)
 
 
+@DRAWS
+@given(st.data())
+def test_mixture_of_experts(data):
+    batch = data.draw(st.sampled_from(BATCHES))
+    t = data.draw(st.sampled_from(LENGTHS))
+    x, finite, huge = data.draw(sequences(batch, t))
+    kwargs, bad = _draw_args(
+        data,
+        dict(
+            num_experts=(ints(2, 3), BAD_INTS),
+            top_k=(ints(1, 2), BAD_INTS),
+            intermediate_dim=(ints(1, 3), BAD_INTS),
+            routing=(
+                st.sampled_from(["softmax_topk", "topk_softmax"]),
+                ("topk", None, 1),
+            ),
+            normalize_top_k=(BOOLS, BAD_BOOLS),
+            activation=(
+                st.sampled_from(["swiglu", "gpt_oss_glu"]),
+                ("silu", None),
+            ),
+            expert_bias=(BOOLS, BAD_BOOLS),
+        ),
+    )
+    mask = data.draw(masks(batch, t))
+
+    def run():
+        def build(layer):
+            layer(x[:1, :1])
+
+        layer = _layer(ka.MixtureOfExperts, kwargs, build)
+        return layer, layer(x, mask=mask)
+
+    result = expect(run, bad)
+    if result is None:
+        return
+    layer, out = result
+    spec = layer.compute_output_spec(keras.KerasTensor(x.shape))
+    reference = None
+    if finite and not huge:  # (else shapes and finiteness only)
+        reference = reference_moe(layer, x.astype("float64"))[0]
+    _check_outputs([out], [spec], [reference], finite, huge)
+
+
 # --- Blocks -----------------------------------------------------------------
 
 
@@ -1531,6 +1576,7 @@ def test_layers_are_all_covered():
         "GroupQueryAttention",
         "LocalSelfAttention",
         "LuongAttention",
+        "MixtureOfExperts",
         "MultiHeadAttention",
         "MultiHeadLatentAttention",
         "PositionEmbedding",

@@ -1,0 +1,178 @@
+"""The computations of `MixtureOfExperts`: routing, the experts' gated
+activations, the load-balancing loss, and the copy of keras-hub's weights.
+
+Functions of tensors (`keras.ops` only), so that the layer module holds the
+arguments, weights and config, and each convention here can be read against
+keras-hub's (`keras_hub/src/models/{mixtral,qwen3_moe,gpt_oss}/*_decoder.py`,
+0.32).
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+ROUTINGS = ("softmax_topk", "topk_softmax")
+ACTIVATIONS = ("swiglu", "gpt_oss_glu")
+
+
+def route(logits, top_k, routing, normalize_top_k):
+    """The routing weights of every token over every expert.
+
+    Args:
+        logits: `(tokens, num_experts)`, the router's logits, in the
+            routing dtype (float32 or float64).
+        top_k: int, experts per token.
+        routing: `"softmax_topk"` (softmax over all experts, then the `top_k`
+            largest probabilities: Mixtral, Qwen3-MoE) or `"topk_softmax"`
+            (the `top_k` largest logits, then a softmax over them: gpt-oss).
+        normalize_top_k: bool, divide the kept probabilities by their sum
+            (`"softmax_topk"` only; the other routing sums to 1 already).
+
+    Returns:
+        `(weights, selected)`: `weights` `(tokens, num_experts)`, zero
+        outside each token's `top_k` experts; `selected` `(tokens,
+        num_experts)`, 1.0 for the chosen experts (for the load-balancing
+        loss).
+    """
+    num_experts = logits.shape[-1]
+    if routing == "softmax_topk":
+        values, indices = ops.top_k(ops.softmax(logits, axis=-1), k=top_k)
+        if normalize_top_k:
+            values = values / ops.sum(values, axis=-1, keepdims=True)
+    else:
+        values, indices = ops.top_k(logits, k=top_k)
+        values = ops.softmax(values, axis=-1)
+    one_hot = ops.cast(ops.one_hot(indices, num_experts), logits.dtype)
+    weights = ops.sum(one_hot * values[..., None], axis=1)
+    return weights, ops.sum(one_hot, axis=1)
+
+
+def load_balancing_loss(logits, selected, top_k, token_mask=None):
+    """keras-hub's (and Switch Transformer's) load-balancing loss, without
+    its coefficient: `num_experts * sum_e f_e * P_e`, `f_e` the share of
+    the `top_k` choices that went to expert `e`, `P_e` the mean softmax
+    probability of `e` (over all experts, whatever the routing).
+
+    Args:
+        logits: `(tokens, num_experts)` router logits.
+        selected: `(tokens, num_experts)`, 1.0 for each token's chosen
+            experts (`route`'s second result).
+        top_k: int.
+        token_mask: None or `(tokens,)` bool, the tokens counted (padding
+            excluded, as keras-hub's Mixtral block does with its padding
+            mask).
+
+    Returns:
+        A scalar in the logits' dtype (0 when no token counts, where
+        keras-hub's mean over no token is NaN).
+    """
+    num_experts = logits.shape[-1]
+    probs = ops.softmax(logits, axis=-1)
+    if token_mask is None:
+        m = ops.ones_like(logits[:, :1])
+    else:
+        m = ops.cast(token_mask, logits.dtype)[:, None]
+    count = ops.sum(m)
+    # No token: numerators 0, loss 0 (`where`: Keras's torch `maximum`
+    # computes float64 in float32).
+    count = ops.where(count > 0, count, ops.ones_like(count))
+    tokens_per_expert = ops.sum(selected * m, axis=0) / count / top_k
+    prob_per_expert = ops.sum(probs * m, axis=0) / count
+    return num_experts * ops.sum(tokens_per_expert * prob_per_expert)
+
+
+def gated_activation(gate, up, activation, alpha, limit):
+    """`silu(gate) * up` (`"swiglu"`), or gpt-oss's clamped GLU
+    (`"gpt_oss_glu"`): `gate` clipped above at `limit`, `up` to
+    `[-limit, limit]`, `(up + 1) * gate * sigmoid(alpha * gate)`."""
+    if activation == "swiglu":
+        return ops.silu(gate) * up
+    # `where` and `clip`: Keras's torch `minimum` and `maximum` compute
+    # float64 in float32.
+    gate = ops.where(gate > limit, ops.cast(limit, gate.dtype), gate)
+    up = ops.clip(up, -limit, limit)
+    return (up + 1.0) * (gate * ops.sigmoid(gate * alpha))
+
+
+# --- keras-hub ---------------------------------------------------------------
+
+_HUB_BLOCKS = {
+    "MixtralSparseMoeBlock": "mixtral",
+    "Qwen3SparseMoeBlock": "qwen3_moe",
+    "GptOssSparseMoeBlock": "gpt_oss",
+}
+
+
+def _np(variable):
+    return keras.ops.convert_to_numpy(variable)
+
+
+def _deinterleave(w):
+    """gpt-oss's gate/up columns `[g0, u0, g1, u1, ...]` as `[g..., u...]`
+    on the last axis."""
+    shape = w.shape
+    w = w.reshape(shape[:-1] + (shape[-1] // 2, 2))
+    w = w.swapaxes(-1, -2)
+    return w.reshape(shape)
+
+
+def hub_arguments_and_weights(block):
+    """The `MixtureOfExperts` arguments and `set_weights` list (NumPy) of a
+    built keras-hub sparse MoE block.
+
+    Returns `(kwargs, hidden_dim, weights)`. Raises `TypeError` for other
+    objects.
+    """
+    family = _HUB_BLOCKS.get(type(block).__name__)
+    if family is None or not block.built:
+        raise TypeError(
+            "`block` must be a built keras-hub MixtralSparseMoeBlock, "
+            "Qwen3SparseMoeBlock or GptOssSparseMoeBlock. Received: "
+            f"block={block!r}"
+        )
+    kwargs = dict(
+        num_experts=block.num_experts,
+        top_k=block.top_k,
+        intermediate_dim=block.intermediate_dim,
+        dtype=block.dtype_policy,
+    )
+    if family == "gpt_oss":
+        router, experts = block.router.router_dense, block.experts
+        kwargs.update(
+            routing="topk_softmax",
+            router_bias=True,
+            activation="gpt_oss_glu",
+            expert_bias=True,
+            glu_alpha=experts.alpha,
+            glu_limit=experts.limit,
+        )
+        weights = [
+            _np(router.kernel),
+            _np(router.bias),
+            _deinterleave(_np(experts.gate_up_proj)),
+            _deinterleave(_np(experts.gate_up_proj_bias)),
+            _np(experts.down_proj),
+            _np(experts.down_proj_bias),
+        ]
+        return kwargs, block.hidden_dim, weights
+    bank = block.expert_bank
+    gate_up = _np(bank._expert_feedforward_gate_dense)
+    if family == "mixtral":
+        up = _np(bank._expert_feedforward_intermediate_dense)
+        gate_up = np.concatenate([gate_up, up], axis=-1)
+        kwargs.update(
+            normalize_top_k=True,
+            router_aux_loss_coef=block.router_aux_loss_coef,
+            router_jitter_noise=block.router_jitter_noise,
+        )
+    else:
+        kwargs.update(
+            normalize_top_k=bool(block.norm_top_k_prob),
+            router_aux_loss_coef=block.router_aux_loss_coefficient,
+        )
+    weights = [
+        _np(block._sparse_feedforward_gate_dense.kernel),
+        gate_up,
+        _np(bank._expert_feedforward_output_dense),
+    ]
+    return kwargs, block.hidden_dim, weights
