@@ -27,9 +27,10 @@ class MixtureOfExperts(keras.layers.Layer):
     softmax over all experts, renormalized to sum 1 when `normalize_top_k`;
     `"topk_softmax"` takes a softmax over the `top_k` largest logits. The
     router, its softmax and the load-balancing loss run in float32 for
-    float16/bfloat16 layers (the router's weights are read in float32 too),
-    in float64 for float64 ones; the experts' activation also runs in
-    float32 for float16/bfloat16.
+    float16/bfloat16 computations (under `mixed_*` policies the router's
+    float32 weights are read as they are, not cast to half precision), in
+    float64 for float64 ones; the experts' activation also runs in float32
+    for float16/bfloat16.
 
     Experts (`activation`): `"swiglu"`, `silu(gate) * up`; `"gpt_oss_glu"`,
     gpt-oss's clamped GLU: `gate = min(gate, glu_limit)`, `up =
