@@ -27,17 +27,20 @@ and, optionally, a dense `mask` `(b|1, h|1, Tq, Tk)` that is sliced per
 tile. A query that can attend to nothing gets a zero result and zero
 gradients.
 
-This module plans the tiles (`_Plan`) and runs the forward and backward
-passes over them; the scores and masks of one tile are formed in
-`blockwise_tiles.py`.
+This module plans the tiles (`_Plan`) and runs the forward pass over
+them; the backward pass is in `blockwise_backward.py`, and the scores and
+masks of one tile are formed in `blockwise_tiles.py`.
 """
 
 import numpy as np
 from keras import ops
 
 from keras_attention.ops import _backend
+from keras_attention.ops import blockwise_backward
 from keras_attention.ops import blockwise_tiles
 from keras_attention.ops import scoring
+from keras_attention.ops.blockwise_backward import concat_rows
+from keras_attention.ops.blockwise_backward import key_chunks
 from keras_attention.ops.scoring import score_dtype
 from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import keras_utils
@@ -60,13 +63,6 @@ def keeps_probabilities(scores_per_head, heads):
 
 def _tiles(start, stop, size):
     return [(a, min(a + size, stop)) for a in range(start, stop, size)]
-
-
-def _key_chunks(stop, size):
-    """Key tiles `[j0, j1)` on the global grid of `size`, cut at `stop`."""
-    return [
-        (c, a, min(a + size, stop)) for c, a in enumerate(range(0, stop, size))
-    ]
 
 
 class _Plan:
@@ -120,7 +116,7 @@ class _Plan:
                 # Last key visible to the tile's last query.
                 stop = max(0, min(tk, i1 + causal_offset))
             chunks = []
-            for c, j0, j1 in _key_chunks(stop, key_block):
+            for c, j0, j1 in key_chunks(stop, key_block):
                 crosses = (
                     (j1 - 1) > (i0 + causal_offset)
                     if self.static_causal
@@ -218,8 +214,8 @@ def _forward(plan, qh, kh, vh, aux, params, valid_rows, sinks=None):
         valids.append(valid)
         probs.append(p if plan.keep_probabilities else None)
         keeps.append(keep)
-    lse_out = _concat_rows(row_lses) if plan.return_lse else None
-    return _concat_rows(outs), lse_out, lses, valids, probs, keeps
+    lse_out = concat_rows(row_lses) if plan.return_lse else None
+    return concat_rows(outs), lse_out, lses, valids, probs, keeps
 
 
 def _sink_row(sinks, out, lse, valid):
@@ -359,242 +355,6 @@ def _online_tiles(plan, q_t, ks, vh, aux, params, i0, i1, chunks):
     return out, m + ops.log(blockwise_tiles.maximum(row_sum, 1e-30)), valid
 
 
-def _concat_rows(tiles):
-    """Query tiles `(b, g, r, Bq, .)` joined along the query axis."""
-    return tiles[0] if len(tiles) == 1 else ops.concatenate(tiles, axis=3)
-
-
-def _backward(
-    plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None, sinks=None
-):
-    """Gradients w.r.t. `qh, kh, vh` (and a score function's `params`)
-    from each tile's probabilities: kept by the forward pass
-    (`plan.keep_probabilities`), else recomputed (the softmax of a
-    one-tile row, or from the saved log-sum-exp). A score function is
-    differentiated tile by tile (`_backend.vjp`). `d_lse` `(b, g, r, i)`:
-    the gradient of the returned log-sum-exp, if any (`d lse_i / d s_ij =
-    P_ij`, so `dS = P * (dP - (D - dlse))`). With learned `sinks` `(g,
-    r)` (the saved log-sum-exps include them), also their gradient
-    `sum_i p_sink,i (dlse_i - D_i)`, `p_sink = exp(z - lse)`, appended to
-    the parameters' gradients."""
-    g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
-    dtype = qh.dtype
-    sm_dtype = softmax_dtype(kh.dtype)
-    ks = ops.cast(kh, score_dtype(kh.dtype))
-    dqs = []
-    dks, dvs = {}, {}
-    dparams = [ops.zeros_like(p) for p in params]
-    dz = None if sinks is None else ops.zeros((g, r), sm_dtype)
-    # Last query tile first: with a causal structure each key tile then
-    # gets ever shorter contributions, summed as they come (not kept).
-    rows = list(zip(plan.rows, *saved))[::-1]
-    for (i0, i1, chunks), lse_t, valid, p_t, keep_t in rows:
-        n = i1 - i0
-        if not chunks:
-            dqs.append(ops.zeros_like(qh[:, :, :, i0:i1]))
-            if sinks is not None and d_lse is not None:  # p_sink = 1.
-                row = ops.cast(_slice(d_lse, 3, i0, i1), sm_dtype)
-                dz = dz + ops.sum(row, axis=(0, 3))
-            continue
-        do_t = _slice(d_out, 3, i0, i1)
-        if valid is not None:
-            do_t = ops.where(valid, do_t, ops.zeros_like(do_t))
-        # D_i = sum_j P_ij dP_ij = dO_i . O_i, in float32 (or float64).
-        dd_t = ops.sum(
-            ops.cast(do_t, sm_dtype)
-            * ops.cast(_slice(out, 3, i0, i1), sm_dtype),
-            axis=-1,
-            keepdims=True,
-        )
-        # The sinks' gradient reads every row's dlse: a row that attends
-        # to nothing has lse = z there (the sink's share is 1), where
-        # without sinks its lse is -inf (constant, no gradient).
-        sink_dd = dd_t
-        if d_lse is not None:
-            dl_t = ops.cast(_slice(d_lse, 3, i0, i1)[..., None], sm_dtype)
-            sink_dd = dd_t - dl_t
-            if valid is not None:
-                dl_t = ops.where(valid, dl_t, ops.zeros_like(dl_t))
-            dd_t = dd_t - dl_t
-        # One row of tiles at a time (TensorFlow would start them all).
-        previous = dqs[-1:] + [x[0] for x in list(dks.values())[-1:]]
-        previous += [x[0] for x in list(dvs.values())[-1:]]
-        q_src, k_src, ks_src, v_src = _backend.after((qh, kh, ks, vh), previous)
-        q_t = ops.reshape(_slice(q_src, 3, i0, i1), (-1, g, r * n, d))
-        do_t = ops.reshape(do_t, (-1, g, r * n, e))
-        dd_t = ops.reshape(dd_t, (-1, g, r * n, 1))
-        if sinks is not None:
-            # P' = keep * P (P without the sink, as kept or recomputed):
-            # dS = P * (keep dO V^T - keep (D - dlse)), so dO and D scale.
-            keep_t = ops.cast(keep_t, sm_dtype)
-            p_sink = 1.0 - keep_t
-            sink_dd = ops.reshape(sink_dd, (-1, g, r * n, 1))
-            contribution = ops.sum(-p_sink * sink_dd, axis=(0, 3))  # (g, q)
-            dz = dz + ops.sum(ops.reshape(contribution, (g, r, n)), axis=2)
-            do_t = do_t * ops.cast(keep_t, do_t.dtype)
-            dd_t = dd_t * keep_t
-        dq_t, last = None, []
-        for chunk in chunks:
-            c, j0, j1, _, _ = chunk
-            # One key tile at a time within the row, too.
-            q_t, k_src, ks_src, v_src = _backend.after(
-                (q_t, k_src, ks_src, v_src), last
-            )
-            k_c, v_c = _slice(k_src, 2, j0, j1), _slice(v_src, 2, j0, j1)
-            tile = blockwise_tiles.grid_and_mask(plan, aux, q_t, i0, i1, chunk)
-
-            def grads(
-                q_t=q_t,
-                k_c=k_c,
-                v_c=v_c,
-                ks_src=ks_src,
-                j0=j0,
-                j1=j1,
-                chunk=chunk,
-                tile=tile,
-            ):
-                p, pull = p_t, None  # p_t: kept by the forward pass.
-                if p_t is None or plan.score_fn is not None:
-                    p, pull = _recompute(
-                        plan,
-                        params,
-                        q_t,
-                        ks_src,
-                        i0,
-                        i1,
-                        j0,
-                        j1,
-                        tile,
-                        p_t,
-                        lse_t,
-                    )
-                dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
-                dp = ops.einsum("bgqe,bgke->bgqk", do_t, v_c)
-                ds = p * (ops.cast(dp, sm_dtype) - dd_t)
-                d_params = ()
-                if pull is not None:  # Back through the score function.
-                    shape = ops.shape(ds)
-                    ds, *d_params = pull(
-                        ops.reshape(ds, (-1, plan.heads, n, j1 - j0))
-                    )
-                    ds = ops.reshape(ds, shape)
-                ds = ops.cast(ds, dtype)
-                dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
-                dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
-                return (dq_c, dk_c, dv_c) + tuple(d_params)
-
-            live = blockwise_tiles.live(plan, chunk, tile[1])
-            if live is None:
-                dq_c, dk_c, dv_c, *d_params = grads()
-            else:  # Block sparsity decided at run time.
-                zeros = (
-                    ops.zeros_like(q_t),
-                    ops.zeros_like(k_c),
-                    ops.zeros_like(v_c),
-                ) + tuple(ops.zeros_like(p) for p in params)
-                dq_c, dk_c, dv_c, *d_params = ops.cond(
-                    live, grads, lambda z=zeros: z
-                )
-            dparams = [a + b for a, b in zip(dparams, d_params)]
-            dq_t = dq_c if dq_t is None else dq_t + dq_c
-            # The parameters' gradients too: a tile's `ds` would otherwise
-            # stay alive until its (unscheduled) parameter sums run.
-            last = [dq_t, dk_c, dv_c] + dparams
-            _accumulate(dks, c, dk_c)
-            _accumulate(dvs, c, dv_c)
-        dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
-    dq = _concat_rows(dqs[::-1])
-    dk, dv = _gather_keys(plan, dks, kh), _gather_keys(plan, dvs, vh)
-    if sinks is not None:
-        dparams.append(ops.cast(dz, sinks.dtype))
-    return dq, dk, dv, tuple(dparams)
-
-
-def _recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
-    """A tile's probabilities `(b, g, q, k)` for the backward pass and the
-    pullback of its score function (None without one). Kept
-    probabilities `p_t` are reused: with a score function only the raw
-    scores are recomputed then (for the pullback), no softmax. The score
-    function runs once, its output serving both. Soft-capping keeps
-    `tanh` of the raw scores for its derivative; a relative bias needs no
-    raw scores for its pullback (d score / d raw = 1)."""
-    g, rows = q_t.shape[1], q_t.shape[2]
-    grid, mask = tile
-    k_c = _slice(ks, 2, j0, j1)
-    if plan.soft_cap is not None:
-        t = blockwise_tiles.soft_capped_tanh(plan, q_t, k_c, i0, i1)
-
-        def pull(ds):
-            return (_backend.tanh_grad(t, ds),)
-
-        def scores():
-            return plan.soft_cap * t
-
-    elif plan.relative_fn is not None:
-        pull = None
-        if params:
-            pull = blockwise_tiles.relative_pullback(
-                plan, params, grid, j1 - j0
-            )
-
-        def scores():
-            raw = blockwise_tiles.raw_scores(plan, q_t, k_c, i0, i1)
-            return blockwise_tiles.relative_scores(plan, params, raw, grid)
-
-    else:
-        s = blockwise_tiles.raw_scores(plan, q_t, k_c, i0, i1)
-        pull = None
-        if plan.score_fn is not None:
-
-            def fn(scores, *p):
-                # As `scoring.modify_scores`: -inf raised to the fill.
-                out = ops.cast(plan.score_fn(p, scores, *grid), scores.dtype)
-                return scoring.finite_scores(out)
-
-            s, pull = _backend.vjp(fn, (s,) + tuple(params))
-
-        def scores():
-            return s
-
-    if p_t is not None:
-        return p_t, pull
-    s, _ = scoring.modify_scores(scores(), grid, None, None, mask)
-    s = ops.reshape(s, (-1, g, rows, j1 - j0))
-    p = scoring.plain_softmax(s, -1) if lse_t is None else ops.exp(s - lse_t)
-    return p, pull
-
-
-def _accumulate(store, c, grad):
-    """Adds the contribution `(b, g, length, .)` of a row of tiles to key
-    tile `c`: it covers the tile's first `length` keys, and arrives no
-    longer than the previous ones, so the keys past it are final and split
-    off (no padding, no list of every contribution kept)."""
-    if c not in store:
-        store[c] = [grad, []]
-        return
-    total, tails = store[c]
-    length = grad.shape[2]
-    if length < total.shape[2]:
-        tails.append(total[:, :, length:])
-        total = total[:, :, :length]
-    store[c][0] = total + grad
-
-
-def _gather_keys(plan, store, like):
-    """The summed contributions of every key tile, laid out along `j`."""
-    parts = []
-    for c, j0, j1 in _key_chunks(plan.tk, plan.key_block):
-        if c not in store:
-            parts.append(ops.zeros_like(like[:, :, j0:j1]))
-            continue
-        total, tails = store[c]
-        parts += [total] + tails[::-1]
-        missing = j1 - j0 - sum(x.shape[2] for x in [total] + tails)
-        if missing:
-            parts.append(ops.zeros_like(like[:, :, j1 - missing : j1]))
-    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
-
-
 def blockwise_attention(
     query,
     key,
@@ -721,7 +481,7 @@ def blockwise_attention(
                 ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
                 (0, 2, 3, 1, 4),
             )
-        dq, dk, dv, dparams = _backward(
+        dq, dk, dv, dparams = blockwise_backward.backward(
             plan, qh, kh, vh, tile_aux, params, out, saved, d_out, d_lse, sinks
         )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
