@@ -17,6 +17,7 @@ import keras
 
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
+from keras_attention.layers.mixture_of_experts import MixtureOfExperts
 from keras_attention.layers.rotary_embedding import check_rotary_scaling
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods import base as mods_base
@@ -93,6 +94,14 @@ class TransformerBlock(keras.layers.Layer):
         rotary_fraction: float in (0, 1], partial rotary positions in the
             self-attention (`MultiHeadAttention(rotary_fraction=...)`).
             Default 1.0.
+        moe: optional dict of `keras_attention.layers.MixtureOfExperts`
+            arguments (`num_experts`, `top_k`, and any of its others;
+            `intermediate_dim` defaults to the block's): the feed-forward
+            is then a mixture of experts (Mixtral, Qwen3-MoE, gpt-oss),
+            with the experts' own activation (`activation` of the block
+            does not apply) and, with `router_aux_loss_coef`, its
+            load-balancing loss added in training. Default None: the
+            dense `FeedForward`.
         learned_sinks: bool, learned attention sinks in every attention
             layer of the block (`MultiHeadAttention(learned_sinks=...)`).
             Default False.
@@ -127,6 +136,7 @@ class TransformerBlock(keras.layers.Layer):
         qk_norm_epsilon=None,
         learned_sinks=False,
         rotary_fraction=1.0,
+        moe=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -204,6 +214,7 @@ class TransformerBlock(keras.layers.Layer):
         self.rotary_fraction = float(
             validation.check_positive_number("rotary_fraction", rotary_fraction)
         )
+        self.moe = _check_moe(moe, intermediate_dim)
         self.window_size = window_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -319,6 +330,18 @@ class TransformerBlock(keras.layers.Layer):
         )
 
     def _make_feed_forward(self):
+        if self.moe is not None:
+            return MixtureOfExperts(
+                **self.moe,
+                kernel_initializer=keras_utils.clone_initializer(
+                    self.kernel_initializer
+                ),
+                bias_initializer=keras_utils.clone_initializer(
+                    self.bias_initializer
+                ),
+                dtype=self.dtype_policy,
+                name="feed_forward",
+            )
         return FeedForward(
             self.intermediate_dim,
             activation=self.activation,
@@ -453,6 +476,7 @@ class TransformerBlock(keras.layers.Layer):
                 "qk_norm_epsilon": self.qk_norm_epsilon,
                 "learned_sinks": self.learned_sinks,
                 "rotary_fraction": self.rotary_fraction,
+                "moe": None if self.moe is None else dict(self.moe),
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
@@ -468,6 +492,31 @@ class TransformerBlock(keras.layers.Layer):
     def from_config(cls, config):
         config = mods_base.from_config_entries(config)
         return cls(**config)
+
+
+def _check_moe(moe, intermediate_dim):
+    """The blocks' `moe` option: None, or a dict of `MixtureOfExperts`
+    arguments (checked by building one; `intermediate_dim` defaults to
+    the block's), returned as a plain dict."""
+    if moe is None:
+        return None
+    if not isinstance(moe, dict):
+        raise TypeError(
+            "`moe` must be None or a dict of MixtureOfExperts arguments "
+            f"(num_experts, top_k, ...). Received: moe={moe!r}"
+        )
+    refused = sorted(
+        {"kernel_initializer", "bias_initializer", "dtype", "name"} & set(moe)
+    )
+    if refused:
+        raise ValueError(
+            f"`moe` takes the experts' own arguments; {refused} come from "
+            f"the block. Received: moe={moe!r}"
+        )
+    moe = dict(moe)
+    moe.setdefault("intermediate_dim", intermediate_dim)
+    MixtureOfExperts(**moe)  # Its own checks of the values.
+    return moe
 
 
 def _check_head_shape(num_heads, key_dim, num_key_value_heads):
