@@ -156,6 +156,15 @@ def _gaussian(model):
     )
 
 
+def _sinks(model):
+    """Whether an attention layer of `model` has learned sinks: a row's
+    weights sum to 1 minus the sink's share."""
+    return any(
+        getattr(layer, "learned_sinks", False)
+        for layer in model._flatten_layers()
+    )
+
+
 def _check_entry(weights, meta, gaussian):
     batch, heads, rows, keys = weights.shape
     assert (meta["num_heads"], meta["query_length"], meta["key_length"]) == (
@@ -173,8 +182,8 @@ def _check_entry(weights, meta, gaussian):
         padded = ~meta["query_mask"]
         assert np.all(weights.transpose(0, 2, 1, 3)[padded] == 0)
     sums = weights.sum(-1)
-    if gaussian:
-        assert np.all(sums <= 1 + 1e-5)
+    if gaussian:  # Or learned sinks: the rest of the mass on the sink.
+        assert np.all((sums <= 1 + 1e-5) & (sums >= 0))
     else:
         one = np.isclose(sums, 1, atol=1e-5)
         assert np.all(np.isclose(sums, 0, atol=1e-5) | one)
@@ -198,7 +207,7 @@ def test_collect_attention_on_each_harness_configuration(configuration):
         return
     assert maps, "attention layers but no entry"
     assert len(maps) >= len(found)
-    gaussian = _gaussian(model)
+    gaussian = _gaussian(model) or _sinks(model)
     for name, weights in maps.items():
         _check_entry(weights, maps.metadata[name], gaussian)
     if not call_kwargs.get("return_attention_scores"):
