@@ -39,9 +39,10 @@ class HeadRMSNorm(keras.layers.Layer):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_attention.layers._qk_norm import HeadRMSNorm
     >>> y = HeadRMSNorm()(np.full((1, 2, 3, 4), 3.0, "float32"))
-    >>> round(float(np.asarray(y)[0, 0, 0, 0]), 4)
+    >>> round(float(ops.convert_to_numpy(y)[0, 0, 0, 0]), 4)
     1.0
     """
 
