@@ -41,6 +41,7 @@ from keras_attention.ops import blockwise_tiles
 from keras_attention.ops import scoring
 from keras_attention.ops.blockwise_backward import concat_rows
 from keras_attention.ops.blockwise_backward import key_chunks
+from keras_attention.ops.log_sum_exp import kept_share
 from keras_attention.ops.scoring import score_dtype
 from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import keras_utils
@@ -233,13 +234,8 @@ def _sink_row(sinks, out, lse, valid):
     if lse is None:  # No key tile: all the mass on the sink.
         keep, new = zeros, zeros + z
     else:
-        d = ops.reshape(ops.cast(lse, out.dtype), ops.shape(zeros)) - z
-        if valid is None:
-            keep, new = ops.sigmoid(d), z + ops.softplus(d)
-        else:
-            d = ops.where(valid, d, zeros)
-            keep = ops.where(valid, ops.sigmoid(d), zeros)
-            new = z + ops.where(valid, ops.softplus(d), zeros)
+        lse = ops.reshape(ops.cast(lse, out.dtype), ops.shape(zeros))
+        keep, new = kept_share(lse, z, valid)
     out = out * keep
     return out, ops.reshape(keep, (-1, g, r * n, 1)), new[..., 0]
 

@@ -80,6 +80,21 @@ def _finite_lse(lse, fallback):
     return ops.where(valid, lse, fallback), valid
 
 
+def kept_share(lse, z, valid=None):
+    """`(keep, lse')` of rows with log-sum-exp `lse` and sink logit `z`
+    (broadcastable): the share of the mass the keys keep, `sigmoid(lse -
+    z)`, and `lse' = z + softplus(lse - z)`; where `valid` is False (the
+    row attends to nothing) `keep = 0` and `lse' = z`, with no `-inf` in
+    the arithmetic (no NaN in the gradient)."""
+    d = lse - z
+    if valid is None:
+        return ops.sigmoid(d), z + ops.softplus(d)
+    zeros = ops.zeros_like(d)
+    d = ops.where(valid, d, zeros)
+    keep = ops.where(valid, ops.sigmoid(d), zeros)
+    return keep, z + ops.where(valid, ops.softplus(d), zeros)
+
+
 def apply_sinks(output, lse, sink_logits, weights=None):
     """Attention without sinks (`output` `(b, i, h, e)`, `lse` `(b, h, i)`
     and optionally the weights `(b, h, i, j)`) turned into attention with
@@ -96,10 +111,7 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     # d = lse - z on rows that attend to something (0 elsewhere: no -inf
     # in the arithmetic, so no NaN in the gradient): the kept share of
     # the mass is sigmoid(d), and lse' = z + softplus(d).
-    d = ops.where(valid, lse - z, ops.zeros_like(lse))
-    zeros = ops.zeros_like(d)
-    keep = ops.where(valid, ops.sigmoid(d), zeros)
-    new_lse = z + ops.where(valid, ops.softplus(d), zeros)
+    keep, new_lse = kept_share(lse, z, valid)
     factor = ops.transpose(keep, (0, 2, 1))[..., None]  # (b, i, h, 1)
     if output.dtype == factor.dtype:
         output = output * factor
