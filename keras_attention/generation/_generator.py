@@ -9,7 +9,8 @@ are siblings), says what its blocks look like (`_cross_attention`), what
 extra inputs its loop takes (`_input_names`), how its cache is built
 (`build_cache`), and exposes its own `generate`.
 
-The rolling cache (`_rolling.RollingCacheMixin`) and streamed generation
+The rolling cache (`_rolling.RollingCacheMixin`), the mixed cache
+(`_mixed.MixedCacheMixin`) and streamed generation
 (`_streaming.StreamingMixin`) are mixins `Generator` inherits; the
 samplers' helpers are in `_samplers`.
 
@@ -22,9 +23,12 @@ import keras
 from keras import ops
 
 from keras_attention.generation import _checks
+from keras_attention.generation._mixed import MixedCacheMixin
+from keras_attention.generation._mixed import MixedPlan
 from keras_attention.generation._rolling import RollingCacheMixin
 from keras_attention.generation._samplers import get_sampler
 from keras_attention.generation._samplers import sampler_key
+from keras_attention.generation._samplers import uses_hidden_states
 from keras_attention.generation._streaming import StreamingMixin
 from keras_attention.generation.cache import init_cache
 from keras_attention.generation.cache import stack_caches
@@ -118,7 +122,7 @@ def free_id(pad_token_id, stop_token_ids):
     return token
 
 
-class Generator(RollingCacheMixin, StreamingMixin):
+class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
     """Base of the generators: a decoder (embedding, blocks, head) run with
     a fixed-size key/value cache and driven by a `keras_hub` sampler.
 
@@ -409,9 +413,15 @@ class Generator(RollingCacheMixin, StreamingMixin):
                 token_ids,
                 free_id(self.pad_token_id, stop_token_ids),
             )
-        if sink_tokens is not None:
+        keep_hidden = uses_hidden_states(sampler)
+        if isinstance(sink_tokens, MixedPlan):
+            hidden, cache, index = self._mixed_prefill(
+                token_ids, padding_mask, sink_tokens, keep_hidden
+            )
+            next = self._mixed_next(sink_tokens)
+        elif sink_tokens is not None:
             hidden, cache, index = self._rolling_prefill(
-                token_ids, padding_mask, sink_tokens
+                token_ids, padding_mask, sink_tokens, keep_hidden
             )
             next = self._rolling_next(sink_tokens)
         else:
@@ -454,7 +464,8 @@ class Generator(RollingCacheMixin, StreamingMixin):
     ):
         """Runs the compiled loop on prepared prompts (`_prepare`); one
         `(T,)` prompt (`unbatched`) gives `(max_length,)` outputs.
-        `sink_tokens` (an int): with a rolling cache."""
+        `sink_tokens` (an int): with a rolling cache; a `MixedPlan`: with
+        a mixed cache (`_mixed.py`)."""
         stop_token_ids = _checks.check_stop_token_ids(
             stop_ids, self._vocabulary_size
         )
@@ -467,9 +478,9 @@ class Generator(RollingCacheMixin, StreamingMixin):
     def _compile(self, sampler, stop_token_ids, sink_tokens=None):
         """One compiled generation loop per sampler, stop tokens (a tuple
         of ints, or None) and cache (`sink_tokens`: None for the full
-        cache, an int for a rolling one) (and, through tf.function, per
-        input shape): `step(token_ids, padding_mask, *inputs)`, `inputs`
-        named by `_input_names`."""
+        cache, an int for a rolling one, a `MixedPlan` for a mixed one)
+        (and, through tf.function, per input shape): `step(token_ids,
+        padding_mask, *inputs)`, `inputs` named by `_input_names`."""
         key = (sampler_key(sampler), stop_token_ids)
         if sink_tokens is not None:  # a rolling cache
             key += (sink_tokens,)

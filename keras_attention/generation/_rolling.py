@@ -19,10 +19,11 @@ from keras_attention.utils.attention_checks import check_cache_index
 class RollingCacheMixin:
     """The rolling cache (every self-attention windowed) of `Generator`:
     one pass through the model over it (`call_with_rolling_cache`), the
-    sampler callback over it, the prefill of the prompts, and which cache
-    `generate` keeps (`_cache_plan`). Reads the model pieces and helpers
-    of `Generator` (`embed`, `blocks`, `logits`, `_block_kwargs`,
-    `_embedding_mask`, `_check_built`)."""
+    sampler callback over it, the prefill of the prompts (`_prefill`, also
+    the mixed cache's), and which cache `generate` keeps (`_cache_plan`).
+    Reads the model pieces and helpers of `Generator` (`embed`,
+    `blocks`, `logits`, `_block_kwargs`, `_embedding_mask`,
+    `_check_built`)."""
 
     def call_with_rolling_cache(self, token_ids, cache, start, sink_tokens=0):
         """Runs `token_ids` (positions `start ..`) through the model with a
@@ -96,21 +97,13 @@ class RollingCacheMixin:
 
         return next
 
-    def _rolling_prefill(self, token_ids, padding_mask, sink_tokens):
+    def _rolling_prefill(
+        self, token_ids, padding_mask, sink_tokens, hidden=True
+    ):
         """Writes the shortest prompt's positions into an empty rolling
-        cache: in chunks of static length (the slots of the ring, at least
-        32), then the rest one position at a time.
+        cache (`_prefill`, in chunks of the ring's slots, at least 32).
 
-        Returns `(hidden, cache, index)`: the last block's outputs
-        `(batch, max_length, d)` at the positions written (zeros after;
-        the contrastive sampler compares with them), the cache, and the
-        shortest prompt's length (where the samplers start: they run the
-        token at `index - 1` again, which rewrites its slot with the same
-        keys and sees the same ones).
-
-        The buffer's length may be unknown while tracing (a `tf.function`
-        taking prompts of any length): only the chunks are static.
-        """
+        Returns `(hidden, cache, index)` (`hidden` None unless asked)."""
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
         size = self._rolling_size(sink_tokens)
         dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
@@ -118,51 +111,90 @@ class RollingCacheMixin:
         chunk = max(size - sink_tokens, 32)
         if width is not None:
             chunk = min(chunk, width)
-        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-        chunks = (shortest - 1) // chunk
-        features = self.embed(token_ids[:, :1]).shape[-1]
-        hidden = ops.zeros((batch, ops.shape(token_ids)[1], features), dtype)
 
-        def cond(i, hidden, cache):
-            return i < chunks
-
-        def body(i, hidden, cache):
-            start = i * chunk
-            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
-            _, h, cache = self.call_with_rolling_cache(
+        def call(tokens, cache, start):
+            return self.call_with_rolling_cache(
                 tokens, cache, start, sink_tokens
             )
-            hidden = ops.slice_update(hidden, (0, start, 0), ops.cast(h, dtype))
-            return i + 1, hidden, cache
 
-        _, hidden, cache = ops.while_loop(
-            cond, body, (ops.convert_to_tensor(0, "int32"), hidden, cache)
+        return self._prefill(
+            token_ids, padding_mask, cache, chunk, call, hidden
         )
 
-        def step_cond(position, hidden, cache):
+    def _prefill(self, token_ids, padding_mask, cache, chunk, call, hidden):
+        """Writes the shortest prompt's positions into an empty cache of
+        constant size per step (rolling or mixed): `call(tokens, cache,
+        start)` in chunks of static length `chunk`, then the rest one
+        position at a time.
+
+        Returns `(hidden, cache, index)`: with `hidden`, the last block's
+        outputs `(batch, max_length, d)` at the positions written (zeros
+        after; the contrastive sampler compares with them), else None
+        (no buffer of the outputs: the other samplers ignore it); the
+        cache; and the shortest prompt's length (where the samplers
+        start: they run the token at `index - 1` again, which rewrites its
+        slot with the same keys and sees the same ones).
+
+        The buffer's length may be unknown while tracing (a `tf.function`
+        taking prompts of any length): only the chunks are static.
+        """
+        batch = ops.shape(token_ids)[0]
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        chunks = (shortest - 1) // chunk
+        if hidden:
+            features = self.embed(token_ids[:, :1]).shape[-1]
+            shape = (batch, ops.shape(token_ids)[1], features)
+        else:
+            shape = (1, 1, 1)  # a placeholder the loops carry unchanged
+        outputs = ops.zeros(shape, dtype)
+
+        def write(outputs, h, start):
+            if not hidden:
+                return outputs
+            return ops.slice_update(outputs, (0, start, 0), ops.cast(h, dtype))
+
+        def cond(i, outputs, cache):
+            return i < chunks
+
+        def body(i, outputs, cache):
+            start = i * chunk
+            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
+            _, h, cache = call(tokens, cache, start)
+            return i + 1, write(outputs, h, start), cache
+
+        _, outputs, cache = ops.while_loop(
+            cond, body, (ops.convert_to_tensor(0, "int32"), outputs, cache)
+        )
+
+        def step_cond(position, outputs, cache):
             return position < shortest
 
-        def step_body(position, hidden, cache):
+        def step_body(position, outputs, cache):
             token = ops.slice(token_ids, (0, position), (batch, 1))
-            _, h, cache = self.call_with_rolling_cache(
-                token, cache, position, sink_tokens
-            )
-            hidden = ops.slice_update(
-                hidden, (0, position, 0), ops.cast(h, dtype)
-            )
-            return position + 1, hidden, cache
+            _, h, cache = call(token, cache, position)
+            return position + 1, write(outputs, h, position), cache
 
-        _, hidden, cache = ops.while_loop(
-            step_cond, step_body, (chunks * chunk, hidden, cache)
+        _, outputs, cache = ops.while_loop(
+            step_cond, step_body, (chunks * chunk, outputs, cache)
         )
-        return hidden, cache, shortest
+        return (outputs if hidden else None), cache, shortest
 
-    def _cache_plan(self, sink_tokens):
+    def _cache_plan(self, sink_tokens, cache="auto"):
         """Which cache `generate` keeps: an int (the sinks of a rolling
-        cache) when every self-attention is windowed, else None (the full
-        cache). Raises `ValueError` for `sink_tokens` that are not a
-        non-negative int, or given to a model with a full attention (named
-        in the message)."""
+        cache) when every self-attention is windowed, a `MixedPlan` when
+        some are (a rolling cache for those, a full one for the others),
+        else None (the full cache); None too for `cache="full"`. Raises
+        `ValueError` for a `cache` other than "auto" or "full", for
+        `sink_tokens` that are not a non-negative int, or given where no
+        rolling cache is kept (the block is named)."""
+        if cache not in ("auto", "full"):
+            raise ValueError(
+                '`cache` must be "auto" (a rolling cache for each windowed '
+                'self-attention, a full one for the others) or "full" '
+                f"(max_length positions in every block). Received: "
+                f"cache={cache!r}"
+            )
         if sink_tokens is not None and (
             not _checks.is_integer(sink_tokens) or sink_tokens < 0
         ):
@@ -172,16 +204,27 @@ class RollingCacheMixin:
                 f"Received: sink_tokens={sink_tokens!r}"
             )
         self._check_built()
-        limit = unwindowed_block(self.blocks)
-        if limit is None:
-            return 0 if sink_tokens is None else int(sink_tokens)
+        sinks = 0 if sink_tokens is None else int(sink_tokens)
+        if cache == "auto":
+            if unwindowed_block(self.blocks) is None:
+                return sinks
+            plan = self.mixed_cache_plan(sinks)
+            if plan is not None:
+                return plan
         if sink_tokens is not None:
-            index, block = limit
+            if cache == "full":
+                raise ValueError(
+                    "`sink_tokens` needs a rolling cache, and "
+                    "cache='full' keeps none. Received: "
+                    f"sink_tokens={sink_tokens!r}, cache={cache!r}"
+                )
+            index, block = unwindowed_block(self.blocks)
             raise ValueError(
                 "`sink_tokens` needs a rolling cache, so windowed "
-                "self-attention (`window_size`) in every block; block "
-                f"{index} ({block.name!r}, "
+                "self-attention (`window_size`) in at least one block; "
+                f"block {index} ({block.name!r}, "
                 f"self-attention {type(block.self_attention).__name__}) "
-                f"has none. Received: sink_tokens={sink_tokens!r}"
+                f"has none, nor has any other. Received: "
+                f"sink_tokens={sink_tokens!r}"
             )
         return None

@@ -37,3 +37,12 @@ def is_streamable(sampler):
 
     base = keras_hub.samplers.Sampler.__call__
     return type(sampler).__call__ is base
+
+
+def uses_hidden_states(sampler):
+    """Whether `sampler` reads the prompts' hidden states (contrastive
+    search compares each candidate's with them); the others ignore them,
+    so the generators need not keep a `(batch, max_length, d)` buffer."""
+    import keras_hub  # an optional extra, needed only to generate
+
+    return isinstance(sampler, keras_hub.samplers.ContrastiveSampler)

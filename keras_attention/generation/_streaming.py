@@ -101,7 +101,7 @@ class StreamingMixin:
 
             def first(token_ids, padding_mask):
                 _, cache, index = self._rolling_prefill(
-                    token_ids, padding_mask, sink_tokens
+                    token_ids, padding_mask, sink_tokens, hidden=False
                 )
                 return self._sample_piece(
                     resolved,

@@ -88,6 +88,7 @@ class CausalLMGenerator(Generator):
         padding_mask=None,
         sink_tokens=None,
         stream=False,
+        cache="auto",
     ):
         """Completes right-padded prompts up to `max_length` tokens.
 
@@ -104,15 +105,19 @@ class CausalLMGenerator(Generator):
                 every sequence produced one; later tokens are padding.
             padding_mask: optional boolean `(batch, T)` (`(T,)` for one
                 prompt); defaults to `token_ids != pad_token_id`.
-            sink_tokens: optional int >= 0, for models whose every
-                self-attention is windowed: the first `sink_tokens`
-                positions stay visible to every later query beside its
-                window (attention sinks, StreamingLLM). Defaults to 0.
+            sink_tokens: optional int >= 0, for models with windowed
+                self-attention: the first `sink_tokens` positions stay
+                visible to every later query of a windowed block beside
+                its window (attention sinks, StreamingLLM). Defaults to 0.
             stream: bool, or a positive int: return a Python generator of
                 the outputs' columns as they are produced, `stream`
                 tokens per piece (64 for True), instead of the outputs
                 (windowed models, samplers that draw each token from the
                 logits alone: greedy, top-k, top-p, random).
+            cache: "auto" (default) or "full". "auto" keeps a rolling
+                cache for each windowed self-attention and a full one for
+                the others (below); "full" keeps `max_length` positions in
+                every block (the same tokens, more memory and time).
 
         With every self-attention windowed (`window_size`; score and mask
         objects such as `ALiBi` or `T5RelativeBias` see absolute
@@ -121,8 +126,11 @@ class CausalLMGenerator(Generator):
         each token costs the same time and memory whatever its position,
         and `max_length` is bounded only by learned position tables
         (rotary positions have none). A prompt is processed in chunks of
-        the ring's length. Otherwise the cache holds `max_length`
-        positions.
+        the ring's length. With windowed and full self-attention mixed
+        (Gemma 3's five sliding-window layers to one global), the cache is
+        mixed: the ring for the windowed blocks, `max_length` positions
+        for the others (`call_with_mixed_cache`). Otherwise the cache
+        holds `max_length` positions.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
@@ -143,14 +151,16 @@ class CausalLMGenerator(Generator):
                 padding before a token, `max_length` below `T` or beyond
                 the position embedding, a `padding_mask` of another shape,
                 an unknown `sampler`, `stop_token_ids` that are not a tuple
-                of token ids, `sink_tokens` or `stream` for a model with a
-                full self-attention (the block is named), a sampler that
-                cannot stream. Prompts given as symbolic tensors (inside a
+                of token ids, `sink_tokens` for a model without windowed
+                self-attention or with `cache="full"`, `stream` for a model
+                with a full self-attention (the block is named), a `cache`
+                other than "auto" or "full", a sampler that cannot stream.
+                Prompts given as symbolic tensors (inside a
                 `tf.function` or `jax.jit`) are checked for rank, dtype and
                 length only: their values are unknown there, and a prompt
                 with no token then gives unspecified tokens.
         """
-        sinks = self._cache_plan(sink_tokens)
+        sinks = self._cache_plan(sink_tokens, cache)
         piece = self._stream_size(stream)
         if piece is None:
             token_ids, padding_mask, unbatched = self._prepare(
@@ -164,7 +174,12 @@ class CausalLMGenerator(Generator):
                 unbatched,
                 sink_tokens=sinks,
             )
-        if sinks is None:
+        if cache == "full":
+            raise ValueError(
+                "`stream` needs a rolling cache, and cache='full' keeps "
+                f"none. Received: stream={stream!r}, cache={cache!r}"
+            )
+        if not isinstance(sinks, int):
             index, block = unwindowed_block(self.blocks)
             raise ValueError(
                 "`stream` needs a rolling cache, so windowed self-attention "

@@ -124,13 +124,15 @@ def test_generators_are_siblings_with_unchanged_signatures():
         return list(inspect.signature(fn).parameters)
 
     tail = ["max_length", "sampler", "stop_token_ids", "padding_mask"]
-    # Issue 26: attention sinks and streaming (decoder-only models).
+    # Issue 26: attention sinks and streaming (decoder-only models);
+    # issue 38: the mixed cache (`cache`).
     assert params(CausalLMGenerator.generate) == [
         "self",
         "token_ids",
     ] + tail + [
         "sink_tokens",
         "stream",
+        "cache",
     ]
     assert (
         params(Seq2SeqGenerator.generate)

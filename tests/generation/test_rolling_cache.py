@@ -45,15 +45,15 @@ class FirstKeys(MaskMod):
 
 def build_lm(windows=WINDOWS, sinks=None, embedding=None, jit_compile=False):
     """A rotary, grouped-query (4 heads, 2 key/value heads) language model
-    whose blocks attend to the last `windows[l]` positions; with `sinks`,
-    the blocks attend with full attention under the mask "window or first
-    `sinks` keys" instead (the uncached reference of attention sinks).
-    Returns `(model, generator)`."""
+    whose blocks attend to the last `windows[l]` positions (all of them for
+    None); with `sinks`, the windowed blocks attend with full attention
+    under the mask "window or first `sinks` keys" instead (the uncached
+    reference of attention sinks). Returns `(model, generator)`."""
     embedding = embedding or keras.layers.Embedding(VOCAB, 16, mask_zero=True)
     blocks = []
     for window in windows:
         kwargs = dict(window_size=window)
-        if sinks is not None:
+        if sinks is not None and window is not None:
             kwargs = dict(
                 mask_mod=or_masks(
                     SlidingWindowMask(window, causal=True), FirstKeys(sinks)
@@ -373,11 +373,13 @@ def test_learned_positions_limit_the_length_naming_the_layer():
         lm.generate(np.array([[3, 4]]), max_length=20)
 
 
-def test_sinks_and_stream_need_windowed_attention_in_every_block():
+def test_sinks_need_a_windowed_block_and_stream_every_block_windowed():
+    _, lm = build_lm(windows=(None, None))
+    block = lm.blocks[0].name
+    with pytest.raises(ValueError, match=rf"block 0 \('{block}'.*=2"):
+        lm.generate(np.array([[3, 4]]), 8, sink_tokens=2)
     _, lm = build_lm(windows=(3, None))
     block = lm.blocks[1].name
-    with pytest.raises(ValueError, match=rf"block 1 \('{block}'.*=2"):
-        lm.generate(np.array([[3, 4]]), 8, sink_tokens=2)
     with pytest.raises(ValueError, match=rf"block 1 \('{block}'.*=True"):
         lm.generate(np.array([[3, 4]]), 8, stream=True)
 
