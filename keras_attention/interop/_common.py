@@ -68,12 +68,15 @@ def numpy_value(weight):
     return np.array(keras.ops.convert_to_numpy(weight.value))
 
 
-def copy_pairs(backbone, model, pairs):
+def copy_pairs(backbone, model, pairs, recomputed=()):
     """Assigns each `(their variable, our variable, value)` of `pairs`
     (`value` None: their variable's value), checking shapes and that
     every weight of both models is matched exactly once (`ValueError`
-    otherwise, naming the weights left over)."""
-    theirs = {id(w): w for w in backbone.weights}
+    otherwise, naming the weights left over). `recomputed`: their
+    variables the converted model computes instead of storing (checked by
+    the caller; SmolLM3's RoPE inverse frequencies), not matched."""
+    skipped = {id(w) for w in recomputed}
+    theirs = {id(w): w for w in backbone.weights if id(w) not in skipped}
     ours = {id(w): w for w in model.weights}
     assigned = set()
     for their_weight, our_weight, value in pairs:

@@ -9,6 +9,7 @@ from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
+from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
 
@@ -25,6 +26,7 @@ CONVERTERS = {
     "MistralBackbone": convert_mistral,
     "Phi3Backbone": convert_phi3,
     "Qwen3Backbone": convert_qwen3,
+    "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
 }
@@ -80,7 +82,8 @@ def from_keras_hub(backbone):
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
     `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'
     `rotary_scaling`), `Qwen3Backbone` (QK-norm as the blocks'
-    `qk_norm="rms"`), `ViTBackbone` (input `images`)
+    `qk_norm="rms"`), `SmolLM3Backbone` (no rotary positions on its
+    NoPE layers), `ViTBackbone` (input `images`)
     and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.

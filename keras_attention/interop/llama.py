@@ -148,6 +148,7 @@ def build_llama_style(
     qk_norm=None,
     table=WEIGHT_TABLE,
     qk_norm_epsilon=None,
+    layer_kwargs=None,
 ):
     """The Llama-style model: a token embedding (`ReversibleEmbedding`,
     tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
@@ -171,7 +172,11 @@ def build_llama_style(
         qk_norm_epsilon: optional, the blocks' `qk_norm_epsilon` (None:
             `layer_norm_epsilon`).
         table: the weight table (theirs -> ours); `WEIGHT_TABLE` unless
-            the family names more weights.
+            the family names more weights; None: the caller copies the
+            weights (SmolLM3, whose weight paths are not unique).
+        layer_kwargs: optional `layer_kwargs(i)` -> block arguments of
+            layer `i` overriding the shared ones (SmolLM3's layers without
+            rotary positions: `rotary_max_wavelength=None`).
 
     Returns:
         The converted `keras.Model`.
@@ -186,7 +191,7 @@ def build_llama_style(
         name="token_embedding",
     )(inputs["token_ids"])
     for i in range(config["num_layers"]):
-        x = TransformerDecoderBlock(
+        kwargs = dict(
             num_heads=config["num_query_heads"],
             intermediate_dim=config["intermediate_dim"],
             cross_attention=False,
@@ -206,15 +211,20 @@ def build_llama_style(
             qk_norm_epsilon=qk_norm_epsilon,
             dtype=dtype,
             name=f"transformer_layer_{i}",
-        )(x, padding_mask=inputs["padding_mask"])
+        )
+        kwargs.update(layer_kwargs(i) if layer_kwargs else {})
+        x = TransformerDecoderBlock(**kwargs)(
+            x, padding_mask=inputs["padding_mask"]
+        )
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],
         dtype=dtype,
         name="sequence_output_layernorm",
     )(x)
     model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    prefixes = _common.layer_prefixes(table, config["num_layers"])
-    _common.copy_weights(backbone, model, prefixes)
+    if table is not None:
+        prefixes = _common.layer_prefixes(table, config["num_layers"])
+        _common.copy_weights(backbone, model, prefixes)
     return model
 
 
