@@ -112,6 +112,27 @@ def tiny(name, **kwargs):
         return models.Qwen3Backbone(
             head_dim=6, sliding_window_size=window, **llama_style, **kwargs
         )
+    if name == "smollm3":
+        # RoPE on layers 0-2, none on layer 3 (SmolLM3's "NoPE" layers).
+        arguments = dict(
+            vocabulary_size=VOCAB,
+            hidden_dim=16,
+            intermediate_dim=16,
+            num_layers=4,
+            num_attention_heads=HEADS,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, True, True, False],
+            layer_types=["attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=32,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        )
+        arguments.update(kwargs)
+        return models.SmolLM3Backbone(**arguments)
     if name == "bloom":  # ALiBi slopes of 4 heads
         return models.BloomBackbone(num_heads=HEADS, **common, **kwargs)
     raise ValueError(name)
@@ -123,6 +144,8 @@ def perturbed(backbone):
     weight."""
     rng = np.random.default_rng(7)
     for weight in backbone.weights:
+        if weight.path.endswith("inv_freq"):
+            continue  # SmolLM3's RoPE frequencies (of `rope_theta`)
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
         weight.assign(to_numpy(weight) + noise)
     return backbone
@@ -141,6 +164,7 @@ FAMILIES = (
     "qwen3",
     "gemma3",
     "phi3",
+    "smollm3",
 )
 
 
@@ -214,7 +238,9 @@ def test_weights_are_copied_not_shared(converted):
     backbone, model = converted
     theirs = {id(w) for w in backbone.weights}
     assert not theirs & {id(w) for w in model.weights}
-    assert len(model.weights) == len(backbone.weights)
+    # SmolLM3's stored RoPE inverse frequencies: computed by our blocks.
+    recomputed = [w for w in backbone.weights if w.path.endswith("inv_freq")]
+    assert len(model.weights) == len(backbone.weights) - len(recomputed)
     # Changing ours leaves theirs as it was.
     block = next(layer for layer in model.layers if hasattr(layer, "causal"))
     weight = block.self_attention.weights[0]
@@ -262,6 +288,8 @@ def test_unsupported_backbone_lists_the_supported_ones():
     "name, argument, value",
     [
         ("gemma", "use_post_ffw_norm", True),  # without the attention's
+        ("smollm3", "attention_bias", True),
+        ("smollm3", "mlp_bias", True),
     ],
 )
 def test_unconverted_options_are_refused_by_name(name, argument, value):
@@ -333,6 +361,32 @@ def test_partial_llama31_rope_arguments_are_refused():
     backbone.rope_low_freq_factor = None  # keras-hub itself refuses it
     with pytest.raises(ValueError, match="rope_low_freq_factor"):
         keras_attention.interop.llama.llama_rotary_scaling(backbone)
+
+
+def test_smollm3_nope_layers_have_no_rotary_positions():
+    keras.utils.set_random_seed(1)
+    backbone = perturbed(tiny("smollm3"))
+    model = from_keras_hub(backbone)
+    wavelengths = [
+        model.get_layer(f"transformer_layer_{i}").rotary_max_wavelength
+        for i in range(4)
+    ]
+    assert wavelengths == [10000.0] * 3 + [None]
+    # The NoPE layer matters: with RoPE there too, keras-hub computes
+    # other outputs.
+    inputs = make_inputs(backbone)
+    roped = tiny("smollm3", rope_layer_enabled_list=[True] * 4)
+    roped.set_weights(backbone.get_weights())
+    theirs = as_dict(backbone(inputs))
+    error = real_positions_error(
+        as_dict(roped(inputs)), theirs, inputs["padding_mask"]
+    )
+    assert error > 1e-3
+    # Stored inverse frequencies not those of `rope_theta` are refused.
+    inv_freq = backbone.transformer_layers[0].self_attn.rotary_embedding
+    inv_freq.inv_freq.assign(to_numpy(inv_freq.inv_freq) * 2.0)
+    with pytest.raises(ValueError, match="inv_freq"):
+        from_keras_hub(backbone)
 
 
 def test_a_task_converts_its_backbone():

@@ -91,6 +91,25 @@ def tiny(name):
             head_dim=4, sliding_window_size=4, **llama_style
         )
         return backbone, models.Qwen3CausalLM
+    if name == "smollm3":  # RoPE on layers 0-2, none on layer 3 (NoPE)
+        backbone = models.SmolLM3Backbone(
+            vocabulary_size=VOCAB,
+            hidden_dim=16,
+            intermediate_dim=16,
+            num_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, True, True, False],
+            layer_types=["attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=32,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        )
+        return backbone, models.SmolLM3CausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
@@ -110,6 +129,7 @@ def tiny(name):
         "qwen3",
         "gemma3",
         "phi3",
+        "smollm3",
     ],
 )
 def test_greedy_tokens_equal_keras_hub(name):
