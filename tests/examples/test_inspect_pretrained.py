@@ -150,6 +150,35 @@ def test_modern_families_without_a_tokenizer(name, tmp_path):
     assert all(0 <= p <= 1 for p in layer["first"])
 
 
+def test_smollm3_with_a_nope_layer(tmp_path):
+    # SmolLM3 names its arguments its own way; layer 1 without RoPE.
+    preset = str(tmp_path / "preset")
+    keras_hub.models.SmolLM3Backbone(
+        vocabulary_size=40,
+        hidden_dim=8,
+        intermediate_dim=16,
+        num_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        attention_bias=False,
+        attention_dropout=0.0,
+        rope_layer_enabled_list=[True, False],
+        layer_types=["attention"] * 2,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-6,
+        max_position_embeddings=32,
+        rope_theta=10000.0,
+        partial_rotary_factor=1.0,
+    ).save_to_preset(preset)
+    out = tmp_path / "out"
+    results, _ = _run(
+        ["--preset", preset, "--output-dir", str(out), "--length", "8"]
+    )
+    assert results["backbone"] == "SmolLM3Backbone" and results["equal"]
+    assert len(results["layers"]) == 2
+    assert os.path.isfile(out / "attention.html")
+
+
 @pytest.mark.parametrize(
     "preset, message",
     [
