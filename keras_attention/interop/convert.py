@@ -7,8 +7,10 @@ from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
+from keras_attention.interop.mixtral import convert_mixtral
 from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
+from keras_attention.interop.qwen3_moe import convert_qwen3_moe
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
@@ -24,8 +26,10 @@ CONVERTERS = {
     "Gemma3Backbone": convert_gemma3,
     "LlamaBackbone": convert_llama,
     "MistralBackbone": convert_mistral,
+    "MixtralBackbone": convert_mixtral,
     "Phi3Backbone": convert_phi3,
     "Qwen3Backbone": convert_qwen3,
+    "Qwen3MoeBackbone": convert_qwen3_moe,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
@@ -83,7 +87,9 @@ def from_keras_hub(backbone):
     `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'
     `rotary_scaling`), `Qwen3Backbone` (QK-norm as the blocks'
     `qk_norm="rms"`), `SmolLM3Backbone` (no rotary positions on its
-    NoPE layers), `ViTBackbone` (input `images`)
+    NoPE layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their
+    mixtures of experts as the blocks' `moe`), `ViTBackbone` (input
+    `images`)
     and their subclasses (`supported_backbones()`); one
     converter per family in `keras_attention.interop.<family>`, where the
     table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.

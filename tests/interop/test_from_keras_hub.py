@@ -112,6 +112,23 @@ def tiny(name, **kwargs):
         return models.Qwen3Backbone(
             head_dim=6, sliding_window_size=window, **llama_style, **kwargs
         )
+    moe = dict(num_experts=4, top_k=2)
+    if name == "mixtral":  # a window shorter than the inputs
+        return models.MixtralBackbone(
+            sliding_window=3, **moe, **llama_style, **kwargs
+        )
+    if name == "qwen3_moe":
+        # QK-norm, heads of 6; a dense layer 0 (`mlp_only_layers`) and
+        # an MoE layer 1; on TensorFlow only a window (as "qwen3").
+        window = 3 if keras.backend.backend() == "tensorflow" else None
+        arguments = dict(
+            head_dim=6,
+            moe_intermediate_dim=8,
+            sliding_window_size=window,
+            mlp_only_layers=[0],
+        )
+        arguments.update(kwargs)
+        return models.Qwen3MoeBackbone(**arguments, **moe, **llama_style)
     if name == "smollm3":
         # RoPE on layers 0-2, none on layer 3 (SmolLM3's "NoPE" layers).
         arguments = dict(
@@ -165,6 +182,8 @@ FAMILIES = (
     "gemma3",
     "phi3",
     "smollm3",
+    "mixtral",
+    "qwen3_moe",
 )
 
 
@@ -240,7 +259,12 @@ def test_weights_are_copied_not_shared(converted):
     assert not theirs & {id(w) for w in model.weights}
     # SmolLM3's stored RoPE inverse frequencies: computed by our blocks.
     recomputed = [w for w in backbone.weights if w.path.endswith("inv_freq")]
-    assert len(model.weights) == len(backbone.weights) - len(recomputed)
+    # Mixtral's up kernels are concatenated into our gate_up kernels.
+    up = "expert_feedforward_intermediate_dense"
+    merged = [w for w in backbone.weights if w.path.endswith(up)]
+    assert len(model.weights) == (
+        len(backbone.weights) - len(merged) - len(recomputed)
+    )
     # Changing ours leaves theirs as it was.
     block = next(layer for layer in model.layers if hasattr(layer, "causal"))
     weight = block.self_attention.weights[0]

@@ -91,6 +91,25 @@ def tiny(name):
             head_dim=4, sliding_window_size=4, **llama_style
         )
         return backbone, models.Qwen3CausalLM
+    if name == "mixtral":  # experts; a window shorter than the outputs
+        backbone = models.MixtralBackbone(
+            num_experts=4, top_k=2, sliding_window=3, **llama_style
+        )
+        return backbone, models.MixtralCausalLM
+    if name == "qwen3_moe":  # a dense layer, an MoE layer
+        # keras-hub 0.32's Qwen3MoeAttention drops its window where Keras
+        # has a fused attention op (JAX, PyTorch): a window on TF only.
+        window = 4 if keras.backend.backend() == "tensorflow" else None
+        backbone = models.Qwen3MoeBackbone(
+            head_dim=4,
+            sliding_window_size=window,
+            moe_intermediate_dim=8,
+            num_experts=4,
+            top_k=2,
+            mlp_only_layers=[0],
+            **llama_style,
+        )
+        return backbone, models.Qwen3MoeCausalLM
     if name == "smollm3":  # RoPE on layers 0-2, none on layer 3 (NoPE)
         backbone = models.SmolLM3Backbone(
             vocabulary_size=VOCAB,
@@ -130,6 +149,8 @@ def tiny(name):
         "gemma3",
         "phi3",
         "smollm3",
+        "mixtral",
+        "qwen3_moe",
     ],
 )
 def test_greedy_tokens_equal_keras_hub(name):
