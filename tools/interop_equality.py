@@ -103,6 +103,18 @@ def backbones():
             ),
             **llama_style,
         ),
+        "Mixtral (4 experts, top 2)": models.MixtralBackbone(
+            sliding_window=16, num_experts=4, top_k=2, **llama_style
+        ),
+        "Qwen3-MoE (layer 0 dense)": models.Qwen3MoeBackbone(
+            head_dim=16,
+            moe_intermediate_dim=64,
+            num_experts=4,
+            top_k=2,
+            mlp_only_layers=[0],
+            sliding_window_size=None,
+            **llama_style,
+        ),
         "T5 1.1": models.T5Backbone(
             num_heads=4, key_value_dim=16, activation="gelu", **common
         ),
