@@ -7,7 +7,7 @@ windows 16, Gemma 2's attention soft-cap 5; Llama 3.1's RoPE frequency
 adjustment over a pretraining length of 16 and Mistral's RoPE scaling
 factor 4; Gemma's query
 scaling by `(hidden / heads) ** -0.5` set on its attention layers; T5
-1.1 with heads of 16; noise
+1.1 with heads of 16; SmolLM3 without RoPE on layer 3; noise
 added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
 one for the causal models; T5: both stacks right-padded; for ViT, 4
@@ -126,6 +126,24 @@ def backbones():
             hidden_dim=64,
             mlp_dim=128,
         ),
+        # SmolLM3-3B's pattern: no RoPE on every fourth layer (NoPE).
+        "SmolLM3 (NoPE layer 3)": models.SmolLM3Backbone(
+            vocabulary_size=VOCAB,
+            hidden_dim=64,
+            intermediate_dim=128,
+            num_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, True, True, False],
+            layer_types=["attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=LENGTH,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        ),
     }
 
 
@@ -170,6 +188,8 @@ def inputs(backbone, rng):
 
 def perturb(backbone, rng):
     for weight in backbone.weights:
+        if weight.path.endswith("inv_freq"):
+            continue  # SmolLM3's stored RoPE frequencies (of rope_theta)
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
         weight.assign(to_numpy(weight) + noise)
 
