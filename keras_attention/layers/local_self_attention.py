@@ -8,6 +8,7 @@ from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
+from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import effective_window
 from keras_attention.ops.sliding_window import local_attention
@@ -19,6 +20,15 @@ def _and_mods(first, second):
     if first is None or second is None:
         return second if first is None else first
     return and_masks(first, second)
+
+
+def _with_sinks(result, sink_logits, with_weights):
+    """`local_attention`'s `(output, [weights,] lse)` with the learned
+    sinks applied: `output` or `(output, weights)`."""
+    output, lse = result[0], result[-1]
+    weights = result[1] if with_weights else None
+    output, _, weights = apply_sinks(output, lse, sink_logits, weights)
+    return (output, weights) if with_weights else output
 
 
 def _refuse_unsupported(kwargs):
@@ -324,6 +334,7 @@ class LocalSelfAttention(SelfAttention):
         decoding=False,
         rolling=False,
         positions=None,
+        sink_logits=None,
     ):
         """The attention step of `MultiHeadAttention`, on the band: every
         query attends to its window (`local_attention`), or with global
@@ -337,7 +348,9 @@ class LocalSelfAttention(SelfAttention):
         `rolling` (a rolling cache, whose keys are not in position
         order: the window comes in `attention_mask`) and `positions` (the
         rotary positions of the global projections) come from `call`
-        through `step_inputs`."""
+        through `step_inputs`. `sink_logits` (`learned_sinks`) are applied
+        through the band's log-sum-exp (`ops.log_sum_exp.apply_sinks`);
+        not with global tokens."""
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
         if decoding:
@@ -356,9 +369,14 @@ class LocalSelfAttention(SelfAttention):
                 query_offset=query_offset,
                 score_mod=score_mod,
                 mask_mod=both,
+                sink_logits=sink_logits,
             )
         if global_mask is not None:
-            for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+            for name, fn in (
+                ("score_mod", score_mod),
+                ("mask_mod", mask_mod),
+                ("learned_sinks", None if sink_logits is None else True),
+            ):
                 if fn is not None:
                     raise ValueError(
                         f"`{name}` cannot be combined with `global_mask` "
@@ -392,7 +410,12 @@ class LocalSelfAttention(SelfAttention):
                 return_weights=return_attention_scores,
                 score_mod=score_mod,
                 mask_mod=mask_mod,
+                return_lse=sink_logits is not None,
             )
+            if sink_logits is not None:
+                result = _with_sinks(
+                    result, sink_logits, return_attention_scores
+                )
         return result if return_attention_scores else (result, None)
 
     def _global_attention(

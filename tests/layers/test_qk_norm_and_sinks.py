@@ -2,7 +2,8 @@
 keras-hub's `Qwen3Attention` and `Gemma3Attention` (QK-norm) and
 `GptOssAttention` (learned sinks, YaRN, its window) with the same weights;
 the same result on every path (dense, blockwise, banded, cached, rolling
-cache); serialization and refusals.
+cache), `LocalSelfAttention`'s band included; serialization and
+refusals.
 """
 
 import itertools
@@ -278,5 +279,53 @@ def test_refusals():
     local = ka.layers.LocalSelfAttention(
         num_heads=2, key_dim=4, window_size=2, learned_sinks=True
     )
-    with pytest.raises(ValueError, match="sink_logits"):
-        local(X[:, :, :8])
+    with pytest.raises(ValueError, match="learned_sinks=True"):
+        local(X[:, :, :8], global_mask=np.eye(B, T, dtype=bool))
+
+
+def local_pair(causal):
+    """`LocalSelfAttention` with learned sinks and QK-norm, and the same
+    `SelfAttention` (weights copied) to run under the window's mask."""
+    kwargs = dict(
+        num_heads=HEADS,
+        key_dim=HEAD_DIM,
+        num_key_value_heads=KV_HEADS,
+        learned_sinks=True,
+        qk_norm="rms",
+        causal=causal,
+    )
+    local = ka.layers.LocalSelfAttention(window_size=2, **kwargs)
+    dense = ka.layers.SelfAttention(**kwargs)
+    local.build(X.shape)
+    dense.build(X.shape)
+    randomize(local, 6)
+    dense.set_weights(local.get_weights())
+    return local, dense
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_self_attention_applies_sinks_on_the_band(causal):
+    local, dense = local_pair(causal)
+    window = ka.masks.sliding_window_mask(T, 2, causal)
+    got, banded = local(X, mask=PADDING, return_attention_scores=True)
+    want, weights = dense(
+        X, mask=PADDING, attention_mask=window, return_attention_scores=True
+    )
+    np.testing.assert_allclose(to_np(got), to_np(want), atol=2e-5)
+    np.testing.assert_allclose(
+        to_np(local.scores_to_dense(banded)), to_np(weights), atol=2e-5
+    )
+    # The sinks take mass: the real rows sum to less than one.
+    sums = to_np(weights).sum(-1)[0]
+    assert np.all(sums < 1 - 1e-3) and np.all(sums > 0)
+
+
+def test_local_self_attention_decodes_with_sinks():
+    local, _ = local_pair(True)
+    whole = to_np(local(X))
+    cache = np.zeros((B, 2, T, KV_HEADS, HEAD_DIM), "float32")
+    steps = []
+    for t in range(T):
+        out, cache = local(X[:, t : t + 1], cache=cache, cache_update_index=t)
+        steps.append(to_np(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), whole, atol=2e-5)
