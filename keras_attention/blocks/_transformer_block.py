@@ -15,7 +15,6 @@ do not rename them.
 
 import keras
 
-from keras_attention import masks as masks_lib
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.mixture_of_experts import MixtureOfExperts
@@ -105,9 +104,7 @@ class TransformerBlock(keras.layers.Layer):
             dense `FeedForward`.
         learned_sinks: bool, learned attention sinks in every attention
             layer of the block (`MultiHeadAttention(learned_sinks=...)`).
-            With `window_size`, the self-attention is then a
-            `SelfAttention` with `sliding_window=left + 1` (the same keys;
-            causal or even windows; gpt-oss). Default False.
+            Default False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -292,12 +289,6 @@ class TransformerBlock(keras.layers.Layer):
         """The block's self-attention layer: `call(x, mask=...,
         attention_mask=..., return_attention_scores=..., training=...)`."""
         kwargs = self._self_attention_kwargs(hidden_dim)
-        if self.window_size is not None and self.learned_sinks:
-            return SelfAttention(
-                causal=self.causal,
-                sliding_window=self._sinks_sliding_window(),
-                **kwargs,
-            )
         if self.window_size is not None:
             return LocalSelfAttention(
                 window_size=self.window_size,
@@ -310,22 +301,6 @@ class TransformerBlock(keras.layers.Layer):
     def _local_attention_kwargs(self):
         """Extra arguments of `LocalSelfAttention` (with `window_size`)."""
         return {}
-
-    def _sinks_sliding_window(self):
-        """`window_size` as `MultiHeadAttention`'s `sliding_window` (left
-        + 1: the same keys), for learned sinks, which the banded kernels
-        of `LocalSelfAttention` do not take; `ValueError` for windows it
-        cannot express (uneven bounds without `causal`, global tokens)."""
-        left, right = masks_lib.window_bounds(self.window_size, self.causal)
-        extra = {k: v for k, v in self._local_attention_kwargs().items() if v}
-        if (right != left and not self.causal) or extra:
-            raise ValueError(
-                "`learned_sinks` with `window_size` needs a causal window "
-                "or an even one (left == right), without global tokens. "
-                f"Received: window_size={self.window_size!r}, "
-                f"causal={self.causal!r}, {extra!r}"
-            )
-        return left + 1
 
     def _make_norm(self, name):
         if self.normalization == "rms_norm":
