@@ -5,6 +5,7 @@ from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
+from keras_attention.interop.gpt_oss import convert_gpt_oss
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.mixtral import convert_mixtral
@@ -22,6 +23,7 @@ CONVERTERS = {
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
     "GPT2Backbone": convert_gpt2,
+    "GptOssBackbone": convert_gpt_oss,
     "GemmaBackbone": convert_gemma,
     "Gemma3Backbone": convert_gemma3,
     "LlamaBackbone": convert_llama,
@@ -82,6 +84,8 @@ def from_keras_hub(backbone):
     post-norms, Gemma 2 27B's query scaling as the blocks'
     `attention_scale`), `Gemma3Backbone` (text: QK-norm, five windowed
     layers for one global, a rotary wavelength per kind of layer),
+    `GptOssBackbone` (learned sinks, a window on every other layer,
+    YaRN, its mixture of experts as the blocks' `moe`),
     `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
     `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'

@@ -57,7 +57,7 @@ class _ReverseEmbedding:
 def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     """A `CausalLMGenerator` on a decoder-only model converted by
     `from_keras_hub` (GPT-2, Llama, Mistral, Mixtral, Gemma, BLOOM, Phi-3,
-    Qwen 3, Qwen3-MoE, SmolLM3), with
+    Qwen 3, Qwen3-MoE, SmolLM3, gpt-oss), with
     keras-hub's `CausalLM` head: the logits are the final norm's output
     through the
     token embedding's reverse projection (the tied table, or Llama's and
@@ -65,7 +65,9 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
 
     Greedy generation gives the tokens of keras-hub's `CausalLM.generate`
     with `sampler="greedy"` on the same prompts (tested); a windowed model
-    (Mistral) decodes with a rolling cache of the window's size.
+    (Mistral) decodes with a rolling cache of the window's size, one
+    windowed on some layers only (gpt-oss, `GptOssBackbone`) with a
+    mixed cache (rolling for those layers, full for the others).
 
     Args:
         model: a converted decoder-only model (or one reloaded from its

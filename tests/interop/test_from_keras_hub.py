@@ -150,6 +150,12 @@ def tiny(name, **kwargs):
         )
         arguments.update(kwargs)
         return models.SmolLM3Backbone(**arguments)
+    if name == "gpt_oss":
+        # Learned sinks; full attention on layer 0, a window of 3 (< the
+        # inputs) on layer 1; heads of 6; experts with biases.
+        arguments = dict(head_dim=6, sliding_window=3, num_experts=4, top_k=2)
+        arguments.update(kwargs)
+        return models.GptOssBackbone(**arguments, **llama_style)
     if name == "bloom":  # ALiBi slopes of 4 heads
         return models.BloomBackbone(num_heads=HEADS, **common, **kwargs)
     raise ValueError(name)
@@ -181,6 +187,7 @@ FAMILIES = (
     "qwen3",
     "gemma3",
     "phi3",
+    "gpt_oss",
     "smollm3",
     "mixtral",
     "qwen3_moe",

@@ -129,6 +129,15 @@ def tiny(name):
             partial_rotary_factor=1.0,
         )
         return backbone, models.SmolLM3CausalLM
+    if name == "gpt_oss":  # sinks, YaRN; layer 1 windowed: a mixed cache
+        backbone = models.GptOssBackbone(
+            num_experts=4,
+            top_k=2,
+            sliding_window=3,
+            rope_scaling_factor=4.0,
+            **llama_style,
+        )
+        return backbone, models.GptOssCausalLM
     # A window shorter than the outputs: our generator's rolling cache.
     backbone = models.MistralBackbone(sliding_window=3, **llama_style)
     return backbone, models.MistralCausalLM
@@ -148,6 +157,7 @@ def tiny(name):
         "qwen3",
         "gemma3",
         "phi3",
+        "gpt_oss",
         "smollm3",
         "mixtral",
         "qwen3_moe",
