@@ -5,7 +5,9 @@
 
 A BERT-style (`keras_hub.models.BertBackbone`) and a Llama-style
 (`LlamaBackbone`, grouped-query attention, rotary positions, SwiGLU)
-backbone of the same small size (2 layers, hidden 256, 4 heads — 2
+backbone (and, with `--families`, Gemma 3: six layers, five windowed to
+one global; gpt-oss: windowed and full layers alternating, learned sinks,
+4 experts top-2) of the same small size (2 layers, hidden 256, 4 heads — 2
 key/value heads for Llama —, feed-forward 1024, vocabulary 1,000, no
 dropout: keras-hub's BERT drops out 10 % by default, which would make our
 layers take the dense path), random weights, and
@@ -59,6 +61,33 @@ def backbone(family, max_length):
     if family == "llama":
         return keras_hub.models.LlamaBackbone(
             num_query_heads=HEADS, num_key_value_heads=2, **common
+        )
+    if family == "gemma3":
+        # Six layers: five windowed (512) to one global, QK-norm,
+        # post-norms, a rotary wavelength per kind of layer.
+        return keras_hub.models.Gemma3Backbone(
+            image_size=None,
+            vision_encoder=None,
+            num_query_heads=HEADS,
+            num_key_value_heads=2,
+            head_dim=HIDDEN // HEADS,
+            use_sliding_window_attention=True,
+            sliding_window_size=512,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            **dict(common, num_layers=6),
+        )
+    if family == "gpt_oss":
+        # Alternating windowed (128) and full layers, learned sinks,
+        # 4 experts, top-2.
+        return keras_hub.models.GptOssBackbone(
+            num_query_heads=HEADS,
+            num_key_value_heads=2,
+            head_dim=HIDDEN // HEADS,
+            num_experts=4,
+            top_k=2,
+            sliding_window=128,
+            **common,
         )
     raise ValueError(f"Unknown family {family!r}")
 

@@ -427,10 +427,18 @@ class TransformerBlock(keras.layers.Layer):
             post_norm=self.self_attention_post_norm,
         )
 
-    def _feed_forward_residual(self, x, training):
+    def _feed_forward_residual(self, x, training, padding_mask=None):
+        """The feed-forward sublayer with its residual. A mixture of
+        experts (`moe`) is given the block's `padding_mask`, so that its
+        load-balancing loss leaves padded tokens out."""
+        extra = {}
+        if padding_mask is not None and isinstance(
+            self.feed_forward, MixtureOfExperts
+        ):
+            extra["mask"] = padding_mask
         x, _ = self._residual(
             x,
-            lambda y: self.feed_forward(y, training=training),
+            lambda y: self.feed_forward(y, training=training, **extra),
             self.feed_forward_norm,
             self.feed_forward_dropout,
             training,

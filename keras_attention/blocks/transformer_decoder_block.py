@@ -304,7 +304,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 return_attention_scores=return_attention_scores,
                 cache=cross_attention_cache,
             )
-        x = self._feed_forward_residual(x, training)
+        x = self._feed_forward_residual(x, training, padding_mask)
         # self_extra: (scores?, cache?); cross_extra: (scores?,)
         outputs = (x,)
         if return_attention_scores:

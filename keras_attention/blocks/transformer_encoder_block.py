@@ -211,7 +211,7 @@ class TransformerEncoderBlock(TransformerBlock):
             return_attention_scores=return_attention_scores,
             **extra_kwargs,
         )
-        x = self._feed_forward_residual(x, training)
+        x = self._feed_forward_residual(x, training, padding_mask)
         if return_attention_scores:
             return (x,) + extra
         return x

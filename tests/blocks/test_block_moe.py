@@ -1,7 +1,7 @@
 """Transformer blocks with a mixture-of-experts feed-forward (`moe=`):
 the block's feed-forward is a `MixtureOfExperts` equal to the same layer
-called on its own, its load-balancing loss reaches the block in training,
-the config round trips, bad options are refused."""
+called on its own, its load-balancing loss reaches the block in training
+(padded tokens left out), the config round trips, bad options are refused."""
 
 import keras
 import numpy as np
@@ -56,6 +56,28 @@ def test_load_balancing_loss_in_training_only():
     layer(X, training=True)
     (loss,) = layer.losses
     assert float(ops.convert_to_numpy(loss)) > 0
+
+
+@pytest.mark.parametrize("how", ["padding_mask", "keras_mask"])
+def test_padded_tokens_are_left_out_of_the_loss(how):
+    """The loss of a padded sequence equals the loss of its real tokens
+    alone (padded keys are masked, so the real tokens' inputs to the
+    experts are the same)."""
+    layer = block()
+    real = X[:1, :3]
+    layer(real, training=True)
+    (want,) = layer.losses
+    padding = np.array([[True] * 3 + [False] * 2])
+    if how == "padding_mask":
+        layer(X[:1], padding_mask=padding, training=True)
+    else:
+        masking = keras.layers.Masking()
+        x = np.where(padding[..., None], X[:1], 0.0).astype("float32")
+        layer(masking(x), training=True)
+    (got,) = layer.losses
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(got), ops.convert_to_numpy(want), rtol=1e-5
+    )
 
 
 def test_config_round_trip():
