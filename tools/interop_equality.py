@@ -7,7 +7,8 @@ windows 16, Gemma 2's attention soft-cap 5; Llama 3.1's RoPE frequency
 adjustment over a pretraining length of 16 and Mistral's RoPE scaling
 factor 4; Gemma's query
 scaling by `(hidden / heads) ** -0.5` set on its attention layers; T5
-1.1 with heads of 16; SmolLM3 without RoPE on layer 3; noise
+1.1 with heads of 16; SmolLM3 without RoPE on layer 3; gpt-oss with
+its window 16 on the odd layers and YaRN of factor 32; noise
 added to every weight, so that norms are not the identity), a batch of 4
 sequences of 64 tokens with padding (right-padded rows, and a left-padded
 one for the causal models; T5: both stacks right-padded; for ViT, 4
@@ -113,6 +114,14 @@ def backbones():
             top_k=2,
             mlp_only_layers=[0],
             sliding_window_size=None,
+            **llama_style,
+        ),
+        # Learned sinks, a window of 16 on layers 1 and 3, YaRN.
+        "gpt-oss (window 16 on odd layers, YaRN 32)": models.GptOssBackbone(
+            sliding_window=16,
+            rope_scaling_factor=32.0,
+            num_experts=4,
+            top_k=2,
             **llama_style,
         ),
         "T5 1.1": models.T5Backbone(

@@ -117,6 +117,8 @@ MODERN = {
         use_sliding_window_attention=True,
         sliding_window_size=3,
     ),
+    # Learned sinks, experts (one layer: the full-attention one).
+    "GptOssBackbone": dict(num_experts=4, top_k=2, sliding_window=3),
     "Phi3Backbone": dict(
         rope_scaling_type="su",
         rope_scaling_short_factor=[1.0, 1.2],
