@@ -14,6 +14,8 @@ import numpy as np
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _latent_rotary
+from keras_attention.layers import recording
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops.attention import dot_product_attention
@@ -40,8 +42,17 @@ def _check_absorb(value):
     return validation.check_bool("absorb", value)
 
 
+def _with_weights(result, options):
+    """`(heads, weights or None)` of a `dot_product_attention` result."""
+    if options["return_weights"]:
+        return result
+    return result, None
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
-class MultiHeadLatentAttention(keras.layers.Layer):
+class MultiHeadLatentAttention(
+    recording.AttentionRecording, keras.layers.Layer
+):
     """Multi-head latent attention (MLA) of DeepSeek-V2 and DeepSeek-V3.
 
     Each token is compressed into a latent `c = RMSNorm(x W_dkv)` of
@@ -86,9 +97,15 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     DeepSeek's checkpoints lay the rope features out in interleaved pairs
     `(x0, x1), (x2, x3), ...` (`rope_interleave=True`, as
     `DeepseekV3Config`'s default); `False` rotates halves `(x_k,
-    x_{k + p/2})` as Llama does. YaRN context extension (DeepSeek-V3's
-    `rope_scaling`, with its `mscale_all_dim` factor on the softmax
-    scale) is not supported yet.
+    x_{k + p/2})` as Llama does. Context extension: `rotary_scaling`
+    (`RotaryEmbedding`'s scaling arguments, as `MultiHeadAttention`
+    takes them), with DeepSeek's YaRN keys `mscale` and `mscale_all_dim`:
+    `m(f, x) = 0.1 x ln(f) + 1` for the `scaling_factor` `f`, the rotary
+    cos and sin scaled by `m(f, mscale) / m(f, mscale_all_dim)` (both
+    given; else `m(f, 1)`) and the softmax scale multiplied by
+    `m(f, mscale_all_dim) ** 2` (given), as `transformers`'
+    `DeepseekV3Attention` does with `rope_scaling={"rope_type": "yarn",
+    "factor": f, ...}` (its `factor` is `scaling_factor` here).
 
     Args:
         num_heads: int, number of attention heads `h`.
@@ -114,6 +131,15 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         absorb: None, True or False: compute attention in the absorbed
             form above (True), the naive one (False), or absorbed for
             cached calls only (None, default).
+        rotary_scaling: optional dict of `RotaryEmbedding`'s
+            context-extension arguments (`scaling_factor`, `rope_type`,
+            `beta_fast`, `beta_slow`, `original_max_position_embeddings`,
+            `truncate`, ...), plus `mscale` and `mscale_all_dim`
+            (positive numbers, `rope_type="yarn"` only) as above;
+            DeepSeek-V3: `{"rope_type": "yarn", "scaling_factor": 40,
+            "original_max_position_embeddings": 4096, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}`.
+            Defaults to None (no scaling).
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: optional int, seed of the dropout.
@@ -129,6 +155,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         attention_mask: optional boolean `(T, S)`, `(batch, T, S)` or
             `(batch, num_heads, T, S)`, True = may attend (`S = T`, or
             the cache's length with a cache).
+        return_attention_scores: bool, also return the attention weights
+            `(batch, num_heads, T, S)` (the same in the absorbed form).
         use_causal_mask: bool, position `i` sees keys `j <= i` (positions
             counted from `cache_update_index` with a cache).
         cache: optional latent cache `(batch, max_length, kv_lora_rank +
@@ -141,11 +169,18 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             `0 <= index` and `index + T <= max_length`, refused with a
             `ValueError` when known (eager calls); a symbolic index is
             not checked.
+        positions: optional integer `(batch, T)` or `(T,)`: the rotary
+            positions of this call's queries and latents instead of
+            `cache_update_index + arange(T)` (e.g. restarting in each
+            packed document); with a cache the latents are still written
+            at `cache_update_index`, rotated at these positions, and the
+            causal mask still counts from `cache_update_index`.
         training: bool, dropout on or off.
 
     Returns:
-        The output `(batch, T, hidden)`; with a `cache`, `(output,
-        new_cache)`.
+        The output `(batch, T, hidden)`, then the attention weights if
+        `return_attention_scores`, then the updated cache if a `cache`
+        was given (`MultiHeadAttention`'s order).
 
     Example:
 
@@ -162,6 +197,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     ...                use_causal_mask=True)
     >>> tuple(cache.shape)
     (1, 5, 10)
+    >>> y, weights = mla(x, use_causal_mask=True, return_attention_scores=True)
+    >>> tuple(weights.shape)
+    (1, 2, 5, 5)
 
     References:
         - DeepSeek-AI, 2024, "DeepSeek-V2: A Strong, Economical, and
@@ -187,6 +225,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         rms_norm_eps=1e-6,
         dropout=0.0,
         absorb=None,
+        rotary_scaling=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
@@ -216,12 +255,19 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         )
         self.dropout = validation.check_rate("dropout", dropout)
         self.absorb = _check_absorb(absorb)
+        self.rotary_scaling = _latent_rotary.check_rotary_scaling(
+            rotary_scaling, self.rope_theta
+        )
+        self._rope_correction, self._softmax_factor = (
+            _latent_rotary.yarn_factors(self.rotary_scaling)
+        )
         self.seed = validation.check_seed("seed", seed)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
         self._rotary = RotaryEmbedding(
             max_wavelength=self.rope_theta,
+            **_latent_rotary.rotary_arguments(self.rotary_scaling),
             dtype=self.dtype_policy,
             name="rotary_embedding",
         )
@@ -300,18 +346,23 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1], self.num_heads, dim))
 
-    def _rope(self, x, start):
+    def _rope(self, x, start, positions=None):
         """Rotary positions on the rope features `(b, t, heads, p)`, from
-        position `start`; interleaved pairs are first gathered into halves
-        (as `transformers`' `apply_rotary_pos_emb_interleave` returns
-        them), so queries and cached keys share the halves layout."""
+        position `start` (or at `positions`); interleaved pairs are first
+        gathered into halves (as `transformers`'
+        `apply_rotary_pos_emb_interleave` returns them), so queries and
+        cached keys share the halves layout. DeepSeek's YaRN factor
+        corrects `RotaryEmbedding`'s own (`_latent_rotary.py`)."""
         if self.rope_interleave:
             p = self.qk_rope_head_dim
             order = np.concatenate([np.arange(0, p, 2), np.arange(1, p, 2)])
             x = ops.take(x, ops.convert_to_tensor(order, "int32"), axis=-1)
-        return self._rotary(x, start_index=start)
+        x = self._rotary(x, start_index=start, positions=positions)
+        if self._rope_correction != 1.0:
+            x = ops.multiply(x, ops.cast(self._rope_correction, x.dtype))
+        return x
 
-    def _queries(self, query, start):
+    def _queries(self, query, start, positions=None):
         """`(q_nope (b, t, h, n), q_rope (b, t, h, p))`, rope rotated."""
         if self.q_proj is not None:
             q = self.q_proj(query)
@@ -319,16 +370,17 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(query)))
         q = self._heads(q, self.qk_head_dim)
         n = self.qk_nope_head_dim
-        return q[..., :n], self._rope(q[..., n:], start)
+        return q[..., :n], self._rope(q[..., n:], start, positions)
 
-    def latents(self, query, start=0):
+    def latents(self, query, start=0, positions=None):
         """The cache entries of `query`'s tokens: the normalised latent
         and the rotated rope key, `(b, t, kv_lora_rank +
-        qk_rope_head_dim)`, rotary positions from `start`."""
+        qk_rope_head_dim)`, rotary positions from `start` (or
+        `positions`, `(b, t)` or `(t,)`)."""
         kv = self.kv_a_proj_with_mqa(query)
         r = self.kv_lora_rank
         c = self.kv_a_layernorm(kv[..., :r])
-        k_rope = self._rope(kv[..., None, r:], start)[:, :, 0]
+        k_rope = self._rope(kv[..., None, r:], start, positions)[:, :, 0]
         return ops.concatenate([c, ops.cast(k_rope, c.dtype)], axis=-1)
 
     def _up_projections(self):
@@ -348,7 +400,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     def _attend(self, q_nope, q_rope, latent, masks, training, absorb):
         """Attention of the queries over the latents `(b, s, r + p)`,
-        naive or absorbed; returns the heads `(b, t, h, v)`."""
+        naive or absorbed; returns the heads `(b, t, h, v)` and the
+        weights `(b, h, t, s)` (None unless `masks["return_weights"]`)."""
         r = self.kv_lora_rank
         c, k_rope = latent[..., :r], latent[..., r:]
         dropout_fn = None
@@ -357,11 +410,12 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             def dropout_fn(weights):
                 return self._dropout_layer(weights, training=training)
 
+        dense = dropout_fn is not None or masks["return_weights"]
         options = dict(
             masks,
-            scale=1.0 / math.sqrt(self.qk_head_dim),
+            scale=self._softmax_factor / math.sqrt(self.qk_head_dim),
             dropout_fn=dropout_fn,
-            implementation="dense" if dropout_fn is not None else None,
+            implementation="dense" if dense else None,
         )
         if absorb:
             w_uk, w_uv = self._up_projections()
@@ -371,7 +425,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             result = dot_product_attention(
                 query, latent[:, :, None], c[:, :, None], **options
             )
-            return ops.einsum("bthr,rhv->bthv", result, w_uv)
+            result, weights = _with_weights(result, options)
+            return ops.einsum("bthr,rhv->bthv", result, w_uv), weights
         kv = self._heads(
             self.kv_b_proj(c), self.qk_nope_head_dim + self.v_head_dim
         )
@@ -386,7 +441,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         )
         key = ops.concatenate([k_nope, k_rope], axis=-1)
         query = ops.concatenate([q_nope, q_rope], axis=-1)
-        return dot_product_attention(query, key, value, **options)
+        result = dot_product_attention(query, key, value, **options)
+        return _with_weights(result, options)
 
     # Call ----------------------------------------------------------------
 
@@ -420,13 +476,18 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
         training=None,
+        return_attention_scores=False,
+        positions=None,
     ):
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
         self._check_call(query, query_mask, cache, cache_update_index)
         start = 0 if cache is None else cache_update_index
-        q_nope, q_rope = self._queries(query, start)
-        latent = self.latents(query, start)
+        if positions is not None:
+            validation.check_numeric_input("positions", positions)
+            positions = ops.convert_to_tensor(positions)
+        q_nope, q_rope = self._queries(query, start, positions)
+        latent = self.latents(query, start, positions)
         key_mask = query_mask
         if cache is not None:
             cache = ops.slice_update(
@@ -443,29 +504,59 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             query_offset=start,
             query_mask=masks_lib.combine_masks(query_mask),
             key_mask=masks_lib.combine_masks(key_mask),
+            return_weights=bool(return_attention_scores),
         )
         absorb = self.absorb
         if absorb is None:
             absorb = cache is not None
-        heads = self._attend(q_nope, q_rope, latent, masks, training, absorb)
+        heads, weights = self._attend(
+            q_nope, q_rope, latent, masks, training, absorb
+        )
         shape = ops.shape(heads)
         output = self.o_proj(
             ops.reshape(
                 heads, (shape[0], shape[1], self.num_heads * self.v_head_dim)
             )
         )
-        return output if cache is None else (output, cache)
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (weights,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
 
-    def compute_output_spec(self, query, cache=None, **kwargs):
+    def compute_output_spec(
+        self, query, cache=None, return_attention_scores=False, **kwargs
+    ):
         validation.check_sequence_shape("query", query.shape, layout=_LAYOUT)
         dtype = self.compute_dtype
-        output = keras.KerasTensor(tuple(query.shape), dtype=dtype)
-        if cache is None:
-            return output
-        return output, keras.KerasTensor(tuple(cache.shape), dtype=dtype)
+        outputs = (keras.KerasTensor(tuple(query.shape), dtype=dtype),)
+        if return_attention_scores:
+            keys = query.shape[1] if cache is None else cache.shape[1]
+            shape = (query.shape[0], self.num_heads, query.shape[1], keys)
+            outputs += (keras.KerasTensor(shape, dtype=dtype),)
+        if cache is not None:
+            outputs += (keras.KerasTensor(tuple(cache.shape), dtype=dtype),)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook (`layers/recording.py`): the
+        weights of one call `(batch, heads, T, S)`, self-attention (over
+        the cache's `S` slots with a cache, whose padding is unknown)."""
+        query = arguments.get("query")
+        query_mask = recording.padding_mask(arguments.get("query_mask"), query)
+        cached = arguments.get("cache") is not None
+        meta = dict(
+            kind="self",
+            query_mask=query_mask,
+            key_mask=None if cached else query_mask,
+            causal=bool(arguments.get("use_causal_mask")),
+            window=None,
+        )
+        return recording.numpy_weights(scores), meta
 
     def get_config(self):
         config = super().get_config()
@@ -482,6 +573,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             rms_norm_eps=self.rms_norm_eps,
             dropout=self.dropout,
             absorb=self.absorb,
+            rotary_scaling=self.rotary_scaling,
             kernel_initializer=keras.initializers.serialize(
                 self.kernel_initializer
             ),

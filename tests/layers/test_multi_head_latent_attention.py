@@ -1,7 +1,9 @@
 """`MultiHeadLatentAttention` (DeepSeek-V2/V3's MLA): the shared harness,
 equality with `transformers`' `DeepseekV3Attention` (weights copied), a
 NumPy reference, cached decoding over a latent-only cache, the absorbed
-form, argument errors and low precision."""
+form, attention weights and `collect_attention`, DeepSeek's YaRN
+(`rotary_scaling` with `mscale`), explicit `positions`, argument errors
+and low precision."""
 
 import importlib.util
 import json
@@ -20,6 +22,7 @@ from keras import ops
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import MultiHeadLatentAttention
+from keras_attention.visualization import collect_attention
 
 RNG = np.random.default_rng(0)
 HIDDEN = 16
@@ -30,6 +33,15 @@ SIZES = dict(
     qk_nope_head_dim=4,
     qk_rope_head_dim=4,
     v_head_dim=3,
+)
+# DeepSeek's YaRN at a small scale: with p=4, theta=500 and these
+# boundaries one frequency is extrapolated, the other interpolated.
+YARN = dict(
+    rope_type="yarn",
+    scaling_factor=4.0,
+    original_max_position_embeddings=16,
+    beta_fast=4.0,
+    beta_slow=1.0,
 )
 
 
@@ -54,9 +66,16 @@ def _layer(**kwargs):
 @pytest.mark.parametrize("q_lora_rank", [None, 4])
 def test_harness(q_lora_rank):
     full = q_lora_rank is not None  # SavedModel, fit: once is enough.
+    scaling = dict(YARN, mscale=0.7, mscale_all_dim=1.0) if full else None
     run_layer_test(
         MultiHeadLatentAttention,
-        dict(SIZES, q_lora_rank=q_lora_rank, dropout=0.1, seed=1),
+        dict(
+            SIZES,
+            q_lora_rank=q_lora_rank,
+            dropout=0.1,
+            seed=1,
+            rotary_scaling=scaling,
+        ),
         dict(query=X),
         call_kwargs=dict(use_causal_mask=True),
         expected_output_shape=X.shape,
@@ -105,8 +124,9 @@ def _rope(x, theta, interleave, start=0):
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-def mla_reference(layer, x, valid=None, causal=True):
-    """MLA in float64 from the paper's equations (naive form)."""
+def mla_reference(layer, x, valid=None, causal=True, return_weights=False):
+    """MLA in float64 from the paper's equations (naive form); then the
+    attention weights `(b, h, t, t)` if `return_weights`."""
     b, t, _ = x.shape
     h, n, p, v = (
         layer.num_heads,
@@ -143,7 +163,8 @@ def mla_reference(layer, x, valid=None, causal=True):
     total = e.sum(-1, keepdims=True)
     weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
     heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
-    return _dense(layer.o_proj, heads.reshape(b, t, h * v))
+    output = _dense(layer.o_proj, heads.reshape(b, t, h * v))
+    return (output, weights) if return_weights else output
 
 
 @pytest.mark.parametrize(
@@ -160,6 +181,71 @@ def test_matches_numpy_reference(kwargs):
     out = np_(layer(X, query_mask=valid, use_causal_mask=True))
     expected = mla_reference(layer, X.astype("float64"), valid)
     np.testing.assert_allclose(out[valid], expected[valid], atol=2e-5)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_attention_weights_match_numpy_reference(absorb):
+    layer = _layer(q_lora_rank=4, absorb=absorb)
+    valid = np.array([[True] * 6, [True] * 4 + [False] * 2])
+    out, weights = layer(
+        X, query_mask=valid, use_causal_mask=True, return_attention_scores=True
+    )
+    expected, expected_weights = mla_reference(
+        layer, X.astype("float64"), valid, return_weights=True
+    )
+    assert tuple(weights.shape) == (2, 2, 6, 6)
+    # Padded queries and keys get zero weights, as in the reference.
+    np.testing.assert_allclose(np_(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(np_(out)[valid], expected[valid], atol=2e-5)
+
+
+def test_attention_weights_with_a_cache_come_before_it():
+    """`(output, weights, cache)`, `MultiHeadAttention`'s order; the
+    weights cover the cache's slots, zero on the unfilled ones."""
+    layer = _layer()
+    _, expected = mla_reference(layer, X.astype("float64"), return_weights=True)
+    cache = np.zeros((2, 8, layer.cache_dim), "float32")
+    out, weights, cache = layer(
+        X,
+        cache=cache,
+        cache_update_index=0,
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    assert tuple(cache.shape) == (2, 8, layer.cache_dim)
+    assert tuple(weights.shape) == (2, 2, 6, 8)
+    np.testing.assert_allclose(np_(weights)[..., :6], expected, atol=1e-5)
+    assert not np.any(np_(weights)[..., 6:])
+
+
+def test_collect_attention_records_the_layer():
+    inputs = keras.Input((6, HIDDEN))
+    mla = MultiHeadLatentAttention(**SIZES, name="mla")
+    x = mla(inputs, use_causal_mask=True)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    maps = collect_attention(model, X)
+    assert list(maps) == ["mla"]
+    _, weights = mla(X, use_causal_mask=True, return_attention_scores=True)
+    np.testing.assert_allclose(maps["mla"], np_(weights), atol=1e-6)
+    meta = maps.metadata["mla"]
+    assert meta["kind"] == "self" and meta["causal"]
+    assert np.all(np.triu(maps["mla"][0, 0], 1) == 0)
+
+
+def test_positions_restarting_per_packed_document():
+    """Two documents packed in one row, positions restarting at each and
+    a block-diagonal causal mask: each gets its own result (the NumPy
+    reference on each document alone)."""
+    layer = _layer()
+    doc = np.repeat([0, 1], 3)
+    allowed = (doc[:, None] == doc[None, :]) & np.tril(np.ones((6, 6), bool))
+    out = np_(
+        layer(X, attention_mask=allowed, positions=np.array([0, 1, 2] * 2))
+    )
+    x = X.astype("float64")
+    for part in (slice(0, 3), slice(3, 6)):
+        expected = mla_reference(layer, x[:, part])
+        np.testing.assert_allclose(out[:, part], expected, atol=2e-5)
 
 
 def test_rope_interleave_default_matches_transformers_config():
@@ -194,7 +280,10 @@ for i, case in enumerate(cases):
         v_head_dim=case["v_head_dim"],
         rope_interleave=case["rope_interleave"],
         attention_bias=case["attention_bias"],
-        rope_parameters={"rope_type": "default", "rope_theta": case["theta"]},
+        rope_parameters=dict(
+            case.get("rope") or {"rope_type": "default"},
+            rope_theta=case["theta"],
+        ),
         max_position_embeddings=64,
     )
     config._attn_implementation = "eager"
@@ -207,10 +296,13 @@ for i, case in enumerate(cases):
     hidden = torch.from_numpy(x)
     t = x.shape[1]
     positions = torch.arange(t)[None].expand(x.shape[0], t)
+    if case.get("positions") is not None:
+        positions = torch.tensor(case["positions"])
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        y, _ = attention(hidden, rotary(hidden, positions), mask)
+        y, weights = attention(hidden, rotary(hidden, positions), mask)
     out[f"{i}/output"] = y.numpy()
+    out[f"{i}/weights"] = weights.numpy()
     for name, p in attention.named_parameters():
         out[f"{i}/{name}"] = p.detach().numpy()
 np.savez(sys.argv[3], **out)
@@ -220,9 +312,30 @@ TRANSFORMERS_CASES = [
     dict(SIZES, q_lora_rank=None, rope_interleave=True, attention_bias=False),
     dict(SIZES, q_lora_rank=4, rope_interleave=True, attention_bias=True),
     dict(SIZES, q_lora_rank=4, rope_interleave=False, attention_bias=False),
+    # DeepSeek-V3's YaRN (mscale = mscale_all_dim: cos and sin unscaled,
+    # the softmax scale multiplied by m(f)^2), and DeepSeek-V2's kind
+    # (unequal: both corrections), the latter at explicit positions.
+    dict(
+        SIZES,
+        q_lora_rank=4,
+        rope_interleave=True,
+        attention_bias=False,
+        rope=dict(YARN, mscale=1.0, mscale_all_dim=1.0),
+    ),
+    dict(
+        SIZES,
+        q_lora_rank=None,
+        rope_interleave=False,
+        attention_bias=True,
+        rope=dict(YARN, mscale=0.707, mscale_all_dim=1.3),
+        positions=[[0, 1, 2, 0, 1, 2], [9, 10, 11, 12, 13, 14]],
+    ),
 ]
 for _case in TRANSFORMERS_CASES:
     _case["theta"] = 500.0
+    if "rope" in _case:  # transformers' name for `scaling_factor`
+        _case["rope"] = dict(_case["rope"])
+        _case["rope"]["factor"] = _case["rope"].pop("scaling_factor")
 
 
 @pytest.fixture(scope="module")
@@ -275,26 +388,50 @@ def _copy_torch_weights(layer, weights, i):
             getattr(layer, name).scale.assign(weights[f"{i}/{name}.weight"])
 
 
+def _from_case(case):
+    """The layer of a `TRANSFORMERS_CASES` entry (`rope` renamed back)."""
+    scaling = case.get("rope")
+    if scaling is not None:
+        scaling = dict(scaling)
+        scaling["scaling_factor"] = scaling.pop("factor")
+    skip = ("theta", "rope", "positions")
+    return MultiHeadLatentAttention(
+        **{k: v for k, v in case.items() if k not in skip},
+        rope_theta=case["theta"],
+        rotary_scaling=scaling,
+    )
+
+
 @pytest.mark.parametrize(
     "i",
     range(len(TRANSFORMERS_CASES)),
-    ids=["interleave", "interleave-lora-bias", "halves-lora"],
+    ids=[
+        "interleave",
+        "interleave-lora-bias",
+        "halves-lora",
+        "yarn-v3",
+        "yarn-v2-positions",
+    ],
 )
 def test_matches_transformers_deepseek_v3(transformers_outputs, i):
-    case = dict(TRANSFORMERS_CASES[i])
-    layer = MultiHeadLatentAttention(
-        **{k: v for k, v in case.items() if k != "theta"},
-        rope_theta=case["theta"],
-    )
+    case = TRANSFORMERS_CASES[i]
+    layer = _from_case(case)
     layer.build(X.shape)
     _copy_torch_weights(layer, transformers_outputs, i)
     expected = transformers_outputs[f"{i}/output"]
-    out = np_(layer(X, use_causal_mask=True))
-    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
-    # The absorbed form gives the same result.
-    layer.absorb = True
-    out = np_(layer(X, use_causal_mask=True))
-    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+    expected_weights = transformers_outputs[f"{i}/weights"]
+    positions = case.get("positions")
+    positions = None if positions is None else np.array(positions)
+    for absorb in (False, True):  # The absorbed form gives the same.
+        layer.absorb = absorb
+        out, weights = layer(
+            X,
+            use_causal_mask=True,
+            positions=positions,
+            return_attention_scores=True,
+        )
+        np.testing.assert_allclose(np_(out), expected, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np_(weights), expected_weights, atol=1e-5)
 
 
 # --- Cached decoding ---------------------------------------------------------
@@ -407,6 +544,21 @@ def test_cache_index_past_the_end_is_refused():
 def test_argument_errors_name_the_value(name, value):
     with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
         MultiHeadLatentAttention(**dict(SIZES, **{name: value}))
+
+
+@pytest.mark.parametrize(
+    "scaling,error,match",
+    [
+        (dict(scaling_factor=2.0, mscale=1.0), ValueError, "mscale=1.0"),
+        (dict(YARN, mscale_all_dim=-1.0), ValueError, "mscale_all_dim=-1.0"),
+        (dict(YARN, factor=4.0), ValueError, "unknown: ['factor']"),
+        (dict(YARN, scaling_factor=0.5), ValueError, "scaling_factor=0.5"),
+        ([("rope_type", "yarn")], TypeError, "rotary_scaling=["),
+    ],
+)
+def test_rotary_scaling_errors_name_the_value(scaling, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        MultiHeadLatentAttention(**SIZES, rotary_scaling=scaling)
 
 
 def test_query_shape_errors():
