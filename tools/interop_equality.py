@@ -1,39 +1,76 @@
 """Measures how equal `keras_attention.interop.from_keras_hub` models are
-to their keras-hub backbones, on the current Keras backend.
+to their keras-hub backbones, and their logits and greedy generation to
+keras-hub's `CausalLM` tasks (T5's `T5Seq2SeqLM`).
 
 Random backbones (no downloads) of 4 layers, hidden size 64 (4 heads; 2
-key/value heads for Llama, Mistral and Gemma, Mistral's and Gemma 2's
-windows 16, Gemma 2's attention soft-cap 5; Llama 3.1's RoPE frequency
-adjustment over a pretraining length of 16 and Mistral's RoPE scaling
-factor 4; Gemma's query
-scaling by `(hidden / heads) ** -0.5` set on its attention layers; T5
-1.1 with heads of 16; SmolLM3 without RoPE on layer 3; gpt-oss with
-its window 16 on the odd layers and YaRN of factor 32; noise
-added to every weight, so that norms are not the identity), a batch of 4
-sequences of 64 tokens with padding (right-padded rows, and a left-padded
-one for the causal models; T5: both stacks right-padded; for ViT, 4
-random 32 x 32 images); prints
-the largest absolute difference of each output over the real positions,
-as a Markdown table row per family:
+key/value heads for the Llama-style families, Mistral's, Mixtral's and
+Gemma 2's windows 16, Gemma 2's attention soft-cap 5 and final soft-cap
+30; Llama 3.1's RoPE frequency adjustment over a pretraining length of
+16 and Mistral's RoPE scaling factor 4; Gemma's query scaling by
+`(hidden / heads) ** -0.5` set on its attention layers; Phi-3's LongRoPE
+over a pretraining length of 32; Gemma 3 with 6 layers (5 windowed, 16,
+to 1 global with RoPE scaling 8); Qwen 3 windowed (16) on TensorFlow
+only; Mixtral and Qwen3-MoE with 4 experts, top 2 (Qwen3-MoE's layer 0
+dense); T5 1.1 with heads of 16; SmolLM3 without RoPE on layer 3;
+gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
+noise added to every weight, so that norms are not the identity):
+
+- hidden states: a batch of 4 sequences of 64 tokens with padding
+  (right-padded rows, and a left-padded one for the causal models; T5:
+  both stacks right-padded; for ViT, 4 random 32 x 32 images), the
+  largest absolute difference of each output over the real positions;
+- logits (causal families, T5's decoder): the same batch, our
+  `interop.causal_lm_generator(model).logits` (T5: `seq2seq_generator`)
+  of the last block's output against keras-hub's
+  `<Family>CausalLM(backbone, preprocessor=None)` (`T5Seq2SeqLM`), the
+  largest absolute difference over the real positions;
+- greedy generation (causal families, T5): 4 right-padded prompts of 8,
+  5, 3 and 6 tokens completed to 32 tokens by our
+  `causal_lm_generator(model).generate(..., sampler="greedy")` and by
+  keras-hub's `CausalLM.generate` (greedy), the number of generated
+  tokens that are equal (T5: the prompts as sources, targets of 1 to 3
+  tokens from the start token 0 completed to 32).
+
+One backend (Markdown rows, or `--json`; `--only TEXT` for the
+families whose name contains TEXT):
 
     KERAS_BACKEND=jax python tools/interop_equality.py
 
-The figures are those of docs/guides/pretrained.md.
+All three, each in a subprocess, into the table that
+docs/guides/pretrained.md includes:
+
+    python tools/interop_equality.py --markdown PATH
+
+with PATH docs/_generated/interop_equality.md.
 """
 
+import argparse
+import json
 import os
+import subprocess
+import sys
+import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# keras-hub's T5 attention drops Keras masks (it takes its own).
+warnings.filterwarnings("ignore", message=".*does not support masking")
 
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 from keras.ops import convert_to_numpy as to_numpy  # noqa: E402
 
+from keras_attention.interop import causal_lm_generator  # noqa: E402
 from keras_attention.interop import from_keras_hub  # noqa: E402
+from keras_attention.interop import seq2seq_generator  # noqa: E402
 
 LENGTH, BATCH, VOCAB = 64, 4, 100
 REAL_LENGTHS = (64, 40, 17, 50)
+PROMPT_LENGTHS, PROMPT_LENGTH, NEW_TOKENS = (8, 5, 3, 6), 8, 24
+TARGET_PROMPT_LENGTHS = (1, 3, 1, 2)  # T5: the start token, maybe more
+BACKENDS = ("tensorflow", "jax", "torch")
+LABELS = {"tensorflow": "TF", "jax": "JAX", "torch": "torch"}
 
 
 def backbones():
@@ -203,10 +240,8 @@ def perturb(backbone, rng):
         weight.assign(to_numpy(weight) + noise)
 
 
-def errors(backbone, rng):
-    perturb(backbone, rng)
-    data = inputs(backbone, rng)
-    ours, theirs = from_keras_hub(backbone)(data), backbone(data)
+def hidden_errors(ours, theirs, data):
+    """`{output: largest |difference| over the real positions}`."""
     if not isinstance(theirs, dict):
         ours, theirs = {"sequence_output": ours}, {"sequence_output": theirs}
     if not isinstance(data, dict):  # images: no padding
@@ -223,16 +258,223 @@ def errors(backbone, rng):
     return out
 
 
-def main():
+def task(backbone):
+    """keras-hub's language-model task on `backbone` (`<Family>CausalLM`,
+    T5's `T5Seq2SeqLM`), or None (BERT, ViT)."""
+    name = type(backbone).__name__.replace("Backbone", "CausalLM")
+    if isinstance(backbone, keras_hub.models.T5Backbone):
+        name = "T5Seq2SeqLM"
+    cls = getattr(keras_hub.models, name, None)
+    return None if cls is None else cls(backbone=backbone, preprocessor=None)
+
+
+def generator(model):
+    """Our generator on the converted `model` (causal, or T5's)."""
+    if "encoder_token_ids" in model.input:
+        return seq2seq_generator(model, jit_compile=False)
+    return causal_lm_generator(model, jit_compile=False)
+
+
+def logits_error(model, theirs, data):
+    """Largest |difference| of the logits over the real positions: the
+    last block's output through our generator's head (`logits`) vs
+    keras-hub's task called on the same inputs."""
+    ours = generator(model)
+    last_block = keras.Model(model.input, ours.blocks[-1].output)
+    diff = np.abs(
+        to_numpy(ours.logits(last_block(data))) - to_numpy(theirs(data))
+    )
+    mask = data.get("decoder_padding_mask", data.get("padding_mask"))
+    return float(diff[mask.astype(bool)].max())
+
+
+def prompts(rng):
+    """Right-padded prompts (keras-hub's layout) in a buffer of
+    `PROMPT_LENGTH + NEW_TOKENS` positions."""
+    ids = np.zeros((len(PROMPT_LENGTHS), PROMPT_LENGTH + NEW_TOKENS), "int32")
+    for row, n in enumerate(PROMPT_LENGTHS):
+        ids[row, :n] = rng.integers(1, VOCAB, n)
+    return ids
+
+
+def t5_greedy_agreement(model, theirs, rng):
+    """`(equal, generated)` for T5: sources as the causal prompts, targets
+    started by the padding id 0 marked real (T5's start), one to three
+    target tokens given, completed to `PROMPT_LENGTH + NEW_TOKENS`."""
+    sources = prompts(rng)[:, :PROMPT_LENGTH]
+    shape = (len(PROMPT_LENGTHS), PROMPT_LENGTH + NEW_TOKENS)
+    targets = np.zeros(shape, "int32")
+    start = np.zeros(targets.shape, bool)
+    for row, n in enumerate(TARGET_PROMPT_LENGTHS):
+        targets[row, 1:n] = rng.integers(1, VOCAB, n - 1)
+        start[row, :n] = True
+    theirs.compile(sampler="greedy")
+    want = theirs.generate(
+        {
+            "encoder_token_ids": sources,
+            "encoder_padding_mask": sources != 0,
+            "decoder_token_ids": targets,
+            "decoder_padding_mask": start,
+        },
+        stop_token_ids=None,
+    )["decoder_token_ids"]
+    got, _ = generator(model).generate(
+        sources, targets, max_length=targets.shape[1], padding_mask=start
+    )
+    equal = to_numpy(got)[~start] == to_numpy(want)[~start]
+    return int(equal.sum()), int((~start).sum())
+
+
+def greedy_agreement(model, theirs, rng):
+    """`(equal, generated)`: how many of the generated tokens of our
+    greedy `causal_lm_generator(...).generate` equal keras-hub's
+    `CausalLM.generate` (greedy) on the same prompts."""
+    ids = prompts(rng)
+    mask = ids != 0
+    theirs.compile(sampler="greedy")
+    data = {"token_ids": ids, "padding_mask": mask}
+    if isinstance(theirs, keras_hub.models.Gemma3CausalLM):
+        # keras-hub 0.32's Gemma3CausalLM.generate needs a preprocessor:
+        # its generate function, called directly.
+        want = theirs.make_generate_function()(data)["token_ids"]
+    else:
+        want = theirs.generate(data, stop_token_ids=None)["token_ids"]
+    ours = causal_lm_generator(model, jit_compile=False)
+    got, _ = ours.generate(
+        ids, max_length=ids.shape[1], sampler="greedy", padding_mask=mask
+    )
+    new = ~mask
+    equal = to_numpy(got)[new] == to_numpy(want)[new]
+    return int(equal.sum()), int(new.sum())
+
+
+def measure(name, backbone, rng):
+    """One family's figures on the current backend, a JSON-able dict."""
+    start = time.perf_counter()
+    perturb(backbone, rng)
+    data = inputs(backbone, rng)
+    model = from_keras_hub(backbone)
+    found = {
+        "family": name,
+        "backbone": type(backbone).__name__,
+        "hidden": hidden_errors(model(data), backbone(data), data),
+    }
+    theirs = task(backbone)
+    if theirs is not None:
+        found["logits"] = logits_error(model, theirs, data)
+        agreement = (
+            t5_greedy_agreement
+            if isinstance(theirs, keras_hub.models.T5Seq2SeqLM)
+            else greedy_agreement
+        )
+        found["greedy"] = agreement(model, theirs, rng)
+    found["seconds"] = round(time.perf_counter() - start, 1)
+    return found
+
+
+def run_backend(only=None):
+    """Every family (or those whose name contains `only`) on the current
+    backend: a list of `measure` dicts."""
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    backend = keras.backend.backend()
-    print("| family | backend | largest difference (real positions) |")
-    print("|---|---|---|")
+    results = []
     for name, backbone in backbones().items():
-        found = errors(backbone, rng)
-        text = ", ".join(f"`{k}` {v:.1e}" for k, v in found.items())
-        print(f"| {name} | {backend} | {text} |", flush=True)
+        if only and only.lower() not in name.lower():
+            continue
+        results.append(measure(name, backbone, rng))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    return results
+
+
+def _number(value):
+    return "0" if value == 0 else f"{value:.1e}"
+
+
+def _hidden_cell(per_backend):
+    """`a, b, c` per backend; outputs named when there are several."""
+    keys = list(per_backend[0]["hidden"])
+    if len(keys) == 1:
+        return ", ".join(_number(r["hidden"][keys[0]]) for r in per_backend)
+    return "; ".join(
+        f"`{key}` " + ", ".join(_number(r["hidden"][key]) for r in per_backend)
+        for key in keys
+    )
+
+
+def _logits_cell(per_backend):
+    if "logits" not in per_backend[0]:
+        return "—"
+    return ", ".join(_number(r["logits"]) for r in per_backend)
+
+
+def _greedy_cell(per_backend):
+    if "greedy" not in per_backend[0]:
+        return "—"
+    return ", ".join(f"{r['greedy'][0]}/{r['greedy'][1]}" for r in per_backend)
+
+
+def markdown(results, backends=BACKENDS):
+    """One Markdown table from `{backend: run_backend()}`."""
+    names = ", ".join(LABELS[b] for b in backends)
+    lines = [
+        f"| family | hidden states ({names}) | logits ({names}) "
+        f"| greedy tokens equal ({names}) |",
+        "|---|---|---|---|",
+    ]
+    for rows in zip(*(results[b] for b in backends)):
+        family = f"{rows[0]['family']} (`{rows[0]['backbone']}`)"
+        lines.append(
+            f"| {family} | {_hidden_cell(rows)} | {_logits_cell(rows)} "
+            f"| {_greedy_cell(rows)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_all(path):
+    """Runs every backend in a subprocess and writes the table to `path`."""
+    results = {}
+    for backend in BACKENDS:
+        start = time.perf_counter()
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        done = subprocess.run(
+            [sys.executable, __file__, "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            check=True,
+            text=True,
+        )
+        results[backend] = json.loads(done.stdout)
+        seconds = time.perf_counter() - start
+        print(f"{backend}: {seconds:.0f} s", file=sys.stderr, flush=True)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(markdown(results))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="run TensorFlow, JAX and PyTorch (subprocesses), write the table",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="the current backend's figures as JSON on stdout",
+    )
+    parser.add_argument(
+        "--only", help="the families whose name contains this text"
+    )
+    args = parser.parse_args()
+    if args.markdown:
+        run_all(args.markdown)
+        return
+    results = run_backend(args.only)
+    if args.json:
+        print(json.dumps(results))
+        return
+    backend = keras.backend.backend()
+    print(markdown({backend: results}, backends=(backend,)), end="")
 
 
 if __name__ == "__main__":

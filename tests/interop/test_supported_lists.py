@@ -112,3 +112,29 @@ def test_every_backbone_is_checked_for_equality():
             assert any(
                 issubclass(getattr(keras_hub.models, b), base) for b in built
             ), name
+
+
+def test_generated_equality_table_has_a_row_per_backbone():
+    """`tools/interop_equality.py --markdown` wrote a row (naming its
+    backbone class) for every registered backbone, with logits and
+    greedy figures for every family with a keras-hub `CausalLM`; the
+    guide includes that table."""
+    path = "docs/_generated/interop_equality.md"
+    assert f'--8<-- "{path}"' in _read("docs/guides/pretrained.md")
+    rows = [line for line in _read(path).splitlines() if "Backbone`" in line]
+    built = {
+        name: row for row in rows for name in _backbone_names(row.split("|")[1])
+    }
+    assert all(_is_supported(name) for name in built), built
+    for name in REGISTERED:
+        base = getattr(keras_hub.models, name)
+        covering = [
+            row
+            for b, row in built.items()
+            if issubclass(getattr(keras_hub.models, b), base)
+        ]
+        assert covering, name
+        task = name.replace("Backbone", "CausalLM")
+        if hasattr(keras_hub.models, task):
+            cells = [row.split("|")[3:5] for row in covering]
+            assert all("—" not in "".join(c) for c in cells), (name, cells)
