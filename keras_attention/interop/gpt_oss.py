@@ -3,7 +3,7 @@
 from keras_attention.interop import _common
 from keras_attention.interop.llama import build_llama_style
 from keras_attention.interop.llama import llama_style_config
-from keras_attention.layers import _moe_routing
+from keras_attention.layers import mixture_of_experts
 
 # Their weight path prefix -> ours (`{i}`: the layer index). The attention
 # (projections with biases, `sinks`) and the norms' `scale` have the same
@@ -88,7 +88,7 @@ def _moe_arguments(backbone):
     (every layer has one alike: gpt-oss's routing, clamped GLU experts
     with biases)."""
     block = backbone.transformer_layers[0].sparse_moe_block
-    kwargs, _, _ = _moe_routing.hub_arguments_and_weights(block)
+    kwargs, _, _ = mixture_of_experts.hub_arguments_and_weights(block)
     kwargs.pop("dtype")  # the block's own
     return kwargs
 
@@ -97,7 +97,7 @@ def _deinterleave_gate_up(path, value):
     """keras-hub's gate/up columns `[g0, u0, g1, u1, ...]` as our `[g...,
     u...]` (`gate_up_proj` and its bias); other weights as they are."""
     if path.endswith(("gate_up_proj", "gate_up_proj_bias")):
-        return _moe_routing._deinterleave(value)
+        return mixture_of_experts.deinterleave_gate_up(value)
     return value
 
 

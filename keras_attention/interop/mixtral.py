@@ -7,7 +7,7 @@ from keras_attention.interop.llama import WEIGHT_TABLE
 from keras_attention.interop.llama import build_llama_style
 from keras_attention.interop.llama import linear_rotary_scaling
 from keras_attention.interop.llama import llama_style_config
-from keras_attention.layers import _moe_routing
+from keras_attention.layers import mixture_of_experts
 
 # The decoder layers' attributes that hold keras-hub's sparse MoE block
 # (Mixtral's `_sparse_moe_block`, Qwen3-MoE's `mlp`, dense on some layers).
@@ -23,7 +23,7 @@ def sparse_moe_blocks(backbone):
         found = None
         for attribute in _MOE_ATTRIBUTES:
             block = getattr(layer, attribute, None)
-            if type(block).__name__ in _moe_routing._HUB_BLOCKS:
+            if type(block).__name__ in mixture_of_experts.HUB_BLOCKS:
                 found = block
         blocks.append(found)
     return blocks
@@ -36,7 +36,7 @@ def moe_arguments(block):
     for None (a dense layer)."""
     if block is None:
         return None
-    kwargs, _, _ = _moe_routing.hub_arguments_and_weights(block)
+    kwargs, _, _ = mixture_of_experts.hub_arguments_and_weights(block)
     kwargs.pop("dtype")  # the block's own
     return kwargs
 
@@ -61,7 +61,7 @@ def copy_moe_weights(backbone, model, prefixes, blocks):
         if block is None:
             continue
         experts = model.get_layer(f"transformer_layer_{i}").feed_forward
-        _, _, values = _moe_routing.hub_arguments_and_weights(block)
+        _, _, values = mixture_of_experts.hub_arguments_and_weights(block)
         bank = block.expert_bank
         theirs = [
             block._sparse_feedforward_gate_dense.kernel,

@@ -68,11 +68,11 @@ def convert_qwen3(backbone):
         rotary_scaling=rotary_scaling,
         qk_norm="rms",
         table=WEIGHT_TABLE,
-        qk_norm_epsilon=_attention_epsilon(backbone, config),
+        qk_norm_epsilon=attention_epsilon(backbone, config),
     )
 
 
-def _attention_epsilon(backbone, config):
+def attention_epsilon(backbone, config):
     """The epsilon of the backbone's QK-norms: its attention layers'
     own (keras-hub 0.32 leaves them at their default), else the
     backbone's `layer_norm_epsilon`."""

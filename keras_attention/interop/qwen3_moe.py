@@ -6,7 +6,7 @@ from keras_attention.interop.llama import llama_style_config
 from keras_attention.interop.mixtral import build_moe_llama_style
 from keras_attention.interop.mixtral import sparse_moe_blocks
 from keras_attention.interop.qwen3 import WEIGHT_TABLE
-from keras_attention.interop.qwen3 import _attention_epsilon
+from keras_attention.interop.qwen3 import attention_epsilon
 
 # A dense layer's feed-forward (`Qwen3MoeMLP`, under its own name in the
 # decoder layer): their weight -> ours under `feed_forward`.
@@ -87,5 +87,5 @@ def convert_qwen3_moe(backbone):
         key_dim=get.get("head_dim"),
         rotary_scaling=linear_rotary_scaling(get.get("rope_scaling_factor")),
         qk_norm="rms",
-        qk_norm_epsilon=_attention_epsilon(backbone, config),
+        qk_norm_epsilon=attention_epsilon(backbone, config),
     )

@@ -96,7 +96,7 @@ def gated_activation(gate, up, activation, alpha, limit):
 
 # --- keras-hub ---------------------------------------------------------------
 
-_HUB_BLOCKS = {
+HUB_BLOCKS = {
     "MixtralSparseMoeBlock": "mixtral",
     "Qwen3SparseMoeBlock": "qwen3_moe",
     "GptOssSparseMoeBlock": "gpt_oss",
@@ -107,7 +107,7 @@ def _np(variable):
     return keras.ops.convert_to_numpy(variable)
 
 
-def _deinterleave(w):
+def deinterleave(w):
     """gpt-oss's gate/up columns `[g0, u0, g1, u1, ...]` as `[g..., u...]`
     on the last axis."""
     shape = w.shape
@@ -123,7 +123,7 @@ def hub_arguments_and_weights(block):
     Returns `(kwargs, hidden_dim, weights)`. Raises `TypeError` for other
     objects.
     """
-    family = _HUB_BLOCKS.get(type(block).__name__)
+    family = HUB_BLOCKS.get(type(block).__name__)
     if family is None or not block.built:
         raise TypeError(
             "`block` must be a built keras-hub MixtralSparseMoeBlock, "
@@ -149,8 +149,8 @@ def hub_arguments_and_weights(block):
         weights = [
             _np(router.kernel),
             _np(router.bias),
-            _deinterleave(_np(experts.gate_up_proj)),
-            _deinterleave(_np(experts.gate_up_proj_bias)),
+            deinterleave(_np(experts.gate_up_proj)),
+            deinterleave(_np(experts.gate_up_proj_bias)),
             _np(experts.down_proj),
             _np(experts.down_proj_bias),
         ]

@@ -7,6 +7,14 @@ from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
+# keras-hub's sparse MoE blocks (class name -> routing family), their
+# `MixtureOfExperts` arguments and weights, and gpt-oss's interleaved
+# gate/up columns reordered: for `from_keras_hub` and the converters
+# (`keras_attention.interop`).
+HUB_BLOCKS = _moe_routing.HUB_BLOCKS
+hub_arguments_and_weights = _moe_routing.hub_arguments_and_weights
+deinterleave_gate_up = _moe_routing.deinterleave
+
 _RANKS = (2, 3, 4, 5)
 _LAYOUT = "(batch, ..., features)"
 

@@ -85,9 +85,9 @@ def test_sparse_layers_and_their_options(converted):
         for i in range(len(backbone.transformer_layers))
     ]
     if len(kinds) == 4:  # Qwen3-MoE's sparse step and MLP-only layer
-        assert kinds == ["FeedForward", "MixtureOfExperts"] + [
-            "FeedForward"
-        ] * 2
+        assert (
+            kinds == ["FeedForward", "MixtureOfExperts"] + ["FeedForward"] * 2
+        )
 
 
 def test_equal_outputs_and_training_loss(converted):
