@@ -47,4 +47,17 @@ run distribution "$PYTHON" benchmarks/distribution_steps.py --steps 10 \
   --markdown "$OUT/distribution.md"
 run interop "$PYTHON" benchmarks/interop_training.py --sizes 512,2048 \
   --batch 2 --repeats 5 --markdown "$OUT/interop.md"
+run modern_tf "$PYTHON" benchmarks/modern_attention.py --sizes 2048 \
+  --repeats 12 --markdown "$OUT/modern_tf.md"
+run modern_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/modern_attention.py \
+  --sizes 2048 --repeats 12 --markdown "$OUT/modern_jax.md"
+run mixed_cache "$PYTHON" benchmarks/mixed_cache.py --max-length 32768 \
+  --markdown "$OUT/mixed_cache.md"
+run mla_tf "$PYTHON" benchmarks/mla_decoding.py --cache-length 8192 \
+  --repeats 15 --markdown "$OUT/mla_tf.md"
+run mla_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/mla_decoding.py \
+  --cache-length 8192 --repeats 15 --markdown "$OUT/mla_jax.md"
+run interop_modern "$PYTHON" benchmarks/interop_training.py \
+  --families gemma3,gpt_oss --sizes 512,2048 --batch 2 --repeats 5 \
+  --markdown "$OUT/interop_modern.md"
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"

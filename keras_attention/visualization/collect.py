@@ -381,7 +381,7 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
     `keras_attention.visualization.collect`), and returns them by layer:
     `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
     `CrossAttention`, `LocalSelfAttention` (banded weights expanded to
-    dense `(T, T)`), those inside `TransformerEncoderBlock` and
+    dense `(T, T)`), `MultiHeadLatentAttention`, those inside `TransformerEncoderBlock` and
     `TransformerDecoderBlock` (self- and cross-attention), the alignment of
     an `AttentionRNNDecoder` (teacher forcing: `(batch, 1, Tt, Ts)`),
     `AttentionPooling` (`(batch, 1, 1, T)`) and `BahdanauAttention` /
