@@ -19,6 +19,7 @@ def _load_script():
 
 
 @pytest.mark.tf_only(reason="the benchmark's training step is a tf.function")
+@pytest.mark.slow("a benchmark script's smoke run")
 def test_tiny_run_times_both_models_of_both_families(tmp_path):
     path = tmp_path / "table.md"
     rows = _load_script().main(

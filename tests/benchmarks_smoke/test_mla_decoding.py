@@ -31,6 +31,7 @@ def _table(text, title):
 
 
 @pytest.mark.tf_only(reason="one backend is enough for a smoke run")
+@pytest.mark.slow("a benchmark script's smoke run")
 def test_quick_run_writes_well_formed_tables(tmp_path):
     path = tmp_path / "table.md"
     module = _load_script()

@@ -23,6 +23,7 @@ def _table(text):
 
 
 @pytest.mark.tf_only(reason="trains two models; the data are tf.data")
+@pytest.mark.slow("a benchmark script's smoke run")
 def test_quick_run_writes_a_well_formed_table(tmp_path):
     path = tmp_path / "table.md"
     rows = _load_script().main(["--quick", "--markdown", str(path)])

@@ -714,6 +714,10 @@ def jax_quick_runs(shared_data_dir, tmp_path_factory):
     return {"plain": (runs[0], tmp / "plain"), "model": runs[1]}
 
 
+@pytest.mark.slow(
+    "the example end to end on JAX and PyTorch in subprocesses (66 s): the "
+    "library's layers on those backends are the JAX and PyTorch parts'"
+)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_quick_run_on_another_backend(
     backend, shared_data_dir, tmp_path, request

@@ -285,6 +285,10 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(
         )
 
 
+@pytest.mark.slow(
+    "fault injection: kills a worker pair and restarts it (35 s); the "
+    "backup-and-restore callback itself runs in the two-worker test"
+)
 def test_killed_worker_pair_resumes_from_the_backup(tmp_path, one_process):
     shared = tmp_path / "shared"
     # Worker 1 kills itself after global step 8 (epoch 2, batch 3); the
