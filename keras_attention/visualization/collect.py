@@ -381,8 +381,9 @@ def collect_attention(model, inputs, layers=None, max_dense_length=2048):
     `keras_attention.visualization.collect`), and returns them by layer:
     `MultiHeadAttention`, `SelfAttention`, `CausalSelfAttention`,
     `CrossAttention`, `LocalSelfAttention` (banded weights expanded to
-    dense `(T, T)`), `MultiHeadLatentAttention`, those inside `TransformerEncoderBlock` and
-    `TransformerDecoderBlock` (self- and cross-attention), the alignment of
+    dense `(T, T)`), `MultiHeadLatentAttention`, those inside
+    `TransformerEncoderBlock` and `TransformerDecoderBlock` (self- and
+    cross-attention), the alignment of
     an `AttentionRNNDecoder` (teacher forcing: `(batch, 1, Tt, Ts)`),
     `AttentionPooling` (`(batch, 1, 1, T)`) and `BahdanauAttention` /
     `LuongAttention` (any `Seq2SeqAttention`) called directly
