@@ -793,6 +793,12 @@ def test_distribution_needs_the_jax_backend(monkeypatch, capsys):
     assert parse_args([]).distribution == "none"
 
 
+@pytest.mark.slow(
+    "the example's --distribution model on 4 JAX devices (31 s, with the "
+    "plain JAX run it shares a process with): the library's layers, "
+    "layout map and generation under ModelParallel on 4 devices are "
+    "tests/distribution/test_layout_map.py's"
+)
 def test_quick_run_with_model_parallel_on_four_devices(jax_quick_runs):
     # 4 virtual CPU devices (fixed before JAX starts), a 2x2 mesh, the
     # weights sharded by keras_attention.distribution.get_layout_map

@@ -100,7 +100,20 @@ def test_sinks_apply_to_the_windowed_blocks_only():
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
-@pytest.mark.parametrize("sampler", ["beam", "contrastive"])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        "beam",
+        pytest.param(
+            "contrastive",
+            marks=pytest.mark.slow(
+                "50 s on TensorFlow; the prefill's hidden-state buffer it "
+                "reads is the rolling cache's contrastive test's (one "
+                "`_prefill` for both caches)"
+            ),
+        ),
+    ],
+)
 def test_other_samplers_equal_the_full_cache(sampler):
     _, lm = mixed_lm()
     prompt = random_tokens((2, 4), seed=5)
