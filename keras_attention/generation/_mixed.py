@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_attention.generation import _checks
 from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
 from keras_attention.ops.rolling_cache import rolling_cache_write
 from keras_attention.utils.attention_checks import check_cache_index
@@ -38,13 +39,6 @@ class MixedPlan:
         full = [b for i, b in enumerate(blocks) if i in self.full]
         windowed = [b for i, b in enumerate(blocks) if i not in self.full]
         return full, windowed
-
-
-def windowed_size(blocks, sink_tokens):
-    """Slots of the rolling part of a mixed cache: `sink_tokens` plus the
-    largest window of the windowed `blocks`, plus one."""
-    windows = [block.self_attention.cache_window() for block in blocks]
-    return sink_tokens + max(windows) + 1
 
 
 class MixedCacheMixin:
@@ -83,7 +77,7 @@ class MixedCacheMixin:
         if dtype is None:
             dtype = self.blocks[0].compute_dtype
         dtype = keras.backend.standardize_dtype(dtype)
-        size = windowed_size(windowed, plan.sink_tokens)
+        size = rolling_cache_size(windowed, plan.sink_tokens)
         return (
             init_cache(full, batch_size, max_length, dtype),
             init_cache(windowed, batch_size, size, dtype),
