@@ -172,16 +172,18 @@ class MixedCacheMixin:
         cache, in chunks of the ring's length (as `_rolling_prefill`).
 
         Returns `(hidden, cache, index)` (`hidden` None unless asked)."""
-        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        batch = ops.shape(token_ids)[0]
         cache = self.init_mixed_cache(batch, ops.shape(token_ids)[1], plan)
         size = cache[1].shape[3]
 
         def call(tokens, cache, start):
             return self.call_with_mixed_cache(tokens, cache, start, plan)
 
-        chunk = max(size - plan.sink_tokens, 32)
-        if width is not None:
-            chunk = min(chunk, width)
         return self._prefill(
-            token_ids, padding_mask, cache, chunk, call, hidden
+            token_ids,
+            padding_mask,
+            cache,
+            size - plan.sink_tokens,
+            call,
+            hidden,
         )

@@ -104,13 +104,10 @@ class RollingCacheMixin:
         cache (`_prefill`, in chunks of the ring's slots, at least 32).
 
         Returns `(hidden, cache, index)` (`hidden` None unless asked)."""
-        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        batch = ops.shape(token_ids)[0]
         size = self._rolling_size(sink_tokens)
         dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
         cache = init_rolling_cache(self.blocks, batch, size, dtype)
-        chunk = max(size - sink_tokens, 32)
-        if width is not None:
-            chunk = min(chunk, width)
 
         def call(tokens, cache, start):
             return self.call_with_rolling_cache(
@@ -118,14 +115,15 @@ class RollingCacheMixin:
             )
 
         return self._prefill(
-            token_ids, padding_mask, cache, chunk, call, hidden
+            token_ids, padding_mask, cache, size - sink_tokens, call, hidden
         )
 
-    def _prefill(self, token_ids, padding_mask, cache, chunk, call, hidden):
+    def _prefill(self, token_ids, padding_mask, cache, ring, call, hidden):
         """Writes the shortest prompt's positions into an empty cache of
         constant size per step (rolling or mixed): `call(tokens, cache,
-        start)` in chunks of static length `chunk`, then the rest one
-        position at a time.
+        start)` in chunks of static length (the ring's `ring` slots, at
+        least 32, at most the buffer's length when known), then the rest
+        one position at a time.
 
         Returns `(hidden, cache, index)`: with `hidden`, the last block's
         outputs `(batch, max_length, d)` at the positions written (zeros
@@ -138,7 +136,10 @@ class RollingCacheMixin:
         The buffer's length may be unknown while tracing (a `tf.function`
         taking prompts of any length): only the chunks are static.
         """
-        batch = ops.shape(token_ids)[0]
+        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        chunk = max(ring, 32)
+        if width is not None:
+            chunk = min(chunk, width)
         dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
         chunks = (shortest - 1) // chunk
