@@ -119,6 +119,12 @@ MODERN = {
     ),
     # Learned sinks, experts (one layer: the full-attention one).
     "GptOssBackbone": dict(num_experts=4, top_k=2, sliding_window=3),
+    # Experts routed top-k-then-softmax (Mixtral) and softmax-then-top-k
+    # (Qwen3-MoE).
+    "MixtralBackbone": dict(num_experts=4, top_k=2, sliding_window=3),
+    "Qwen3MoeBackbone": dict(
+        head_dim=4, moe_intermediate_dim=8, num_experts=4, top_k=2
+    ),
     "Phi3Backbone": dict(
         rope_scaling_type="su",
         rope_scaling_short_factor=[1.0, 1.2],
