@@ -55,7 +55,13 @@ LAZY_IMPORTS = {
         "keras_attention.ops._backend",
         "keras_attention.visualization.tensorboard",
     ),
-    "jax": ("keras_attention.ops._backend",),
+    # distribution/_jax_ring: ring attention is JAX SPMD code throughout
+    # (shard_map, ppermute, custom_vjp), not a backend switch (its
+    # docstring says why it is not in ops/_backend.py)
+    "jax": (
+        "keras_attention.ops._backend",
+        "keras_attention.distribution._jax_ring",
+    ),
     "torch": ("keras_attention.ops._backend",),
     "matplotlib": ("keras_attention.visualization",),
     "keras_hub": (PACKAGE,),

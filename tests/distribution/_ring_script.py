@@ -1,0 +1,252 @@
+"""Ring attention on 8 virtual CPU devices against one-device attention.
+
+Run by `test_ring_attention.py` in its own process, with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8 KERAS_BACKEND=jax`
+(and the suite's XLA flags) set before JAX starts. Each case computes
+`ka.distribution.ring_attention` and `ka.ops.dot_product_attention` (one
+device, the same masks and scores on the whole sequence) and the
+gradients of `sum(output * w)` w.r.t. query, key, value (and a score
+layer's weights), each pair in one `jax.jit`; prints one line per case
+(`CASE group name: ok | FAIL ...`) and a final `RESULT {json}`:
+`{group: {name: {"out": err, "grad": err} | {"error": text}}}`.
+"""
+
+import json
+import sys
+import time
+import traceback
+
+# A JAX program: TensorFlow (installed for the TensorFlow backend) is kept
+# out; `keras.utils.set_random_seed` would import it to seed it (~2 s CPU).
+sys.modules["tensorflow"] = None
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_attention as ka  # noqa: E402
+from keras_attention import mods  # noqa: E402
+from keras_attention import scores  # noqa: E402
+
+B, T, H, D = 2, 64, 2, 8
+RNG = np.random.default_rng(0)
+
+
+def _normal(*shape):
+    return RNG.normal(size=shape).astype("float32")
+
+
+def _documents(length):
+    """Segment ids of packed documents of 13, 20, 9, ... tokens: every
+    boundary falls inside some device's block, and documents span
+    several devices in both layouts; the two examples differ."""
+    first = np.repeat(np.arange(8), [13, 20, 9, 5, 7, 4, 3, 3])[:length]
+    second = np.repeat(np.arange(4), [30, 2, 17, 15])[:length]
+    return np.stack([first, second]).astype("int32")
+
+
+def _sequence_mesh():
+    devices = keras.distribution.list_devices()
+    return keras.distribution.DeviceMesh((8,), ["sequence"], devices)
+
+
+def _data_sequence_mesh():
+    devices = np.array(jax.devices()).reshape(2, 4)
+    return jax.sharding.Mesh(devices, ("data", "sequence"))
+
+
+class _Case:
+    def __init__(self, group, name, length=T, kv_heads=H, mesh=None, **kw):
+        self.group, self.name = group, name
+        self.length, self.kv_heads = length, kv_heads
+        self.mesh = mesh or _sequence_mesh
+        self.causal = kw.pop("causal", False)
+        self.layout = kw.pop("layout", "striped")
+        self.mask_mod = kw.pop("mask_mod", None)
+        self.score_mod = kw.pop("score_mod", None)
+        self.segment_ids = kw.pop("segment_ids", None)
+        self.scope = kw.pop("scope", None)
+        if kw:
+            raise TypeError(f"unknown case options {sorted(kw)}")
+
+    def reference_mask(self):
+        """The one-device mask: the case's mask and its documents."""
+        if self.segment_ids is None:
+            return self.mask_mod
+        documents = mods.DocumentMask().bind(segment_ids=self.segment_ids)
+        if self.mask_mod is None:
+            return documents
+        return mods.and_masks(self.mask_mod, documents)
+
+    def run(self):
+        q = _normal(B, self.length, H, D)
+        k = _normal(B, self.length, self.kv_heads, D)
+        v = _normal(B, self.length, self.kv_heads, D)
+        w = _normal(B, self.length, H, D)
+        mesh = self.mesh()
+        variables = list(getattr(self.score_mod, "variables", ()) or ())
+        if isinstance(self.score_mod, keras.layers.Layer):
+            self.score_mod.build(H)
+            variables = list(self.score_mod.trainable_variables)
+        values = [keras.ops.convert_to_numpy(x) for x in variables]
+
+        def ring(q, k, v):
+            return ka.distribution.ring_attention(
+                q,
+                k,
+                v,
+                mesh,
+                causal=self.causal,
+                mask_mod=self.mask_mod,
+                score_mod=self.score_mod,
+                segment_ids=self.segment_ids,
+                layout=self.layout,
+            )
+
+        def one_device(q, k, v):
+            return ka.ops.dot_product_attention(
+                q,
+                k,
+                v,
+                causal=self.causal,
+                mask_mod=self.reference_mask(),
+                score_mod=self.score_mod,
+            )
+
+        def grads(fn):
+            def loss(q, k, v, values):
+                mapping = list(zip(variables, values))
+                with keras.StatelessScope(state_mapping=mapping):
+                    out = fn(q, k, v)
+                return keras.ops.sum(out * w), out
+
+            grad = jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)
+            (_, out), g = jax.jit(grad)(q, k, v, values)
+            return np.asarray(out), [np.asarray(x) for x in jax.tree.leaves(g)]
+
+        if self.scope is not None:
+            with ka.ops.implementation_scope(*self.scope[:1], **self.scope[1]):
+                out, g = grads(ring)
+        else:
+            out, g = grads(ring)
+        ref, g_ref = grads(one_device)
+        return {
+            "out": float(np.abs(out - ref).max()),
+            "grad": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
+        }
+
+
+def _cases():
+    docs = _documents(T)
+    prefix = mods.PrefixLMMask().bind(prefix_length=np.array([5, 40]))
+    per_example = mods.DocumentMask().bind(segment_ids=docs)
+    tiles = ("blockwise", {"query_block": 4, "key_block": 4})
+    window = mods.or_masks(
+        mods.KerasSlidingWindowMask(3), mods.ChunkedCausalMask(12)
+    )
+    return [
+        _Case("layouts", "striped causal", causal=True),
+        _Case("layouts", "striped", layout="striped"),
+        _Case("layouts", "contiguous causal", causal=True, layout="contiguous"),
+        _Case("layouts", "contiguous", layout="contiguous"),
+        _Case(
+            "layouts",
+            "striped causal blockwise tiles, grouped-query",
+            causal=True,
+            kv_heads=1,
+            scope=tiles,
+        ),
+        _Case(
+            "masks",
+            "CausalMask",
+            mask_mod=mods.CausalMask(),
+            layout="contiguous",
+        ),
+        _Case(
+            "masks",
+            "SlidingWindowMask",
+            mask_mod=mods.SlidingWindowMask((5, 2)),
+        ),
+        _Case(
+            "masks",
+            "KerasSlidingWindowMask | ChunkedCausalMask",
+            mask_mod=window,
+            layout="contiguous",
+        ),
+        _Case("masks", "PrefixLMMask", mask_mod=mods.PrefixLMMask(10)),
+        _Case(
+            "masks",
+            "DocumentMask bound, causal",
+            causal=True,
+            mask_mod=per_example,
+        ),
+        _Case("masks", "segment_ids, causal", causal=True, segment_ids=docs),
+        _Case(
+            "masks",
+            "segment_ids, contiguous, blockwise tiles",
+            segment_ids=docs,
+            layout="contiguous",
+            scope=tiles,
+        ),
+        _Case("scores", "ALiBi causal", causal=True, score_mod=scores.ALiBi()),
+        _Case(
+            "scores",
+            "ALiBi bidirectional",
+            score_mod=scores.ALiBi(bidirectional=True),
+            layout="contiguous",
+        ),
+        _Case(
+            "scores",
+            "T5RelativeBias (weights' gradient)",
+            causal=True,
+            score_mod=scores.T5RelativeBias(num_buckets=8, max_distance=20),
+        ),
+        _Case(
+            "scores",
+            "SoftCap",
+            causal=True,
+            layout="contiguous",
+            score_mod=scores.SoftCap(2.0),
+        ),
+        _Case("padding", "T=60 striped causal", length=60, causal=True),
+        _Case("padding", "T=60 contiguous", length=60, layout="contiguous"),
+        _Case(
+            "mesh 2x4",
+            "striped, per-example prefix-LM, T5, segment_ids",
+            mesh=_data_sequence_mesh,
+            mask_mod=prefix,
+            score_mod=scores.T5RelativeBias(num_buckets=8, max_distance=20),
+            segment_ids=docs,
+        ),
+        _Case(
+            "mesh 2x4",
+            "contiguous, DocumentMask bound",
+            mesh=_data_sequence_mesh,
+            layout="contiguous",
+            mask_mod=per_example,
+        ),
+    ]
+
+
+def main():
+    start = time.time()
+    results = {}
+    for case in _cases():
+        began = time.time()
+        try:
+            result = case.run()
+            status = "ok" if max(result.values()) <= 1e-5 else "FAIL"
+        except Exception:  # noqa: BLE001 - reported per case
+            result = {"error": traceback.format_exc(limit=-6)}
+            status = "FAIL (error)"
+        results.setdefault(case.group, {})[case.name] = result
+        took = time.time() - began
+        print(f"CASE {case.group} / {case.name}: {status} {result} {took:.1f}s")
+        sys.stdout.flush()
+    results["seconds"] = time.time() - start
+    results["devices"] = len(jax.devices())
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

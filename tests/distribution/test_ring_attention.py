@@ -1,0 +1,110 @@
+"""Tests of `keras_attention.distribution.ring_attention`.
+
+The ring needs JAX with 8 devices, fixed before JAX starts: the cases run
+in `_ring_script.py`, one subprocess with the suite's XLA flags and
+`--xla_force_host_platform_device_count=8` (`xla_flags.jax_environment`),
+which prints one line per case and a JSON summary; each test here checks
+one group of cases and names every failing case with its error. The
+backend checks run in this process, on the current backend.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import xla_flags
+
+from keras_attention.distribution import ring_attention
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TOLERANCE = 1e-5
+BACKEND = keras.backend.backend()
+SUBPROCESS = pytest.mark.tf_only(
+    reason="starts its own JAX process with 8 virtual devices; runs once"
+)
+# Groups of the script's cases and how many each holds (a case that went
+# missing fails the test of its group).
+GROUPS = {
+    "layouts": 5,
+    "masks": 7,
+    "scores": 4,
+    "padding": 2,
+    "mesh 2x4": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def ring():
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_ring_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+        env=xla_flags.jax_environment(8, PYTHONPATH=ROOT),
+    )
+    lines = [s for s in out.stdout.splitlines() if s.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, (
+        out.stdout[-3000:] + "\n" + out.stderr[-3000:]
+    )
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+@SUBPROCESS
+def test_the_script_ran_on_eight_devices(ring):
+    assert ring["devices"] == 8
+
+
+@SUBPROCESS
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_outputs_and_gradients_equal_one_device(ring, group):
+    # Output and the gradients of sum(output * w) w.r.t. query, key, value
+    # (and a score layer's weights), float32, against one-device
+    # `dot_product_attention` with the same masks and scores.
+    cases = ring[group]
+    failed = {
+        name: result
+        for name, result in cases.items()
+        if "error" in result or max(result.values()) > TOLERANCE
+    }
+    report = "\n".join(f"{name}: {result}" for name, result in failed.items())
+    assert not failed, f"failed cases of {group!r}:\n{report}"
+    assert len(cases) == GROUPS[group], sorted(cases)
+
+
+def _inputs(shape=(2, 6, 2, 4)):
+    return np.zeros(shape, "float32")
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="the JAX backend runs the ring")
+def test_other_backends_refuse_naming_the_backend():
+    x = _inputs()
+    with pytest.raises(NotImplementedError, match=f"{BACKEND!r}"):
+        ring_attention(x, x, x, mesh=None)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="argument checks of the JAX path")
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"mesh": "mesh"}, TypeError, "mesh='mesh'"),
+        ({"layout": "ring"}, ValueError, "layout='ring'"),
+        ({"sequence_axis": "seq"}, ValueError, "sequence_axis='seq'"),
+        ({"causal": "yes"}, ValueError, "causal='yes'"),
+        ({"mask_mod": 3}, TypeError, "mask_mod=3"),
+        ({"key": _inputs((2, 5, 2, 4))}, ValueError, "must share"),
+        ({"segment_ids": np.zeros((2, 5))}, ValueError, "segment_ids.shape"),
+    ],
+)
+def test_invalid_arguments(kwargs, error, message):
+    devices = keras.distribution.list_devices()[:1]
+    mesh = keras.distribution.DeviceMesh((1,), ["sequence"], devices)
+    x = _inputs()
+    arguments = {"query": x, "key": x, "value": x, "mesh": mesh, **kwargs}
+    with pytest.raises(error, match=message):
+        ring_attention(**arguments)
