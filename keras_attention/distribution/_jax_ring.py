@@ -102,13 +102,20 @@ class _Ring:
         n = config.num_blocks
         self.perm = [(i, (i + 1) % n) for i in range(n)]
 
-    def _tables(self, lax, q, q_seg, kv_seg, step):
+    def _tables(self, lax, q, side, block, step):
+        """The step's `Tables` (`side`: this device's token tables,
+        `block`: the travelling block) and the index of its kind."""
         c = self.config
         r = lax.axis_index(self.axis)
         s = (r - step) % c.num_blocks
         batch0 = _batch_index(lax, self.mesh, self.batch_axes) * q.shape[0]
         tables = blocks.Tables(
-            c.positions(r), c.positions(s), q_seg, kv_seg, batch0
+            c.positions(r),
+            c.positions(s),
+            side.get("segment_ids"),
+            block.get("segment_ids"),
+            batch0,
+            kv_mask=block.get("key_mask"),
         )
         return tables, c.kind_index(r, s)
 
@@ -123,8 +130,9 @@ class _Ring:
             tensors,
         )
 
-    def forward(self, q, k, v, params, seg):
-        """Per device: `(output (b, L, h, e) float32+, lse (b, h, L))`."""
+    def forward(self, q, k, v, params, side):
+        """Per device: `(output (b, L, h, e) float32+, lse (b, h, L))`;
+        `side`: this device's segment ids and key mask (those given)."""
         _, lax, _ = _jax()
         c = self.config
         out, lse = blocks.empty_block(q, v)
@@ -132,25 +140,24 @@ class _Ring:
 
         def step(t, carry):
             block, out, lse = carry
-            k, v, kv_seg = _unpack(block)
-            tables, kind = self._tables(lax, q, seg, kv_seg, t)
+            tables, kind = self._tables(lax, q, side, block, t)
             branches = [
                 functools.partial(self._block, kind_value, tables)
                 for kind_value in c.kinds()
             ]
-            o_b, lse_b = lax.switch(kind, branches, q, k, v, params)
+            kv = (block["k"], block["v"])
+            o_b, lse_b = lax.switch(kind, branches, q, *kv, params)
             out, lse = blocks.merge(out, lse, o_b, lse_b)
             return self._send(lax, t, block), out, lse
 
-        carry = lax.fori_loop(
-            0, c.num_blocks, step, (_pack(k, v, seg), out, lse)
-        )
-        return carry[1], carry[2]
+        carry = (_pack(k, v, side), out, lse)
+        _, out, lse = lax.fori_loop(0, c.num_blocks, step, carry)
+        return out, lse
 
     def _block(self, kind, tables, q, k, v, params):
         return blocks.attend_block(self.config, kind, q, k, v, params, tables)
 
-    def backward(self, q, k, v, params, seg, out, lse, d_out):
+    def backward(self, q, k, v, params, side, out, lse, d_out):
         """Per device: `(dq, dk, dv, dparams)`; `dparams` summed over
         every device (replicated)."""
         jax, lax, _ = _jax()
@@ -166,13 +173,13 @@ class _Ring:
 
         def step(t, carry):
             block, dq, dk, dv, dp = carry
-            k, v, kv_seg = _unpack(block)
-            tables, kind = self._tables(lax, q, seg, kv_seg, t)
+            tables, kind = self._tables(lax, q, side, block, t)
             branches = [
                 functools.partial(grads, kind_value, tables)
                 for kind_value in c.kinds()
             ]
-            g = lax.switch(kind, branches, q, k, v, params)
+            kv = (block["k"], block["v"])
+            g = lax.switch(kind, branches, q, *kv, params)
             dq = dq + g[0].astype(dq.dtype)
             dk = dk + g[1].astype(dk.dtype)
             dv = dv + g[2].astype(dv.dtype)
@@ -184,7 +191,7 @@ class _Ring:
 
         acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
         carry = (
-            _pack(k, v, seg),
+            _pack(k, v, side),
             jnp.zeros(q.shape, acc),
             jnp.zeros(k.shape, acc),
             jnp.zeros(v.shape, acc),
@@ -196,14 +203,10 @@ class _Ring:
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dp
 
 
-def _pack(k, v, seg):
-    """The tensors that travel around the ring: the key/value block, and
-    its segment ids when there are some."""
-    return (k, v) if seg is None else (k, v, seg)
-
-
-def _unpack(block):
-    return block if len(block) == 3 else (*block, None)
+def _pack(k, v, side):
+    """What travels around the ring: the key/value block and its token
+    tables (segment ids, key mask: those given)."""
+    return {"k": k, "v": v, **side}
 
 
 def _specs(P, batch_axes, sequence_axis):
@@ -213,74 +216,79 @@ def _specs(P, batch_axes, sequence_axis):
     return P(batch, sequence_axis), P(batch, None, sequence_axis)
 
 
-def ring(config, mesh, sequence_axis, batch_axes, q, k, v, params, seg):
+def ring(config, mesh, sequence_axis, batch_axes, q, k, v, params, side):
     """The ring over already padded, layout-ordered global arrays: the
     output `(b, T', h, e)` in the query's dtype; differentiable w.r.t.
-    `q`, `k`, `v` and `params` (a tuple)."""
+    `q`, `k`, `v` and `params` (a tuple). `side`: a dict of the token
+    tables given (`segment_ids`, `key_mask`; no gradient)."""
     jax, _, P = _jax()
     engine = _Ring(config, mesh, sequence_axis, batch_axes)
     tokens, rows = _specs(P, batch_axes, sequence_axis)
     params_spec = jax.tree.map(lambda _: P(), params)
-    # Segment ids (int, no gradient) go in only when given.
-    extra, extra_spec = ((), ()) if seg is None else ((seg,), (tokens,))
+    side_spec = {name: tokens for name in side}
     # No replication checks: the programs are not differentiated through
     # `shard_map` (the custom VJP below pairs them), and the loop carries
     # start as constants that the hops make per-device.
     shard = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
-
-    def forward_local(q, k, v, params, *seg):
-        return engine.forward(q, k, v, params, *(seg or (None,)))
-
-    def backward_local(q, k, v, params, out, lse, d_out, *seg):
-        seg = seg[0] if seg else None
-        return engine.backward(q, k, v, params, seg, out, lse, d_out)
-
     forward = shard(
-        forward_local,
-        in_specs=(tokens,) * 3 + (params_spec,) + extra_spec,
+        engine.forward,
+        in_specs=(tokens,) * 3 + (params_spec, side_spec),
         out_specs=(tokens, rows),
     )
     backward = shard(
-        backward_local,
-        in_specs=(tokens,) * 3
-        + (params_spec, tokens, rows, tokens)
-        + extra_spec,
+        engine.backward,
+        in_specs=(tokens,) * 3 + (params_spec, side_spec, tokens, rows, tokens),
         out_specs=(tokens, tokens, tokens, params_spec),
     )
 
     @jax.custom_vjp
     def attend(q, k, v, params):
-        out, _ = forward(q, k, v, params, *extra)
+        out, _ = forward(q, k, v, params, side)
         return out.astype(q.dtype)
 
     def attend_fwd(q, k, v, params):
-        out, lse = forward(q, k, v, params, *extra)
+        out, lse = forward(q, k, v, params, side)
         return out.astype(q.dtype), (q, k, v, params, out, lse)
 
     def attend_bwd(residuals, d_out):
         q, k, v, params, out, lse = residuals
-        return backward(q, k, v, params, out, lse, d_out, *extra)
+        return backward(q, k, v, params, side, out, lse, d_out)
 
     attend.defvjp(attend_fwd, attend_bwd)
     return attend(q, k, v, params)
 
 
-def ring_attention(query, key, value, mesh, sequence_axis, config, seg, params):
+def ring_attention(
+    query, key, value, mesh, sequence_axis, config, side, params
+):
     """Pads and orders the natural-order global arrays, runs the ring,
-    and restores the order: `(b, T, h, e)`."""
+    and restores the order: `(b, T, h, e)`. `side`: the token tables
+    given (`segment_ids`, `key_mask`, `query_mask`: `(b, T)` or None)."""
     jax, _, _ = _jax()
+    jnp = jax.numpy
     n, length = config.num_blocks, config.length
     padded = n * config.block_length
     batch_axes = tuple(
         a for a in mesh.axis_names if a != sequence_axis and mesh.shape[a] > 1
     )
-    arrays = [jax.numpy.asarray(x) for x in (query, key, value)]
+    arrays = [jnp.asarray(x) for x in (query, key, value)]
     arrays = [_to_layout(_pad(x, padded), config.layout, n) for x in arrays]
-    if seg is not None:
-        seg = jax.numpy.asarray(seg, "int32")
-        seg = _to_layout(_pad(seg, padded, -1), config.layout, n)
-    out = ring(config, mesh, sequence_axis, batch_axes, *arrays, params, seg)
-    return _from_layout(out, config.layout, n)[:, :length]
+    tables = {}
+    for name, dtype, fill in (
+        ("segment_ids", "int32", -1),
+        ("key_mask", "bool", False),
+    ):
+        if side.get(name) is not None:
+            x = _pad(jnp.asarray(side[name]).astype(dtype), padded, fill)
+            tables[name] = _to_layout(x, config.layout, n)
+    out = ring(config, mesh, sequence_axis, batch_axes, *arrays, params, tables)
+    out = _from_layout(out, config.layout, n)[:, :length]
+    query_mask = side.get("query_mask")
+    if query_mask is None:
+        return out
+    # Padded queries give a zero result (and no gradient).
+    keep = jnp.asarray(query_mask).astype(out.dtype)[:, :, None, None]
+    return out * keep
 
 
 def batch_shards(mesh, sequence_axis):

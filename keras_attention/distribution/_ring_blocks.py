@@ -30,18 +30,24 @@ Axes in comments: b - batch (this device's shard), i/j - local query/key
 positions, h - query heads, e - value head dim.
 """
 
+import contextlib
 import dataclasses
 
 import keras
 from keras import ops
 
 from keras_attention.ops import dot_product_attention
+from keras_attention.ops import implementation_scope
 from keras_attention.ops import merge_attention
+from keras_attention.ops import paths
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.scoring import AtPositions
 
 FULL, DIAGONAL, SHIFTED, SKIPPED = 0, 1, 2, 3
 NEG_INF = float("-inf")
+# The ring's name in the table of paths (`_ring_path.py`) and its options.
+RING_PATH = "ring"
+RING_OPTIONS = ("mesh", "sequence_axis", "layout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +67,7 @@ class RingConfig:
         score_variables: the float variables of a `ScoreLayer` score
             (read through `params`, so their gradient is computed).
         segments: whether segment ids (documents) mask the blocks.
+        key_masked: whether a key mask (padding) travels with the keys.
     """
 
     num_blocks: int
@@ -73,6 +80,7 @@ class RingConfig:
     score_mod: object = None
     score_variables: tuple = ()
     segments: bool = False
+    key_masked: bool = False
 
     @property
     def padded(self):
@@ -108,22 +116,30 @@ class RingConfig:
 
 class Tables:
     """Per-block lookup tables: global positions of the queries `(i,)`
-    and keys `(j,)`, segment ids `(b, i)` / `(b, j)` (or None), and the
-    offset of this device's examples in the whole batch."""
+    and keys `(j,)`, segment ids `(b, i)` / `(b, j)` (or None), the
+    offset of this device's examples in the whole batch, and the keys'
+    mask `(b, j)` (True on real keys; or None)."""
 
-    def __init__(self, q_pos, kv_pos, q_seg=None, kv_seg=None, batch0=0):
+    def __init__(
+        self, q_pos, kv_pos, q_seg=None, kv_seg=None, batch0=0, kv_mask=None
+    ):
         self.q_pos, self.kv_pos = q_pos, kv_pos
         self.q_seg, self.kv_seg = q_seg, kv_seg
-        self.batch0 = batch0
+        self.batch0, self.kv_mask = batch0, kv_mask
 
     def shifted(self):
         """The tables of a SHIFTED block: queries 1.., keys ..L-2."""
+
+        def rows(x, part):
+            return None if x is None else x[:, part]
+
         return Tables(
             self.q_pos[1:],
             self.kv_pos[:-1],
-            None if self.q_seg is None else self.q_seg[:, 1:],
-            None if self.kv_seg is None else self.kv_seg[:, :-1],
+            rows(self.q_seg, slice(1, None)),
+            rows(self.kv_seg, slice(None, -1)),
             self.batch0,
+            rows(self.kv_mask, slice(None, -1)),
         )
 
 
@@ -178,6 +194,9 @@ class GlobalIndices:
                 t.kv_seg, batch, kv_idx
             )
             mask = same if mask is None else ops.logical_and(mask, same)
+        if t.kv_mask is not None:
+            real = ops.cast(_look_up_rows(t.kv_mask, batch, kv_idx), "bool")
+            mask = real if mask is None else ops.logical_and(mask, real)
         if self.key_limit is not None:
             real = _look_up(t.kv_pos, kv_idx) < self.key_limit
             mask = real if mask is None else ops.logical_and(mask, real)
@@ -200,12 +219,29 @@ def _mask_function(config, tables, causal):
     # Padded keys: masked by the causal rule for every real query
     # (positions >= T follow them all); otherwise by position.
     limit = config.length if config.padded and not causal else None
-    if config.mask_mod is None and not config.segments and limit is None:
+    tables_mask = config.segments or config.key_masked
+    if config.mask_mod is None and not tables_mask and limit is None:
         return None
     return GlobalIndices(config.mask_mod, tables, True, key_limit=limit)
 
 
+def _block_scope():
+    """Inside the "ring" path's scope, the blocks take the automatic
+    choice (with the scope's other options: tile sizes); any other
+    scope stays as it is."""
+    scope = paths.current_scope()
+    if scope.name != RING_PATH:
+        return contextlib.nullcontext()
+    options = {k: v for k, v in scope.options.items() if k not in RING_OPTIONS}
+    return implementation_scope(None, **options)
+
+
 def _attend(config, q, k, v, params, tables, causal):
+    with _block_scope():
+        return _attend_block(config, q, k, v, params, tables, causal)
+
+
+def _attend_block(config, q, k, v, params, tables, causal):
     kwargs = dict(
         scale=config.scale,
         causal=causal,

@@ -27,6 +27,8 @@ def ring_attention(
     layout="striped",
     *,
     scale=None,
+    query_mask=None,
+    key_mask=None,
 ):
     """Attention with the sequence sharded over a mesh axis: ring attention.
 
@@ -86,6 +88,10 @@ def ring_attention(
             device boundaries: the ids travel with the keys).
         layout: "striped" or "contiguous".
         scale: float; defaults to `1 / sqrt(d)`.
+        query_mask: optional bool `(b, T)`, True on real queries: padded
+            queries get a zero result.
+        key_mask: optional bool `(b, T)`, True on real keys (it travels
+            with the keys).
 
     Returns:
         `(b, T, h, e)` in the query's dtype, natural order.
@@ -132,7 +138,12 @@ def ring_attention(
             "`mesh` must be a `keras.distribution.DeviceMesh` or a "
             f"`jax.sharding.Mesh`. Received: mesh={mesh!r}"
         )
-    _check(query, key, value, jax_mesh, sequence_axis, layout, segment_ids)
+    side = {
+        "segment_ids": segment_ids,
+        "key_mask": key_mask,
+        "query_mask": query_mask,
+    }
+    _check(query, key, value, jax_mesh, sequence_axis, layout, side)
     causal = validation.check_bool("causal", causal)
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.check_mod(score_mod, "score_mod")
@@ -160,10 +171,11 @@ def ring_attention(
         score_mod=score_mod,
         score_variables=variables,
         segments=segment_ids is not None,
+        key_masked=key_mask is not None,
     )
     params = tuple(ops.convert_to_tensor(v) for v in variables)
     return _jax_ring.ring_attention(
-        query, key, value, jax_mesh, sequence_axis, config, segment_ids, params
+        query, key, value, jax_mesh, sequence_axis, config, side, params
     )
 
 
@@ -181,7 +193,7 @@ def _score_variables(score_mod):
     )
 
 
-def _check(query, key, value, mesh, sequence_axis, layout, segment_ids):
+def _check(query, key, value, mesh, sequence_axis, layout, side):
     if layout not in LAYOUTS:
         raise ValueError(
             f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}"
@@ -225,10 +237,12 @@ def _check(query, key, value, mesh, sequence_axis, layout, segment_ids):
             f"batch is sharded over them. Received: query.shape={q!r}, "
             f"mesh={dict(mesh.shape)!r}"
         )
-    if segment_ids is not None:
-        ids = tuple(ops.shape(segment_ids))
-        if ids != q[:2]:
+    for name, table in side.items():
+        if table is None:
+            continue
+        shape = tuple(ops.shape(table))
+        if shape != q[:2]:
             raise ValueError(
-                f"`segment_ids` must have shape (batch, T) = {q[:2]!r}. "
-                f"Received: segment_ids.shape={ids!r}"
+                f"`{name}` must have shape (batch, T) = {q[:2]!r}. "
+                f"Received: {name}.shape={shape!r}"
             )

@@ -12,7 +12,9 @@ layer's weights), each pair in one `jax.jit`; prints one line per case
 """
 
 import json
+import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -27,6 +29,7 @@ import numpy as np  # noqa: E402
 import keras_attention as ka  # noqa: E402
 from keras_attention import mods  # noqa: E402
 from keras_attention import scores  # noqa: E402
+from keras_attention.blocks import TransformerDecoderBlock  # noqa: E402
 
 B, T, H, D = 2, 64, 2, 8
 RNG = np.random.default_rng(0)
@@ -66,6 +69,7 @@ class _Case:
         self.score_mod = kw.pop("score_mod", None)
         self.segment_ids = kw.pop("segment_ids", None)
         self.scope = kw.pop("scope", None)
+        self.padding = kw.pop("padding", None)
         if kw:
             raise TypeError(f"unknown case options {sorted(kw)}")
 
@@ -90,6 +94,10 @@ class _Case:
             variables = list(self.score_mod.trainable_variables)
         values = [keras.ops.convert_to_numpy(x) for x in variables]
 
+        padding = {}
+        if self.padding is not None:
+            padding = {"query_mask": self.padding, "key_mask": self.padding}
+
         def ring(q, k, v):
             return ka.distribution.ring_attention(
                 q,
@@ -101,6 +109,7 @@ class _Case:
                 score_mod=self.score_mod,
                 segment_ids=self.segment_ids,
                 layout=self.layout,
+                **padding,
             )
 
         def one_device(q, k, v):
@@ -111,6 +120,7 @@ class _Case:
                 causal=self.causal,
                 mask_mod=self.reference_mask(),
                 score_mod=self.score_mod,
+                **padding,
             )
 
         def grads(fn):
@@ -133,6 +143,82 @@ class _Case:
         return {
             "out": float(np.abs(out - ref).max()),
             "grad": max(float(np.abs(a - b).max()) for a, b in zip(g, g_ref)),
+        }
+
+
+class _FitCase:
+    """`model.fit` of a small decoder (padding mask, grouped-query
+    attention, rotary positions) under `ContextParallel` on a 2 x 4
+    (batch x sequence) mesh, against the same training on one device:
+    losses, weights, logits; the model saved from the sharded run and
+    reloaded outside the scope (one device) predicts the same."""
+
+    group, name = "keras", "fit on 2x4, .keras reloaded on one device"
+    vocab, width, batch, steps = 32, 16, 4, 2
+
+    def build(self):
+        ids = keras.Input((T,), dtype="int32")
+        x = keras.layers.Embedding(self.vocab, self.width, mask_zero=True)(ids)
+        x = TransformerDecoderBlock(
+            2,
+            2 * self.width,
+            cross_attention=False,
+            norm_first=True,
+            num_key_value_heads=1,
+            rotary_max_wavelength=100,
+            name="block",
+        )(x)
+        logits = keras.layers.Dense(self.vocab, name="logits")(x)
+        return keras.Model(ids, logits)
+
+    def train(self, initial, x, y):
+        model = self.build()
+        model.set_weights(initial)
+        model.compile(
+            keras.optimizers.SGD(0.5),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = model.fit(
+            x, y, batch_size=self.batch, shuffle=False, verbose=0
+        )
+        logits = model.predict(x, batch_size=self.batch, verbose=0)
+        weights = [np.asarray(w) for w in model.get_weights()]
+        return model, history.history["loss"], weights, np.asarray(logits)
+
+    def run(self):
+        rows = self.batch * self.steps
+        ids = RNG.integers(1, self.vocab, size=(rows, T + 1))
+        lengths = T + 1 - 7 * np.arange(rows)  # padded ends (mask_zero)
+        ids = np.where(np.arange(T + 1) < lengths[:, None], ids, 0)
+        x, y = ids[:, :-1].astype("int32"), ids[:, 1:].astype("int32")
+        keras.utils.set_random_seed(1)
+        initial = self.build().get_weights()
+        _, losses, weights, logits = self.train(initial, x, y)
+        mesh = keras.distribution.DeviceMesh(
+            (2, 4), ("batch", "sequence"), keras.distribution.list_devices()
+        )
+        distribution = ka.distribution.ContextParallel(mesh)
+        with distribution.scope():
+            model, ring_losses, ring_weights, ring_logits = self.train(
+                initial, x, y
+            )
+            jaxpr = str(jax.make_jaxpr(model)(x[: self.batch]))
+        if "ppermute" not in jaxpr:
+            raise AssertionError("the model did not run ring attention")
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.keras")
+            model.save(path)
+            reloaded = keras.saving.load_model(path)
+        again = reloaded.predict(x, batch_size=self.batch, verbose=0)
+        again = np.asarray(again)
+        return {
+            "loss": max(abs(a - b) for a, b in zip(losses, ring_losses)),
+            "weights": max(
+                float(np.abs(a - b).max())
+                for a, b in zip(weights, ring_weights)
+            ),
+            "logits": float(np.abs(logits - ring_logits).max()),
+            "reloaded": float(np.abs(again - ring_logits).max()),
         }
 
 
@@ -188,6 +274,13 @@ def _cases():
             layout="contiguous",
             scope=tiles,
         ),
+        _Case(
+            "masks",
+            "query_mask and key_mask (padding), contiguous causal",
+            causal=True,
+            layout="contiguous",
+            padding=np.arange(T)[None, :] < np.array([[T], [37]]),
+        ),
         _Case("scores", "ALiBi causal", causal=True, score_mod=scores.ALiBi()),
         _Case(
             "scores",
@@ -225,6 +318,7 @@ def _cases():
             layout="contiguous",
             mask_mod=per_example,
         ),
+        _FitCase(),
     ]
 
 

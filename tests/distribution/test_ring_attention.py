@@ -1,4 +1,5 @@
-"""Tests of `keras_attention.distribution.ring_attention`.
+"""Tests of `keras_attention.distribution.ring_attention` and
+`ContextParallel`.
 
 The ring needs JAX with 8 devices, fixed before JAX starts: the cases run
 in `_ring_script.py`, one subprocess with the suite's XLA flags and
@@ -18,7 +19,11 @@ import numpy as np
 import pytest
 import xla_flags
 
+from keras_attention.distribution import ContextParallel
 from keras_attention.distribution import ring_attention
+from keras_attention.ops import dot_product_attention
+from keras_attention.ops import implementation_scope
+from keras_attention.ops import paths
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -31,10 +36,11 @@ SUBPROCESS = pytest.mark.tf_only(
 # missing fails the test of its group).
 GROUPS = {
     "layouts": 5,
-    "masks": 7,
+    "masks": 8,
     "scores": 4,
     "padding": 2,
     "mesh 2x4": 2,
+    "keras": 1,
 }
 
 
@@ -108,3 +114,58 @@ def test_invalid_arguments(kwargs, error, message):
     arguments = {"query": x, "key": x, "value": x, "mesh": mesh, **kwargs}
     with pytest.raises(error, match=message):
         ring_attention(**arguments)
+
+
+def _one_device_mesh(names=("sequence",)):
+    devices = keras.distribution.list_devices()[:1]
+    return keras.distribution.DeviceMesh((1,) * len(names), names, devices)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the Keras distribution API")
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"device_mesh": "mesh"}, "device_mesh='mesh'"),
+        ({"sequence_axis": "seq"}, "sequence_axis='seq'"),
+        ({"batch_axis": "data"}, "batch_axis='data'"),
+        ({"layout": "ring"}, "layout='ring'"),
+    ],
+)
+def test_context_parallel_invalid_arguments(kwargs, message):
+    kwargs = {"device_mesh": _one_device_mesh(("batch", "sequence")), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ContextParallel(**kwargs)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the Keras distribution API")
+def test_context_parallel_shards_batch_and_sequence_inside_its_scope():
+    distribution = ContextParallel(_one_device_mesh(("batch", "sequence")))
+    # Outside the scope attention would not run as a ring: refused.
+    with pytest.raises(ValueError, match="scope"):
+        distribution.get_data_layout((2, 8))
+    with distribution.scope():
+        assert keras.distribution.distribution() is distribution
+        assert paths.current_scope().name == "ring"
+        tokens = distribution.get_data_layout((2, 8, 3)).axes
+        labels = distribution.get_data_layout((2,)).axes
+    assert tokens == ("batch", "sequence", None)
+    assert labels == ("batch",)
+    assert keras.distribution.distribution() is None
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the ring path runs on JAX")
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"return_weights": True}, "no attention weights"),
+        ({"attention_mask": np.ones((6, 6), bool)}, "attention_mask"),
+        ({"query_offset": 3}, "cache offset"),
+        ({"return_lse": True}, "log-sum-exp"),
+    ],
+)
+def test_ring_path_refuses_what_it_cannot_run(kwargs, message):
+    x = _inputs()
+    mesh = _one_device_mesh()
+    with implementation_scope("ring", mesh=mesh):
+        with pytest.raises(ValueError, match=message):
+            dot_product_attention(x, x, x, **kwargs)
