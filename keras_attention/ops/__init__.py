@@ -8,6 +8,7 @@ from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
+from keras_attention.ops.linear_attention import linear_attention
 from keras_attention.ops.log_sum_exp import merge_attention
 from keras_attention.ops.masking import mask_fill_value
 from keras_attention.ops.masking import masked_softmax
@@ -30,6 +31,7 @@ __all__ = [
     "effective_window",
     "global_local_attention",
     "global_local_weights_to_dense",
+    "linear_attention",
     "local_attention",
     "merge_attention",
     "scan_carry",

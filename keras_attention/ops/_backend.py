@@ -169,6 +169,17 @@ def segment_sum(data, segment_ids, num_segments):
     return out.index_add(0, ids, data)
 
 
+def cumsum(x, axis):
+    """`keras.ops.cumsum` in the input's dtype: Keras's torch `cumsum`
+    returns float32 for float64 inputs (its dtype promotion reads torch's
+    dtypes as float32); there, `torch.cumsum` itself."""
+    if keras.backend.backend() != "torch":
+        return keras.ops.cumsum(x, axis=axis)
+    import torch
+
+    return torch.cumsum(keras.ops.convert_to_tensor(x), dim=axis)
+
+
 def after(tensors, dependencies):
     """`tensors` (a tuple), computed only after `dependencies` (a list of
     tensors; None entries ignored).
