@@ -15,6 +15,7 @@ do not rename them.
 
 import keras
 
+from keras_attention.blocks import _latent
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.mixture_of_experts import MixtureOfExperts
@@ -105,6 +106,22 @@ class TransformerBlock(keras.layers.Layer):
         learned_sinks: bool, learned attention sinks in every attention
             layer of the block (`MultiHeadAttention(learned_sinks=...)`).
             Default False.
+        latent_attention: optional dict of
+            `keras_attention.layers.MultiHeadLatentAttention` arguments
+            (`kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
+            `v_head_dim`, and any of its others: `q_lora_rank`,
+            `rope_theta`, `rope_interleave`, `rotary_scaling`, `absorb`,
+            ...; `num_heads` is the block's, `dropout` and
+            `attention_bias` default to the block's `dropout` and
+            `use_bias`): the self-attention is then DeepSeek-V2/V3's
+            multi-head latent attention, whose cache holds `kv_lora_rank +
+            qk_rope_head_dim` numbers per token (`self_attention_cache`
+            `(batch, max_length, kv_lora_rank + qk_rope_head_dim)`). MLA
+            brings its own head shape, rotary positions and scale:
+            `key_dim`, `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
+            `attention_scale` are refused beside it (a `ValueError`).
+            Default None: `SelfAttention` (or `LocalSelfAttention`).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -137,6 +154,7 @@ class TransformerBlock(keras.layers.Layer):
         learned_sinks=False,
         rotary_fraction=1.0,
         moe=None,
+        latent_attention=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -216,6 +234,9 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.moe = _check_moe(moe, intermediate_dim)
         self.window_size = window_size
+        self.latent_attention = _latent.check_latent_attention(
+            latent_attention, self
+        )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -288,6 +309,8 @@ class TransformerBlock(keras.layers.Layer):
     def _make_self_attention(self, hidden_dim):
         """The block's self-attention layer: `call(x, mask=...,
         attention_mask=..., return_attention_scores=..., training=...)`."""
+        if self.latent_attention is not None:
+            return _latent.make_latent_attention(self)
         kwargs = self._self_attention_kwargs(hidden_dim)
         if self.window_size is not None:
             return LocalSelfAttention(
@@ -414,6 +437,10 @@ class TransformerBlock(keras.layers.Layer):
         )
         if not keras.backend.is_float_dtype(x.dtype):
             x = keras.ops.cast(x, self.compute_dtype)
+        if self.latent_attention is not None:
+            attention_kwargs = _latent.latent_call_kwargs(
+                attention_kwargs, self.causal
+            )
 
         def attend(y):
             return self.self_attention(y, training=training, **attention_kwargs)
@@ -485,6 +512,11 @@ class TransformerBlock(keras.layers.Layer):
                 "learned_sinks": self.learned_sinks,
                 "rotary_fraction": self.rotary_fraction,
                 "moe": None if self.moe is None else dict(self.moe),
+                "latent_attention": (
+                    None
+                    if self.latent_attention is None
+                    else dict(self.latent_attention)
+                ),
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

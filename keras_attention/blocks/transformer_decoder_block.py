@@ -3,6 +3,7 @@ an encoder's output (optional) and feed-forward."""
 
 import keras
 
+from keras_attention.blocks import _latent
 from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.utils import keras_utils
@@ -61,8 +62,19 @@ class TransformerDecoderBlock(TransformerBlock):
             context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
             see `MultiHeadAttention`), `attention_scale` (default None:
             `1 / sqrt(key_dim)`; the factor of the scores of the block's
-            attention layers, `1.0` for T5), and base layer arguments
-            (`name`, `dtype`, ...).
+            attention layers, `1.0` for T5), `latent_attention` (default
+            None; a dict of `MultiHeadLatentAttention` arguments, e.g.
+            `{"kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "q_lora_rank":
+            1536}`: the self-attention is then DeepSeek's multi-head
+            latent attention, with its latent cache; `num_heads` is the
+            block's, `dropout` and `use_bias` (as `attention_bias`) its
+            defaults; MLA having its own head shape, rotary positions
+            and scale, `cross_attention=True`, `key_dim`,
+            `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
+            `attention_scale` are refused beside it), and base layer
+            arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.
@@ -84,7 +96,9 @@ class TransformerDecoderBlock(TransformerBlock):
             `cross_attention`, of the cross-attention `(batch, heads, T, S)`.
         training: bool, dropout on or off.
         self_attention_cache: optional `(batch, 2, max_length, kv_heads,
-            key_dim)` keys/values of earlier positions.
+            key_dim)` keys/values of earlier positions; with
+            `latent_attention`, the latent cache `(batch, max_length,
+            kv_lora_rank + qk_rope_head_dim)` (`MultiHeadLatentAttention`).
         self_attention_cache_update_index: int or scalar tensor, position
             of `inputs[:, 0]`; this call's keys/values are written there,
             so `0 <= index` and `index + T <= max_length` (a `ValueError`
@@ -182,6 +196,13 @@ class TransformerDecoderBlock(TransformerBlock):
             window_size=window_size,
             **kwargs,
         )
+        if cross_attention and self.latent_attention is not None:
+            raise ValueError(
+                "`latent_attention` is the self-attention of decoder-only "
+                "models (DeepSeek-V2/V3): pass cross_attention=False. "
+                f"Received: cross_attention={cross_attention!r}, "
+                f"latent_attention={self.latent_attention!r}"
+            )
         self.cross_attention = cross_attention
 
     def _make_cross_attention(self, hidden_dim):
@@ -267,11 +288,19 @@ class TransformerDecoderBlock(TransformerBlock):
                 "`self_attention_cache`. Received: "
                 "self_attention_cache_update_index=None"
             )
+        latent = self.latent_attention is not None
+        if latent and self_attention_cache_sink_tokens is not None:
+            raise ValueError(
+                "`self_attention_cache_sink_tokens` needs a rolling cache, "
+                "which latent attention (no window) has none of. Received: "
+                "self_attention_cache_sink_tokens="
+                f"{self_attention_cache_sink_tokens!r}"
+            )
         if use_cache:
             check_cache_index(
                 self_attention_cache_update_index,
                 inputs.shape[1],
-                self_attention_cache.shape[2],
+                _latent.cache_length(self_attention_cache, latent),
                 name="self_attention_cache_update_index",
                 rolling=self_attention_cache_sink_tokens is not None,
             )

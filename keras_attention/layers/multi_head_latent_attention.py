@@ -305,6 +305,8 @@ class MultiHeadLatentAttention(
         norm = HeadRMSNorm(
             epsilon=self.rms_norm_eps, dtype=self.dtype_policy, name=name
         )
+        # Per position: a Keras mask (on `q_a_proj`'s output) passes on.
+        norm.supports_masking = True
         norm.build((None, None, dim))
         return norm
 
