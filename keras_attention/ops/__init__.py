@@ -6,6 +6,7 @@ from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
+from keras_attention.ops.gated_delta_rule import gated_delta_rule
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
 from keras_attention.ops.linear_attention import linear_attention
@@ -29,6 +30,7 @@ __all__ = [
     "banded_to_dense",
     "dense_to_banded",
     "effective_window",
+    "gated_delta_rule",
     "global_local_attention",
     "global_local_weights_to_dense",
     "linear_attention",

@@ -345,6 +345,21 @@ def scan_carry(f, init, xs):
     return pack(carry), pack([a.stack() for a in arrays])
 
 
+def compiled_kernel(fn, static_argnames=()):
+    """`fn` (a kernel: tensors in, tensors out) compiled once per input
+    shape on JAX, where eager calls otherwise compile every operation
+    apart (and `keras.ops.scan` retraces its loop at every call): eager
+    calls then run one cached program, and a call inside the caller's own
+    `jax.jit` (or `grad`) inlines it. `static_argnames`: the arguments
+    that are Python values (sizes), one program per value. Other
+    backends: `fn` itself."""
+    if keras.backend.backend() != "jax":
+        return fn
+    import jax
+
+    return jax.jit(fn, static_argnames=static_argnames)
+
+
 def compile_step(step, jit_compile, autograph=True):
     """`step` as one compiled function on the current backend.
 
