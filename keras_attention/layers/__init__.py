@@ -7,6 +7,7 @@ from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.gated_delta_net import GatedDeltaNet
 from keras_attention.layers.graph_attention import GraphAttention
 from keras_attention.layers.group_query_attention import GroupQueryAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
@@ -35,6 +36,7 @@ __all__ = [
     "CrossAttention",
     "EncoderBridge",
     "FeedForward",
+    "GatedDeltaNet",
     "GraphAttention",
     "GroupQueryAttention",
     "LocalSelfAttention",

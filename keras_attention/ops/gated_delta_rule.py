@@ -110,6 +110,15 @@ def _where(real, x):
     return ops.where(real, x, ops.zeros_like(x))
 
 
+def _repeat_heads(x, repeats):
+    """`(b, h, t, d)` -> `(b, h * repeats, t, d)`, head `i` from head `i //
+    repeats` (`ops.repeat`'s order; a broadcast, whose gradient on
+    TensorFlow builds no tensor of rank > 5 as `repeat`'s does)."""
+    b, h, t, d = ops.shape(x)
+    x = ops.broadcast_to(x[:, :, None], (b, h, repeats, t, d))
+    return ops.reshape(x, (b, h * repeats, t, d))
+
+
 def _heads_first(x, dtype):
     """`(b, t, h, ...)` -> `(b, h, t, ...)` in `dtype`."""
     axes = (0, 2, 1) + tuple(range(3, len(x.shape)))
@@ -260,8 +269,7 @@ def _prepare(query, key, value, g, beta, segment_ids, key_mask):
     k = _heads_first(key, dtype)
     hk, hv = query.shape[2], g.shape[2]
     if hk != hv:
-        q = ops.repeat(q, hv // hk, axis=1)
-        k = ops.repeat(k, hv // hk, axis=1)
+        q, k = _repeat_heads(q, hv // hk), _repeat_heads(k, hv // hk)
     v = None if value is None else _heads_first(value, dtype)
     g, beta = _heads_first(g, dtype), _heads_first(beta, dtype)
     if key_mask is not None:

@@ -67,6 +67,29 @@ def i64(n):
 # (class, arguments with NumPy scalars, the same with Python ones).
 NUMPY_SCALARS = [
     (
+        ka.GatedDeltaNet,
+        dict(
+            hidden_size=i64(8),
+            linear_num_key_heads=np.int32(1),
+            linear_num_value_heads=i64(2),
+            linear_key_head_dim=i64(4),
+            linear_value_head_dim=np.int32(3),
+            linear_conv_kernel_dim=i64(3),
+            layer_norm_epsilon=np.float32(1e-5),
+            chunk_size=i64(3),
+        ),
+        dict(
+            hidden_size=8,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=4,
+            linear_value_head_dim=3,
+            linear_conv_kernel_dim=3,
+            layer_norm_epsilon=float(np.float32(1e-5)),
+            chunk_size=3,
+        ),
+    ),
+    (
         ka.MultiHeadLatentAttention,
         dict(
             num_heads=i64(2),
@@ -441,6 +464,18 @@ NAN, INF = float("nan"), float("inf")
         ),
         (ka.FeedForward, dict(intermediate_dim=4, dropout=NAN), "dropout"),
         (
+            ka.GatedDeltaNet,
+            dict(
+                hidden_size=8,
+                linear_num_key_heads=1,
+                linear_num_value_heads=2,
+                linear_key_head_dim=4,
+                linear_value_head_dim=3,
+                layer_norm_epsilon=NAN,
+            ),
+            "layer_norm_epsilon",
+        ),
+        (
             ka.MixtureOfExperts,
             dict(num_experts=4, top_k=2, intermediate_dim=6, glu_limit=INF),
             "glu_limit",
@@ -486,6 +521,17 @@ def halves(shape, dtype=None):
 
 
 INITIALIZED = [
+    (
+        ka.GatedDeltaNet,
+        dict(
+            hidden_size=8,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=4,
+            linear_value_head_dim=3,
+        ),
+        "kernel_initializer",
+    ),
     (
         ka.MultiHeadLatentAttention,
         dict(

@@ -1572,6 +1572,8 @@ def test_layers_are_all_covered():
         "CrossAttention",
         "EncoderBridge",
         "FeedForward",
+        # Its properties: tests/properties/test_gated_delta_rule_property.py
+        "GatedDeltaNet",
         "GraphAttention",
         "GroupQueryAttention",
         "LocalSelfAttention",
