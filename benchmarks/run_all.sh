@@ -60,4 +60,8 @@ run mla_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/mla_decoding.py \
 run interop_modern "$PYTHON" benchmarks/interop_training.py \
   --families gemma3,gpt_oss --sizes 512,2048 --batch 2 --repeats 5 \
   --markdown "$OUT/interop_modern.md"
+run gated_delta_tf "$PYTHON" benchmarks/gated_delta_rule.py --length 4096 \
+  --repeats 7 --markdown "$OUT/gated_delta_tf.md"
+run gated_delta_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/gated_delta_rule.py \
+  --length 4096 --repeats 7 --markdown "$OUT/gated_delta_jax.md"
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
