@@ -305,6 +305,14 @@ CASES = [
         {"x": X[:, :1], "cache": np.zeros((2, 6, 6), "float32")},
     ),
     (
+        "linear-attention-gated-packed",
+        lambda: L.LinearAttention(2, 4, decay="gated", chunk_size=4),
+        lambda layer, x, m, ids: layer(
+            x, query_mask=m, segment_ids=ids, use_causal_mask=True
+        ),
+        {"x": X, "m": VALID, "ids": np.repeat([[0, 0, 0, 1, 1, 1]], 2, 0)},
+    ),
+    (
         "gated-delta-net-packed",
         lambda: L.GatedDeltaNet(8, 1, 2, 4, 3, chunk_size=4),
         lambda layer, x, m, ids: layer(x, mask=m, segment_ids=ids),

@@ -90,6 +90,25 @@ NUMPY_SCALARS = [
         ),
     ),
     (
+        ka.LinearAttention,
+        dict(
+            num_heads=i64(2),
+            key_dim=np.int32(4),
+            value_dim=i64(3),
+            gate_logit_normalizer=np.float32(8.0),
+            chunk_size=i64(3),
+            norm_epsilon=np.float32(1e-5),
+        ),
+        dict(
+            num_heads=2,
+            key_dim=4,
+            value_dim=3,
+            gate_logit_normalizer=8.0,
+            chunk_size=3,
+            norm_epsilon=float(np.float32(1e-5)),
+        ),
+    ),
+    (
         ka.MultiHeadLatentAttention,
         dict(
             num_heads=i64(2),
@@ -532,6 +551,7 @@ INITIALIZED = [
         ),
         "kernel_initializer",
     ),
+    (ka.LinearAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),
     (
         ka.MultiHeadLatentAttention,
         dict(
