@@ -31,6 +31,23 @@ DECAYS = {"none": None, "per_head": PER_HEAD, "per_step": PER_STEP}
 CHUNKS = [None, 3, 64]  # recurrent; not dividing T; > T (one chunk)
 
 
+def once_on_jax(values):
+    """`parametrize` values: on JAX all but the first in the slow tier
+    (each case compiles anew there, ~0.4 s per jitted call); TensorFlow
+    and PyTorch run them all."""
+    if BACKEND != "jax":
+        return values
+    slow = pytest.mark.slow(
+        "JAX compiles every case anew; the first case runs on JAX, all "
+        "of them on TensorFlow and PyTorch"
+    )
+    rest = [
+        pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=slow)
+        for v in values[1:]
+    ]
+    return values[:1] + rest
+
+
 def np_(x):
     return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
 
@@ -55,15 +72,15 @@ def attend(*args, fn=linear_attention, **kwargs):
 
 
 CASES = [
+    ("relu", True, "per_step"),
     ("elu_plus_one", False, "none"),
     ("elu_plus_one", True, "per_head"),
-    ("relu", True, "per_step"),
     ("identity", False, "per_step"),
     ("identity", False, "per_head"),
 ]
 
 
-@pytest.mark.parametrize("feature_map,normalize,decay", CASES)
+@pytest.mark.parametrize("feature_map,normalize,decay", once_on_jax(CASES))
 def test_both_forms_match_the_recurrence(feature_map, normalize, decay):
     kwargs = dict(
         feature_map=feature_map,
@@ -84,8 +101,10 @@ def test_both_forms_match_the_recurrence(feature_map, normalize, decay):
         np.testing.assert_allclose(np_(state), s, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize(
+    "normalize,segments",
+    once_on_jax([(True, True), (False, True), (True, False), (False, False)]),
+)
 def test_non_causal_reads_the_document_sum(normalize, segments):
     kwargs = dict(
         causal=False,
@@ -129,7 +148,7 @@ def test_packed_documents_equal_documents_one_by_one():
     np.testing.assert_allclose(np_(state), np_(alone[1][1]), atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk_size", [None, 3])
+@pytest.mark.parametrize("chunk_size", once_on_jax([3, None]))
 def test_padded_keys_neither_write_nor_decay(chunk_size):
     """Padded steps with wild values, inserted anywhere: the valid
     outputs and the final state are those of the sequence without them."""
@@ -150,7 +169,7 @@ def test_padded_keys_neither_write_nor_decay(chunk_size):
         np.testing.assert_allclose(np_(a), np_(b), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", once_on_jax([True, False]))
 def test_fully_padded_rows_give_zeros_and_finite_gradients(normalize):
     mask = MASK.copy()
     mask[1] = False
@@ -173,7 +192,7 @@ def test_fully_padded_rows_give_zeros_and_finite_gradients(normalize):
         assert np.all(g[1] == 0.0)
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", once_on_jax([True, False]))
 def test_two_halves_continue_as_one_call(normalize):
     kwargs = dict(decay=PER_STEP, key_mask=MASK, normalize=normalize)
     whole, final = attend(Q, K, V, chunk_size=4, return_state=True, **kwargs)
@@ -240,7 +259,7 @@ def value_and_grads(fn, args):
     return np_(y), [np_(x) for x in tape.gradient(loss, args)]
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", once_on_jax([True, False]))
 def test_gradients_of_both_forms_are_equal(normalize):
     """Also w.r.t. the per-step decay (what a gate learns from)."""
 
@@ -266,7 +285,7 @@ def test_gradients_of_both_forms_are_equal(normalize):
         np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", once_on_jax(["bfloat16", "float16"]))
 def test_low_precision_keeps_the_state_in_float32(dtype):
     args = [ops.cast(x, dtype) for x in (Q, K, V)]
     out, state = attend(*args, decay=PER_STEP, chunk_size=4, return_state=True)
