@@ -10,7 +10,9 @@ that the whole generation loop compiles once.
 """
 
 from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import init_latent_cache
 from keras_attention.generation.cache import init_rolling_cache
+from keras_attention.generation.cache import latent_cache_width
 from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import self_attention_cache_shape
 from keras_attention.generation.cache import stack_caches
@@ -19,7 +21,9 @@ from keras_attention.generation.encoder_decoder import Seq2SeqGenerator
 
 __all__ = [
     "init_cache",
+    "init_latent_cache",
     "init_rolling_cache",
+    "latent_cache_width",
     "rolling_cache_size",
     "self_attention_cache_shape",
     "stack_caches",

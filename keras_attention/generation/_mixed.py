@@ -10,6 +10,12 @@ positions. With `n` blocks of which `f` are full, the cache holds
 of `n * max_length`: for Gemma 3's 5 : 1 pattern about a sixth at long
 lengths. Each step's time falls alike: the windowed blocks attend over
 their slots only.
+
+Blocks with latent attention (`latent_attention`, DeepSeek's MLA) have a
+third kind of cache: `max_length` latents of `kv_lora_rank +
+qk_rope_head_dim` numbers (`init_latent_cache`), instead of keys and
+values. A stack holding any of them is generated with a mixed cache,
+windowed blocks or not.
 """
 
 import dataclasses
@@ -19,6 +25,8 @@ from keras import ops
 
 from keras_attention.generation import _checks
 from keras_attention.generation.cache import init_cache
+from keras_attention.generation.cache import init_latent_cache
+from keras_attention.generation.cache import latent_cache_width
 from keras_attention.generation.cache import rolling_cache_size
 from keras_attention.generation.cache import stack_caches
 from keras_attention.ops.rolling_cache import rolling_cache_write
@@ -27,78 +35,131 @@ from keras_attention.utils.attention_checks import check_cache_index
 
 @dataclasses.dataclass(frozen=True)
 class MixedPlan:
-    """A mixed cache: the indices of the blocks with full self-attention
-    (`full`; the others are windowed) and the attention sinks of the
-    windowed ones (`sink_tokens`)."""
+    """A mixed cache: the indices of the blocks of each kind of cache,
+    `full` (keys and values of `max_length` positions), `windowed` (the
+    ring of slots) and `latent` (latents of `max_length` positions), and
+    the attention sinks of the windowed ones (`sink_tokens`)."""
 
     full: tuple
     sink_tokens: int = 0
+    windowed: tuple = ()
+    latent: tuple = ()
+
+    def kind(self, index):
+        """`"full"`, `"rolling"` or `"latent"`: the cache of block
+        `index`."""
+        if index in self.latent:
+            return "latent"
+        return "rolling" if index in self.windowed else "full"
 
     def split(self, blocks):
-        """`(full blocks, windowed blocks)`, each in the stack's order."""
-        full = [b for i, b in enumerate(blocks) if i in self.full]
-        windowed = [b for i, b in enumerate(blocks) if i not in self.full]
-        return full, windowed
+        """`(full blocks, windowed blocks, latent blocks)`, each in the
+        stack's order."""
+        return tuple(
+            [b for i, b in enumerate(blocks) if i in group]
+            for group in (self.full, self.windowed, self.latent)
+        )
+
+    def entries(self):
+        """The names of the cache's tensors, in order: `full` (if any
+        full block), `rolling` and `slot_mask` (if any windowed block),
+        `position_mask`, `latent` (if any latent block)."""
+        names = ("full",) if self.full else ()
+        if self.windowed:
+            names += ("rolling", "slot_mask")
+        return names + ("position_mask",) + (("latent",) if self.latent else ())
+
+    def pack(self, tensors):
+        """The cache tuple of a dict of its tensors (`entries`)."""
+        return tuple(tensors[name] for name in self.entries())
+
+    def unpack(self, cache):
+        """The dict `{name: tensor}` of a cache tuple (`entries`)."""
+        return dict(zip(self.entries(), cache))
 
 
 class MixedCacheMixin:
-    """The mixed cache (some self-attention windowed, some full) of
-    `Generator`: one pass through the model over it
+    """The mixed cache (some self-attention windowed, some full, some
+    latent) of `Generator`: one pass through the model over it
     (`call_with_mixed_cache`), an empty one (`init_mixed_cache`), the
     sampler callback and the prefill of the prompts. Reads the model
     pieces of `Generator` and the prefill loop of `RollingCacheMixin`."""
 
-    def mixed_cache_plan(self, sink_tokens=0):
-        """The `MixedPlan` of this model's blocks (full self-attention at
-        the blocks whose `cache_window()` is None), or None when every
-        block is windowed or none is."""
+    def mixed_cache_plan(self, sink_tokens=0, rolling=True):
+        """The `MixedPlan` of this model's blocks: latent caches at the
+        blocks with latent attention, full ones at those whose
+        `cache_window()` is None (every other one too with
+        `rolling=False`, as `cache="full"`), the ring at the others; None
+        when no block is latent and every other one is windowed, or none
+        is (the rolling or the full cache)."""
+        latent = tuple(
+            i
+            for i, block in enumerate(self.blocks)
+            if latent_cache_width(block) is not None
+        )
         full = tuple(
             i
             for i, block in enumerate(self.blocks)
-            if getattr(block.self_attention, "cache_window", lambda: None)()
-            is None
+            if i not in latent
+            and (
+                not rolling
+                or getattr(block.self_attention, "cache_window", lambda: None)()
+                is None
+            )
         )
-        if not full or len(full) == len(self.blocks):
+        windowed = tuple(
+            i for i in range(len(self.blocks)) if i not in full + latent
+        )
+        if not latent and (not full or not windowed):
             return None
-        return MixedPlan(full, int(sink_tokens))
+        return MixedPlan(full, int(sink_tokens), windowed, latent)
 
     def init_mixed_cache(self, batch_size, max_length, plan, dtype=None):
         """An empty mixed cache for `batch_size` sequences of `max_length`
-        positions: `(full, rolling, slot_mask, position_mask)`.
+        positions: the tuple of `plan.entries()`, `(full, rolling,
+        slot_mask, position_mask, latent)` less the kinds of blocks the
+        plan has none of.
 
         `full` is `(batch, f, 2, max_length, kv_heads, key_dim)` for the
-        `f` full blocks, `rolling` `(batch, n - f, 2, slots, kv_heads,
-        key_dim)` for the windowed ones (`slots`: `sink_tokens` plus the
-        largest window plus one), `slot_mask` `(batch, slots)` the key mask
-        of the slots (as `init_rolling_cache`'s) and `position_mask`
-        `(batch, max_length)` the key mask of the full cache's positions
-        (False for tokens the embedding masks)."""
-        full, windowed = plan.split(self.blocks)
+        `f` full blocks, `rolling` `(batch, w, 2, slots, kv_heads,
+        key_dim)` for the `w` windowed ones (`slots`: `sink_tokens` plus
+        the largest window plus one), `slot_mask` `(batch, slots)` the key
+        mask of the slots (as `init_rolling_cache`'s), `position_mask`
+        `(batch, max_length)` the key mask of the positions of the full
+        and latent caches (False for tokens the embedding masks), `latent`
+        `(batch, l, max_length, kv_lora_rank + qk_rope_head_dim)` for the
+        `l` latent ones (`init_latent_cache`)."""
+        full, windowed, latent = plan.split(self.blocks)
         if dtype is None:
             dtype = self.blocks[0].compute_dtype
         dtype = keras.backend.standardize_dtype(dtype)
-        size = rolling_cache_size(windowed, plan.sink_tokens)
-        return (
-            init_cache(full, batch_size, max_length, dtype),
-            init_cache(windowed, batch_size, size, dtype),
-            ops.ones((batch_size, size), "bool"),
-            ops.ones((batch_size, max_length), "bool"),
-        )
+        tensors = dict(position_mask=ops.ones((batch_size, max_length), "bool"))
+        if full:
+            tensors["full"] = init_cache(full, batch_size, max_length, dtype)
+        if windowed:
+            size = rolling_cache_size(windowed, plan.sink_tokens)
+            tensors["rolling"] = init_cache(windowed, batch_size, size, dtype)
+            tensors["slot_mask"] = ops.ones((batch_size, size), "bool")
+        if latent:
+            tensors["latent"] = init_latent_cache(
+                latent, batch_size, max_length, dtype
+            )
+        return plan.pack(tensors)
 
     def call_with_mixed_cache(self, token_ids, cache, start, plan):
         """Runs `token_ids` (positions `start ..`) through the model with a
         mixed cache (`init_mixed_cache`) in which positions `0 .. start -
         1` were written in order; writes this call's positions.
 
-        The full blocks attend to every cached position up to the query's
-        own (as `call_with_cache`), the windowed ones to the slots within
-        their window or below `plan.sink_tokens` and to this call's keys
-        (as `call_with_rolling_cache`). Tokens the embedding masks are
-        masked as keys in both.
+        The full and latent blocks attend to every cached position up to
+        the query's own (as `call_with_cache`), the windowed ones to the
+        slots within their window or below `plan.sink_tokens` and to this
+        call's keys (as `call_with_rolling_cache`). Tokens the embedding
+        masks are masked as keys in all.
 
         Args:
             token_ids: int `(batch, T)` (static `T`).
-            cache: `(full, rolling, slot_mask, position_mask)`.
+            cache: the tuple of `init_mixed_cache`.
             start: int or int scalar tensor, the position of
                 `token_ids[:, 0]`; `start + T <= max_length`.
             plan: the `MixedPlan` the cache was made for.
@@ -106,11 +167,11 @@ class MixedCacheMixin:
         Returns:
             `(logits, hidden, cache)`.
         """
-        full_kv, rolling_kv, slot_mask, position_mask = cache
+        tensors = plan.unpack(cache)
         check_cache_index(
             start,
             _checks.token_steps(token_ids),
-            full_kv.shape[3],
+            tensors["position_mask"].shape[1],
             "start",
         )
         x = self.embed(token_ids, start_index=start)
@@ -119,39 +180,39 @@ class MixedCacheMixin:
         if token_mask is None:
             token_mask = ops.ones((batch, steps), "bool")
         token_mask = ops.cast(token_mask, "bool")
-        position_mask = ops.slice_update(position_mask, (0, start), token_mask)
-        full_mask = ops.repeat(ops.expand_dims(position_mask, 1), steps, 1)
-        keys = ops.concatenate([slot_mask, token_mask], axis=1)
-        rolling_mask = ops.repeat(ops.expand_dims(keys, 1), steps, axis=1)
-        full_updated, rolling_updated = [], []
+        position_mask = ops.slice_update(
+            tensors["position_mask"], (0, start), token_mask
+        )
+        tensors["position_mask"] = position_mask
+        masks = dict(
+            full=ops.repeat(ops.expand_dims(position_mask, 1), steps, 1)
+        )
+        masks["latent"] = masks["full"]
+        if plan.windowed:
+            keys = ops.concatenate([tensors["slot_mask"], token_mask], axis=1)
+            masks["rolling"] = ops.repeat(ops.expand_dims(keys, 1), steps, 1)
+        updated = dict(full=[], rolling=[], latent=[])
         for i, block in enumerate(self.blocks):
-            if i in plan.full:
-                x, block_cache = block(
-                    x,
-                    attention_mask=full_mask,
-                    self_attention_cache=full_kv[:, len(full_updated)],
-                    self_attention_cache_update_index=start,
-                )
-                full_updated.append(block_cache)
-            else:
-                x, block_cache = block(
-                    x,
-                    attention_mask=rolling_mask,
-                    self_attention_cache=rolling_kv[:, len(rolling_updated)],
-                    self_attention_cache_update_index=start,
-                    self_attention_cache_sink_tokens=plan.sink_tokens,
-                )
-                rolling_updated.append(block_cache)
-        slot_mask = rolling_cache_write(
-            slot_mask, token_mask, start, plan.sink_tokens
-        )
-        cache = (
-            stack_caches(full_updated),
-            stack_caches(rolling_updated),
-            slot_mask,
-            position_mask,
-        )
-        return self.logits(x), x, cache
+            kind = plan.kind(i)
+            sinks = {}
+            if kind == "rolling":
+                sinks["self_attention_cache_sink_tokens"] = plan.sink_tokens
+            x, block_cache = block(
+                x,
+                attention_mask=masks[kind],
+                self_attention_cache=tensors[kind][:, len(updated[kind])],
+                self_attention_cache_update_index=start,
+                **sinks,
+            )
+            updated[kind].append(block_cache)
+        for kind, caches in updated.items():
+            if caches:
+                tensors[kind] = stack_caches(caches)
+        if plan.windowed:
+            tensors["slot_mask"] = rolling_cache_write(
+                tensors["slot_mask"], token_mask, start, plan.sink_tokens
+            )
+        return self.logits(x), x, plan.pack(tensors)
 
     def _mixed_next(self, plan):
         """The sampler callback `next(prompt, cache, index)` over a mixed
@@ -169,12 +230,16 @@ class MixedCacheMixin:
 
     def _mixed_prefill(self, token_ids, padding_mask, plan, hidden=True):
         """Writes the shortest prompt's positions into an empty mixed
-        cache, in chunks of the ring's length (as `_rolling_prefill`).
+        cache, in chunks of the ring's length (as `_rolling_prefill`; 32
+        without a ring).
 
         Returns `(hidden, cache, index)` (`hidden` None unless asked)."""
         batch = ops.shape(token_ids)[0]
         cache = self.init_mixed_cache(batch, ops.shape(token_ids)[1], plan)
-        size = cache[1].shape[3]
+        ring = 0  # no windowed block: chunks of `_prefill`'s least
+        if plan.windowed:
+            slots = plan.unpack(cache)["rolling"].shape[3]
+            ring = slots - plan.sink_tokens
 
         def call(tokens, cache, start):
             return self.call_with_mixed_cache(tokens, cache, start, plan)
@@ -183,7 +248,7 @@ class MixedCacheMixin:
             token_ids,
             padding_mask,
             cache,
-            size - plan.sink_tokens,
+            ring,
             call,
             hidden,
         )

@@ -184,11 +184,13 @@ class RollingCacheMixin:
     def _cache_plan(self, sink_tokens, cache="auto"):
         """Which cache `generate` keeps: an int (the sinks of a rolling
         cache) when every self-attention is windowed, a `MixedPlan` when
-        some are (a rolling cache for those, a full one for the others),
-        else None (the full cache); None too for `cache="full"`. Raises
-        `ValueError` for a `cache` other than "auto" or "full", for
-        `sink_tokens` that are not a non-negative int, or given where no
-        rolling cache is kept (the block is named)."""
+        some are (a rolling cache for those, a full one for the others)
+        or some blocks have latent attention (their latent caches), else
+        None (the full cache); for `cache="full"`, None too, or a
+        `MixedPlan` of full and latent caches. Raises `ValueError` for a
+        `cache` other than "auto" or "full", for `sink_tokens` that are
+        not a non-negative int, or given where no rolling cache is kept
+        (the block is named)."""
         if cache not in ("auto", "full"):
             raise ValueError(
                 '`cache` must be "auto" (a rolling cache for each windowed '
@@ -210,7 +212,7 @@ class RollingCacheMixin:
             if unwindowed_block(self.blocks) is None:
                 return sinks
             plan = self.mixed_cache_plan(sinks)
-            if plan is not None:
+            if plan is not None and (plan.windowed or sink_tokens is None):
                 return plan
         if sink_tokens is not None:
             if cache == "full":
@@ -228,4 +230,5 @@ class RollingCacheMixin:
                 f"has none, nor has any other. Received: "
                 f"sink_tokens={sink_tokens!r}"
             )
-        return None
+        # Latent attention keeps its latents whatever `cache` says.
+        return self.mixed_cache_plan(rolling=False)

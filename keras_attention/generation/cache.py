@@ -8,9 +8,20 @@ A rolling cache (models whose every self-attention is windowed) has the
 same layout with `size = sink_tokens + window + 1` slots instead of
 `max_length` positions (`rolling_cache_size`), plus the `(batch, size)`
 boolean key mask of the slots (`init_rolling_cache`).
+
+A block with latent attention (`latent_attention`,
+`MultiHeadLatentAttention`) caches one latent of `kv_lora_rank +
+qk_rope_head_dim` numbers per token instead of keys and values: those
+blocks' caches are stacked apart, `(batch, num_latent_layers,
+max_length, width)` (`init_latent_cache`), in the generators' mixed
+cache.
 """
 
 from keras import ops
+
+from keras_attention.layers.multi_head_latent_attention import (
+    MultiHeadLatentAttention,
+)
 
 
 def self_attention_cache_shape(block):
@@ -23,8 +34,85 @@ def self_attention_cache_shape(block):
         The tuple `(2, kv_heads, key_dim)` (keys and values).
     """
     attention = block.self_attention
+    width = latent_cache_width(block)
+    if width is not None:
+        raise ValueError(
+            f"Block {block.name!r} has latent attention: its cache holds "
+            f"one latent of {width!r} numbers per token, not keys and "
+            "values (`init_latent_cache`; `CausalLMGenerator` keeps it in "
+            "its mixed cache). Received: "
+            f"self_attention={type(attention).__name__}"
+        )
     kv_heads = attention.num_key_value_heads or attention.num_heads
     return 2, kv_heads, attention.key_dim
+
+
+def latent_cache_width(block):
+    """The numbers a block's latent self-attention caches per token,
+    `kv_lora_rank + qk_rope_head_dim`, or None for keys and values.
+
+    Args:
+        block: a built `TransformerDecoderBlock`.
+
+    Returns:
+        int or None.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(
+    ...     2, 16, cross_attention=False, latent_attention=dict(
+    ...         kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2,
+    ...         v_head_dim=4))
+    >>> _ = block(np.ones((1, 3, 8), "float32"))  # build
+    >>> keras_attention.generation.latent_cache_width(block)
+    8
+    """
+    attention = block.self_attention
+    if isinstance(attention, MultiHeadLatentAttention):
+        return attention.cache_dim
+    return None
+
+
+def init_latent_cache(blocks, batch_size, max_length, dtype="float32"):
+    """Zeros `(batch, num_layers, max_length, width)`: the stacked caches
+    of blocks with latent attention, `width = kv_lora_rank +
+    qk_rope_head_dim` (the same in every block).
+
+    Args:
+        blocks: list of built `TransformerDecoderBlock`s with
+            `latent_attention`.
+        batch_size: int (or scalar tensor), the batch size.
+        max_length: int (or scalar tensor), the positions of the cache.
+        dtype: the cache's dtype (the blocks' compute dtype).
+
+    Returns:
+        The stacked latent cache, zeros.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> block = keras_attention.blocks.TransformerDecoderBlock(
+    ...     2, 16, cross_attention=False, latent_attention=dict(
+    ...         kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2,
+    ...         v_head_dim=4))
+    >>> _ = block(np.ones((1, 3, 8), "float32"))  # build
+    >>> cache = keras_attention.generation.init_latent_cache(
+    ...     [block, block], 4, 10)
+    >>> tuple(cache.shape)
+    (4, 2, 10, 8)
+    """
+    widths = {latent_cache_width(block) for block in blocks}
+    if None in widths or len(widths) != 1:
+        raise ValueError(
+            "Latent caches are stacked from blocks with latent attention "
+            "of one width (kv_lora_rank + qk_rope_head_dim). Received: "
+            f"widths {sorted(widths, key=str)!r}"
+        )
+    shape = (batch_size, len(blocks), max_length, widths.pop())
+    return ops.zeros(shape, dtype=dtype)
 
 
 def init_cache(blocks, batch_size, max_length, dtype="float32"):

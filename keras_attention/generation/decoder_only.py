@@ -29,7 +29,8 @@ class CausalLMGenerator(Generator):
             tokens it masks (`mask_zero`) are masked at every step as the
             model masks them, generated ones included.
         blocks: list of built `TransformerDecoderBlock(cross_attention=False)`
-            with the same attention head shape.
+            with the same attention head shape (those with
+            `latent_attention` the same latent width).
         head: layer (or list of layers applied in order) mapping the last
             block's output to logits `(batch, T, vocabulary_size)`.
         pad_token_id: int (Python or NumPy), the padding id of prompts and
@@ -129,8 +130,11 @@ class CausalLMGenerator(Generator):
         the ring's length. With windowed and full self-attention mixed
         (Gemma 3's five sliding-window layers to one global), the cache is
         mixed: the ring for the windowed blocks, `max_length` positions
-        for the others (`call_with_mixed_cache`). Otherwise the cache
-        holds `max_length` positions.
+        for the others (`call_with_mixed_cache`). Blocks with latent
+        attention (`latent_attention`, DeepSeek's MLA) cache `max_length`
+        latents of `kv_lora_rank + qk_rope_head_dim` numbers instead of
+        keys and values, in a mixed cache too, whatever `cache` says.
+        Otherwise the cache holds `max_length` positions.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
