@@ -1,0 +1,38 @@
+"""Smoke test of `benchmarks/linear_attention.py --quick` (tiny sizes)."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "linear_attention.py")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("linear_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.tf_only(reason="one backend is enough for a smoke run")
+@pytest.mark.slow("a benchmark script's smoke run")
+def test_quick_run_writes_a_well_formed_table(tmp_path):
+    path = tmp_path / "table.md"
+    module = _load_script()
+    module.main(
+        ["--quick", "--repeats", "1", "--warmup", "0", "--markdown", str(path)]
+    )
+    text = path.read_text()
+    assert "Load average before:" in text and "after:" in text
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and line[2].isdigit()
+    ]
+    assert [int(r[0]) for r in rows] == module.QUICK["lengths"]
+    for row in rows:
+        assert len(row) == len(module.HEADERS)
+        assert all(float(x) > 0 for x in row[1:6])
+        assert all(float(x) > -1e4 for x in row[6:])  # MiB, as measured
