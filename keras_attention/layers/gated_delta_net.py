@@ -40,6 +40,25 @@ def _l2_normalize(x, epsilon=1e-6):
     return x * ops.rsqrt(ops.sum(x * x, axis=-1, keepdims=True) + epsilon)
 
 
+def _check_segment_ids(segment_ids, inputs):
+    """`segment_ids` integers of shape `(batch, T)` of `inputs`."""
+    shape = tuple(segment_ids.shape)
+    want = tuple(inputs.shape[:2])
+    if len(shape) != 2 or any(
+        a is not None and b is not None and a != b for a, b in zip(shape, want)
+    ):
+        raise ValueError(
+            f"`segment_ids` must have shape (batch, T) = {want!r}, the "
+            f"inputs' first two axes. Received: segment_ids.shape={shape!r}"
+        )
+    dtype = keras.backend.standardize_dtype(segment_ids.dtype)
+    if "int" not in dtype:
+        raise TypeError(
+            "`segment_ids` must hold integers. Received: "
+            f"segment_ids.dtype={dtype!r}"
+        )
+
+
 def _documents(segment_ids):
     """The document index `(b, t)` of packed `segment_ids`: the count of
     id changes up to each token (as `gated_delta_rule` reads them)."""
@@ -211,7 +230,7 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
             "linear_conv_kernel_dim", linear_conv_kernel_dim
         )
         self._activation = _check_activation(hidden_activation)
-        self.hidden_activation = keras.activations.serialize(self._activation)
+        self.hidden_activation = hidden_activation
         self.layer_norm_epsilon = float(
             validation.check_positive_number(
                 "layer_norm_epsilon", layer_norm_epsilon
@@ -421,7 +440,7 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
             mask = ops.cast(mask, "bool")
         documents = None
         if segment_ids is not None:
-            validation.check_numeric_input("segment_ids", segment_ids)
+            _check_segment_ids(segment_ids, inputs)
             documents = _documents(segment_ids)
         conv_state, state = (None, None) if cache is None else cache
         q, k, v, g, beta, conv_state = self._mixer_inputs(
@@ -527,7 +546,7 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
             linear_key_head_dim=self.linear_key_head_dim,
             linear_value_head_dim=self.linear_value_head_dim,
             linear_conv_kernel_dim=self.linear_conv_kernel_dim,
-            hidden_activation=self.hidden_activation,
+            hidden_activation=keras.activations.serialize(self._activation),
             layer_norm_epsilon=self.layer_norm_epsilon,
             kernel_initializer=keras.initializers.serialize(
                 self.kernel_initializer

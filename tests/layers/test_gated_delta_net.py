@@ -74,6 +74,23 @@ def test_harness():
         dict(inputs=X),
         expected_output_shape=X.shape,
         expected_num_trainable_weights=9,
+        run_saved_model=False,  # test_saved_model (slow tier)
+    )
+
+
+@pytest.mark.tf_only("the export is the TensorFlow part's check")
+@pytest.mark.slow(
+    "the SavedModel export in a fresh process (~6 s); the fast tier runs "
+    "every other harness check (`.keras` included) and the op in a "
+    "TensorFlow graph of unknown length (tests/ops)"
+)
+def test_saved_model():
+    run_layer_test(
+        GatedDeltaNet,
+        dict(CONFIG, chunk_size=4),
+        dict(inputs=X),
+        run_fit=False,
+        run_mixed_precision=False,
     )
 
 
@@ -170,32 +187,38 @@ def test_prefill_of_a_right_padded_buffer_continues_each_prompt():
     # cache after the prefill is the cache of the real tokens alone.
     layer = _layer()
     mask = np.array([[True] * 4 + [False] * 3, [True] * 7])
-    _, cache = layer(X, mask=mask, cache=layer.init_cache(2))
+    empty = layer.init_cache(2)
+    _, cache = layer(X, mask=mask, cache=empty)
     token = RNG.normal(size=(2, 1, 8)).astype("float32")
     step, _ = layer(token, cache=cache, cache_update_index=4)
-    prompt = np.concatenate([X[:1, :4], token[:1]], axis=1)
-    want = np_(layer(prompt))[:, -1]
-    np.testing.assert_allclose(np_(step)[0, 0], want[0], rtol=1e-5, atol=1e-5)
-    alone = layer(X[:1, :4], cache=layer.init_cache(1))[1]
-    for a, b in zip(cache, alone):
-        np.testing.assert_allclose(np_(a)[:1], np_(b), rtol=1e-5, atol=1e-6)
+    longer = X.copy()
+    longer[0, 4] = token[0, 0]
+    mask[0, 4] = True
+    want = np_(layer(longer, mask=mask))[0, 4]
+    np.testing.assert_allclose(np_(step)[0, 0], want, rtol=1e-5, atol=1e-5)
+    mask[0, 4] = False
+    _, _, alone = ref.layer(
+        ref.layer_weights(layer), CONFIG, X, mask, cache=[np_(c) for c in empty]
+    )
+    for got, expected in zip(cache, alone):
+        np.testing.assert_allclose(np_(got), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_packed_documents_equal_documents_one_by_one():
     layer = _layer()
     segments = np.array([[0, 0, 0, 1, 1, 1, 1], [2, 2, 3, 3, 3, 3, 3]])
     packed = np_(layer(X, segment_ids=segments))
-    # Each document alone: its row with every other token padded out.
-    rows = [0, 0, 1, 1]
-    spans = [(0, 3), (3, 7), (0, 2), (2, 7)]
-    masks = np.zeros((4, 7), bool)
-    for i, (a, b) in enumerate(spans):
-        masks[i, a:b] = True
-    alone = np_(layer(X[rows], mask=masks))
-    for i, (row, (a, b)) in enumerate(zip(rows, spans)):
-        np.testing.assert_allclose(
-            packed[row, a:b], alone[i, a:b], rtol=1e-5, atol=1e-5
-        )
+    # Each document alone: its row with every other token padded out (two
+    # documents per row, in a batch of two).
+    for row, spans in ((0, [(0, 3), (3, 7)]), (1, [(0, 2), (2, 7)])):
+        masks = np.zeros((2, 7), bool)
+        for i, (a, b) in enumerate(spans):
+            masks[i, a:b] = True
+        alone = np_(layer(X[[row, row]], mask=masks))
+        for i, (a, b) in enumerate(spans):
+            np.testing.assert_allclose(
+                packed[row, a:b], alone[i, a:b], rtol=1e-5, atol=1e-5
+            )
 
 
 # --- The attention matrix ---------------------------------------------------
@@ -258,6 +281,10 @@ def test_bad_calls_are_refused():
         layer(X, mask=MASK[:, :3])
     with pytest.raises(ValueError, match="`inputs` must have 8 features"):
         layer(X[..., :5])
+    with pytest.raises(ValueError, match="`segment_ids` must have shape"):
+        layer(X, segment_ids=np.zeros((2, 3), "int32"))
+    with pytest.raises(TypeError, match="`segment_ids` must hold integers"):
+        layer(X, segment_ids=np.zeros((2, 7), "float32"))
 
 
 def test_bfloat16_layer_keeps_a_float32_state():
