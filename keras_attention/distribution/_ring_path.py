@@ -13,6 +13,13 @@ cache offset (cached decoding: generate outside the scope), keys of
 another length. Shapes unknown while tracing (a functional model's
 shape inference) run the automatic one-device choice: only shapes come
 out of it.
+
+The path is `exclusive` (`paths.exclusive_scope`): inside its scope a
+call naming another implementation is refused, and so is what a layer
+would run on another kernel (`MultiHeadAttention`'s returned scores,
+dropout on the weights in training, `flash_attention`;
+`LocalSelfAttention`'s global tokens). Sliding windows run on the ring,
+as mask functions on global positions.
 """
 
 from keras_attention.distribution import _ring_blocks
@@ -91,5 +98,6 @@ RING = paths.register_path(
         _can_run,
         options=_ring_blocks.RING_OPTIONS,
         op_level=True,
+        exclusive=True,
     )
 )

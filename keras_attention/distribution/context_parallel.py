@@ -42,12 +42,15 @@ class ContextParallel(_Distribution):
             model = build_model()
             model.fit(tokens, labels)
 
-    Not run as a ring (they choose their path themselves, and run under
-    XLA's automatic sharding instead, gathering the sequence): attention
-    with dropout on the weights, returned scores, or a layer's
-    `flash_attention` set; the banded path of sliding windows
-    (`LocalSelfAttention`, `window_size`); cached generation (generate
-    outside the scope, on one device).
+    What cannot run as a ring is refused inside the scope (`ValueError`
+    naming the option; any other kernel would gather the sequence):
+    returned attention scores, dropout on the weights in training, a
+    layer's `flash_attention` set, another `implementation=`,
+    `LocalSelfAttention`'s global tokens and `block_size`, dense
+    attention masks, learned sinks and cache offsets (generate outside
+    the scope, on one device). Sliding windows (`sliding_window`,
+    `LocalSelfAttention`, the blocks' `window_size`) run on the ring as
+    mask functions on global positions.
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh` whose axes are

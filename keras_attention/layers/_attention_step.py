@@ -72,6 +72,43 @@ class AttentionStep:
             )
         return None
 
+    def _check_exclusive_scope(self, return_attention_scores, training):
+        """Inside an exclusive scope (`ContextParallel`'s ring, whose
+        inputs are sharded) every attention runs on its path: refuses what
+        this layer would run on another kernel, naming the option."""
+        ring = paths.exclusive_scope()
+        if ring is None:
+            return
+        if return_attention_scores:
+            reason = (
+                "it computes no attention weights (call the layer outside "
+                "the scope, on one device, to get them)",
+                f"return_attention_scores={return_attention_scores!r}",
+            )
+        elif self._dropout_fn(training) is not None:
+            reason = (
+                "it applies no dropout to the attention weights (it never "
+                "forms them): give the attention layers of a "
+                "context-parallel model `dropout=0`",
+                f"dropout={self.dropout!r}, training={training!r}",
+            )
+        elif self._flash_attention is not None:
+            reason = (
+                "`flash_attention` picks a one-device kernel, and the ring "
+                "picks each block's own: leave it None (and "
+                "`keras.config.is_flash_attention_enabled()` None)",
+                f"flash_attention={self.flash_attention!r} (in effect: "
+                f"{self._flash_attention!r})",
+            )
+        else:
+            return
+        raise ValueError(
+            f"Inside `implementation_scope({ring!r})` "
+            "(`keras_attention.distribution.ContextParallel`'s scope), "
+            f"{self.name!r} must run as ring attention, but {reason[0]}. "
+            f"Received: {reason[1]}"
+        )
+
     def _compute_attention(
         self,
         query,
@@ -125,6 +162,7 @@ class AttentionStep:
         """
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
+        self._check_exclusive_scope(return_attention_scores, training)
         if return_attention_scores and self._flash_attention:
             raise ValueError(attention_checks.FLASH_SCORES_ERROR)
         dropout_fn = self._dropout_fn(training)
@@ -159,8 +197,11 @@ class AttentionStep:
         whether the path can (a plain sliding window, no weights, no
         score or mask function, self-attention lengths); the layer adds
         what only it knows (no cache, no overridden attention step, no
-        `flash_attention=False`)."""
+        `flash_attention=False`, no exclusive scope: the ring runs the
+        window as a mask function on global positions)."""
         if self.sliding_window is None or cache is not None:
+            return None
+        if paths.exclusive_scope() is not None:
             return None
         if (
             type(self)._compute_attention

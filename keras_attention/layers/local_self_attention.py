@@ -6,6 +6,7 @@ from keras_attention.layers import recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
+from keras_attention.ops import paths
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
 from keras_attention.ops.log_sum_exp import apply_sinks
@@ -340,7 +341,9 @@ class LocalSelfAttention(SelfAttention):
         query attends to its window (`local_attention`), or with global
         tokens (`global_local_attention`). A step over a cache (decoding:
         queries and keys of other lengths, or an offset) attends densely
-        with the window as a mask function (`decoding`). Returns banded
+        with the window as a mask function (`decoding`), and so does a
+        call inside `ContextParallel`'s scope (ring attention, global
+        positions; global tokens and `block_size` refused). Returns banded
         weights `(b, heads, T, left + right + 1)` (a dict with global
         tokens).
 
@@ -353,9 +356,12 @@ class LocalSelfAttention(SelfAttention):
         not with global tokens."""
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
-        if decoding:
+        ring = self._runs_on_ring(global_mask)
+        if decoding or ring:
             window = None if rolling else SlidingWindowMask(self.window_bounds)
             both = _and_mods(mask_mod, window)
+            # The ring skips its causal blocks (the window is inside them).
+            use_causal_mask = use_causal_mask or (ring and self.causal)
             return super()._compute_attention(
                 query,
                 key,
@@ -417,6 +423,33 @@ class LocalSelfAttention(SelfAttention):
                     result, sink_logits, return_attention_scores
                 )
         return result if return_attention_scores else (result, None)
+
+    def _runs_on_ring(self, global_mask):
+        """Whether an exclusive scope (`ContextParallel`'s ring) is in
+        effect: the window then runs as a mask function of ring attention
+        (global positions); refused when the banded kernel's options are
+        set (global tokens, `block_size`)."""
+        ring = paths.exclusive_scope()
+        if ring is None:
+            return False
+        for name, value, why in (
+            ("global_mask", global_mask, "global tokens attend to the "
+             "whole sequence on one device (`global_local_attention`)"),
+            ("block_size", self.block_size, "it tunes the banded kernel, "
+             "which does not run there"),
+        ):  # fmt: skip
+            if value is None:
+                continue
+            if hasattr(value, "shape"):  # a tensor: its shape
+                value = f"<tensor of shape {tuple(value.shape)}>"
+            raise ValueError(
+                f"Inside `implementation_scope({ring!r})` (`keras_"
+                "attention.distribution.ContextParallel`'s scope), "
+                "`LocalSelfAttention` runs its window as a mask of "
+                f"ring attention; `{name}` cannot apply: {why}. "
+                f"Received: {name}={value}"
+            )
+        return True
 
     def _global_attention(
         self,

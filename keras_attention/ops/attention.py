@@ -268,7 +268,7 @@ def dot_product_attention(
         sink_logits=sink_logits,
     )
     scope = paths.current_scope()
-    choice = paths.choose(request, implementation or scope.name)
+    choice = paths.choose(request, paths.requested_path(implementation))
     path = paths.PATHS[choice]
     options = {k: v for k, v in scope.options.items() if k in path.options}
     return paths.run_path(choice, request, **options)

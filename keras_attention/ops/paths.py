@@ -117,6 +117,11 @@ class AttentionPath:
         op_level: whether `dot_product_attention` may choose it.
         applies_sinks: whether `run` applies `request.sink_logits`
             itself (else `run_path` does, through the log-sum-exp).
+        exclusive: whether a scope that forces it binds every attention
+            inside it (the ring: the inputs are sharded for it, another
+            kernel would gather them): a call naming another path is
+            refused, and the layers refuse what would run one
+            (`exclusive_scope`).
     """
 
     name: str
@@ -126,6 +131,7 @@ class AttentionPath:
     options: tuple = ()
     op_level: bool = False
     applies_sinks: bool = False
+    exclusive: bool = False
 
 
 PATHS = {}
@@ -177,6 +183,39 @@ def current_scope():
     """The innermost `implementation_scope` in effect (an
     `ImplementationScope`; name None outside any)."""
     return _SCOPE.get()
+
+
+def exclusive_scope():
+    """The name of the path the innermost `implementation_scope` forces
+    when that path is `exclusive` (every attention inside must run on it:
+    the ring of `keras_attention.distribution.ContextParallel`), else
+    None. The layers read it to refuse what they would run on another
+    kernel (returned weights, dropout on them, `flash_attention`, global
+    tokens)."""
+    name = current_scope().name
+    if name is not None and PATHS[name].exclusive:
+        return name
+    return None
+
+
+def requested_path(implementation=None):
+    """The path a call asks for: `implementation`, else the scope's (None:
+    the automatic choice). `ValueError` when an exclusive scope is in
+    effect and `implementation` names another path (it would run outside
+    it, silently)."""
+    exclusive = exclusive_scope()
+    if exclusive is not None and implementation not in (None, exclusive):
+        raise ValueError(
+            f"Inside `implementation_scope({exclusive!r})` every attention "
+            f"runs on the {exclusive!r} path (its inputs are laid out for "
+            f"it: `ContextParallel` shards the sequence); "
+            f"implementation={implementation!r} would run outside it. A "
+            "layer asks for 'dense' to return attention weights or apply "
+            "dropout to them, or for its `flash_attention` choice: turn "
+            "those off inside the scope. Received: "
+            f"implementation={implementation!r}"
+        )
+    return implementation or current_scope().name
 
 
 def check_implementation(name):
