@@ -271,8 +271,17 @@ def ring_attention(
     batch_axes = tuple(
         a for a in mesh.axis_names if a != sequence_axis and mesh.shape[a] > 1
     )
-    arrays = [jnp.asarray(x) for x in (query, key, value)]
-    arrays = [_to_layout(_pad(x, padded), config.layout, n) for x in arrays]
+    # Natural order, sharded along the sequence, on both sides of the
+    # layout's permutation: XLA moves the tokens between devices (an
+    # all-to-all) instead of gathering them, and the constraint's
+    # transpose keeps the gradients w.r.t. the inputs sharded too.
+    natural = functools.partial(
+        _sharded, mesh, _specs(_jax()[2], batch_axes, sequence_axis)[0]
+    )
+    arrays = [
+        natural(_pad(jnp.asarray(x), padded)) for x in (query, key, value)
+    ]
+    arrays = [_to_layout(x, config.layout, n) for x in arrays]
     tables = {}
     for name, dtype, fill in (
         ("segment_ids", "int32", -1),
@@ -282,13 +291,21 @@ def ring_attention(
             x = _pad(jnp.asarray(side[name]).astype(dtype), padded, fill)
             tables[name] = _to_layout(x, config.layout, n)
     out = ring(config, mesh, sequence_axis, batch_axes, *arrays, params, tables)
-    out = _from_layout(out, config.layout, n)[:, :length]
+    out = natural(_from_layout(out, config.layout, n))[:, :length]
     query_mask = side.get("query_mask")
     if query_mask is None:
         return out
     # Padded queries give a zero result (and no gradient).
     keep = jnp.asarray(query_mask).astype(out.dtype)[:, :, None, None]
     return out * keep
+
+
+def _sharded(mesh, spec, x):
+    """`x` constrained to `spec` on `mesh` (`with_sharding_constraint`)."""
+    jax, _, _ = _jax()
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(mesh, spec)
+    )
 
 
 def batch_shards(mesh, sequence_axis):
