@@ -21,6 +21,8 @@ import xla_flags
 
 from keras_attention.distribution import ContextParallel
 from keras_attention.distribution import ring_attention
+from keras_attention.layers import LocalSelfAttention
+from keras_attention.layers import SelfAttention
 from keras_attention.ops import dot_product_attention
 from keras_attention.ops import implementation_scope
 from keras_attention.ops import paths
@@ -35,7 +37,7 @@ SUBPROCESS = pytest.mark.tf_only(
 # Groups of the script's cases and how many each holds (a case that went
 # missing fails the test of its group).
 GROUPS = {
-    "layouts": 5,
+    "layouts": 3,
     "masks": 8,
     "scores": 4,
     "padding": 2,
@@ -81,6 +83,15 @@ def test_outputs_and_gradients_equal_one_device(ring, group):
     report = "\n".join(f"{name}: {result}" for name, result in failed.items())
     assert not failed, f"failed cases of {group!r}:\n{report}"
     assert len(cases) == GROUPS[group], sorted(cases)
+
+
+@SUBPROCESS
+def test_a_sharded_training_step_needs_a_fraction_of_the_memory(ring):
+    # A decoder's training step at T = 1,024 (XLA's compiled memory
+    # analysis, per device): 8 devices under ContextParallel against one.
+    (result,) = ring["memory"].values()
+    assert "error" not in result, result
+    assert result["sharded MiB"] <= result["one device MiB"] / 4, result
 
 
 def _inputs(shape=(2, 6, 2, 4)):
@@ -169,3 +180,70 @@ def test_ring_path_refuses_what_it_cannot_run(kwargs, message):
     with implementation_scope("ring", mesh=mesh):
         with pytest.raises(ValueError, match=message):
             dot_product_attention(x, x, x, **kwargs)
+
+
+def _context_parallel():
+    return ContextParallel(_one_device_mesh(("batch", "sequence")))
+
+
+def _refused_calls():
+    # (name, make the layer, call keyword arguments, the option named)
+    x = _inputs((2, 6, 8))
+
+    def attention(**kwargs):
+        return SelfAttention(num_heads=2, key_dim=4, causal=True, **kwargs)
+
+    def local(**kwargs):
+        return LocalSelfAttention(
+            num_heads=2, key_dim=4, window_size=2, **kwargs
+        )
+
+    return [
+        ("scores", attention(), {"return_attention_scores": True},
+         "return_attention_scores=True"),
+        ("dropout", attention(dropout=0.5), {"training": True},
+         "dropout=0.5, training=True"),
+        ("flash True", attention(flash_attention=True), {},
+         "flash_attention=True"),
+        ("flash False", attention(flash_attention=False), {},
+         "flash_attention=False"),
+        ("global tokens", local(), {"global_mask": np.eye(2, 6, dtype=bool)},
+         "global_mask=<tensor of shape \\(2, 6\\)>"),
+        ("block_size", local(block_size=2), {}, "block_size=2"),
+    ], x  # fmt: skip
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the Keras distribution API")
+def test_layers_refuse_inside_the_scope_what_would_not_run_as_a_ring():
+    # Each would run another kernel on the whole (gathered) sequence.
+    calls, x = _refused_calls()
+    with _context_parallel().scope():
+        for name, layer, kwargs, message in calls:
+            with pytest.raises(ValueError, match=message) as error:
+                layer(x, **kwargs)
+            assert "ring" in str(error.value), name
+        q = _inputs()
+        with pytest.raises(ValueError, match="implementation='dense'"):
+            dot_product_attention(q, q, q, implementation="dense")
+        # Dropout layers out of training run as a ring.
+        SelfAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=False)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the Keras distribution API")
+def test_sliding_windows_run_on_the_ring_as_masks():
+    # The banded kernels would gather the sequence: inside the scope the
+    # window is a mask of ring attention (global positions: the 8-device
+    # masks cases), with the same result.
+    import jax
+
+    x = np.random.default_rng(0).normal(size=(2, 12, 8)).astype("float32")
+    layers = [
+        SelfAttention(num_heads=2, key_dim=4, causal=True, sliding_window=3),
+        LocalSelfAttention(num_heads=2, key_dim=4, window_size=(2, 1)),
+    ]
+    for layer in layers:
+        expected = np.asarray(layer(x))
+        with _context_parallel().scope():
+            program = str(jax.make_jaxpr(layer)(x))
+            np.testing.assert_allclose(layer(x), expected, atol=1e-6)
+        assert "ppermute" in program, layer.name
