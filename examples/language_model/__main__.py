@@ -65,9 +65,22 @@ devices:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=4 \
         python -m examples.language_model --backend jax --distribution model
+
+--context-parallel N trains on sequences sharded over N devices: each
+device holds T / N characters of every sequence and the blocks' attention
+runs as ring attention (`keras_attention.distribution.ContextParallel`,
+a (devices / N, N) ("batch", "sequence") mesh, JAX backend). Without
+--sequence-length, T = N x 128: each device holds the example's usual
+128 characters, and the run prints, from XLA's compiled memory analysis
+of the training step, what each device needs against what one device
+would need for T (about N times more). Without accelerators the example
+asks JAX for N virtual CPU devices itself:
+
+    python -m examples.language_model --context-parallel 8
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import time
@@ -79,6 +92,7 @@ from examples.common import setup_runtime
 from examples.common.distributed import evaluate
 from examples.common.training import add_backend_arg
 from examples.common.training import select_backend
+from examples.language_model import context_parallel
 
 logger = logging.getLogger("examples")
 
@@ -118,8 +132,9 @@ def parse_args(argv=None):
     data.add_argument(
         "--sequence-length",
         type=int,
-        default=128,
-        help="characters of context in training",
+        default=None,
+        help="characters of context in training (default 128; N x 128 "
+        "with --context-parallel N)",
     )
     data.add_argument(
         "--documents",
@@ -214,6 +229,15 @@ def parse_args(argv=None):
         "axis); CPU devices: XLA_FLAGS="
         "--xla_force_host_platform_device_count=4",
     )
+    parser.add_argument(
+        "--context-parallel",
+        type=int,
+        default=0,
+        metavar="N",
+        help="shard each training sequence over N devices, attention as a "
+        "ring (keras_attention.distribution.ContextParallel; JAX backend, "
+        "N virtual CPU devices without accelerators)",
+    )
     add_training_args(
         parser,
         epochs=4,
@@ -223,14 +247,20 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     args.samplers = tuple(s for s in args.samplers.split(",") if s)
+    # Before Keras (and JAX) are imported: the backend, the devices.
+    context_parallel.check_args(parser, args)
+    if args.sequence_length is None:
+        args.sequence_length = 128
     if args.quick:
         args.hidden_dim, args.num_layers, args.num_heads = 32, 1, 2
-        args.sequence_length = min(args.sequence_length, 64)
+        shards = args.context_parallel or 1
+        args.sequence_length = min(args.sequence_length, 64 * shards)
         if not args.generate_only:
             args.max_length = min(args.max_length, 48)
         args.window = min(args.window, 32)
         args.epochs, args.steps_per_epoch = min(args.epochs, 2), 15
-        args.batch_size = min(args.batch_size, 32)
+        # Sharded windows are 64 x N long: a few fill the tiny splits.
+        args.batch_size = min(args.batch_size, 8 if shards > 1 else 32)
     check_generation_length(parser, args)
     # Before anything imports Keras: it reads KERAS_BACKEND once.
     select_backend(args.backend, parser.error)
@@ -492,6 +522,20 @@ def main(argv=None):
         train_windows, args.batch_size, shuffle=True, seed=args.seed
     )
     distribution = make_distribution(args.distribution)
+    context = None  # --context-parallel: its scope trains and tests
+    if args.context_parallel:
+        context = context_parallel.make_context_parallel(
+            args.context_parallel, args.batch_size
+        )
+        mesh = context.device_mesh
+        logger.info(
+            "context parallelism: a %s mesh of %s",
+            " x ".join(map(str, mesh.shape)),
+            mesh.axis_names,
+        )
+    training_scope = contextlib.nullcontext
+    if context is not None:
+        training_scope = context.scope
     if distribution is not None:
         # Weights are created sharded (or replicated) from here on.
         keras.distribution.set_distribution(distribution)
@@ -507,7 +551,7 @@ def main(argv=None):
             w,
             args.batch_size,
             shuffle=False,
-            drop_remainder=distribution is not None,
+            drop_remainder=distribution is not None or context is not None,
         )
         for w in (val_windows, windows[2])
     )
@@ -515,7 +559,7 @@ def main(argv=None):
     max_length = max(args.sequence_length, args.max_length)
     if args.extrapolation:  # a learned table as long as the longest test
         max_length = max(max_length, EXTRAPOLATION[-1] * args.sequence_length)
-    with strategy.scope():
+    with strategy.scope(), training_scope():
         model, generator = build_language_model(
             vocabulary_size,
             max_length,
@@ -555,11 +599,18 @@ def main(argv=None):
                 jit_compile=args.jit_compile,
             )
     model.summary(print_fn=logger.info)
+    memory = None
+    if context is not None:
+        memory, lines = context_parallel.memory_report(
+            fit_model, context, args.batch_size, args.sequence_length
+        )
+        print("\n".join(lines))
     timer = StepTimer()
-    history = fit(fit_model, train, val, args, callbacks=[timer])
+    with training_scope():
+        history = fit(fit_model, train, val, args, callbacks=[timer])
+        # `model.evaluate` fails under several workers (keras#20585).
+        test_loss = float(evaluate(model, test)["loss"])
     throughput = training_throughput(train_windows, args, timer)
-    # `model.evaluate` fails under several workers (keras#20585).
-    test_loss = float(evaluate(model, test)["loss"])
     train_time = time.time() - start
     bpc = bits_per_character(test_loss)
     # Teacher-forced, on test windows as long as the generated texts.
@@ -571,15 +622,18 @@ def main(argv=None):
         ).as_numpy_iterator(),
     )
     backend = keras.backend.backend()
+    label = args.distribution
+    if context is not None:
+        label = f"context-parallel {args.context_parallel}"
     losses = history.history.get("loss", [])
     print(
         f"\nbackend: {backend} | train loss per epoch: "
         + " ".join(f"{v:.4f}" for v in losses)
         + f" | {timer.median_ms():.1f} ms/step (median)"
-        + f" | distribution: {args.distribution}"
+        + f" | distribution: {label}"
         + (
             f" ({len(keras.distribution.list_devices())} devices)"
-            if distribution is not None
+            if distribution is not None or context is not None
             else ""
         )
     )
@@ -660,6 +714,7 @@ def main(argv=None):
     return {
         "backend": backend,
         "distribution": args.distribution,
+        "context_parallel_memory": memory,
         "history": history.history,
         "step_ms": timer.median_ms(),
         "throughput": throughput,

@@ -930,3 +930,94 @@ def test_quick_packed_run_reports_tokens_per_second_and_padding(
     assert not output.problems(), "\n".join(output.problems())
     with open(tmp_path / "run" / "throughput.json") as f:
         assert json.load(f) == throughput
+
+
+# --context-parallel N (issue 40, item 5)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "tensorflow"], "Received: backend='tensorflow'"),
+        ([], "Received: backend='tensorflow'"),  # KERAS_BACKEND's
+        (["--distribution", "data"], "--distribution 'data'"),
+        (["--dropout", "0.1"], "--dropout 0.1"),
+        (["--generate-only"], "--generate-only True"),
+        (["--sequence-length", "100"], "multiple of --context-parallel 8"),
+        (["--context-parallel", "1"], "N >= 2 devices. Received: 1"),
+    ],
+)
+def test_context_parallel_refuses_at_start_up(argv, message, capsys):
+    from examples.language_model.__main__ import parse_args
+
+    backend = [] if "backend" in message else ["--backend", "jax"]
+    with pytest.raises(SystemExit):
+        parse_args(["--context-parallel", "8", *backend, *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_context_parallel_picks_jax_its_devices_and_length(monkeypatch):
+    import argparse
+
+    from examples.language_model import context_parallel
+
+    # No backend chosen, JAX not started yet (as `python -m` starts).
+    monkeypatch.delenv("KERAS_BACKEND")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    for quick, length in ((False, 8 * 128), (True, 8 * 64)):
+        args = argparse.Namespace(
+            context_parallel=8, backend=None, distribution="none",
+            generate_only=False, dropout=0.0, sequence_length=None,
+            quick=quick,
+        )  # fmt: skip
+        context_parallel.check_args(argparse.ArgumentParser(), args)
+        assert (args.backend, args.sequence_length) == ("jax", length)
+    assert os.environ["XLA_FLAGS"] == (
+        "--xla_cpu_enable_fast_math=false "
+        "--xla_force_host_platform_device_count=8"
+    )
+
+
+@pytest.mark.slow(
+    "the example's --context-parallel 8 end to end on 8 virtual JAX devices "
+    "(46-94 s on the loaded machine): ContextParallel's fit against one "
+    "device and the memory per device are "
+    "tests/distribution/test_ring_attention.py's, the start-up checks the "
+    "two tests above"
+)
+def test_quick_run_with_context_parallel_on_eight_devices(
+    shared_data_dir, tmp_path
+):
+    pytest.importorskip("jax")
+    out = _run_example(
+        [
+            "--context-parallel",
+            "8",
+            "--quick",
+            "--samplers",
+            "greedy",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--data-dir",
+            shared_data_dir,
+        ],
+        timeout=600,
+        # The suite's flags; the example adds the device count itself.
+        extra_env={"XLA_FLAGS": xla_flags.xla_flags("jax")},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    (report,) = [s for s in lines if s.startswith("backend")]
+    assert report.startswith("backend: jax | ")
+    assert report.endswith("| distribution: context-parallel 8 (8 devices)")
+    losses = [float(v) for v in report.split(" | ")[1].split(": ")[1].split()]
+    assert len(losses) == 2 and losses[1] < losses[0], report
+    # Sequences of 8 x 64 characters; XLA's memory analysis per device.
+    memory = {
+        s.strip().split("  ")[0]: float(s.split()[-4])
+        for s in lines
+        if "MiB per device" in s
+    }
+    sharded = memory["sharded, T=512 over 8 devices"]
+    assert 0 < 4 * sharded < memory["one device, T=512"], memory
+    assert sharded < 1.5 * memory["one device, T=64"], memory
+    assert "[greedy]" in lines
