@@ -64,6 +64,8 @@ run gated_delta_tf "$PYTHON" benchmarks/gated_delta_rule.py --length 4096 \
   --repeats 7 --markdown "$OUT/gated_delta_tf.md"
 run gated_delta_jax env KERAS_BACKEND=jax "$PYTHON" benchmarks/gated_delta_rule.py \
   --length 4096 --repeats 7 --markdown "$OUT/gated_delta_jax.md"
+run ring_attention env KERAS_BACKEND=jax "$PYTHON" benchmarks/ring_attention.py \
+  --repeats 3 --markdown "$OUT/ring_attention.md"
 run linear_tf "$PYTHON" benchmarks/linear_attention.py \
   --markdown "$OUT/linear_tf.md"
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
