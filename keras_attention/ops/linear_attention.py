@@ -294,7 +294,8 @@ def linear_attention(
         chunk_size: positive int, the chunk length of the chunked form
             (capped at `T`; a tuning constant, the result does not depend
             on it), or None: the recurrent form (one step at a time; what
-            a one-step call runs anyway). Defaults to 64.
+            a one-step call runs anyway; differentiated, it keeps every
+            step's state: for decoding and checks). Defaults to 64.
         initial_state: optional state before the first step, as
             `return_state` gives it: `(batch, heads, key_dim,
             value_dim)`; with `normalize`, the tuple `(S, z)`, `z`
