@@ -19,7 +19,7 @@ Axes in comments: b - batch, t - positions, c - channels, K - kernel.
 
 from keras import ops
 
-from keras_attention.ops._backend import compiled_kernel
+from keras_attention.ops import compiled_kernel
 
 
 def _real_first(mask):

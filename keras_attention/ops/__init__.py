@@ -1,6 +1,7 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
 from keras_attention.ops._backend import compile_step
+from keras_attention.ops._backend import compiled_kernel
 from keras_attention.ops._backend import is_symbolic
 from keras_attention.ops._backend import scan_carry
 from keras_attention.ops.additive import additive_scores
@@ -22,6 +23,7 @@ from keras_attention.ops.sliding_window import local_attention
 __all__ = [
     "additive_scores",
     "compile_step",
+    "compiled_kernel",
     "dot_product_attention",
     "implementation_scope",
     "is_symbolic",
