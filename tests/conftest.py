@@ -82,10 +82,73 @@ def _reason(item, name):
     return str(reason or "").strip()
 
 
+# Sampled files: on the backend named, the first case of each parametrized
+# test of these files (for each attention path, where a test has a `path`
+# parameter) runs in the fast tier and its other cases in the slow
+# tier; every case runs on the other backends of the fast tier (PyTorch
+# runs them all) and everywhere with SLOW=1. The list is the CI budget's
+# (the whole `.ci/run` within 25 minutes on 2 cores), chosen by measured
+# cost (2026-12-04, `--durations=0` on each part): on JAX each case
+# compiles anew (a layer's harness case, a score object on each path),
+# and these files cost the most there while their cases vary
+# backend-neutral options (score objects, layer arguments, dtypes); the
+# attention paths (tests/ops/test_attention_paths.py) and the mask
+# matrix keep every case on JAX. On TensorFlow the generation files'
+# cases each trace a decoding loop (XLA and not); PyTorch runs them all
+# (cheap: eager), and each sampled test keeps one case on TensorFlow.
+SAMPLED = {
+    "jax": (
+        "tests/layers/test_graph_attention.py",
+        "tests/layers/test_layer_arguments.py",
+        "tests/layers/test_mha_keras_contract.py",
+        "tests/layers/test_multi_head_latent_attention.py",
+        "tests/layers/test_self_attention.py",
+        "tests/ops/test_inf_scores_float64.py",
+        "tests/ops/test_local.py",
+        "tests/ops/test_log_sum_exp.py",
+        "tests/ops/test_programmable.py",
+        "tests/ops/test_score_objects.py",
+    ),
+    "tensorflow": (
+        "tests/generation/test_decoder_only.py",
+        "tests/generation/test_encoder_decoder.py",
+        "tests/generation/test_mixed_cache.py",
+        "tests/generation/test_rolling_cache.py",
+    ),
+}
+
+
+def _sample(items):
+    """Marks `slow` every case but the first of each parametrized test of
+    this backend's `SAMPLED` files (the first for each value of a `path`
+    parameter: every attention path keeps a case)."""
+    files = SAMPLED.get(BACKEND, ())
+    others = "TensorFlow and PyTorch" if BACKEND == "jax" else "PyTorch"
+    reason = (
+        f"sampled on {BACKEND} (tests/conftest.py SAMPLED): this test's "
+        f"first case runs here, every case on {others}"
+    )
+    seen = set()
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if (
+            path not in files
+            or not hasattr(item, "callspec")
+            or "slow" in item.keywords
+        ):
+            continue
+        # One case per attention path: the paths are backend code.
+        test = (path, item.originalname, str(item.callspec.params.get("path")))
+        if test in seen:
+            item.add_marker(pytest.mark.slow(reason))
+        seen.add(test)
+
+
 def pytest_collection_modifyitems(config, items):
     """`tf_only` / `tf_only(reason)` tests run on TensorFlow only;
     `not_torch(reason)` tests are skipped on PyTorch. The reason shows in
-    `pytest -rs`."""
+    `pytest -rs`. `SAMPLED` files' other cases join the slow tier."""
+    _sample(items)
     for item in items:
         if "slow" in item.keywords and not SLOW:
             reason = _reason(item, "slow")

@@ -11,6 +11,7 @@ import doctest
 import importlib
 import inspect
 import io
+import os
 import pkgutil
 
 import pytest
@@ -45,10 +46,24 @@ def _doctests(module_name):
     return sorted((t for t in tests if t.examples), key=lambda t: t.name)
 
 
+# On JAX, the interop modules' examples (each converts a keras-hub model,
+# ~5-20 s of JAX compiling on the 2-core machine) run with SLOW=1 only:
+# the JAX part's tests/interop converts every family, and TensorFlow and
+# PyTorch run these examples in the fast tier.
+JAX_SLOW_PREFIXES = ("keras_attention.interop.",)
+
+
 def _params():
     params = []
+    jax = os.environ.get("KERAS_BACKEND") == "jax"
+    slow = pytest.mark.slow(
+        "on JAX: tests/interop converts every family; the interop "
+        "examples run on TensorFlow and PyTorch"
+    )
     for name in MODULE_NAMES:
         marks = [pytest.mark.tf_only] if name in TF_ONLY_MODULES else []
+        if jax and name.startswith(JAX_SLOW_PREFIXES):
+            marks.append(slow)
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 
