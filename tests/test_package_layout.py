@@ -102,3 +102,14 @@ def test_subpackages_are_attributes_of_a_light_import():
         "calls": [True, True],
         "tensorflow": False,
     }
+
+
+def test_test_files_have_unique_names():
+    # The suite's folders have no __init__.py: pytest imports each test
+    # file as a top-level module named after the file, so two files of one
+    # name in different folders fail with "import file mismatch" when one
+    # process collects both (tests/run.sh's parts do).
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}

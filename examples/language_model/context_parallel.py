@@ -91,7 +91,7 @@ def make_context_parallel(n, batch_size):
     `SystemExit` when the devices or the batch do not divide."""
     import keras
 
-    import keras_attention as ka
+    from keras_attention.distribution import ContextParallel
 
     devices = keras.distribution.list_devices()
     if len(devices) % n:
@@ -111,7 +111,7 @@ def make_context_parallel(n, batch_size):
     mesh = keras.distribution.DeviceMesh(
         (replicas, n), ("batch", "sequence"), devices
     )
-    return ka.distribution.ContextParallel(mesh)
+    return ContextParallel(mesh)
 
 
 def step_memory(model, batch_size, length, distribution=None):

@@ -86,11 +86,15 @@ def test_harness():
 
 # On JAX in the slow tier: 9 s of eager compiles for checks that do not
 # depend on the backend (config, weights layout, output specs).
-@(
-    pytest.mark.slow("the second harness case; the first runs on JAX")
-    if BACKEND == "jax"
-    else pytest.mark.usefixtures()
-)
+def _slow_on_jax(test):
+    if BACKEND != "jax":
+        return test
+    return pytest.mark.slow("the second harness case; the first runs on JAX")(
+        test
+    )
+
+
+@_slow_on_jax
 def test_harness_normalised_retention_without_bias():
     """The other weights layout (no gate, no norm, no biases); the
     first case runs SavedModel, `fit` and mixed precision."""

@@ -11,7 +11,9 @@ tensor argument) and `collect_attention` runs on it:
 
 - a model without an attention layer gives no entry (and no error);
 - every entry is finite, of the shape its metadata gives, zero on padded
-  keys and padded queries, and each row sums to 1 or to 0;
+  keys and padded queries, and each row sums to 1 or to 0 (the linear-time
+  mixers' implied weights, o = W v, need not: they are zero above the
+  diagonal of a causal layer instead);
 - where the layer or block returns its weights itself
   (`return_attention_scores` among the call arguments), the entries equal
   them (banded scores made dense, pooling and additive ones given their
@@ -29,6 +31,8 @@ import pytest
 from keras import ops
 
 from keras_attention.layers import AttentionPooling
+from keras_attention.layers import GatedDeltaNet
+from keras_attention.layers import LinearAttention
 from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import LuongAttention
 from keras_attention.layers import Seq2SeqAttention
@@ -156,6 +160,15 @@ def _gaussian(model):
     )
 
 
+def _linear_mixer(model):
+    """Whether a linear-time mixer is in `model`: its recorded weights are
+    the matrix its output implies (o = W v), not a distribution."""
+    return any(
+        isinstance(layer, (LinearAttention, GatedDeltaNet))
+        for layer in model._flatten_layers()
+    )
+
+
 def _sinks(model):
     """Whether an attention layer of `model` has learned sinks: a row's
     weights sum to 1 minus the sink's share."""
@@ -165,7 +178,7 @@ def _sinks(model):
     )
 
 
-def _check_entry(weights, meta, gaussian):
+def _check_entry(weights, meta, mixing):
     batch, heads, rows, keys = weights.shape
     assert (meta["num_heads"], meta["query_length"], meta["key_length"]) == (
         heads,
@@ -181,8 +194,12 @@ def _check_entry(weights, meta, gaussian):
     if meta["query_mask"] is not None:
         padded = ~meta["query_mask"]
         assert np.all(weights.transpose(0, 2, 1, 3)[padded] == 0)
+    if mixing == "linear":  # o = W v: any real weights, none ahead.
+        if meta["causal"] and rows == keys:
+            assert np.all(np.triu(weights, k=1) == 0)
+        return
     sums = weights.sum(-1)
-    if gaussian:  # Or learned sinks: the rest of the mass on the sink.
+    if mixing == "partial":  # Gaussian or sinks: part of the mass.
         assert np.all((sums <= 1 + 1e-5) & (sums >= 0))
     else:
         one = np.isclose(sums, 1, atol=1e-5)
@@ -207,9 +224,13 @@ def test_collect_attention_on_each_harness_configuration(configuration):
         return
     assert maps, "attention layers but no entry"
     assert len(maps) >= len(found)
-    gaussian = _gaussian(model) or _sinks(model)
+    mixing = "softmax"
+    if _gaussian(model) or _sinks(model):
+        mixing = "partial"
+    elif _linear_mixer(model):
+        mixing = "linear"
     for name, weights in maps.items():
-        _check_entry(weights, maps.metadata[name], gaussian)
+        _check_entry(weights, maps.metadata[name], mixing)
     if not call_kwargs.get("return_attention_scores"):
         return
     # The layer's (or block's) own weights follow its first output, in
