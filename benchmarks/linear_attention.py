@@ -164,10 +164,33 @@ def peak_memory_mb(impl, length, args):
     return try_peak_rss_mb(cmd, env=env, timeout=3600)
 
 
+def memory_row(length, args):
+    """A row of peak memory only (`--memory-only`): no timing, each
+    implementation of `args.memory_impls` in its own fresh process."""
+    idle = peak_memory_mb("idle", length, args)
+    memory = {}
+    for impl in args.memory_impls:
+        peak = peak_memory_mb(impl, length, args)
+        ok = None not in (peak, idle)
+        memory[impl] = f"{peak - idle:.0f}" if ok else "failed"
+    return (
+        [length]
+        + ["n/a"] * 5
+        + [
+            memory.get("linear", "n/a"),
+            memory.get("softmax", "n/a"),
+        ]
+    )
+
+
 def rows(args):
     """One row per length: times (ms), growth, ratio, memory (MiB)."""
     table, first = [], {}
     for length in args.lengths:
+        if args.memory_only:
+            table.append(memory_row(length, args))
+            print(markdown_table(HEADERS, table[-1:]).splitlines()[-1])
+            continue
         arrays = inputs(length, args.heads, args.key_dim, args.decay)
         tensors = [ops.convert_to_tensor(a) for a in arrays]
         fns = {}
@@ -227,6 +250,17 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--jit", action="store_true", help="TF: XLA")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="peak memory only, no timing (see --memory-impls)",
+    )
+    parser.add_argument(
+        "--memory-impls",
+        nargs="+",
+        choices=IMPLEMENTATIONS,
+        default=list(IMPLEMENTATIONS),
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
     parser.add_argument("--markdown", default=None)
     parser.add_argument(
