@@ -34,6 +34,7 @@ REFUSED = dict(
     mask_mod=None,
     qk_norm=None,
     learned_sinks=False,
+    attention_output_gate=False,
     rotary_max_wavelength=None,
     rotary_scaling=None,
     rotary_fraction=1.0,

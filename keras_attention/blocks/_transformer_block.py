@@ -122,6 +122,13 @@ class TransformerBlock(keras.layers.Layer):
             `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
             `attention_scale` are refused beside it (a `ValueError`).
             Default None: `SelfAttention` (or `LocalSelfAttention`).
+        attention_output_gate: bool, gated attention in the
+            self-attention (Qwen3-Next and Qwen 3.5's full-attention
+            layers; Qiu et al., 2025): each head's attention result is
+            multiplied by `sigmoid` of a projection of the sublayer's
+            input (`heads x value head size`, weights `gate`) before the
+            output projection, on every path and with every cache
+            (`MultiHeadAttention(use_gate=True)`). Default False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
@@ -155,6 +162,7 @@ class TransformerBlock(keras.layers.Layer):
         rotary_fraction=1.0,
         moe=None,
         latent_attention=None,
+        attention_output_gate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -234,6 +242,7 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.moe = _check_moe(moe, intermediate_dim)
         self.window_size = window_size
+        self.attention_output_gate = _check_gate(attention_output_gate)
         self.latent_attention = _latent.check_latent_attention(
             latent_attention, self
         )
@@ -297,6 +306,8 @@ class TransformerBlock(keras.layers.Layer):
         kwargs = {}
         if self.rotary_fraction != 1.0:
             kwargs["rotary_fraction"] = self.rotary_fraction
+        if self.attention_output_gate:
+            kwargs["use_gate"] = True
         return dict(
             **kwargs,
             rotary_max_wavelength=self.rotary_max_wavelength,
@@ -511,6 +522,7 @@ class TransformerBlock(keras.layers.Layer):
                 "qk_norm_epsilon": self.qk_norm_epsilon,
                 "learned_sinks": self.learned_sinks,
                 "rotary_fraction": self.rotary_fraction,
+                "attention_output_gate": self.attention_output_gate,
                 "moe": None if self.moe is None else dict(self.moe),
                 "latent_attention": (
                     None
@@ -572,3 +584,8 @@ def _check_head_shape(num_heads, key_dim, num_key_value_heads):
             f"num_heads={num_heads!r}"
         )
     return key_dim, num_key_value_heads
+
+
+def _check_gate(attention_output_gate):
+    """The blocks' `attention_output_gate`, a bool."""
+    return validation.check_bool("attention_output_gate", attention_output_gate)

@@ -62,7 +62,10 @@ class TransformerDecoderBlock(TransformerBlock):
             context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
             see `MultiHeadAttention`), `attention_scale` (default None:
             `1 / sqrt(key_dim)`; the factor of the scores of the block's
-            attention layers, `1.0` for T5), `latent_attention` (default
+            attention layers, `1.0` for T5), `attention_output_gate`
+            (default False; gated attention, each head's result times
+            `sigmoid` of a projection of the input, Qwen 3.5's
+            full-attention layers), `latent_attention` (default
             None; a dict of `MultiHeadLatentAttention` arguments, e.g.
             `{"kv_lora_rank": 512, "qk_nope_head_dim": 128,
             "qk_rope_head_dim": 64, "v_head_dim": 128, "q_lora_rank":

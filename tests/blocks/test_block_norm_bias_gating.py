@@ -157,3 +157,66 @@ def test_attention_scale_reaches_every_attention_layer():
     assert default["attention_scale"] is None
     with pytest.raises(ValueError, match="attention_scale.*-1"):
         TransformerEncoderBlock(2, 16, attention_scale=-1)
+
+
+def test_attention_output_gate():
+    """Gated attention (Qwen 3.5): the self-attention's `use_gate`; its
+    sublayer equals the NumPy gated attention; cached decoding equals the
+    whole sequence; config round trip; refused beside MLA."""
+    import references
+
+    block = TransformerDecoderBlock(
+        2,
+        16,
+        cross_attention=False,
+        num_key_value_heads=1,
+        rotary_max_wavelength=100,
+        attention_output_gate=True,
+        **LLAMA_STYLE,
+    )
+    y = to_numpy(block(X))
+    attention = block.self_attention
+    assert attention.use_gate is True
+    assert block.get_config()["attention_output_gate"] is True
+    assert "self_attention/gate/kernel" in [
+        w.path.split("/", 1)[1] for w in block.weights
+    ]
+    # Without rotary positions the sublayer is the NumPy reference's.
+    plain = TransformerDecoderBlock(
+        2, 16, cross_attention=False, attention_output_gate=True
+    )
+    plain(X)
+    causal = np.tril(np.ones((5, 5), bool))
+    want, _ = references.multi_head_attention(
+        plain.self_attention, X, X, mask=causal
+    )
+    got = to_numpy(plain.self_attention(X))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Token by token with a cache: the whole sequence's outputs.
+    cache = np.zeros((2, 2, 5, 1, 4), "float32")
+    steps = []
+    for i in range(5):
+        out, cache = block(
+            X[:, i : i + 1],
+            self_attention_cache=cache,
+            self_attention_cache_update_index=i,
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), y, atol=1e-5)
+    clone = TransformerDecoderBlock.from_config(block.get_config())
+    clone(X)
+    clone.set_weights(block.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(X)), y, atol=1e-6)
+    assert (
+        TransformerDecoderBlock(2, 16).get_config()["attention_output_gate"]
+        is False
+    )
+    with pytest.raises(ValueError, match="attention_output_gate"):
+        TransformerDecoderBlock(2, 16, attention_output_gate="yes")
+    mla = dict(
+        kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4
+    )
+    with pytest.raises(ValueError, match="attention_output_gate"):
+        TransformerDecoderBlock(
+            2, 16, latent_attention=mla, attention_output_gate=True
+        )
