@@ -16,6 +16,7 @@ do not rename them.
 import keras
 
 from keras_attention.blocks import _latent
+from keras_attention.blocks import _mixer
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.mixture_of_experts import MixtureOfExperts
@@ -122,6 +123,33 @@ class TransformerBlock(keras.layers.Layer):
             `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
             `attention_scale` are refused beside it (a `ValueError`).
             Default None: `SelfAttention` (or `LocalSelfAttention`).
+        mixer: the token mixer of the self-attention sublayer:
+            `"attention"` (default: softmax attention, as the other
+            arguments say), `"linear"` (`keras_attention.layers.
+            LinearAttention`: linear attention, retention, gated linear
+            attention) or `"gated_delta"` (`keras_attention.layers.
+            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule):
+            linear in the length, with a recurrent cache of constant
+            size (the block's `self_attention_cache` is then the
+            mixer's cache, and `keras_attention.generation` keeps it
+            per layer). The mixer has no window, score or mask objects,
+            positions, QK-norm, sinks or shared key heads:
+            `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`,
+            `attention_output_gate`, `rotary_*`, `attention_scale` and
+            `latent_attention` are refused beside it (and `key_dim`
+            beside `"gated_delta"`), and so are an
+            `attention_mask` and `positions` at call time.
+        mixer_options: optional dict of the mixer layer's own arguments
+            (refused with `mixer="attention"`): `LinearAttention`'s
+            (`decay`, `feature_map`, `normalize`, `value_dim`, ...;
+            `num_heads` and `key_dim` are the block's, `use_bias`
+            defaults to the block's) or `GatedDeltaNet`'s
+            (`linear_num_key_heads`, `linear_num_value_heads`,
+            `linear_key_head_dim`, `linear_value_head_dim`, required,
+            and `linear_conv_kernel_dim`, ...; `hidden_size` is the
+            block's width). The initializers, dtype and name come from
+            the block (refused in the dict). Default None.
         attention_output_gate: bool, gated attention in the
             self-attention (Qwen3-Next and Qwen 3.5's full-attention
             layers; Qiu et al., 2025): each head's attention result is
@@ -161,6 +189,8 @@ class TransformerBlock(keras.layers.Layer):
         learned_sinks=False,
         rotary_fraction=1.0,
         moe=None,
+        mixer="attention",
+        mixer_options=None,
         latent_attention=None,
         attention_output_gate=False,
         **kwargs,
@@ -246,6 +276,9 @@ class TransformerBlock(keras.layers.Layer):
         self.latent_attention = _latent.check_latent_attention(
             latent_attention, self
         )
+        self.mixer, self.mixer_options = _mixer.check_mixer(
+            mixer, mixer_options, self
+        )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -322,6 +355,8 @@ class TransformerBlock(keras.layers.Layer):
         attention_mask=..., return_attention_scores=..., training=...)`."""
         if self.latent_attention is not None:
             return _latent.make_latent_attention(self)
+        if self.mixer != "attention":
+            return _mixer.make_mixer(self, hidden_dim)
         kwargs = self._self_attention_kwargs(hidden_dim)
         if self.window_size is not None:
             return LocalSelfAttention(
@@ -452,6 +487,8 @@ class TransformerBlock(keras.layers.Layer):
             attention_kwargs = _latent.latent_call_kwargs(
                 attention_kwargs, self.causal
             )
+        if self.mixer != "attention":
+            attention_kwargs = _mixer.mixer_call_kwargs(self, attention_kwargs)
 
         def attend(y):
             return self.self_attention(y, training=training, **attention_kwargs)
@@ -524,6 +561,8 @@ class TransformerBlock(keras.layers.Layer):
                 "rotary_fraction": self.rotary_fraction,
                 "attention_output_gate": self.attention_output_gate,
                 "moe": None if self.moe is None else dict(self.moe),
+                "mixer": self.mixer,
+                "mixer_options": _mixer.serialized_options(self.mixer_options),
                 "latent_attention": (
                     None
                     if self.latent_attention is None

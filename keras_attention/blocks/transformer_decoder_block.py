@@ -76,8 +76,17 @@ class TransformerDecoderBlock(TransformerBlock):
             and scale, `cross_attention=True`, `key_dim`,
             `num_key_value_heads`, `window_size`, `score_mod`,
             `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
-            `attention_scale` are refused beside it), and base layer
-            arguments (`name`, `dtype`, ...).
+            `attention_scale` are refused beside it), `mixer` and
+            `mixer_options` (default `"attention"` and None; `"linear"`
+            for `LinearAttention`, `"gated_delta"` for `GatedDeltaNet`,
+            `mixer_options` a dict of that layer's arguments: a
+            linear-time mixer with a recurrent cache of constant size in
+            the self-attention's place, for hybrid stacks such as Qwen
+            3.5's; the attention-only arguments, `num_key_value_heads`,
+            `window_size`, `score_mod`, `mask_mod`, `qk_norm`,
+            `learned_sinks`, `rotary_*`, `attention_scale`,
+            `latent_attention`, and `cross_attention=True`, are refused
+            beside it), and base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.
@@ -101,7 +110,11 @@ class TransformerDecoderBlock(TransformerBlock):
         self_attention_cache: optional `(batch, 2, max_length, kv_heads,
             key_dim)` keys/values of earlier positions; with
             `latent_attention`, the latent cache `(batch, max_length,
-            kv_lora_rank + qk_rope_head_dim)` (`MultiHeadLatentAttention`).
+            kv_lora_rank + qk_rope_head_dim)` (`MultiHeadLatentAttention`);
+            with a `mixer`, the mixer's recurrent cache
+            (`LinearAttention.initial_cache`, `GatedDeltaNet.init_cache`:
+            the same size after any number of tokens; the index is then
+            not read).
         self_attention_cache_update_index: int or scalar tensor, position
             of `inputs[:, 0]`; this call's keys/values are written there,
             so `0 <= index` and `index + T <= max_length` (a `ValueError`
@@ -206,6 +219,14 @@ class TransformerDecoderBlock(TransformerBlock):
                 f"Received: cross_attention={cross_attention!r}, "
                 f"latent_attention={self.latent_attention!r}"
             )
+        if cross_attention and self.mixer != "attention":
+            raise ValueError(
+                "`mixer` replaces the self-attention of decoder-only "
+                "stacks (a recurrent cache per layer, "
+                "`CausalLMGenerator`): pass cross_attention=False. "
+                f"Received: cross_attention={cross_attention!r}, "
+                f"mixer={self.mixer!r}"
+            )
         self.cross_attention = cross_attention
 
     def _make_cross_attention(self, hidden_dim):
@@ -300,10 +321,13 @@ class TransformerDecoderBlock(TransformerBlock):
                 f"{self_attention_cache_sink_tokens!r}"
             )
         if use_cache:
+            recurrent = self.mixer != "attention"  # no positions to fit
             check_cache_index(
                 self_attention_cache_update_index,
                 inputs.shape[1],
-                _latent.cache_length(self_attention_cache, latent),
+                None
+                if recurrent
+                else _latent.cache_length(self_attention_cache, latent),
                 name="self_attention_cache_update_index",
                 rolling=self_attention_cache_sink_tokens is not None,
             )
@@ -413,8 +437,9 @@ class TransformerDecoderBlock(TransformerBlock):
                 )
         if self_attention_cache is not None:
             outputs += (
-                keras.KerasTensor(
-                    self_attention_cache.shape, dtype=self_attention_cache.dtype
+                keras.tree.map_structure(
+                    lambda c: keras.KerasTensor(c.shape, dtype=c.dtype),
+                    self_attention_cache,
                 ),
             )
         return outputs[0] if len(outputs) == 1 else outputs

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attention.blocks import _mixer
 from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -63,7 +64,12 @@ class TransformerEncoderBlock(TransformerBlock):
             context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
             see `MultiHeadAttention`), `attention_scale` (default None:
             `1 / sqrt(key_dim)`; the factor of the scores of the block's
-            attention layers, `1.0` for T5), and base layer arguments
+            attention layers, `1.0` for T5), `mixer` and `mixer_options`
+            (default `"attention"` and None: a linear-time mixer,
+            `"linear"` or `"gated_delta"`, in the self-attention's
+            place, as in `TransformerDecoderBlock`; not causal only with
+            `"linear"` and no decay, the others read the past only and
+            are refused with `causal=False`), and base layer arguments
             (`name`, `dtype`, ...).
 
     Call arguments:
@@ -151,6 +157,7 @@ class TransformerEncoderBlock(TransformerBlock):
             **kwargs,
         )
         self.causal = validation.check_bool("causal", causal)
+        _mixer.check_causal(self)
         self.global_projections = validation.check_bool(
             "global_projections", global_projections
         )
