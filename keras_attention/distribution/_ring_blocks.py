@@ -37,7 +37,6 @@ import keras
 from keras import ops
 
 from keras_attention.ops import dot_product_attention
-from keras_attention.ops import implementation_scope
 from keras_attention.ops import merge_attention
 from keras_attention.ops import paths
 from keras_attention.ops.log_sum_exp import lse_dtype
@@ -233,7 +232,7 @@ def _block_scope():
     if scope.name != RING_PATH:
         return contextlib.nullcontext()
     options = {k: v for k, v in scope.options.items() if k not in RING_OPTIONS}
-    return implementation_scope(None, **options)
+    return paths.release_exclusive_scope(**options)
 
 
 def _attend(config, q, k, v, params, tables, causal):

@@ -29,9 +29,12 @@ class ContextParallel(_Distribution):
     - every `keras_attention.ops.dot_product_attention` call, so the
       attention of `MultiHeadAttention`, `SelfAttention`,
       `CausalSelfAttention`, `CrossAttention` over the same sequence and
-      the blocks, runs as `ring_attention` (the "ring" path of
-      `implementation_scope`). The other layers are elementwise along
-      the sequence: XLA runs them on the shards.
+      the blocks, `MultiHeadLatentAttention` (and the blocks'
+      `latent_attention`), runs as `ring_attention` (the "ring" path of
+      `implementation_scope`). `AttentionPooling` sums over the
+      sequence: XLA reduces over the shards. The other layers that are
+      not attention are elementwise along the sequence: XLA runs them
+      on the shards.
 
     Use `scope()` around building and training (Keras's own
     `set_distribution` alone does not enter the ring's scope, and the
@@ -43,14 +46,25 @@ class ContextParallel(_Distribution):
             model.fit(tokens, labels)
 
     What cannot run as a ring is refused inside the scope (`ValueError`
-    naming the option; any other kernel would gather the sequence):
+    naming the layer or the option; any other kernel would gather the
+    sequence): the attention layers with their own kernels
+    (`LinearAttention`, `GatedDeltaNet`, `GraphAttention`,
+    `BahdanauAttention`, `LuongAttention`, `AttentionRNNDecoder`, and a
+    user's `AttentionRecording` layer unless it sets
+    `runs_context_parallel = True`) and the ops `linear_attention`,
+    `gated_delta_rule`, `local_attention`, `global_local_attention`;
     returned attention scores, dropout on the weights in training, a
-    layer's `flash_attention` set, another `implementation=`,
-    `LocalSelfAttention`'s global tokens and `block_size`, dense
-    attention masks, learned sinks and cache offsets (generate outside
-    the scope, on one device). Sliding windows (`sliding_window`,
-    `LocalSelfAttention`, the blocks' `window_size`) run on the ring as
-    mask functions on global positions.
+    layer's `flash_attention` set, another `implementation=` or a nested
+    `implementation_scope` of another path, `LocalSelfAttention`'s
+    global tokens and `block_size`, dense attention masks, learned sinks
+    and cache offsets (generate outside the scope, on one device).
+    Sliding windows (`sliding_window`, `LocalSelfAttention`, the blocks'
+    `window_size`) run on the ring as mask functions on global
+    positions. Keras's own `keras.layers.MultiHeadAttention` (and any
+    layer outside this library) is not seen by the scope: its attention
+    would run on the gathered sequence; use the library's.
+
+    Other backends: `NotImplementedError` naming the backend.
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh` whose axes are
@@ -85,6 +99,14 @@ class ContextParallel(_Distribution):
         layout="striped",
         auto_shard_dataset=True,
     ):
+        backend = keras.backend.backend()
+        if backend != "jax":
+            raise NotImplementedError(
+                "`ContextParallel` runs on the JAX backend only (its ring "
+                "attention shards the sequence with JAX's `shard_map` and "
+                "`ppermute`; `keras.distribution` is JAX-only too). The "
+                f"current backend is {backend!r}: set KERAS_BACKEND=jax."
+            )
         if not isinstance(device_mesh, keras.distribution.DeviceMesh):
             raise ValueError(
                 "`device_mesh` must be a `keras.distribution.DeviceMesh`. "

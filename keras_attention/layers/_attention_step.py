@@ -26,6 +26,10 @@ from keras_attention.utils import attention_checks
 class AttentionStep:
     """The attention step of `MultiHeadAttention` (a mixin)."""
 
+    # `dot_product_attention` runs as the ring in `ContextParallel`'s scope
+    # (`recording.check_context_parallel`).
+    runs_context_parallel = True
+
     def _attention_masks(
         self,
         query,

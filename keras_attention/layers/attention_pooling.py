@@ -60,6 +60,12 @@ class AttentionPooling(recording.AttentionRecording, keras.layers.Layer):
           Learning to Align and Translate".
     """
 
+    # Per-step scores, then sums over the steps: inside `ContextParallel`'s
+    # scope XLA reduces over the sequence's shards (all-reduces of `(b,)`
+    # and `(b, d)` partials), no step pairs with another
+    # (`recording.check_context_parallel`).
+    runs_context_parallel = True
+
     def __init__(
         self,
         units=None,

@@ -477,6 +477,7 @@ class AttentionRNNDecoder(recording.AttentionRecording, keras.layers.Layer):
             `(output, new_states, weights)`: `(batch, units)`, the new state
             list, and this step's attention weights `(batch, Ts)`.
         """
+        recording.check_context_parallel(self)  # as `call` (the wrapper)
         validation.check_padding_mask(
             "memory_mask", memory_mask, memory, "memory"
         )

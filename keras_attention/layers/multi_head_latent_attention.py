@@ -211,6 +211,10 @@ class MultiHeadLatentAttention(
           Position Embedding".
     """
 
+    # `dot_product_attention` runs as the ring in `ContextParallel`'s scope
+    # (`recording.check_context_parallel`).
+    runs_context_parallel = True
+
     def __init__(
         self,
         num_heads,

@@ -36,6 +36,15 @@ wrapper calls `call` straight through; inside, it hands the call to the
 recorder, which calls the hook. No instance method is replaced, the model
 is not rewired, and a subclass's `call` that calls `super().call` is
 recorded once (the recorder passes a layer's nested calls through).
+
+The same wrapper refuses, inside an exclusive attention scope
+(`keras_attention.distribution.ContextParallel`'s ring, where the
+sequence is sharded), every layer whose class does not set
+`runs_context_parallel = True` (`check_context_parallel`): only the
+layers whose attention is `dot_product_attention` (which runs as the
+ring there) or a reduction XLA splits over the shards set it, so a layer
+with its own kernel (and a user's, by default) never attends over the
+gathered sequence silently.
 """
 
 import contextlib
@@ -47,6 +56,7 @@ import types
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import paths
 from keras_attention.utils import keras_utils
 
 
@@ -105,6 +115,7 @@ def recorded_call(call):
 
     @functools.wraps(call)
     def wrapper(self, *args, **kwargs):
+        check_context_parallel(self)
         recorder = _SCOPE.get()
         if recorder is None or not recorder.wants(self):
             return call(self, *args, **kwargs)
@@ -112,6 +123,20 @@ def recorded_call(call):
 
     wrapper._consults_recording = True
     return wrapper
+
+
+def check_context_parallel(layer):
+    """`ValueError` naming `layer`, its class and the distribution when an
+    exclusive scope (`ContextParallel`'s ring) is in effect and `layer`'s
+    class does not run there (`runs_context_parallel` unset: its attention
+    is not `dot_product_attention`, so it would not run as a ring)."""
+    if getattr(type(layer), "runs_context_parallel", False):
+        return
+    paths.refuse_in_exclusive_scope(
+        f"{type(layer).__name__} layer {layer.name!r}",
+        f"`{type(layer).__name__}` computes its attention on its own kernel, "
+        "not with `dot_product_attention`",
+    )
 
 
 def consults_recording(layer):

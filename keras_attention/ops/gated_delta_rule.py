@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops import _gated_delta_kernel as kernel
+from keras_attention.ops import _scope
 from keras_attention.utils import validation
 
 
@@ -225,6 +226,9 @@ def gated_delta_rule(
           Delta Rule over Sequence Length" (NeurIPS 2024, arXiv
           2406.06484): the chunked WY / UT-transform form.
     """
+    _scope.refuse_in_exclusive_scope(
+        "`gated_delta_rule`", "its kernel is its own"
+    )
     hk, hv = _check_tensors(query, key, value, g, beta)
     chunk_size, return_state = _check_options(chunk_size, return_state)
     _check_state(initial_state, query, value)

@@ -11,6 +11,7 @@ Axes in comments as in `sliding_window.py`; s/S - global slots.
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import _scope
 from keras_attention.ops import scoring
 from keras_attention.ops import sliding_window
 from keras_attention.ops.masking import masked_softmax
@@ -256,6 +257,9 @@ def global_local_attention(
     References:
         - Beltagy et al., 2020, "Longformer: The Long-Document Transformer".
     """
+    _scope.refuse_in_exclusive_scope(
+        "`global_local_attention`", "its kernel is its own"
+    )
     left, right = sliding_window.effective_window(
         window_size, sliding_window.static_length(query, 1), causal
     )

@@ -46,6 +46,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.ops import _linear_attention_kernel as kernel
+from keras_attention.ops import _scope
 from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import validation
 
@@ -350,6 +351,9 @@ def linear_attention(
           Hardware-Efficient Training".
         - Qin et al., 2022, "The Devil in Linear Transformer".
     """
+    _scope.refuse_in_exclusive_scope(
+        "`linear_attention`", "its kernel is its own"
+    )
     _check_inputs(query, key, value)
     causal = validation.check_bool("causal", causal)
     normalize = validation.check_bool("normalize", normalize)

@@ -28,13 +28,14 @@ not module state.
 """
 
 import contextlib
-import contextvars
 import dataclasses
 
+import keras
 import numpy as np
 from keras import ops
 
 from keras_attention.ops import _backend
+from keras_attention.ops import _scope
 from keras_attention.ops import scoring
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
@@ -165,37 +166,13 @@ def path_options():
 # Forcing a path -------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class ImplementationScope:
-    """What `implementation_scope` forces: a path name (None: the
-    automatic choice) and tuning options."""
-
-    name: str = None
-    options: dict = dataclasses.field(default_factory=dict)
-
-
-_SCOPE = contextvars.ContextVar(
-    "keras_attention_implementation_scope", default=ImplementationScope()
-)
-
-
-def current_scope():
-    """The innermost `implementation_scope` in effect (an
-    `ImplementationScope`; name None outside any)."""
-    return _SCOPE.get()
-
-
-def exclusive_scope():
-    """The name of the path the innermost `implementation_scope` forces
-    when that path is `exclusive` (every attention inside must run on it:
-    the ring of `keras_attention.distribution.ContextParallel`), else
-    None. The layers read it to refuse what they would run on another
-    kernel (returned weights, dropout on them, `flash_attention`, global
-    tokens)."""
-    name = current_scope().name
-    if name is not None and PATHS[name].exclusive:
-        return name
-    return None
+# The scope's state lives in `_scope.py` (the kernels refuse to run inside
+# an exclusive scope and cannot import this module, which imports them).
+ImplementationScope = _scope.ImplementationScope
+current_scope = _scope.current_scope
+exclusive_scope = _scope.exclusive_scope
+refuse_in_exclusive_scope = _scope.refuse_in_exclusive_scope
+release_exclusive_scope = _scope.release_exclusive_scope
 
 
 def requested_path(implementation=None):
@@ -237,6 +214,12 @@ def implementation_scope(name, **options):
     `query_block`, `key_block` (tile sizes) and `keep_probabilities`
     (reuse the forward's probabilities in the backward pass, or
     recompute them).
+
+    Inside an exclusive path's scope (the "ring" of
+    `keras_attention.distribution.ContextParallel`) only a scope of that
+    same path may be opened: another name (None included) would run the
+    attention inside it off the ring, on the gathered sequence, and is
+    refused (`ValueError`).
     """
     check_implementation(name)
     allowed = path_options()
@@ -246,11 +229,22 @@ def implementation_scope(name, **options):
             f"implementation_scope() options must be among "
             f"{allowed}. Received: {unknown!r}"
         )
-    token = _SCOPE.set(ImplementationScope(name, dict(options)))
-    try:
+    exclusive = exclusive_scope()
+    if exclusive is not None and name != exclusive:
+        distribution = keras.distribution.distribution()
+        where = "" if distribution is None else f" ({distribution!r})"
+        raise ValueError(
+            f"Inside `implementation_scope({exclusive!r})`{where} every "
+            f"attention runs on the {exclusive!r} path: context "
+            "parallelism needs ring attention (the sequence is sharded "
+            f"across devices), and implementation_scope({name!r}) would run "
+            "the attention inside it on one device's kernel, over the "
+            "gathered sequence. Open it outside the context-parallel scope, "
+            f"or name {exclusive!r}. Received: name={name!r}"
+        )
+    exclusive = name is not None and PATHS[name].exclusive
+    with _scope.forced(name, options, exclusive=exclusive):
         yield
-    finally:
-        _SCOPE.reset(token)
 
 
 def memory_efficient_implementation():

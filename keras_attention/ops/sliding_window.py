@@ -40,6 +40,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.masks import window_bounds
+from keras_attention.ops import _scope
 from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import row_log_sum_exp
 from keras_attention.ops.masking import as_4d_mask
@@ -429,6 +430,9 @@ def local_attention(
     >>> tuple(out.shape), tuple(banded.shape)
     ((1, 10, 2, 4), (1, 2, 10, 5))
     """
+    _scope.refuse_in_exclusive_scope(
+        "`local_attention`", "its banded kernel is its own"
+    )
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     left, right = effective_window(window_size, static_length(query, 1), causal)
     if static_length(query, 1) == 0:
