@@ -134,7 +134,7 @@ def _sample(items):
         if (
             path not in files
             or not hasattr(item, "callspec")
-            or "slow" in item.keywords
+            or item.get_closest_marker("slow") is not None
         ):
             continue
         # One case per attention path: the paths are backend code.
@@ -150,7 +150,10 @@ def pytest_collection_modifyitems(config, items):
     `pytest -rs`. `SAMPLED` files' other cases join the slow tier."""
     _sample(items)
     for item in items:
-        if "slow" in item.keywords and not SLOW:
+        # Markers, not `item.keywords`: keywords hold the names of the
+        # test's parents too (a clone in a folder named `slow` would put
+        # every test in the slow tier).
+        if item.get_closest_marker("slow") is not None and not SLOW:
             reason = _reason(item, "slow")
             if not reason:
                 raise pytest.UsageError(f"{item.nodeid}: slow(reason)")
@@ -158,12 +161,12 @@ def pytest_collection_modifyitems(config, items):
                 pytest.mark.skip(reason=f"slow tier (SLOW=1 runs it): {reason}")
             )
             continue
-        if BACKEND == "torch" and "not_torch" in item.keywords:
+        if BACKEND == "torch" and item.get_closest_marker("not_torch"):
             reason = _reason(item, "not_torch")
             if not reason:
                 raise pytest.UsageError(f"{item.nodeid}: not_torch(reason)")
             item.add_marker(pytest.mark.skip(reason=f"PyTorch: {reason}"))
-        elif BACKEND != "tensorflow" and "tf_only" in item.keywords:
+        elif BACKEND != "tensorflow" and item.get_closest_marker("tf_only"):
             reason = _reason(item, "tf_only")
             reason = f": {reason}" if reason else ""
             item.add_marker(
