@@ -18,6 +18,7 @@ import pytest
 
 from keras_attention import layers
 from keras_attention import ops as ka_ops
+from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import ContextParallel
 from keras_attention.ops import dot_product_attention
 from keras_attention.ops import implementation_scope
@@ -90,8 +91,9 @@ def _own_kernel_layers():
 
 
 def test_layers_with_their_own_kernel_are_refused_naming_them():
+    # (Each runs outside the scope: its own tests. The refusal comes
+    # before the layer builds.)
     for layer, args, kwargs in _own_kernel_layers():
-        layer(*args, **kwargs)  # runs outside the scope
         with _ring_scope():
             with pytest.raises(ValueError, match=_where()) as error:
                 layer(*args, **kwargs)
@@ -143,7 +145,6 @@ def test_ops_with_their_own_kernel_are_refused():
         ),
     }
     for name, call in calls.items():
-        call()  # runs outside the scope
         with _ring_scope():
             with pytest.raises(ValueError, match=f"`{name}` cannot run"):
                 call()
@@ -232,3 +233,16 @@ def test_context_parallel_refuses_other_backends_naming_them():
     mesh = keras.distribution.DeviceMesh((1,), ["sequence"], ["cpu:0"])
     with pytest.raises(NotImplementedError, match=f"{BACKEND!r}"):
         ContextParallel(mesh, batch_axis=None)
+
+
+def test_a_block_with_a_linear_time_mixer_is_refused():
+    # `mixer="linear"` builds a LinearAttention: refused by name (the
+    # "gated_delta" mixer's GatedDeltaNet is refused as a layer above).
+    x = _x()
+    block = TransformerDecoderBlock(
+        intermediate_dim=16, num_heads=2, mixer="linear", cross_attention=False
+    )
+    block(x)
+    with _ring_scope():
+        with pytest.raises(ValueError, match="LinearAttention layer"):
+            block(x)
