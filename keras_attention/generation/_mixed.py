@@ -16,6 +16,16 @@ third kind of cache: `max_length` latents of `kv_lora_rank +
 qk_rope_head_dim` numbers (`init_latent_cache`), instead of keys and
 values. A stack holding any of them is generated with a mixed cache,
 windowed blocks or not.
+
+Blocks with a linear-time mixer (`mixer="linear"` or `"gated_delta"`,
+`LinearAttention`, `GatedDeltaNet`) have a fourth kind, `recurrent`: the
+mixer's own cache, a state of constant size (and the convolution's last
+inputs for `GatedDeltaNet`), one entry per block (their shapes may
+differ), O(1) per token whatever the length. A recurrent state cannot
+write a position twice, as the other caches do: the prefill leaves the
+prompt's last position to the sampler's first step, which runs it
+(`_prefill(..., repeat_last=False)`), and the tokens the embedding masks
+neither write nor decay the state (they reach the mixer as padding).
 """
 
 import dataclasses
@@ -44,17 +54,20 @@ class MixedPlan:
     sink_tokens: int = 0
     windowed: tuple = ()
     latent: tuple = ()
+    recurrent: tuple = ()
 
     def kind(self, index):
-        """`"full"`, `"rolling"` or `"latent"`: the cache of block
-        `index`."""
+        """`"full"`, `"rolling"`, `"latent"` or `"recurrent"`: the cache
+        of block `index`."""
         if index in self.latent:
             return "latent"
+        if index in self.recurrent:
+            return "recurrent"
         return "rolling" if index in self.windowed else "full"
 
     def split(self, blocks):
         """`(full blocks, windowed blocks, latent blocks)`, each in the
-        stack's order."""
+        stack's order (the recurrent ones make their own caches)."""
         return tuple(
             [b for i, b in enumerate(blocks) if i in group]
             for group in (self.full, self.windowed, self.latent)
@@ -63,11 +76,13 @@ class MixedPlan:
     def entries(self):
         """The names of the cache's tensors, in order: `full` (if any
         full block), `rolling` and `slot_mask` (if any windowed block),
-        `position_mask`, `latent` (if any latent block)."""
+        `position_mask`, `latent` (if any latent block), `recurrent` (if
+        any recurrent block: a tuple of the blocks' caches)."""
         names = ("full",) if self.full else ()
         if self.windowed:
             names += ("rolling", "slot_mask")
-        return names + ("position_mask",) + (("latent",) if self.latent else ())
+        names += ("position_mask",) + (("latent",) if self.latent else ())
+        return names + (("recurrent",) if self.recurrent else ())
 
     def pack(self, tensors):
         """The cache tuple of a dict of its tensors (`entries`)."""
@@ -97,10 +112,13 @@ class MixedCacheMixin:
             for i, block in enumerate(self.blocks)
             if latent_cache_width(block) is not None
         )
+        recurrent = tuple(
+            i for i, block in enumerate(self.blocks) if is_recurrent(block)
+        )
         full = tuple(
             i
             for i, block in enumerate(self.blocks)
-            if i not in latent
+            if i not in latent + recurrent
             and (
                 not rolling
                 or getattr(block.self_attention, "cache_window", lambda: None)()
@@ -108,11 +126,13 @@ class MixedCacheMixin:
             )
         )
         windowed = tuple(
-            i for i in range(len(self.blocks)) if i not in full + latent
+            i
+            for i in range(len(self.blocks))
+            if i not in full + latent + recurrent
         )
-        if not latent and (not full or not windowed):
+        if not latent + recurrent and (not full or not windowed):
             return None
-        return MixedPlan(full, int(sink_tokens), windowed, latent)
+        return MixedPlan(full, int(sink_tokens), windowed, latent, recurrent)
 
     def init_mixed_cache(self, batch_size, max_length, plan, dtype=None):
         """An empty mixed cache for `batch_size` sequences of `max_length`
@@ -143,6 +163,11 @@ class MixedCacheMixin:
         if latent:
             tensors["latent"] = init_latent_cache(
                 latent, batch_size, max_length, dtype
+            )
+        if plan.recurrent:
+            tensors["recurrent"] = tuple(
+                recurrent_cache(self.blocks[i], batch_size, dtype)
+                for i in plan.recurrent
             )
         return plan.pack(tensors)
 
@@ -191,51 +216,67 @@ class MixedCacheMixin:
         if plan.windowed:
             keys = ops.concatenate([tensors["slot_mask"], token_mask], axis=1)
             masks["rolling"] = ops.repeat(ops.expand_dims(keys, 1), steps, 1)
-        updated = dict(full=[], rolling=[], latent=[])
+        updated = dict(full=[], rolling=[], latent=[], recurrent=[])
         for i, block in enumerate(self.blocks):
             kind = plan.kind(i)
-            sinks = {}
+            count = len(updated[kind])
+            if kind == "recurrent":  # the tokens' mask, no key mask
+                options = dict(padding_mask=token_mask)
+                block_cache = tensors[kind][count]
+            else:
+                options = dict(attention_mask=masks[kind])
+                block_cache = tensors[kind][:, count]
             if kind == "rolling":
-                sinks["self_attention_cache_sink_tokens"] = plan.sink_tokens
+                options["self_attention_cache_sink_tokens"] = plan.sink_tokens
             x, block_cache = block(
                 x,
-                attention_mask=masks[kind],
-                self_attention_cache=tensors[kind][:, len(updated[kind])],
+                self_attention_cache=block_cache,
                 self_attention_cache_update_index=start,
-                **sinks,
+                **options,
             )
             updated[kind].append(block_cache)
         for kind, caches in updated.items():
             if caches:
-                tensors[kind] = stack_caches(caches)
+                tensors[kind] = (
+                    tuple(caches)
+                    if kind == "recurrent"
+                    else stack_caches(caches)
+                )
         if plan.windowed:
             tensors["slot_mask"] = rolling_cache_write(
                 tensors["slot_mask"], token_mask, start, plan.sink_tokens
             )
         return self.logits(x), x, plan.pack(tensors)
 
-    def _mixed_next(self, plan):
+    def _mixed_next(self, plan, offset=0):
         """The sampler callback `next(prompt, cache, index)` over a mixed
-        cache."""
+        cache: `prompt[:, index - 1]` sits at position `offset + index -
+        1`."""
 
         def next(prompt, cache, index):
             batch = ops.shape(prompt)[0]
             token = ops.slice(prompt, (0, index - 1), (batch, 1))
             logits, hidden, cache = self.call_with_mixed_cache(
-                token, cache, index - 1, plan
+                token, cache, offset + index - 1, plan
             )
             return logits[:, 0], hidden[:, 0], cache
 
         return next
 
-    def _mixed_prefill(self, token_ids, padding_mask, plan, hidden=True):
+    def _mixed_prefill(
+        self, token_ids, padding_mask, plan, hidden=True, max_length=None
+    ):
         """Writes the shortest prompt's positions into an empty mixed
-        cache, in chunks of the ring's length (as `_rolling_prefill`; 32
-        without a ring).
+        cache of `max_length` positions (the buffer's length when None),
+        in chunks of the ring's length (as `_rolling_prefill`; 32 without
+        a ring); with recurrent blocks, all but the last, which the
+        sampler's first step runs.
 
         Returns `(hidden, cache, index)` (`hidden` None unless asked)."""
         batch = ops.shape(token_ids)[0]
-        cache = self.init_mixed_cache(batch, ops.shape(token_ids)[1], plan)
+        if max_length is None:
+            max_length = ops.shape(token_ids)[1]
+        cache = self.init_mixed_cache(batch, max_length, plan)
         ring = 0  # no windowed block: chunks of `_prefill`'s least
         if plan.windowed:
             slots = plan.unpack(cache)["rolling"].shape[3]
@@ -251,4 +292,23 @@ class MixedCacheMixin:
             ring,
             call,
             hidden,
+            repeat_last=not plan.recurrent,
         )
+
+
+def is_recurrent(block):
+    """Whether `block`'s self-attention is a linear-time mixer with a
+    recurrent cache (`mixer="linear"` or `"gated_delta"`)."""
+    return getattr(block, "mixer", "attention") != "attention"
+
+
+def recurrent_cache(block, batch_size, dtype):
+    """The empty cache of a block with a mixer: `LinearAttention`'s
+    state `(batch, heads, key_dim, value_dim)` (one more column with
+    `normalize`), or `GatedDeltaNet`'s `(conv_state, state)`; the states
+    in float32 (float64 for float64 blocks), the convolution's inputs in
+    `dtype`."""
+    mixer = block.self_attention
+    if hasattr(mixer, "init_cache"):  # GatedDeltaNet
+        return mixer.init_cache(batch_size, dtype)
+    return mixer.initial_cache(batch_size)

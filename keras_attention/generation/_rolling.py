@@ -118,12 +118,24 @@ class RollingCacheMixin:
             token_ids, padding_mask, cache, size - sink_tokens, call, hidden
         )
 
-    def _prefill(self, token_ids, padding_mask, cache, ring, call, hidden):
+    def _prefill(
+        self,
+        token_ids,
+        padding_mask,
+        cache,
+        ring,
+        call,
+        hidden,
+        repeat_last=True,
+    ):
         """Writes the shortest prompt's positions into an empty cache of
         constant size per step (rolling or mixed): `call(tokens, cache,
         start)` in chunks of static length (the ring's `ring` slots, at
         least 32, at most the buffer's length when known), then the rest
-        one position at a time.
+        one position at a time. With `repeat_last=False` (a cache that
+        cannot take a position twice: a recurrent state), the last
+        position is left out of the cache returned (its hidden state is
+        computed when asked): the samplers' first step runs it.
 
         Returns `(hidden, cache, index)`: with `hidden`, the last block's
         outputs `(batch, max_length, d)` at the positions written (zeros
@@ -168,8 +180,10 @@ class RollingCacheMixin:
             cond, body, (ops.convert_to_tensor(0, "int32"), outputs, cache)
         )
 
+        last = shortest if repeat_last else shortest - 1
+
         def step_cond(position, outputs, cache):
-            return position < shortest
+            return position < last
 
         def step_body(position, outputs, cache):
             token = ops.slice(token_ids, (0, position), (batch, 1))
@@ -179,6 +193,10 @@ class RollingCacheMixin:
         _, outputs, cache = ops.while_loop(
             step_cond, step_body, (chunks * chunk, outputs, cache)
         )
+        if hidden and not repeat_last:  # the last position's, not kept
+            token = ops.slice(token_ids, (0, last), (batch, 1))
+            _, h, _ = call(token, cache, last)
+            outputs = write(outputs, h, last)
         return (outputs if hidden else None), cache, shortest
 
     def _cache_plan(self, sink_tokens, cache="auto"):

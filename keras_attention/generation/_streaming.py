@@ -1,13 +1,20 @@
 """Streamed generation (private to `generation`): `StreamingMixin`, the
-methods of `Generator` that generate in pieces over a rolling cache and
-yield each piece's columns, and `stop_after_first`, the NumPy stop-token
-padding of those pieces.
+methods of `Generator` that generate in pieces over a cache carried from
+piece to piece and yield each piece's columns, and `stop_after_first`,
+the NumPy stop-token padding of those pieces.
+
+The cache is a rolling one (every self-attention windowed) or a mixed
+one (`_mixed.py`: full, windowed, latent and recurrent blocks, a stack
+of full attention included): its full and latent caches are made for
+the `max_length` positions of the whole output at the first piece, the
+rest keeps its size.
 """
 
 import numpy as np
 from keras import ops
 
 from keras_attention.generation import _checks
+from keras_attention.generation._mixed import MixedPlan
 from keras_attention.generation._samplers import get_sampler
 from keras_attention.generation._samplers import is_streamable
 from keras_attention.generation._samplers import sampler_key
@@ -32,9 +39,10 @@ def stop_after_first(tokens, generated, stop_token_ids, stopped, pad):
 
 class StreamingMixin:
     """Streaming (`generate(..., stream=...)`) of `Generator`: the piece
-    size, the sampling loop of one piece over a rolling cache, the
-    compiled pieces and the Python generator of the outputs' columns.
-    Uses `RollingCacheMixin` (`_rolling_next`, `_rolling_prefill`)."""
+    size, the sampling loop of one piece over a rolling or mixed cache,
+    the compiled pieces and the Python generator of the outputs' columns.
+    Uses `RollingCacheMixin` (`_rolling_next`, `_rolling_prefill`) and
+    `MixedCacheMixin` (`_mixed_next`, `_mixed_prefill`)."""
 
     def _stream_size(self, stream):
         """Tokens per piece of a streamed generation: `stream` (a positive
@@ -54,11 +62,16 @@ class StreamingMixin:
         self, sampler, token_ids, padding_mask, cache, index, offset, sinks
     ):
         """The `keras_hub` sampling loop (greedy, top-k, ...: the base
-        `Sampler.__call__`, step for step) over a rolling cache, returning
-        the cache too: `(token_ids, cache)`. `token_ids[:, i]` sits at
-        position `offset + i`; positions before `offset + index - 1` are in
-        the cache."""
-        next = self._rolling_next(sinks, offset)
+        `Sampler.__call__`, step for step) over a rolling cache (`sinks`
+        an int) or a mixed one (a `MixedPlan`), returning the cache too:
+        `(token_ids, cache)`. `token_ids[:, i]` sits at position `offset
+        + i`; positions before `offset + index - 1` are in the cache
+        (the one at `offset + index - 1` too, except in a recurrent
+        cache)."""
+        if isinstance(sinks, MixedPlan):
+            next = self._mixed_next(sinks, offset)
+        else:
+            next = self._rolling_next(sinks, offset)
         mask = ops.cast(padding_mask, "bool")
 
         def cond(prompt, cache, index, mask):
@@ -82,13 +95,18 @@ class StreamingMixin:
         )
         return token_ids, cache
 
-    def _compile_stream(self, sampler, sink_tokens):
+    def _compile_stream(self, sampler, sink_tokens, max_length):
         """The compiled pieces of a streamed generation (per sampler and
-        `sink_tokens`): `first(token_ids, padding_mask)` fills the cache
-        from the prompts and samples the rest of the buffer; `more(
-        token_ids, padding_mask, cache, offset)` goes on from a cache.
-        Both return `(token_ids, cache)`."""
+        `sink_tokens`, an int for a rolling cache or a `MixedPlan`, and
+        for a mixed cache `max_length`, its positions):
+        `first(token_ids, padding_mask)` fills the cache from the prompts
+        and samples the rest of the buffer; `more(token_ids,
+        padding_mask, cache, offset)` goes on from a cache. Both return
+        `(token_ids, cache)`."""
+        mixed = isinstance(sink_tokens, MixedPlan)
         key = ("stream", sampler_key(sampler), sink_tokens)
+        if mixed:
+            key += (max_length,)
         if key not in self._compiled:
             resolved = get_sampler(sampler)
             if not is_streamable(resolved):
@@ -100,9 +118,18 @@ class StreamingMixin:
                 )
 
             def first(token_ids, padding_mask):
-                _, cache, index = self._rolling_prefill(
-                    token_ids, padding_mask, sink_tokens, hidden=False
-                )
+                if mixed:
+                    _, cache, index = self._mixed_prefill(
+                        token_ids,
+                        padding_mask,
+                        sink_tokens,
+                        hidden=False,
+                        max_length=max_length,
+                    )
+                else:
+                    _, cache, index = self._rolling_prefill(
+                        token_ids, padding_mask, sink_tokens, hidden=False
+                    )
                 return self._sample_piece(
                     resolved,
                     token_ids,
@@ -148,9 +175,9 @@ class StreamingMixin:
         stop_token_ids = _checks.check_stop_token_ids(
             stop_ids, self._vocabulary_size
         )
-        first, more = self._compile_stream(sampler, sink_tokens)
         width = token_ids.shape[1]
         max_length = width if max_length is None else max_length
+        first, more = self._compile_stream(sampler, sink_tokens, max_length)
         pad = self.pad_token_id
 
         def pieces():

@@ -2,7 +2,7 @@
 
 from keras_attention.generation import _checks
 from keras_attention.generation._generator import Generator
-from keras_attention.generation.cache import unwindowed_block
+from keras_attention.generation._mixed import MixedPlan
 from keras_attention.utils import validation
 
 
@@ -113,8 +113,12 @@ class CausalLMGenerator(Generator):
             stream: bool, or a positive int: return a Python generator of
                 the outputs' columns as they are produced, `stream`
                 tokens per piece (64 for True), instead of the outputs
-                (windowed models, samplers that draw each token from the
-                logits alone: greedy, top-k, top-p, random).
+                (samplers that draw each token from the logits alone:
+                greedy, top-k, top-p, random). Any stack: the cache is
+                carried from piece to piece, its full-attention and
+                latent caches made for `max_length` positions at the
+                first piece, its rings and recurrent states of constant
+                size.
             cache: "auto" (default) or "full". "auto" keeps a rolling
                 cache for each windowed self-attention and a full one for
                 the others (below); "full" keeps `max_length` positions in
@@ -134,7 +138,17 @@ class CausalLMGenerator(Generator):
         attention (`latent_attention`, DeepSeek's MLA) cache `max_length`
         latents of `kv_lora_rank + qk_rope_head_dim` numbers instead of
         keys and values, in a mixed cache too, whatever `cache` says.
-        Otherwise the cache holds `max_length` positions.
+        Blocks with a linear-time mixer (`mixer="linear"` or
+        `"gated_delta"`) keep their mixer's recurrent cache there, a
+        state of constant size per block: each token costs the same
+        whatever its position. Such a block never runs padding: the
+        prompts' positions are run up to the shortest prompt's last
+        token (the longer prompts go on token by token in the
+        sampler's loop, each position once), and tokens the embedding
+        masks (`mask_zero`, e.g. a left-padded prompt under a
+        `pad_token_id` the embedding does not mask) neither write nor
+        decay the state nor enter the convolution. Otherwise the cache
+        holds `max_length` positions.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
@@ -156,9 +170,9 @@ class CausalLMGenerator(Generator):
                 the position embedding, a `padding_mask` of another shape,
                 an unknown `sampler`, `stop_token_ids` that are not a tuple
                 of token ids, `sink_tokens` for a model without windowed
-                self-attention or with `cache="full"`, `stream` for a model
-                with a full self-attention (the block is named), a `cache`
-                other than "auto" or "full", a sampler that cannot stream.
+                self-attention or with `cache="full"` (the block is
+                named), a `cache` other than "auto" or "full", a sampler
+                that cannot stream.
                 Prompts given as symbolic tensors (inside a
                 `tf.function` or `jax.jit`) are checked for rank, dtype and
                 length only: their values are unknown there, and a prompt
@@ -178,19 +192,8 @@ class CausalLMGenerator(Generator):
                 unbatched,
                 sink_tokens=sinks,
             )
-        if cache == "full":
-            raise ValueError(
-                "`stream` needs a rolling cache, and cache='full' keeps "
-                f"none. Received: stream={stream!r}, cache={cache!r}"
-            )
-        if not isinstance(sinks, int):
-            index, block = unwindowed_block(self.blocks)
-            raise ValueError(
-                "`stream` needs a rolling cache, so windowed self-attention "
-                f"(`window_size`) in every block; block {index} "
-                f"({block.name!r}) has none. "
-                f"Received: stream={stream!r}"
-            )
+        if sinks is None:  # full attention only: a mixed cache of it
+            sinks = MixedPlan(full=tuple(range(len(self.blocks))))
         if _checks.is_integer(max_length):
             max_length = int(max_length)
         validation.check_positive_int("max_length", max_length, allow_none=True)

@@ -180,8 +180,6 @@ def test_arguments_are_refused_naming_them():
         ValueError, match=rf"block 0 \('{block}'.*sink_tokens=1"
     ):
         lm.generate(prompt, 6, sink_tokens=1)
-    with pytest.raises(ValueError, match=rf"block 0 \('{block}'.*stream=True"):
-        lm.generate(prompt, 6, stream=True)
     with pytest.raises(ValueError, match=f"{block}.*latent attention"):
         init_cache(lm.blocks, 1, 6)
     _, mixed = generator()

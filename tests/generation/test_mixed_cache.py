@@ -131,12 +131,6 @@ def test_arguments_are_refused_naming_them():
         lm.generate(prompt, 8, cache="rolling")
     with pytest.raises(ValueError, match=r"sink_tokens=2, cache='full'"):
         lm.generate(prompt, 8, sink_tokens=2, cache="full")
-    block = lm.blocks[1].name
-    with pytest.raises(ValueError, match=rf"block 1 \('{block}'.*=True"):
-        lm.generate(prompt, 8, stream=True)
-    _, windowed = build_lm(windows=(2, 3))
-    with pytest.raises(ValueError, match=r"stream=True, cache='full'"):
-        windowed.generate(prompt, 8, stream=True, cache="full")
     with pytest.raises(ValueError, match=r"'start'|start="):
         plan = lm.mixed_cache_plan()
         lm.call_with_mixed_cache(
