@@ -105,6 +105,7 @@ PROMPTS = (
 
 def parse_args(argv=None):
     from examples.language_model.options import DOCUMENTS
+    from examples.language_model.options import MIXERS
     from examples.language_model.options import POSITIONS
 
     parser = argparse.ArgumentParser(
@@ -157,20 +158,36 @@ def parse_args(argv=None):
     model.add_argument("--num-heads", type=int, default=4)
     model.add_argument("--dropout", type=float, default=0.0)
     model.add_argument(
+        "--mixer",
+        nargs="+",
+        choices=MIXERS,
+        default=["attention"],
+        help="the blocks' token mixer: softmax self-attention, "
+        "LinearAttention (gated decay), GatedDeltaNet, or hybrid (Qwen "
+        "3.5's layout: three gated delta nets then one attention block, "
+        "the last block attention too; with 2 layers gated_delta then "
+        "attention). Several: each trained with the same data, steps and "
+        "seed, then one table (bits/char at 1x and 4x --sequence-length, "
+        "training tokens/s, decoding ms/token and peak memory over "
+        "--decode-length characters); no completions or export then",
+    )
+    model.add_argument(
         "--window",
         type=int,
-        default=64,
+        default=None,
         help="each position attends to the last N characters "
-        "(LocalSelfAttention); below --sequence-length, so that "
-        "generating beyond it meets only trained distances; 0: full "
-        "causal attention, then --max-length <= --sequence-length",
+        "(LocalSelfAttention; default 64); below --sequence-length, so "
+        "that generating beyond it meets only trained distances; 0: full "
+        "causal attention, then --max-length <= --sequence-length. "
+        "Attention blocks only",
     )
     model.add_argument(
         "--positions",
         choices=POSITIONS,
-        default="rope",
-        help="how positions enter: rotary (rope), a learned table, "
-        "sinusoids, ALiBi, or one T5 relative bias shared by the blocks",
+        default=None,
+        help="how positions enter: rotary (rope, the default), a learned "
+        "table, sinusoids, ALiBi, or one T5 relative bias shared by the "
+        "blocks (rope, ALiBi and T5 in attention blocks only)",
     )
     model.add_argument(
         "--extrapolation",
@@ -205,6 +222,17 @@ def parse_args(argv=None):
         "--prompt",
         default=PROMPTS[0],
         help="the prompt of --generate-only",
+    )
+    gen.add_argument(
+        "--decode-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="several --mixer: characters generated (greedy, streamed) "
+        "in a fresh process per mixer, for ms/token and peak memory "
+        "above an idle process (default 32768; 256 with --quick); a "
+        "measure of cost, the text beyond the trained lengths is not "
+        "judged",
     )
     gen.add_argument(
         "--sink-tokens",
@@ -246,18 +274,22 @@ def parse_args(argv=None):
         output_dir="runs/language_model",
     )
     args = parser.parse_args(argv)
+    check_mixers(parser, args)
     args.samplers = tuple(s for s in args.samplers.split(",") if s)
     # Before Keras (and JAX) are imported: the backend, the devices.
     context_parallel.check_args(parser, args)
     if args.sequence_length is None:
         args.sequence_length = 128
     if args.quick:
-        args.hidden_dim, args.num_layers, args.num_heads = 32, 1, 2
+        # A hybrid stack needs two blocks; every mixer gets the same.
+        layers = 2 if "hybrid" in args.mixer else 1
+        args.hidden_dim, args.num_layers, args.num_heads = 32, layers, 2
         shards = args.context_parallel or 1
         args.sequence_length = min(args.sequence_length, 64 * shards)
         if not args.generate_only:
             args.max_length = min(args.max_length, 48)
         args.window = min(args.window, 32)
+        args.decode_length = min(args.decode_length, 256)
         args.epochs, args.steps_per_epoch = min(args.epochs, 2), 15
         # Sharded windows are 64 x N long: a few fill the tiny splits.
         args.batch_size = min(args.batch_size, 8 if shards > 1 else 32)
@@ -266,6 +298,102 @@ def parse_args(argv=None):
     select_backend(args.backend, parser.error)
     check_distribution(parser, args)
     return args
+
+
+# Flags of a single run that a comparison of several --mixer has no use
+# for (it trains, evaluates and measures decoding; nothing else).
+NOT_COMPARED = (
+    "generate_only", "prompt", "sink_tokens", "samplers", "max_length",
+    "extrapolation", "distribution", "context_parallel",
+)  # fmt: skip
+
+
+def check_mixers(parser, args):
+    """Refuses at start-up what cannot apply to the --mixer chosen, and
+    fills in the defaults of --window (64; 0 in a stack without
+    attention), --positions (rope) and --decode-length (32768).
+
+    Attention options need an attention block: --window, and positions
+    that enter attention (rope, ALiBi, T5), given explicitly with only
+    linear or gated_delta mixers, are refused, as are --sink-tokens (a
+    rolling cache's) and --context-parallel (ring attention). Several
+    mixers (a comparison) refuse the flags of `NOT_COMPARED` and a
+    learned position table (it cannot decode --decode-length); one mixer
+    refuses --decode-length. A hybrid stack needs --num-layers >= 2.
+    """
+    from examples.language_model.options import MIXERS
+
+    args.mixer = list(dict.fromkeys(args.mixer))  # each once, in order
+    shown = " ".join(args.mixer)
+    attention = any(m in ("attention", "hybrid") for m in args.mixer)
+    if not attention:  # linear / gated_delta only
+        if args.window is not None:
+            parser.error(
+                f"--window applies to attention blocks, and --mixer {shown} "
+                "has none (a linear-time mixer keeps a recurrent state, no "
+                f"window). Received: --window {args.window!r}"
+            )
+        if args.positions not in (None, "learned", "sinusoidal"):
+            parser.error(
+                f"--positions {args.positions} enters attention blocks "
+                f"only, and --mixer {shown} has none (the order of the "
+                "tokens enters through the recurrent state; learned or "
+                "sinusoidal positions, added to the embeddings, apply). "
+                f"Received: --positions {args.positions!r}"
+            )
+        if args.sink_tokens:
+            parser.error(
+                "--sink-tokens keep the first positions in a rolling "
+                f"attention cache, and --mixer {shown} has no attention "
+                f"block. Received: --sink-tokens {args.sink_tokens!r}"
+            )
+    linear = [m for m in args.mixer if m != "attention"]
+    if args.context_parallel and linear:
+        parser.error(
+            f"--context-parallel runs attention as a ring; --mixer "
+            f"{linear[0]} has linear-time mixers, which cannot run there. "
+            f"Received: --mixer {shown}, --context-parallel "
+            f"{args.context_parallel!r}"
+        )
+    if "hybrid" in args.mixer and args.num_layers < 2 and not args.quick:
+        parser.error(
+            "--mixer hybrid needs --num-layers >= 2 (gated delta nets, "
+            f"then attention). Received: --num-layers {args.num_layers!r}"
+        )
+    if len(args.mixer) > 1:
+        for name in NOT_COMPARED:
+            value = getattr(args, name)
+            if value != parser.get_default(name):
+                flag = "--" + name.replace("_", "-")
+                parser.error(
+                    f"{flag} does not apply to a comparison of several "
+                    f"mixers (--mixer {shown}: each is trained, evaluated "
+                    "and decoded, nothing else); run one --mixer for it. "
+                    f"Received: {flag} {value!r}"
+                )
+        if args.positions == "learned":
+            parser.error(
+                "--positions learned keeps a table of --max-length "
+                "positions, and a comparison of several mixers decodes "
+                f"--decode-length characters (--mixer {shown}). Received: "
+                "--positions 'learned'"
+            )
+    elif args.decode_length is not None:
+        parser.error(
+            "--decode-length is the decoding measured by a comparison of "
+            f"several mixers (--mixer {' '.join(MIXERS)} ...); --mixer "
+            f"{shown} is one. Received: --decode-length {args.decode_length!r}"
+        )
+    if args.decode_length is None:
+        args.decode_length = 32768
+    if args.decode_length < 1:
+        parser.error(
+            f"--decode-length must be >= 1. Received: {args.decode_length!r}"
+        )
+    if args.window is None:
+        args.window = 64 if attention else 0
+    if args.positions is None:
+        args.positions = "rope"
 
 
 def check_distribution(parser, args):
@@ -295,6 +423,8 @@ def check_generation_length(parser, args):
                 f"--{name.replace('_', '-')} must be at least 2. "
                 f"Received: {getattr(args, name)!r}"
             )
+    if not any(m in ("attention", "hybrid") for m in args.mixer):
+        return  # no attention block: no window, no positions' limits
     if args.window < 0:
         parser.error(
             "--window must be >= 0 (0: full attention). "
@@ -384,6 +514,7 @@ def generate_only(args):
         dropout=args.dropout,
         window=args.window or None,
         positions=args.positions,
+        mixer=args.mixer[0],
     )
     model.load_weights(checkpoint)
     sampler = make_sampler(args.samplers[0], seed=args.seed)
@@ -429,16 +560,18 @@ EXTRAPOLATION = (1, 2, 4)
 EXTRAPOLATION_WINDOWS = 256  # windows evaluated per length
 
 
-def extrapolation_bits(model, test_lines, tokenizer, length, batch_size):
+def extrapolation_bits(
+    model, test_lines, tokenizer, length, batch_size, factors=EXTRAPOLATION
+):
     """`{factor: bits/char}`: teacher-forced bits per character on (the
     first `EXTRAPOLATION_WINDOWS`) test windows of `factor * length`
-    characters, for each factor of `EXTRAPOLATION`: the same text, read
-    with longer and longer contexts."""
+    characters, for each of `factors` (`EXTRAPOLATION`): the same text,
+    read with longer and longer contexts."""
     from examples.language_model import data
     from examples.language_model.model import positional_bits_per_character
 
     results = {}
-    for factor in EXTRAPOLATION:
+    for factor in factors:
         windows = data.char_windows(test_lines, tokenizer, factor * length)
         batches = data.batches(
             windows.take(EXTRAPOLATION_WINDOWS), batch_size, shuffle=False
@@ -474,11 +607,136 @@ def training_throughput(windows, args, timer):
     return result
 
 
+def compile_models(fit_model, model, args):
+    """Compiles the model trained (`fit_model`: AdamW, a cosine schedule
+    with warm-up, the cross-entropy of the logits) and, when it is
+    another (packed windows), `model` for evaluation."""
+    import keras
+
+    total_steps = args.epochs * args.steps_per_epoch
+    schedule = keras.optimizers.schedules.CosineDecay(
+        args.learning_rate * 0.1,
+        total_steps,
+        alpha=0.05,
+        warmup_target=args.learning_rate,
+        warmup_steps=max(total_steps // 20, 1),
+    )
+    fit_model.compile(
+        optimizer=keras.optimizers.AdamW(
+            schedule, weight_decay=0.01, clipnorm=1.0
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=args.jit_compile,
+    )
+    if fit_model is not model:  # evaluated on the test stream
+        model.compile(
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=args.jit_compile,
+        )
+
+
+def train_mixer(args, strategy, mixer):
+    """Trains and evaluates the model of one `mixer` for a comparison of
+    several (`examples.language_model.mixers`): the same data, steps and
+    seed as the others, in `args.output_dir`.
+
+    Returns a dict: `model_config` (the arguments of
+    `build_language_model`), `weights` (a file of the trained weights),
+    `blocks` (each block's mixer), `parameters`, `bits` (test bits/char
+    on windows of --sequence-length), `bits_4x` (teacher-forced, on test
+    windows of 4x it), `tokens_per_second` and `step_ms` (training).
+    """
+    import keras
+
+    from examples.common.text import character_tokenizer
+    from examples.language_model import data
+    from examples.language_model.model import StepTimer
+    from examples.language_model.model import bits_per_character
+    from examples.language_model.model import block_mixers
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import packed_language_model
+
+    keras.utils.set_random_seed(args.seed)
+    train_lines, val_lines, test_lines = data.load_text_splits(
+        args.dataset,
+        args.text_file,
+        args.data_dir,
+        args.download,
+        tiny=args.quick,
+    )
+    tokenizer = character_tokenizer(train_lines)
+    train_windows, val_windows, test_windows = (
+        data.char_windows(d, tokenizer, args.sequence_length)
+        for d in (train_lines, val_lines, test_lines)
+    )
+    if args.documents != "stream":
+        train_windows, val_windows = (
+            data.document_windows(
+                d, tokenizer, args.sequence_length, args.documents
+            )
+            for d in (train_lines, val_lines)
+        )
+    train = data.batches(
+        train_windows, args.batch_size, shuffle=True, seed=args.seed
+    )
+    val, test = (
+        data.batches(w, args.batch_size, shuffle=False)
+        for w in (val_windows, test_windows)
+    )
+    config = dict(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        max_length=EXTRAPOLATION[-1] * args.sequence_length,
+        hidden_dim=args.hidden_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        dropout=args.dropout,
+        window=args.window or None,
+        positions=args.positions,
+        mixer=mixer,
+    )
+    with strategy.scope():
+        model, _ = build_language_model(**config)
+        fit_model = model
+        if args.documents == "packed":
+            fit_model = packed_language_model(model)
+        compile_models(fit_model, model, args)
+    timer = StepTimer()
+    fit(fit_model, train, val, args, callbacks=[timer])
+    test_loss = float(evaluate(model, test)["loss"])
+    throughput = training_throughput(train_windows, args, timer)
+    bits_4x = extrapolation_bits(
+        model,
+        test_lines,
+        tokenizer,
+        args.sequence_length,
+        args.batch_size,
+        factors=(EXTRAPOLATION[-1],),
+    )[EXTRAPOLATION[-1]]
+    weights = os.path.join(args.output_dir, "model.weights.h5")
+    model.save_weights(weights)
+    return {
+        "model_config": config,
+        "weights": weights,
+        "blocks": block_mixers(model),
+        "parameters": model.count_params(),
+        "bits": bits_per_character(test_loss),
+        "bits_4x": bits_4x,
+        "tokens_per_second": throughput["tokens_per_second"],
+        "step_ms": throughput["step_ms"],
+    }
+
+
 def main(argv=None):
     args = parse_args(argv)
     strategy = setup_runtime(args)
     if args.generate_only:
         return generate_only(args)
+    if len(args.mixer) > 1:
+        from examples.language_model import mixers
+
+        return mixers.compare(
+            args, lambda mixer, a: train_mixer(a, strategy, mixer)
+        )
     start = time.time()
 
     import keras
@@ -489,6 +747,7 @@ def main(argv=None):
     from examples.language_model.export import export_language_model
     from examples.language_model.model import StepTimer
     from examples.language_model.model import bits_per_character
+    from examples.language_model.model import block_mixers
     from examples.language_model.model import build_language_model
     from examples.language_model.model import complete
     from examples.language_model.model import make_distribution
@@ -569,6 +828,7 @@ def main(argv=None):
             dropout=args.dropout,
             window=args.window or None,
             positions=args.positions,
+            mixer=args.mixer[0],
         )
         # Packed windows: the same layers, reading `segment_ids` too.
         fit_model = (
@@ -576,28 +836,7 @@ def main(argv=None):
             if args.documents == "packed"
             else model
         )
-        total_steps = args.epochs * args.steps_per_epoch
-        schedule = keras.optimizers.schedules.CosineDecay(
-            args.learning_rate * 0.1,
-            total_steps,
-            alpha=0.05,
-            warmup_target=args.learning_rate,
-            warmup_steps=max(total_steps // 20, 1),
-        )
-        fit_model.compile(
-            optimizer=keras.optimizers.AdamW(
-                schedule, weight_decay=0.01, clipnorm=1.0
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            jit_compile=args.jit_compile,
-        )
-        if fit_model is not model:  # evaluated on the test stream
-            model.compile(
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True
-                ),
-                jit_compile=args.jit_compile,
-            )
+        compile_models(fit_model, model, args)
     model.summary(print_fn=logger.info)
     memory = None
     if context is not None:
@@ -657,6 +896,9 @@ def main(argv=None):
         f"non-padding) | padding {100 * throughput['padding']:.1f} %"
     )
 
+    blocks = block_mixers(model)
+    print(f"mixer: {args.mixer[0]} (blocks: {', '.join(blocks)})")
+
     extrapolation = None
     if args.extrapolation:
         extrapolation = extrapolation_bits(
@@ -714,6 +956,7 @@ def main(argv=None):
     return {
         "backend": backend,
         "distribution": args.distribution,
+        "blocks": blocks,
         "context_parallel_memory": memory,
         "history": history.history,
         "step_ms": timer.median_ms(),

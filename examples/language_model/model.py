@@ -34,6 +34,7 @@ import numpy as np
 
 from examples.common.packing import SegmentPositions
 from examples.language_model.options import POSITIONS
+from examples.language_model.options import layer_mixers
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.distribution import get_layout_map
 from keras_attention.generation import CausalLMGenerator
@@ -113,6 +114,7 @@ def build_language_model(
     window=None,
     positions="rotary",
     rotary_max_wavelength=10_000,
+    mixer="attention",
 ):
     """Returns `(model, generator)`.
 
@@ -131,6 +133,16 @@ def build_language_model(
     embeddings (any `T`). `"alibi"`: no position input, `ALiBi` in every
     self-attention. `"t5"`: no position input, one `T5RelativeBias`
     (causal buckets) shared by every block's self-attention.
+
+    `mixer` (`options.MIXERS`): the blocks' token mixer, per block as
+    `options.layer_mixers` says: softmax self-attention (`"attention"`),
+    `LinearAttention` with a gated decay (`"linear"`), `GatedDeltaNet`
+    (`"gated_delta"`, its heads as the attention's: `num_heads` of
+    `hidden_dim // num_heads`), or gated delta nets with an attention
+    block every fourth and last (`"hybrid"`). `window` and the positions
+    of the blocks (rotary, ALiBi, T5) go to the attention blocks only; a
+    mixer block keeps a recurrent state, and the order of the tokens
+    enters through it (and `GatedDeltaNet`'s short convolution).
     """
     if positions not in POSITIONS:
         raise ValueError(
@@ -166,9 +178,13 @@ def build_language_model(
             norm_first=True,
             dropout=dropout,
             name=f"decoder_block_{i}",
-            **block_kwargs,
+            **(
+                block_kwargs
+                if kind == "attention"
+                else mixer_arguments(kind, hidden_dim, num_heads)
+            ),
         )
-        for i in range(num_layers)
+        for i, kind in enumerate(layer_mixers(mixer, num_layers))
     ]
     final_norm = keras.layers.LayerNormalization(name="final_norm")
     to_logits = keras.layers.Dense(
@@ -187,6 +203,44 @@ def build_language_model(
         jit_compile=False,
     )
     return model, generator
+
+
+def mixer_arguments(mixer, hidden_dim, num_heads):
+    """The block arguments of a linear-time mixer (`"linear"` or
+    `"gated_delta"`) in `build_language_model`: as many heads as the
+    attention's, of the same size."""
+    if mixer == "linear":
+        return dict(mixer="linear", mixer_options=dict(decay="gated"))
+    head_dim = hidden_dim // num_heads
+    return dict(
+        mixer="gated_delta",
+        mixer_options=dict(
+            linear_num_key_heads=num_heads,
+            linear_num_value_heads=num_heads,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+        ),
+    )
+
+
+def block_mixers(model):
+    """The `mixer` of each `TransformerDecoderBlock` of `model`, in order
+    (what a run built).
+
+    Example:
+
+    >>> from examples.language_model.model import block_mixers
+    >>> from examples.language_model.model import build_language_model
+    >>> model, _ = build_language_model(
+    ...     40, 24, hidden_dim=8, num_heads=2, num_layers=2, mixer="hybrid")
+    >>> block_mixers(model)
+    ['gated_delta', 'attention']
+    """
+    return [
+        layer.mixer
+        for layer in model.layers
+        if isinstance(layer, TransformerDecoderBlock)
+    ]
 
 
 def packed_language_model(model):
@@ -264,8 +318,9 @@ def make_distribution(kind, model_axis_size=2):
 def generates_any_length(generator):
     """Whether `generator` completes prompts of any length: every block's
     self-attention is windowed (the generator keeps a rolling cache of
-    the window, whatever the length) and the embedding has no learned
-    position table (`positions="learned"`).
+    the window, whatever the length) or a linear-time mixer (a recurrent
+    state of constant size), and the embedding has no learned position
+    table (`positions="learned"`).
 
     Example:
 
@@ -275,8 +330,9 @@ def generates_any_length(generator):
     >>> generates_any_length(generator)
     True
     """
-    windowed = all(
-        block.self_attention.cache_window() is not None
+    windowed = all(  # a mixer's recurrent state: any length too
+        block.mixer != "attention"
+        or block.self_attention.cache_window() is not None
         for block in generator.blocks
     )
     learned = isinstance(generator.embedding, TokenAndPositionEmbedding)

@@ -1,0 +1,136 @@
+"""Decoding's cost for the `--mixer` comparison of the `language_model`
+example: the milliseconds per generated character and the peak memory
+of generating N characters, each measured in a fresh process.
+
+    python -m examples.language_model.decoding CONFIG_JSON WEIGHTS N
+    python -m examples.language_model.decoding CONFIG_JSON WEIGHTS N --idle
+
+The child builds the model of `CONFIG_JSON` (the arguments of
+`build_language_model`), loads `WEIGHTS` and, through a
+`CausalLMGenerator` over its layers (XLA on TensorFlow), streams a
+greedy completion of N characters after the example's first prompt in
+pieces (`generate(..., stream=piece)`: the cache carried from piece to
+piece, so the text is never held whole). It prints one JSON line: the
+median milliseconds per character over the pieces after the first
+(which compiles and reads the prompt), the characters generated and
+its peak resident memory (`ru_maxrss`). `--idle`: the same process up
+to the generator, nothing generated: the baseline `measure` subtracts,
+as `benchmarks/_timing.py`'s `peak_rss_mb` is used there.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT = "\nIn the beginning"
+
+
+def piece_size(length):
+    """Characters per streamed piece: 256, fewer for short runs (at
+    least 8 pieces of at least 8)."""
+    return max(8, min(256, length // 8))
+
+
+def child(config, weights, length, idle=False, jit_compile=True):
+    """One decoding in this process (see the module docstring); returns
+    the dict it prints. `jit_compile`: the generator's (XLA on
+    TensorFlow)."""
+    import resource
+
+    import numpy as np
+
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import make_sampler
+    from keras_attention.generation import CausalLMGenerator
+
+    model, generator = build_language_model(**config)
+    model.load_weights(weights)
+    generator = CausalLMGenerator(
+        generator.embedding,
+        generator.blocks,
+        generator.head,
+        jit_compile=jit_compile,
+    )
+    vocabulary_size = config["vocabulary_size"]
+    codes = [min(ord(c), vocabulary_size - 1) for c in PROMPT]
+    times, done = [], 0
+    if not idle:
+        piece = piece_size(length)
+        start = time.perf_counter()
+        for tokens in generator.generate(
+            np.array(codes, "int32"),
+            max_length=len(codes) + length,
+            sampler=make_sampler("greedy"),
+            stream=piece,
+        ):
+            now = time.perf_counter()
+            new = np.asarray(tokens).shape[-1] - (len(codes) if not done else 0)
+            done += new
+            times.append((now - start) / max(new, 1))
+            start = now
+    steady = times[1:] or times
+    return {
+        "ms_per_token": 1e3 * statistics.median(steady) if steady else None,
+        "characters": done,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        / 1024,
+    }
+
+
+def run_child(config, weights, length, idle=False, timeout=7200):
+    """`child` in a fresh process (the current backend and environment);
+    its dict. Raises `RuntimeError` with the child's stderr when it
+    fails."""
+    import keras
+
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.language_model.decoding",
+            json.dumps(config),
+            weights,
+            str(length),
+        ]
+        + (["--idle"] if idle else []),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.abspath(root),
+        timeout=timeout,
+    )
+    if out.returncode:
+        raise RuntimeError(
+            f"decoding {length} characters failed:\n{out.stderr[-3000:]}"
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(config, weights, length):
+    """`{"ms_per_token", "characters", "peak_mib"}`: a fresh process
+    generating `length` characters, and its peak resident memory less an
+    idle one's (the same model and generator, nothing generated)."""
+    idle = run_child(config, weights, length, idle=True)
+    run = run_child(config, weights, length)
+    return {
+        "ms_per_token": run["ms_per_token"],
+        "characters": run["characters"],
+        "peak_mib": run["peak_rss_mib"] - idle["peak_rss_mib"],
+    }
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    config, weights, length = json.loads(argv[0]), argv[1], int(argv[2])
+    result = child(config, weights, length, idle="--idle" in argv[3:])
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
