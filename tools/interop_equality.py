@@ -13,7 +13,9 @@ to 1 global with RoPE scaling 8); Qwen 3 windowed (16) on TensorFlow
 only; Mixtral and Qwen3-MoE with 4 experts, top 2 (Qwen3-MoE's layer 0
 dense); T5 1.1 with heads of 16; SmolLM3 without RoPE on layer 3;
 gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
-noise added to every weight, so that norms are not the identity):
+Qwen 3.5 with gated delta nets on layers 0-2 and gated attention on
+layer 3, windowed (16) on TensorFlow only; noise added to every
+weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
   (right-padded rows, and a left-padded one for the causal models; T5:
@@ -27,7 +29,9 @@ noise added to every weight, so that norms are not the identity):
 - greedy generation (causal families, T5): 4 right-padded prompts of 8,
   5, 3 and 6 tokens completed to 32 tokens by our
   `causal_lm_generator(model).generate(..., sampler="greedy")` and by
-  keras-hub's `CausalLM.generate` (greedy), the number of generated
+  keras-hub's `CausalLM.generate` (greedy; Qwen 3.5: greedy decoding
+  driven by keras-hub's forward pass, as its `generate` prefills the
+  gated delta rule over the padded buffer), the number of generated
   tokens that are equal (T5: the prompts as sources, targets of 1 to 3
   tokens from the start token 0 completed to 32).
 
@@ -131,6 +135,23 @@ def backbones():
             sliding_window_size=16,
             global_rope_scaling_factor=8.0,
             **dict(llama_style, num_layers=6),
+        ),
+        # Gated delta nets on layers 0-2, gated attention on layer 3
+        # (keras-hub's default pattern), half of each head rotated;
+        # windowed on TF only, as Qwen 3.
+        "Qwen 3.5 (3 gated delta : 1 gated attention)": (
+            models.Qwen3_5Backbone(
+                head_dim=16,
+                partial_rotary_factor=0.5,
+                sliding_window_size=(
+                    16 if keras.backend.backend() == "tensorflow" else None
+                ),
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                **llama_style,
+            )
         ),
         # keras-hub 0.32's Qwen3Attention drops its window where Keras
         # has a fused attention op (JAX, PyTorch): windowed on TF only.
@@ -325,6 +346,25 @@ def t5_greedy_agreement(model, theirs, rng):
     return int(equal.sum()), int((~start).sum())
 
 
+def forward_greedy(backbone, ids, lengths):
+    """Greedy decoding driven by the backbone's forward pass: run on the
+    growing right-padded buffer, each row's next token the argmax of the
+    logits (the reverse embedding) at its last real token."""
+    tokens, lengths = np.array(ids), np.array(lengths)
+    rows, width = np.arange(len(tokens)), tokens.shape[1]
+    while lengths.min() < width:
+        mask = np.arange(width)[None] < lengths[:, None]
+        hidden = to_numpy(
+            backbone({"token_ids": tokens * mask, "padding_mask": mask})
+        )
+        last = hidden[rows, lengths - 1]
+        logits = to_numpy(backbone.token_embedding(last, reverse=True))
+        grow = lengths < width
+        tokens[rows[grow], lengths[grow]] = logits.argmax(-1)[grow]
+        lengths = lengths + grow
+    return tokens
+
+
 def greedy_agreement(model, theirs, rng):
     """`(equal, generated)`: how many of the generated tokens of our
     greedy `causal_lm_generator(...).generate` equal keras-hub's
@@ -333,7 +373,12 @@ def greedy_agreement(model, theirs, rng):
     mask = ids != 0
     theirs.compile(sampler="greedy")
     data = {"token_ids": ids, "padding_mask": mask}
-    if isinstance(theirs, keras_hub.models.Gemma3CausalLM):
+    if isinstance(theirs, keras_hub.models.Qwen3_5CausalLM):
+        # Its generate prefills the gated delta rule over the padded
+        # buffer (docs/pretrained/qwen3_5.md): greedy decoding driven by
+        # its forward pass instead.
+        want = forward_greedy(theirs.backbone, ids, mask.sum(-1))
+    elif isinstance(theirs, keras_hub.models.Gemma3CausalLM):
         # keras-hub 0.32's Gemma3CausalLM.generate needs a preprocessor:
         # its generate function, called directly.
         want = theirs.make_generate_function()(data)["token_ids"]

@@ -11,6 +11,7 @@ from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.mixtral import convert_mixtral
 from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
+from keras_attention.interop.qwen3_5 import convert_qwen3_5
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
@@ -31,6 +32,7 @@ CONVERTERS = {
     "MixtralBackbone": convert_mixtral,
     "Phi3Backbone": convert_phi3,
     "Qwen3Backbone": convert_qwen3,
+    "Qwen3_5Backbone": convert_qwen3_5,
     "Qwen3MoeBackbone": convert_qwen3_moe,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
@@ -90,7 +92,9 @@ def from_keras_hub(backbone):
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
     `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'
     `rotary_scaling`), `Qwen3Backbone` (QK-norm as the blocks'
-    `qk_norm="rms"`), `SmolLM3Backbone` (no rotary positions on its
+    `qk_norm="rms"`), `Qwen3_5Backbone` (text: gated delta net layers
+    as the blocks' `mixer="gated_delta"`, gated attention layers as
+    `attention_output_gate=True`), `SmolLM3Backbone` (no rotary positions on its
     NoPE layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their
     mixtures of experts as the blocks' `moe`), `ViTBackbone` (input
     `images`)

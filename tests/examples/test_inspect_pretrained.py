@@ -125,6 +125,17 @@ MODERN = {
     "Qwen3MoeBackbone": dict(
         head_dim=4, moe_intermediate_dim=8, num_experts=4, top_k=2
     ),
+    # Gated attention, half of each head rotated (one layer: the
+    # full-attention one; a gated delta net's matrix is no softmax).
+    "Qwen3_5Backbone": dict(
+        head_dim=4,
+        partial_rotary_factor=0.5,
+        layer_types=["full_attention"],
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=4,
+        linear_value_head_dim=4,
+    ),
     "Phi3Backbone": dict(
         rope_scaling_type="su",
         rope_scaling_short_factor=[1.0, 1.2],

@@ -33,7 +33,7 @@ def _is_supported(name):
 
 
 def _backbone_names(text):
-    return set(re.findall(r"\b([A-Z][A-Za-z0-9]*Backbone)\b", text))
+    return set(re.findall(r"\b([A-Z][A-Za-z0-9_]*Backbone)\b", text))
 
 
 def test_supported_backbones_is_the_registry():
