@@ -331,6 +331,38 @@ def test_no_asserts_in_library_code():
     )
 
 
+# `keras.ops.add` on TensorFlow adds a `(n, 1)`-like operand along the
+# wrong axis when the other's axis 1 has size n (keras_attention/ops/
+# _backend.py `broadcast_add`); `keras.layers.EinsumDense` adds its bias so.
+_BIAS_ADD_HOMES = {
+    "keras_attention.ops._backend",
+    "keras_attention.layers._einsum_dense",
+}
+
+
+def test_no_keras_add_or_einsum_dense_outside_their_homes():
+    def bad(node):
+        if not isinstance(node, ast.Call):
+            return False
+        name = ast.unparse(node.func)
+        return name in ("ops.add", "keras.ops.add") or name.endswith(
+            "layers.EinsumDense"
+        )
+
+    violations = [
+        _where(module, node)
+        for module, tree in MODULES.items()
+        if module not in _BIAS_ADD_HOMES
+        for node in ast.walk(tree)
+        if bad(node)
+    ]
+    assert not violations, (
+        "keras.ops.add / keras.layers.EinsumDense (use "
+        "keras_attention.ops.broadcast_add / layers._einsum_dense):"
+        f"{_report(violations)}"
+    )
+
+
 # The checks themselves, on small made-up modules.
 
 

@@ -16,6 +16,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attention.layers._einsum_dense import EinsumDense
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -51,7 +52,7 @@ class Projections:
         )
 
     def _projection(self, name, heads, dim, activation=None):
-        dense = keras.layers.EinsumDense(
+        dense = EinsumDense(
             "abc,cde->abde",
             output_shape=(None, heads, dim),
             bias_axes="de" if self.use_bias else None,
@@ -149,7 +150,7 @@ class Projections:
         self._value_dense.build(v3)
         out = self._output_shapes or (query_shape[-1],)
         letters = "efghij"[: len(out)]
-        self._output_dense = keras.layers.EinsumDense(
+        self._output_dense = EinsumDense(
             f"abcd,cd{letters}->ab{letters}",
             output_shape=(None,) + tuple(out),
             bias_axes=letters if self.use_bias else None,

@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.layers import recording
+from keras_attention.layers._einsum_dense import EinsumDense
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.ops.linear_attention import FEATURE_MAPS
 from keras_attention.ops.linear_attention import linear_attention
@@ -262,7 +263,7 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
 
     def _einsum(self, equation, output_shape, bias_axes, name, input_shape):
         clone = keras_utils.clone_initializer
-        dense = keras.layers.EinsumDense(
+        dense = EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes,

@@ -1,5 +1,6 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
+from keras_attention.ops._backend import broadcast_add
 from keras_attention.ops._backend import compile_step
 from keras_attention.ops._backend import compiled_kernel
 from keras_attention.ops._backend import is_symbolic
@@ -22,6 +23,7 @@ from keras_attention.ops.sliding_window import local_attention
 
 __all__ = [
     "additive_scores",
+    "broadcast_add",
     "compile_step",
     "compiled_kernel",
     "dot_product_attention",

@@ -9,6 +9,25 @@ re-exports (`scan_carry`, `compile_step`).
 import keras
 
 
+def broadcast_add(x, y):
+    """`x + y` with NumPy broadcasting, on every backend.
+
+    `keras.ops.add` on TensorFlow (Keras 3.15) takes a `y` with a single
+    dimension larger than 1 for a bias when that size equals `x`'s axis 1
+    or last axis, and adds it along that axis (`tf.nn.bias_add`), whatever
+    broadcasting says: a `(heads, 1)` bias on `(batch, T, heads, 1)` with
+    `T == heads` is added along T, silently. `tf.add` broadcasts right.
+    `keras.layers.EinsumDense` adds its bias so (the projections of a
+    `key_dim=1` head): the layers use `layers/_einsum_dense.py`, which adds
+    it here.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.add(x, y)
+    return keras.ops.add(x, y)
+
+
 def custom_vjp(forward, backward):
     """A function with a hand-written backward pass, on any backend.
 

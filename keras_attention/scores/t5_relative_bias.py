@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_attention.mods.base import PACKAGE
 from keras_attention.mods.base import ScoreLayer
+from keras_attention.ops import broadcast_add
 from keras_attention.utils import validation
 
 
@@ -216,7 +217,7 @@ class T5RelativeBias(ScoreLayer):
         m = self.max_distance
         relative = ops.clip(kv_idx - q_idx, -m, m) + m
         bias = ops.take(by_position, relative * self.num_heads + head)
-        return ops.add(score, ops.cast(bias, "float32"))
+        return broadcast_add(score, ops.cast(bias, "float32"))
 
     def relative_bias(self, distance):
         """The bias of each head at each distance `q_idx - kv_idx`
