@@ -68,4 +68,6 @@ run ring_attention env KERAS_BACKEND=jax "$PYTHON" benchmarks/ring_attention.py 
   --repeats 3 --markdown "$OUT/ring_attention.md"
 run linear_tf "$PYTHON" benchmarks/linear_attention.py \
   --markdown "$OUT/linear_tf.md"
+run linear_decoding "$PYTHON" benchmarks/linear_decoding.py --repeats 2 \
+  --markdown "$OUT/linear_decoding.md"
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
