@@ -449,10 +449,17 @@ def check_generation_length(parser, args):
 def write_explorer(model, texts, vocabulary_size, output_dir):
     """The attention explorer (`<output_dir>/attention.html`) of every
     attention layer of `model` on `texts` (prompts with their completions),
-    encoded as in `complete`: code points after a newline, padded with 0."""
+    encoded as in `complete`: code points after a newline, padded with 0.
+
+    Returns `(path, left_out)`: `left_out` names the layers whose weights
+    the explorer cannot show (a gated delta net's implied weights can be
+    negative: the delta rule subtracts; the explorer shows attention
+    probabilities), `path` None when no layer is left.
+    """
     import numpy as np
 
     from examples.common import attention_outputs
+    from keras_attention.visualization import AttentionMaps
 
     # b - texts, t - character positions
     rows = [[min(ord(c), vocabulary_size - 1) for c in "\n" + t] for t in texts]
@@ -460,13 +467,26 @@ def write_explorer(model, texts, vocabulary_size, output_dir):
     for row, codes in zip(ids, rows):
         row[: len(codes)] = codes
     tokens = [["⏎"] + list(t) for t in texts]
-    return attention_outputs.model_explorer(
+    maps = attention_outputs.collect(model, ids)
+    shown = [
+        (name, w)
+        for name, w in maps.items()
+        if np.all(np.isfinite(w)) and np.all(np.asarray(w) >= 0)
+    ]
+    left_out = [name for name in maps if name not in dict(shown)]
+    if not shown:
+        return None, left_out
+    metadata = getattr(maps, "metadata", {})
+    maps = AttentionMaps(
+        shown, {name: metadata[name] for name, _ in shown if name in metadata}
+    )
+    path = attention_outputs.write_explorer(
         output_dir,
-        model,
-        ids,
+        maps,
         tokens,
         title="Character language model: self-attention of each block",
     )
+    return path, left_out
 
 
 def generate_only(args):
@@ -946,13 +966,20 @@ def main(argv=None):
         print(f"[{name}]")
         for p, c in zip(PROMPTS, completions[name]):
             print(f"  {p}|{c}")
-    explorer = write_explorer(
+    explorer, left_out = write_explorer(
         model,
         [p + c for p, c in zip(PROMPTS, completions[args.samplers[0]])],
         vocabulary_size,
         args.output_dir,
     )
-    print(f"Attention explorer: {explorer}")
+    print(
+        f"Attention explorer: {explorer}"
+        + (
+            f" (left out, weights that can be negative: {', '.join(left_out)})"
+            if left_out
+            else ""
+        )
+    )
     return {
         "backend": backend,
         "distribution": args.distribution,

@@ -422,8 +422,9 @@ def stream_text(
         np.array(codes, "int32"),
         max_length=max(max_length, len(codes)),
         sampler=sampler,
-        sink_tokens=sink_tokens,
         stream=piece,
+        # a stack without windowed attention keeps no rolling cache
+        **({"sink_tokens": sink_tokens} if sink_tokens else {}),
     )
     skip = len(codes)
     for tokens in pieces:

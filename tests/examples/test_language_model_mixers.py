@@ -113,6 +113,28 @@ def test_the_model_holds_the_mixers_asked_for(mixer):
     assert layers == expected
 
 
+def test_linear_stacks_stream_and_show_what_the_explorer_can(tmp_path):
+    from examples.language_model.__main__ import write_explorer
+    from examples.language_model.model import build_language_model
+    from examples.language_model.model import make_sampler
+    from examples.language_model.model import stream_text
+
+    model, generator = build_language_model(
+        40, 16, hidden_dim=8, num_layers=2, num_heads=2, window=4,
+        mixer="hybrid",
+    )  # fmt: skip
+    # --generate-only: a recurrent state and a ring, any length
+    text = "".join(
+        stream_text(generator, "ab", make_sampler("greedy"), 40, 40, piece=8)
+    )
+    assert len(text) == 40 - len("\nab")
+    path, left_out = write_explorer(model, ["abc", "de"], 40, str(tmp_path))
+    # the attention block is shown; only a gated delta net (weights that
+    # can be negative) may be left out
+    assert path is not None and (tmp_path / "attention.html").exists()
+    assert set(left_out) <= {"decoder_block_0/self_attention"}
+
+
 def _table(text):
     """The rows of the last Markdown table in `text`, split into cells."""
     rows = [
