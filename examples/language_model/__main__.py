@@ -51,6 +51,21 @@ tokens per second and padding fraction:
     python -m examples.language_model --pack
     python -m examples.language_model --documents padded
 
+Which mixer when? --mixer attention|linear|gated_delta|hybrid puts a
+linear-time token mixer in the blocks' self-attention place:
+LinearAttention with a gated decay (linear), GatedDeltaNet
+(gated_delta), or Qwen 3.5's hybrid stack: three gated delta nets, then
+one attention block, the last block attention too (with 2 layers:
+gated_delta, then attention). --window and rope/ALiBi/T5 positions go
+to the attention blocks only (refused without one). Several mixers
+train one after the other with the same data, steps and seed, and print
+one table: bits/char at the training length and at 4x it, training
+tokens/s, decoding ms/char and peak memory (above an idle process) when
+generating --decode-length (32768) characters, each in a fresh process:
+
+    python -m examples.language_model \
+        --mixer attention linear gated_delta hybrid
+
 --backend tensorflow|jax|torch trains the same model on each Keras backend
 (the data stays a tf.data pipeline, fed to Keras as NumPy on JAX and
 PyTorch). The SavedModel export is TensorFlow-only (a SavedModel is a
