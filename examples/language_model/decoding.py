@@ -113,15 +113,18 @@ def run_child(config, weights, length, idle=False, timeout=7200):
 
 
 def measure(config, weights, length):
-    """`{"ms_per_token", "characters", "peak_mib"}`: a fresh process
-    generating `length` characters, and its peak resident memory less an
-    idle one's (the same model and generator, nothing generated)."""
+    """`{"ms_per_token", "characters", "peak_mib", "idle_rss_mib",
+    "run_rss_mib"}`: a fresh process generating `length` characters, and
+    its peak resident memory less an idle one's (the same model and
+    generator, nothing generated), with both peaks."""
     idle = run_child(config, weights, length, idle=True)
     run = run_child(config, weights, length)
     return {
         "ms_per_token": run["ms_per_token"],
         "characters": run["characters"],
         "peak_mib": run["peak_rss_mib"] - idle["peak_rss_mib"],
+        "idle_rss_mib": idle["peak_rss_mib"],
+        "run_rss_mib": run["peak_rss_mib"],
     }
 
 

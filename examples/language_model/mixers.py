@@ -16,6 +16,7 @@ peak memory above an idle process holding the same model.
 """
 
 import copy
+import json
 import logging
 import os
 
@@ -70,7 +71,8 @@ def markdown_table(header, rows):
 def compare(args, train):
     """Trains each of `args.mixer` with `train(mixer, args)` (`args` with
     `output_dir` set to `<output_dir>/<mixer>`), measures its decoding,
-    prints the table and writes it to `<output_dir>/mixers.md`.
+    prints the table and writes it to `<output_dir>/mixers.md` (the
+    results to `mixers.json`).
 
     Returns `{"table": markdown, "results": {mixer: dict}}`, each dict
     `train`'s plus `decoding` (`decoding.measure`'s).
@@ -107,4 +109,6 @@ def compare(args, train):
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "mixers.md"), "w") as f:
         f.write(f"{title}\n\n{table}\n")
+    with open(os.path.join(args.output_dir, "mixers.json"), "w") as f:
+        json.dump(results, f, indent=2)  # the figures before rounding
     return {"table": table, "results": results}

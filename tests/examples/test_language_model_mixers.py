@@ -9,6 +9,7 @@ end-to-end run).
 TensorFlow part.
 """
 
+import json
 import subprocess
 import sys
 
@@ -179,6 +180,9 @@ def test_quick_comparison_prints_a_row_per_mixer(tmp_path, capsys, monkeypatch):
         assert result["blocks"] == [mixer]
         assert result["decoding"]["characters"] == 16
     assert (tmp_path / "run" / "mixers.md").read_text().count("\n| ") == 3
+    with open(tmp_path / "run" / "mixers.json") as f:
+        saved = json.load(f)
+    assert saved["linear"]["bits"] == results["results"]["linear"]["bits"]
 
 
 @pytest.mark.slow(
