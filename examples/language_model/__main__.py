@@ -60,7 +60,7 @@ gated_delta, then attention). --window and rope/ALiBi/T5 positions go
 to the attention blocks only (refused without one). Several mixers
 train one after the other with the same data, steps and seed, and print
 one table: bits/char at the training length and at 4x it, training
-tokens/s, decoding ms/char and peak memory (above an idle process) when
+tokens/s, decoding ms/char and peak memory (above the loaded model) when
 generating --decode-length (32768) characters, each in a fresh process:
 
     python -m examples.language_model \
@@ -245,7 +245,7 @@ def parse_args(argv=None):
         metavar="N",
         help="several --mixer: characters generated (greedy, streamed) "
         "in a fresh process per mixer, for ms/token and peak memory "
-        "above an idle process (default 32768; 256 with --quick); a "
+        "above the loaded model (default 32768; 256 with --quick); a "
         "measure of cost, the text beyond the trained lengths is not "
         "judged",
     )

@@ -13,9 +13,14 @@ pieces (`generate(..., stream=piece)`: the cache carried from piece to
 piece, so the text is never held whole). It prints one JSON line: the
 median milliseconds per character over the pieces after the first
 (which compiles and reads the prompt), the characters generated and
-its peak resident memory (`ru_maxrss`). `--idle`: the same process up
-to the generator, nothing generated: the baseline `measure` subtracts,
-as `benchmarks/_timing.py`'s `peak_rss_mb` is used there.
+its peak resident memory (`ru_maxrss`) and, on Linux, the peak of
+the generation alone: the kernel's peak (`VmHWM`) reset just before
+it (`/proc/self/clear_refs`), less the resident memory then (the model
+loaded, the generator built): its compilation, caches and activations.
+A process's start-up (TensorFlow's import and the model's build) peaks
+above what generating a small model adds, so the difference of two
+processes' peaks (`--idle`: the same process up to the generator,
+nothing generated) reads 0; it is the fallback where `/proc` is not.
 """
 
 import json
@@ -32,6 +37,29 @@ def piece_size(length):
     """Characters per streamed piece: 256, fewer for short runs (at
     least 8 pieces of at least 8)."""
     return max(8, min(256, length // 8))
+
+
+def _status_mib(field):
+    """`VmHWM` / `VmRSS` of /proc/self/status in MiB, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak():
+    """Resets this process's peak resident memory (Linux >= 4.0: `5` to
+    /proc/self/clear_refs); the resident MiB then, or None if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_mib("VmRSS")
 
 
 def child(config, weights, length, idle=False, jit_compile=True):
@@ -56,8 +84,9 @@ def child(config, weights, length, idle=False, jit_compile=True):
     )
     vocabulary_size = config["vocabulary_size"]
     codes = [min(ord(c), vocabulary_size - 1) for c in PROMPT]
-    times, done = [], 0
+    times, done, before = [], 0, None
     if not idle:
+        before = _reset_peak()
         piece = piece_size(length)
         start = time.perf_counter()
         for tokens in generator.generate(
@@ -72,7 +101,9 @@ def child(config, weights, length, idle=False, jit_compile=True):
             times.append((now - start) / max(new, 1))
             start = now
     steady = times[1:] or times
+    peak = _status_mib("VmHWM") if before is not None else None
     return {
+        "generation_peak_mib": None if peak is None else peak - before,
         "ms_per_token": 1e3 * statistics.median(steady) if steady else None,
         "characters": done,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -114,15 +145,20 @@ def run_child(config, weights, length, idle=False, timeout=7200):
 
 def measure(config, weights, length):
     """`{"ms_per_token", "characters", "peak_mib", "idle_rss_mib",
-    "run_rss_mib"}`: a fresh process generating `length` characters, and
-    its peak resident memory less an idle one's (the same model and
-    generator, nothing generated), with both peaks."""
+    "run_rss_mib"}`: a fresh process generating `length` characters and
+    the peak memory of its generation (`generation_peak_mib`, see the
+    module docstring; where /proc is not: its peak resident memory less
+    an idle one's, the same model and generator, nothing generated),
+    with both processes' peaks."""
     idle = run_child(config, weights, length, idle=True)
     run = run_child(config, weights, length)
+    peak = run.get("generation_peak_mib")
+    if peak is None:
+        peak = run["peak_rss_mib"] - idle["peak_rss_mib"]
     return {
         "ms_per_token": run["ms_per_token"],
         "characters": run["characters"],
-        "peak_mib": run["peak_rss_mib"] - idle["peak_rss_mib"],
+        "peak_mib": peak,
         "idle_rss_mib": idle["peak_rss_mib"],
         "run_rss_mib": run["peak_rss_mib"],
     }

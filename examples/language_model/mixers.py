@@ -12,7 +12,8 @@ it, training tokens per second (real tokens, median step), and the cost
 of decoding `--decode-length` characters through `CausalLMGenerator` in
 a fresh process (`examples.language_model.decoding`): milliseconds per
 character (median over the streamed pieces after the first) and the
-peak memory above an idle process holding the same model.
+peak memory of the generation above the loaded model (its compiled
+loop, caches and activations; `decoding.py` says how).
 """
 
 import copy
