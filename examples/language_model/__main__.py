@@ -670,6 +670,36 @@ def compile_models(fit_model, model, args):
         )
 
 
+def load_windows(args):
+    """The text's `(train, validation, test)` lines, the character
+    tokenizer of the training lines and the three splits' windows of
+    `--sequence-length` characters (per `--documents` for training and
+    validation: a stream cut into windows, or documents packed or
+    padded)."""
+    from examples.common.text import character_tokenizer
+    from examples.language_model import data
+
+    lines = data.load_text_splits(
+        args.dataset,
+        args.text_file,
+        args.data_dir,
+        args.download,
+        tiny=args.quick,
+    )
+    tokenizer = character_tokenizer(lines[0])
+    windows = [
+        data.char_windows(d, tokenizer, args.sequence_length) for d in lines
+    ]
+    if args.documents != "stream":
+        windows[:2] = [
+            data.document_windows(
+                d, tokenizer, args.sequence_length, args.documents
+            )
+            for d in lines[:2]
+        ]
+    return lines, tokenizer, windows
+
+
 def train_mixer(args, strategy, mixer):
     """Trains and evaluates the model of one `mixer` for a comparison of
     several (`examples.language_model.mixers`): the same data, steps and
@@ -683,7 +713,6 @@ def train_mixer(args, strategy, mixer):
     """
     import keras
 
-    from examples.common.text import character_tokenizer
     from examples.language_model import data
     from examples.language_model.model import StepTimer
     from examples.language_model.model import bits_per_character
@@ -692,25 +721,9 @@ def train_mixer(args, strategy, mixer):
     from examples.language_model.model import packed_language_model
 
     keras.utils.set_random_seed(args.seed)
-    train_lines, val_lines, test_lines = data.load_text_splits(
-        args.dataset,
-        args.text_file,
-        args.data_dir,
-        args.download,
-        tiny=args.quick,
-    )
-    tokenizer = character_tokenizer(train_lines)
-    train_windows, val_windows, test_windows = (
-        data.char_windows(d, tokenizer, args.sequence_length)
-        for d in (train_lines, val_lines, test_lines)
-    )
-    if args.documents != "stream":
-        train_windows, val_windows = (
-            data.document_windows(
-                d, tokenizer, args.sequence_length, args.documents
-            )
-            for d in (train_lines, val_lines)
-        )
+    lines, tokenizer, windows = load_windows(args)
+    test_lines = lines[2]
+    train_windows, val_windows, test_windows = windows
     train = data.batches(
         train_windows, args.batch_size, shuffle=True, seed=args.seed
     )
@@ -777,7 +790,6 @@ def main(argv=None):
     import keras
     import numpy as np
 
-    from examples.common.text import character_tokenizer
     from examples.language_model import data
     from examples.language_model.export import export_language_model
     from examples.language_model.model import StepTimer
@@ -790,28 +802,12 @@ def main(argv=None):
     from examples.language_model.model import packed_language_model
     from examples.language_model.model import positional_bits_per_character
 
-    train_lines, val_lines, test_lines = data.load_text_splits(
-        args.dataset,
-        args.text_file,
-        args.data_dir,
-        args.download,
-        tiny=args.quick,
+    (train_lines, val_lines, test_lines), tokenizer, windows = load_windows(
+        args
     )
-    tokenizer = character_tokenizer(train_lines)
     vocabulary_size = tokenizer.vocabulary_size()
     logger.info("character vocabulary: %d code points", vocabulary_size)
-    windows = [
-        data.char_windows(d, tokenizer, args.sequence_length)
-        for d in (train_lines, val_lines, test_lines)
-    ]
     train_windows, val_windows = windows[:2]
-    if args.documents != "stream":
-        train_windows, val_windows = (
-            data.document_windows(
-                d, tokenizer, args.sequence_length, args.documents
-            )
-            for d in (train_lines, val_lines)
-        )
     train = data.batches(
         train_windows, args.batch_size, shuffle=True, seed=args.seed
     )
