@@ -1,28 +1,15 @@
 """Smoke test of `benchmarks/interop_training.py` at a tiny length."""
 
-import importlib.util
-import os
-
 import pytest
 
 pytest.importorskip("keras_hub")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "interop_training.py")
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("interop_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.tf_only(reason="the benchmark's training step is a tf.function")
 @pytest.mark.slow("a benchmark script's smoke run")
-def test_tiny_run_times_both_models_of_both_families(tmp_path):
+def test_tiny_run_times_both_models_of_both_families(tmp_path, load_benchmark):
     path = tmp_path / "table.md"
-    rows = _load_script().main(
+    rows = load_benchmark("interop_training").main(
         [
             "--sizes",
             "16",

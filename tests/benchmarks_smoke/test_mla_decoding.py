@@ -1,19 +1,6 @@
 """Smoke test of `benchmarks/mla_decoding.py --quick` (tiny sizes)."""
 
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "mla_decoding.py")
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("mla_decoding", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _table(text, title):
@@ -32,9 +19,9 @@ def _table(text, title):
 
 @pytest.mark.tf_only(reason="one backend is enough for a smoke run")
 @pytest.mark.slow("a benchmark script's smoke run")
-def test_quick_run_writes_well_formed_tables(tmp_path):
+def test_quick_run_writes_well_formed_tables(tmp_path, load_benchmark):
     path = tmp_path / "table.md"
-    module = _load_script()
+    module = load_benchmark("mla_decoding")
     module.main(
         ["--quick", "--repeats", "1", "--warmup", "0", "--markdown", str(path)]
     )

@@ -1,19 +1,6 @@
 """Smoke test of `benchmarks/translate_program.py --quick` (tiny data)."""
 
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "translate_program.py")
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("translate_program", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _table(text):
@@ -24,9 +11,11 @@ def _table(text):
 
 @pytest.mark.tf_only(reason="trains two models; the data are tf.data")
 @pytest.mark.slow("a benchmark script's smoke run")
-def test_quick_run_writes_a_well_formed_table(tmp_path):
+def test_quick_run_writes_a_well_formed_table(tmp_path, load_benchmark):
     path = tmp_path / "table.md"
-    rows = _load_script().main(["--quick", "--markdown", str(path)])
+    rows = load_benchmark("translate_program").main(
+        ["--quick", "--markdown", str(path)]
+    )
     text = path.read_text()
     assert "Load average before:" in text and "after:" in text
     table = _table(text)
