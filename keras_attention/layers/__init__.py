@@ -29,6 +29,7 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
+from keras_attention.layers.token_mixer import TokenMixer
 
 __all__ = [
     "AttentionPooling",
@@ -53,5 +54,6 @@ __all__ = [
     "Seq2SeqAttention",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
+    "TokenMixer",
     "gelu_approximate",
 ]
