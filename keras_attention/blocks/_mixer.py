@@ -135,26 +135,45 @@ def check_mixer(mixer, mixer_options, block):
         options.setdefault("use_bias", block.use_bias)
         LinearAttention(num_heads=block.num_heads, key_dim=1, **options)
     else:
-        missing = [
+        sizes = [
             name
             for name in _required(GatedDeltaNet)
-            if name not in options and name not in FROM_BLOCK[mixer]
+            if name not in FROM_BLOCK[mixer]
         ]
-        if missing:
+        missing = [name for name in sizes if name not in options]
+        if missing and len(missing) < len(sizes):
             raise ValueError(
-                f"`mixer_options` of mixer={mixer!r} must give the "
-                f"GatedDeltaNet arguments {missing}. Received: "
+                f"`mixer_options` of mixer={mixer!r} gives the GatedDeltaNet "
+                "head layout whole or not at all (then one key and one "
+                "value head per block head, of size features // "
+                f"num_heads); it lacks {missing}. Received: "
                 f"mixer_options={mixer_options!r}"
             )
-        GatedDeltaNet(hidden_size=1, **options)  # its checks
+        defaults = dict.fromkeys(missing, 1)  # sized at build
+        GatedDeltaNet(hidden_size=1, **defaults, **options)  # its checks
     return mixer, options
 
 
-def check_causal(block):
-    """Raises `ValueError` when the block's mixer cannot run with its
-    `causal` (an encoder block's argument): the gated delta rule and a
-    decaying linear attention read the past only."""
-    if block.mixer == "attention" or block.causal:
+def check_causal(block, layer=None):
+    """Raises `ValueError` when the block's mixer (from its options, or
+    the given self-attention `layer`) cannot run with its `causal` (an
+    encoder block's argument): the gated delta rule and a decaying linear
+    attention read the past only."""
+    if block.causal:
+        return
+    if layer is not None:
+        decay = getattr(layer, "decay", None)
+        if isinstance(layer, GatedDeltaNet) or (
+            isinstance(layer, LinearAttention) and decay is not None
+        ):
+            raise ValueError(
+                f"The self-attention {type(layer).__name__} runs in one "
+                "direction (a state carried from token to token): it "
+                f"needs causal=True. Received: causal={block.causal!r}, "
+                f"self_attention={layer!r}"
+            )
+        return
+    if block.mixer == "attention":
         return
     decay = (block.mixer_options or {}).get("decay")
     if block.mixer == "gated_delta" or decay is not None:
@@ -184,9 +203,16 @@ def make_mixer(block, hidden_dim):
             **block.mixer_options,
             **common,
         )
-    return GatedDeltaNet(
-        hidden_size=hidden_dim, **block.mixer_options, **common
-    )
+    options = dict(block.mixer_options)
+    if "linear_num_key_heads" not in options:  # sizes from the block
+        head_dim = block._head_dim(hidden_dim)
+        options.update(
+            linear_num_key_heads=block.num_heads,
+            linear_num_value_heads=block.num_heads,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+        )
+    return GatedDeltaNet(hidden_size=hidden_dim, **options, **common)
 
 
 # Call arguments of the block's self-attention that a mixer cannot take,
@@ -201,7 +227,7 @@ _CANNOT = {
 }
 
 
-def mixer_call_kwargs(block, kwargs):
+def mixer_call_kwargs(layer, causal, kwargs):
     """The block's self-attention arguments (`mask`, `attention_mask`,
     `cache`, `cache_update_index`, `segment_ids`, ...) as the mixer's
     `call` takes them: `mask` as `query_mask` (`LinearAttention`) or
@@ -214,19 +240,24 @@ def mixer_call_kwargs(block, kwargs):
         if value is not None:
             shown = getattr(value, "shape", value)
             raise ValueError(
-                f"A block with mixer={block.mixer!r} takes no {what}. "
+                f"A block with mixer={_name(layer)!r} takes no {what}. "
                 f"Received: {name}={shown!r}"
             )
     kwargs.pop("cache_update_index", None)
     mask = kwargs.pop("mask", None)
     if kwargs.get("cache") is None:
         kwargs.pop("cache", None)
-    if block.mixer == "linear":
+    if isinstance(layer, LinearAttention):
         kwargs["query_mask"] = mask
-        kwargs["use_causal_mask"] = block.causal
+        kwargs["use_causal_mask"] = causal
     else:
         kwargs["mask"] = mask
     return kwargs
+
+
+def _name(layer):
+    """The `mixer=` name of a mixer layer."""
+    return "linear" if isinstance(layer, LinearAttention) else "gated_delta"
 
 
 def serialized_options(options):

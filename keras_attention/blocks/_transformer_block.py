@@ -15,6 +15,7 @@ do not rename them.
 
 import keras
 
+from keras_attention.blocks import _compose
 from keras_attention.blocks import _latent
 from keras_attention.blocks import _mixer
 from keras_attention.layers.feed_forward import FeedForward
@@ -41,131 +42,22 @@ class TransformerBlock(keras.layers.Layer):
     `_self_attention_residual`, their own sublayers (through `_residual`)
     and `_feed_forward_residual`.
 
-    Args:
-        num_heads: int, number of attention heads.
-        intermediate_dim: int, hidden width of the feed-forward network.
-        key_dim: int, size of each attention head; defaults to
-            `features // num_heads`.
-        num_key_value_heads: int dividing `num_heads` (grouped-query
-            attention); defaults to `num_heads`.
-        dropout: float in [0, 1), dropout on the attention weights, the
-            feed-forward hidden layer and the residual branches.
-        activation: activation of the feed-forward network.
-        norm_first: bool, pre-norm instead of post-norm.
-        layer_norm_epsilon: finite positive float, epsilon of the layer
-            norms.
-        rotary_max_wavelength: optional finite number >= 1; rotary
-            position embeddings in the self-attention (None: off).
-        kernel_initializer: initializer of all dense kernels.
-        bias_initializer: initializer of all dense biases.
-        window_size: optional int or pair `(left, right)`: local
-            self-attention (`LocalSelfAttention`); None: full attention.
-        score_mod: optional score object or function of the
-            self-attention (`keras_attention.mods`; see the guide
-            "Programmable attention"); with `window_size` too (the
-            banded path applies it inside the window).
-        mask_mod: optional mask object or function of the self-attention,
-            and-ed with its other masks (the window's included).
-        normalization: `"layer_norm"` (default: `LayerNormalization`, with
-            a bias) or `"rms_norm"` (`RMSNormalization`, a scale only:
-            Llama, Mistral, Gemma), for every norm of the block.
-        use_bias: bool, biases in the attention projections and the
-            feed-forward network (default True; False: Llama, Mistral).
-        gated_feed_forward: bool, the gated (GLU) feed-forward
-            `FeedForward(gated=True)`: SwiGLU with `activation="silu"`
-            (default False).
-        sandwich_norm: bool, also normalize each sublayer's output before
-            the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
-            post-attention and post-feed-forward norms, CogView's sandwich
-            layer norm; sublayers `*_post_norm`); default False.
-        rotary_scaling: optional dict of `RotaryEmbedding`'s
-            context-extension arguments for the rotary positions of the
-            self-attention (`scaling_factor`, `rope_type` `"linear"`,
-            `"dynamic"`, `"yarn"` or `"llama3"`, ...; see
-            `MultiHeadAttention`), e.g. `{"scaling_factor": 4.0}`; needs
-            `rotary_max_wavelength`. Default None: no scaling.
-        attention_scale: optional finite float > 0, the factor of the
-            scores of every attention layer of the block (self- and
-            cross-attention; `MultiHeadAttention(attention_scale=...)`),
-            e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
-        qk_norm: optional "rms" or "layer": QK-norm in every attention
-            layer of the block (`MultiHeadAttention(qk_norm=...)`).
-            Default None.
-        qk_norm_epsilon: optional float > 0, the QK-norms' epsilon.
-            Default None: `layer_norm_epsilon`.
-        rotary_fraction: float in (0, 1], partial rotary positions in the
-            self-attention (`MultiHeadAttention(rotary_fraction=...)`).
-            Default 1.0.
-        moe: optional dict of `keras_attention.layers.MixtureOfExperts`
-            arguments (`num_experts`, `top_k`, and any of its others;
-            `intermediate_dim` defaults to the block's): the feed-forward
-            is then a mixture of experts (Mixtral, Qwen3-MoE, gpt-oss),
-            with the experts' own activation (`activation` of the block
-            does not apply) and, with `router_aux_loss_coef`, its
-            load-balancing loss added in training. Default None: the
-            dense `FeedForward`.
-        learned_sinks: bool, learned attention sinks in every attention
-            layer of the block (`MultiHeadAttention(learned_sinks=...)`).
-            Default False.
-        latent_attention: optional dict of
-            `keras_attention.layers.MultiHeadLatentAttention` arguments
-            (`kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
-            `v_head_dim`, and any of its others: `q_lora_rank`,
-            `rope_theta`, `rope_interleave`, `rotary_scaling`, `absorb`,
-            ...; `num_heads` is the block's, `dropout` and
-            `attention_bias` default to the block's `dropout` and
-            `use_bias`): the self-attention is then DeepSeek-V2/V3's
-            multi-head latent attention, whose cache holds `kv_lora_rank +
-            qk_rope_head_dim` numbers per token (`self_attention_cache`
-            `(batch, max_length, kv_lora_rank + qk_rope_head_dim)`). MLA
-            brings its own head shape, rotary positions and scale:
-            `key_dim`, `num_key_value_heads`, `window_size`, `score_mod`,
-            `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
-            `attention_scale` are refused beside it (a `ValueError`).
-            Default None: `SelfAttention` (or `LocalSelfAttention`).
-        mixer: the token mixer of the self-attention sublayer:
-            `"attention"` (default: softmax attention, as the other
-            arguments say), `"linear"` (`keras_attention.layers.
-            LinearAttention`: linear attention, retention, gated linear
-            attention) or `"gated_delta"` (`keras_attention.layers.
-            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule):
-            linear in the length, with a recurrent cache of constant
-            size (the block's `self_attention_cache` is then the
-            mixer's cache, and `keras_attention.generation` keeps it
-            per layer). The mixer has no window, score or mask objects,
-            positions, QK-norm, sinks or shared key heads:
-            `num_key_value_heads`, `window_size`, `score_mod`,
-            `mask_mod`, `qk_norm`, `learned_sinks`,
-            `attention_output_gate`, `rotary_*`, `attention_scale` and
-            `latent_attention` are refused beside it (and `key_dim`
-            beside `"gated_delta"`), and so are an
-            `attention_mask` and `positions` at call time.
-        mixer_options: optional dict of the mixer layer's own arguments
-            (refused with `mixer="attention"`): `LinearAttention`'s
-            (`decay`, `feature_map`, `normalize`, `value_dim`, ...;
-            `num_heads` and `key_dim` are the block's, `use_bias`
-            defaults to the block's) or `GatedDeltaNet`'s
-            (`linear_num_key_heads`, `linear_num_value_heads`,
-            `linear_key_head_dim`, `linear_value_head_dim`, required,
-            and `linear_conv_kernel_dim`, ...; `hidden_size` is the
-            block's width). The initializers, dtype and name come from
-            the block (refused in the dict). Default None.
-        attention_output_gate: bool, gated attention in the
-            self-attention (Qwen3-Next and Qwen 3.5's full-attention
-            layers; Qiu et al., 2025): each head's attention result is
-            multiplied by `sigmoid` of a projection of the sublayer's
-            input (`heads x value head size`, weights `gate`) before the
-            output projection, on every path and with every cache
-            (`MultiHeadAttention(use_gate=True)`). Default False.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+    The arguments (`TransformerDecoderBlock` and `TransformerEncoderBlock`
+    document them) are sublayer options and block options. The sublayers,
+    `self_attention` and `feed_forward` (and a decoder's
+    `cross_attention`), are either given as layers or built from the
+    options (`_make_self_attention`, `_make_feed_forward`, ...); an option
+    that configures only sublayers given as layers is refused
+    (`_compose`). The norms, dropouts and residual wiring are the
+    block's own.
     """
 
     causal = False
 
     def __init__(
         self,
-        num_heads,
-        intermediate_dim,
+        num_heads=None,
+        intermediate_dim=None,
         key_dim=None,
         num_key_value_heads=None,
         dropout=0.0,
@@ -193,9 +85,16 @@ class TransformerBlock(keras.layers.Layer):
         mixer_options=None,
         latent_attention=None,
         attention_output_gate=False,
+        self_attention=None,
+        feed_forward=None,
+        cross_attention=False,
         **kwargs,
     ):
+        passed = dict(locals())
         super().__init__(**kwargs)
+        self._take_sublayers(
+            self_attention, feed_forward, cross_attention, passed
+        )
         # Not tracked by the block itself (a ScoreLayer's weights belong to
         # the self-attention layer that uses it, once).
         object.__setattr__(
@@ -208,10 +107,14 @@ class TransformerBlock(keras.layers.Layer):
             window_size = validation.check_window_size(
                 "window_size", window_size
             )
-        num_heads = validation.check_positive_int("num_heads", num_heads)
-        intermediate_dim = validation.check_positive_int(
-            "intermediate_dim", intermediate_dim
+        num_heads = validation.check_positive_int(
+            "num_heads", num_heads, allow_none=True
         )
+        intermediate_dim = validation.check_positive_int(
+            "intermediate_dim", intermediate_dim, allow_none=True
+        )
+        self.num_heads, self.intermediate_dim = num_heads, intermediate_dim
+        _compose.check_required(self, moe, self._given, self._present)
         key_dim, num_key_value_heads = _check_head_shape(
             num_heads, key_dim, num_key_value_heads
         )
@@ -230,8 +133,6 @@ class TransformerBlock(keras.layers.Layer):
             validation.check_rotary_head_size(
                 rotary_max_wavelength, key_dim, f"key_dim={key_dim!r}"
             )
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
         self.key_dim = key_dim
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
@@ -255,17 +156,8 @@ class TransformerBlock(keras.layers.Layer):
         self.rotary_scaling = check_rotary_scaling(
             rotary_scaling, rotary_max_wavelength
         )
-        self.attention_scale = validation.check_positive_number(
-            "attention_scale", attention_scale, allow_none=True
-        )
-        self.qk_norm_epsilon = None
-        if qk_norm_epsilon is not None:
-            self.qk_norm_epsilon = validation.check_positive_number(
-                "qk_norm_epsilon", qk_norm_epsilon
-            )
-        self.qk_norm = validation.check_qk_norm(qk_norm, layer_norm_epsilon)[0]
-        self.learned_sinks = validation.check_bool(
-            "learned_sinks", learned_sinks
+        self._set_attention_options(
+            attention_scale, qk_norm, qk_norm_epsilon, learned_sinks
         )
         self.rotary_fraction = float(
             validation.check_positive_number("rotary_fraction", rotary_fraction)
@@ -282,6 +174,53 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
+
+    def _set_attention_options(
+        self, attention_scale, qk_norm, qk_norm_epsilon, learned_sinks
+    ):
+        """The options shared by the attention layers the block builds,
+        checked (`layer_norm_epsilon` set first: the QK-norms' default)."""
+        self.attention_scale = validation.check_positive_number(
+            "attention_scale", attention_scale, allow_none=True
+        )
+        self.qk_norm_epsilon = None
+        if qk_norm_epsilon is not None:
+            self.qk_norm_epsilon = validation.check_positive_number(
+                "qk_norm_epsilon", qk_norm_epsilon
+            )
+        self.qk_norm = validation.check_qk_norm(
+            qk_norm, self.layer_norm_epsilon
+        )[0]
+        self.learned_sinks = validation.check_bool(
+            "learned_sinks", learned_sinks
+        )
+
+    def _take_sublayers(
+        self, self_attention, feed_forward, cross_attention, passed
+    ):
+        """Takes the sublayers given as layers (`self._given`: name ->
+        layer; `self._present`: the block's sublayers) and refuses the
+        options that would configure only those (`passed`: the
+        constructor's arguments)."""
+        given = {
+            _compose.SELF: _compose.check_layer(
+                "self_attention", self_attention
+            ),
+            _compose.FEED_FORWARD: _compose.check_layer(
+                "feed_forward", feed_forward
+            ),
+        }
+        cross, given[_compose.CROSS] = _compose.check_cross_attention(
+            cross_attention
+        )
+        self._given = {k: v for k, v in given.items() if v is not None}
+        self._present = (_compose.SELF, _compose.FEED_FORWARD) + (
+            (_compose.CROSS,) if cross else ()
+        )
+        _compose.check_options(passed, self._given, self._present)
+        for name, layer in self._given.items():
+            if name != _compose.CROSS:
+                setattr(self, name, layer)
 
     # Sublayer factories (override or extend in subclasses).
 
@@ -430,15 +369,21 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, inputs_shape):
         hidden_dim = validation.check_sequence_shape("inputs", inputs_shape)
         self._features = hidden_dim
-        self.self_attention = self._make_self_attention(hidden_dim)
-        self.self_attention.build(inputs_shape)
+        if _compose.SELF in self._given:
+            _compose.build_layer(self.self_attention, inputs_shape)
+        else:
+            self.self_attention = self._make_self_attention(hidden_dim)
+            self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._make_norm("self_attention_norm")
         self.self_attention_norm.build(inputs_shape)
         self.self_attention_dropout = self._make_dropout(
             "self_attention_dropout"
         )
-        self.feed_forward = self._make_feed_forward()
-        self.feed_forward.build(inputs_shape)
+        if _compose.FEED_FORWARD in self._given:
+            _compose.build_layer(self.feed_forward, inputs_shape)
+        else:
+            self.feed_forward = self._make_feed_forward()
+            self.feed_forward.build(inputs_shape)
         self.feed_forward_norm = self._make_norm("feed_forward_norm")
         self.feed_forward_norm.build(inputs_shape)
         self.feed_forward_dropout = self._make_dropout("feed_forward_dropout")
@@ -483,15 +428,12 @@ class TransformerBlock(keras.layers.Layer):
         )
         if not keras.backend.is_float_dtype(x.dtype):
             x = keras.ops.cast(x, self.compute_dtype)
-        if self.latent_attention is not None:
-            attention_kwargs = _latent.latent_call_kwargs(
-                attention_kwargs, self.causal
-            )
-        if self.mixer != "attention":
-            attention_kwargs = _mixer.mixer_call_kwargs(self, attention_kwargs)
 
         def attend(y):
-            return self.self_attention(y, training=training, **attention_kwargs)
+            args, kwargs = _compose.self_attention_call(
+                self, y, attention_kwargs
+            )
+            return self.self_attention(*args, training=training, **kwargs)
 
         return self._residual(
             x,
@@ -577,10 +519,15 @@ class TransformerBlock(keras.layers.Layer):
             }
         )
         config.update(mods_base.config_entries(self))
+        if self._given:
+            config = _compose.serialize_given(
+                config, self._given, self._present
+            )
         return config
 
     @classmethod
     def from_config(cls, config):
+        config = _compose.deserialize_given(config)
         config = mods_base.from_config_entries(config)
         return cls(**config)
 

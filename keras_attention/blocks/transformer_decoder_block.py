@@ -3,6 +3,7 @@ an encoder's output (optional) and feed-forward."""
 
 import keras
 
+from keras_attention.blocks import _compose
 from keras_attention.blocks import _latent
 from keras_attention.blocks._transformer_block import TransformerBlock
 from keras_attention.layers.cross_attention import CrossAttention
@@ -31,9 +32,14 @@ class TransformerDecoderBlock(TransformerBlock):
     decoder block is always causal, so it takes no `causal` argument.
 
     Args:
-        num_heads: int, number of attention heads.
-        intermediate_dim: int, hidden width of the feed-forward network.
-        cross_attention: bool, whether the block attends to a `context`.
+        num_heads: int, number of attention heads of the attention layers
+            the block builds (None only when they are all given).
+        intermediate_dim: int, hidden width of the feed-forward network
+            the block builds (None only with `feed_forward` given, or a
+            `moe` with its own `intermediate_dim`).
+        cross_attention: bool, whether the block attends to a `context`;
+            or a `keras_attention.layers.CrossAttention` layer, used as
+            the block's cross-attention.
         key_dim: int, size of each attention head; defaults to
             `features // num_heads`.
         num_key_value_heads: int dividing `num_heads` (grouped-query
@@ -53,40 +59,125 @@ class TransformerDecoderBlock(TransformerBlock):
             cache the window is applied as a mask over the cache, with a
             rolling one (`self_attention_cache_sink_tokens`) only the
             window is kept. None: full attention.
-        **kwargs: the block options `normalization` (`"layer_norm"`, the
-            default, or `"rms_norm"`), `use_bias` (default True) and
-            `gated_feed_forward` (default False; SwiGLU with
-            `activation="silu"`), `sandwich_norm` (default False; a norm
-            of each sublayer's output too, Gemma 2's post-norms),
-            `rotary_scaling` (default None; a dict of `RotaryEmbedding`'s
-            context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
-            see `MultiHeadAttention`), `attention_scale` (default None:
-            `1 / sqrt(key_dim)`; the factor of the scores of the block's
-            attention layers, `1.0` for T5), `attention_output_gate`
-            (default False; gated attention, each head's result times
-            `sigmoid` of a projection of the input, Qwen 3.5's
-            full-attention layers), `latent_attention` (default
-            None; a dict of `MultiHeadLatentAttention` arguments, e.g.
-            `{"kv_lora_rank": 512, "qk_nope_head_dim": 128,
-            "qk_rope_head_dim": 64, "v_head_dim": 128, "q_lora_rank":
-            1536}`: the self-attention is then DeepSeek's multi-head
-            latent attention, with its latent cache; `num_heads` is the
-            block's, `dropout` and `use_bias` (as `attention_bias`) its
-            defaults; MLA having its own head shape, rotary positions
-            and scale, `cross_attention=True`, `key_dim`,
-            `num_key_value_heads`, `window_size`, `score_mod`,
+        score_mod: optional score object or function of the
+            self-attention (`keras_attention.mods`; see the guide
+            "Programmable attention"); with `window_size` too (the
+            banded path applies it inside the window).
+        mask_mod: optional mask object or function of the self-attention,
+            and-ed with its other masks (the window's included).
+        normalization: `"layer_norm"` (default: `LayerNormalization`, with
+            a bias) or `"rms_norm"` (`RMSNormalization`, a scale only:
+            Llama, Mistral, Gemma), for every norm of the block.
+        use_bias: bool, biases in the attention projections and the
+            feed-forward network (default True; False: Llama, Mistral).
+        gated_feed_forward: bool, the gated (GLU) feed-forward
+            `FeedForward(gated=True)`: SwiGLU with `activation="silu"`
+            (default False).
+        sandwich_norm: bool, also normalize each sublayer's output before
+            the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
+            post-attention and post-feed-forward norms, CogView's sandwich
+            layer norm; sublayers `*_post_norm`); default False.
+        rotary_scaling: optional dict of `RotaryEmbedding`'s
+            context-extension arguments for the rotary positions of the
+            self-attention (`scaling_factor`, `rope_type` `"linear"`,
+            `"dynamic"`, `"yarn"` or `"llama3"`, ...; see
+            `MultiHeadAttention`), e.g. `{"scaling_factor": 4.0}`; needs
+            `rotary_max_wavelength`. Default None: no scaling.
+        attention_scale: optional finite float > 0, the factor of the
+            scores of every attention layer of the block (self- and
+            cross-attention; `MultiHeadAttention(attention_scale=...)`),
+            e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
+        qk_norm: optional "rms" or "layer": QK-norm in every attention
+            layer of the block (`MultiHeadAttention(qk_norm=...)`).
+            Default None.
+        qk_norm_epsilon: optional float > 0, the QK-norms' epsilon.
+            Default None: `layer_norm_epsilon`.
+        rotary_fraction: float in (0, 1], partial rotary positions in the
+            self-attention (`MultiHeadAttention(rotary_fraction=...)`).
+            Default 1.0.
+        moe: optional dict of `keras_attention.layers.MixtureOfExperts`
+            arguments (`num_experts`, `top_k`, and any of its others;
+            `intermediate_dim` defaults to the block's): the feed-forward
+            is then a mixture of experts (Mixtral, Qwen3-MoE, gpt-oss),
+            with the experts' own activation (`activation` of the block
+            does not apply) and, with `router_aux_loss_coef`, its
+            load-balancing loss added in training. Default None: the
+            dense `FeedForward`.
+        learned_sinks: bool, learned attention sinks in every attention
+            layer of the block (`MultiHeadAttention(learned_sinks=...)`).
+            Default False.
+        latent_attention: optional dict of
+            `keras_attention.layers.MultiHeadLatentAttention` arguments
+            (`kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
+            `v_head_dim`, and any of its others: `q_lora_rank`,
+            `rope_theta`, `rope_interleave`, `rotary_scaling`, `absorb`,
+            ...; `num_heads` is the block's, `dropout` and
+            `attention_bias` default to the block's `dropout` and
+            `use_bias`): the self-attention is then DeepSeek-V2/V3's
+            multi-head latent attention, whose cache holds `kv_lora_rank +
+            qk_rope_head_dim` numbers per token (`self_attention_cache`
+            `(batch, max_length, kv_lora_rank + qk_rope_head_dim)`). MLA
+            brings its own head shape, rotary positions and scale:
+            `key_dim`, `num_key_value_heads`, `window_size`, `score_mod`,
             `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
-            `attention_scale` are refused beside it), `mixer` and
-            `mixer_options` (default `"attention"` and None; `"linear"`
-            for `LinearAttention`, `"gated_delta"` for `GatedDeltaNet`,
-            `mixer_options` a dict of that layer's arguments: a
-            linear-time mixer with a recurrent cache of constant size in
-            the self-attention's place, for hybrid stacks such as Qwen
-            3.5's; the attention-only arguments, `num_key_value_heads`,
-            `window_size`, `score_mod`, `mask_mod`, `qk_norm`,
-            `learned_sinks`, `rotary_*`, `attention_scale`,
-            `latent_attention`, and `cross_attention=True`, are refused
-            beside it), and base layer arguments (`name`, `dtype`, ...).
+            `attention_scale` are refused beside it (a `ValueError`), and
+            so is `cross_attention=True` (MLA is the self-attention of
+            decoder-only models). Default None: `SelfAttention` (or
+            `LocalSelfAttention`).
+        mixer: the token mixer of the self-attention sublayer:
+            `"attention"` (default: softmax attention, as the other
+            arguments say), `"linear"` (`keras_attention.layers.
+            LinearAttention`: linear attention, retention, gated linear
+            attention) or `"gated_delta"` (`keras_attention.layers.
+            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule):
+            linear in the length, with a recurrent cache of constant
+            size (the block's `self_attention_cache` is then the
+            mixer's cache, and `keras_attention.generation` keeps it
+            per layer). The mixer has no window, score or mask objects,
+            positions, QK-norm, sinks or shared key heads:
+            `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`,
+            `attention_output_gate`, `rotary_*`, `attention_scale` and
+            `latent_attention` are refused beside it (and `key_dim`
+            beside `"gated_delta"`, and `cross_attention=True`), and so
+            are an `attention_mask` and `positions` at call time.
+        mixer_options: optional dict of the mixer layer's own arguments
+            (refused with `mixer="attention"`): `LinearAttention`'s
+            (`decay`, `feature_map`, `normalize`, `value_dim`, ...;
+            `num_heads` and `key_dim` are the block's, `use_bias`
+            defaults to the block's) or `GatedDeltaNet`'s
+            (`linear_num_key_heads`, `linear_num_value_heads`,
+            `linear_key_head_dim`, `linear_value_head_dim`, all four or
+            none: by default one key and one value head per block head,
+            each of size `features // num_heads`; and
+            `linear_conv_kernel_dim`, ...; `hidden_size` is the block's
+            width). The initializers, dtype and name come from the block
+            (refused in the dict). Default None.
+        attention_output_gate: bool, gated attention in the
+            self-attention (Qwen3-Next and Qwen 3.5's full-attention
+            layers; Qiu et al., 2025): each head's attention result is
+            multiplied by `sigmoid` of a projection of the sublayer's
+            input (`heads x value head size`, weights `gate`) before the
+            output projection, on every path and with every cache
+            (`MultiHeadAttention(use_gate=True)`). Default False.
+        self_attention: optional layer, the block's token mixer, used
+            as it is instead of one built from the options above: any
+            `keras_attention.layers.TokenMixer` (`SelfAttention`,
+            `LocalSelfAttention`, `MultiHeadAttention` and its
+            subclasses, `MultiHeadLatentAttention`, `LinearAttention`,
+            `GatedDeltaNet`, a user's layer). The options that configure
+            only the self-attention (`window_size`, `score_mod`,
+            `mask_mod`, `rotary_*`, `attention_output_gate`,
+            `latent_attention`, `mixer`, `mixer_options`, and the
+            attention options when no other attention layer is built
+            from them) are then refused beside it. Default None.
+        feed_forward: optional layer, the block's feed-forward (e.g.
+            `FeedForward`, `MixtureOfExperts`, any Keras layer mapping
+            `(batch, T, features)` to the same shape); the feed-forward
+            options (`intermediate_dim`, `activation`,
+            `gated_feed_forward`, `moe`) are then refused beside it.
+            Default None.
+        **kwargs: base layer arguments (`name`, `dtype`, `trainable`).
 
     Call arguments:
         inputs: `(batch, T, features)` decoder sequence.
@@ -174,8 +265,8 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def __init__(
         self,
-        num_heads,
-        intermediate_dim,
+        num_heads=None,
+        intermediate_dim=None,
         cross_attention=True,
         key_dim=None,
         num_key_value_heads=None,
@@ -187,6 +278,25 @@ class TransformerDecoderBlock(TransformerBlock):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         window_size=None,
+        score_mod=None,
+        mask_mod=None,
+        normalization="layer_norm",
+        use_bias=True,
+        gated_feed_forward=False,
+        sandwich_norm=False,
+        rotary_scaling=None,
+        attention_scale=None,
+        qk_norm=None,
+        qk_norm_epsilon=None,
+        learned_sinks=False,
+        rotary_fraction=1.0,
+        moe=None,
+        mixer="attention",
+        mixer_options=None,
+        latent_attention=None,
+        attention_output_gate=False,
+        self_attention=None,
+        feed_forward=None,
         **kwargs,
     ):
         if "causal" in kwargs:
@@ -194,9 +304,6 @@ class TransformerDecoderBlock(TransformerBlock):
                 "`TransformerDecoderBlock` is always causal. "
                 f"Received: causal={kwargs['causal']!r}"
             )
-        cross_attention = validation.check_bool(
-            "cross_attention", cross_attention
-        )
         super().__init__(
             num_heads,
             intermediate_dim,
@@ -210,8 +317,33 @@ class TransformerDecoderBlock(TransformerBlock):
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             window_size=window_size,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            normalization=normalization,
+            use_bias=use_bias,
+            gated_feed_forward=gated_feed_forward,
+            sandwich_norm=sandwich_norm,
+            rotary_scaling=rotary_scaling,
+            attention_scale=attention_scale,
+            qk_norm=qk_norm,
+            qk_norm_epsilon=qk_norm_epsilon,
+            learned_sinks=learned_sinks,
+            rotary_fraction=rotary_fraction,
+            moe=moe,
+            mixer=mixer,
+            mixer_options=mixer_options,
+            latent_attention=latent_attention,
+            attention_output_gate=attention_output_gate,
+            self_attention=self_attention,
+            feed_forward=feed_forward,
+            cross_attention=cross_attention,
             **kwargs,
         )
+        cross_attention = _compose.CROSS in self._present
+        if _compose.CROSS in self._given:
+            self.cross_attention_layer = self._given[_compose.CROSS]
+        if _compose.SELF in self._given:
+            _compose.check_causal(self_attention, True)
         if cross_attention and self.latent_attention is not None:
             raise ValueError(
                 "`latent_attention` is the self-attention of decoder-only "
@@ -245,10 +377,12 @@ class TransformerDecoderBlock(TransformerBlock):
                 "Received: context_shape=None"
             )
         validation.check_sequence_shape("context", context_shape)
-        self.cross_attention_layer = self._make_cross_attention(
-            inputs_shape[-1]
-        )
-        self.cross_attention_layer.build(inputs_shape, context_shape)
+        if _compose.CROSS not in self._given:
+            self.cross_attention_layer = self._make_cross_attention(
+                inputs_shape[-1]
+            )
+        if not self.cross_attention_layer.built:
+            self.cross_attention_layer.build(inputs_shape, context_shape)
         self.cross_attention_norm = self._make_norm("cross_attention_norm")
         self.cross_attention_norm.build(inputs_shape)
         self.cross_attention_dropout = self._make_dropout(
@@ -312,7 +446,8 @@ class TransformerDecoderBlock(TransformerBlock):
                 "`self_attention_cache`. Received: "
                 "self_attention_cache_update_index=None"
             )
-        latent = self.latent_attention is not None
+        kind = _compose.kind(self.self_attention)
+        latent = kind == "latent"
         if latent and self_attention_cache_sink_tokens is not None:
             raise ValueError(
                 "`self_attention_cache_sink_tokens` needs a rolling cache, "
@@ -321,7 +456,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 f"{self_attention_cache_sink_tokens!r}"
             )
         if use_cache:
-            recurrent = self.mixer != "attention"  # no positions to fit
+            recurrent = kind in ("mixer", "protocol")  # no positions to fit
             check_cache_index(
                 self_attention_cache_update_index,
                 inputs.shape[1],
@@ -432,7 +567,8 @@ class TransformerDecoderBlock(TransformerBlock):
                 )
                 outputs += (
                     keras.KerasTensor(
-                        (b, self.num_heads, t, s), dtype=self.compute_dtype
+                        (b, self.cross_attention_layer.num_heads, t, s),
+                        dtype=self.compute_dtype,
                     ),
                 )
         if self_attention_cache is not None:
@@ -446,5 +582,6 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def get_config(self):
         config = super().get_config()
-        config["cross_attention"] = self.cross_attention
+        if _compose.CROSS not in self._given:
+            config["cross_attention"] = self.cross_attention
         return config

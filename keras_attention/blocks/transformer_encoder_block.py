@@ -2,8 +2,10 @@
 
 import keras
 
+from keras_attention.blocks import _compose
 from keras_attention.blocks import _mixer
 from keras_attention.blocks._transformer_block import TransformerBlock
+from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -31,8 +33,11 @@ class TransformerEncoderBlock(TransformerBlock):
     may attend to an encoder's output.
 
     Args:
-        num_heads: int, number of attention heads.
-        intermediate_dim: int, hidden width of the feed-forward network.
+        num_heads: int, number of attention heads of the self-attention
+            the block builds (None only with `self_attention` given).
+        intermediate_dim: int, hidden width of the feed-forward network
+            the block builds (None only with `feed_forward` given, or a
+            `moe` with its own `intermediate_dim`).
         key_dim: int, size of each attention head; defaults to
             `features // num_heads`.
         num_key_value_heads: int dividing `num_heads` (grouped-query
@@ -44,8 +49,12 @@ class TransformerEncoderBlock(TransformerBlock):
         layer_norm_epsilon: finite positive float, epsilon of the layer
             norms.
         causal: bool, causal self-attention (position `i` sees `<= i`).
+            A given `self_attention` with a `causal` of its own
+            (`SelfAttention`, `LocalSelfAttention`) must agree with it.
         rotary_max_wavelength: optional finite number >= 1; rotary
             position embeddings in the self-attention (None: off).
+        kernel_initializer: initializer of all dense kernels.
+        bias_initializer: initializer of all dense biases.
         window_size: optional int or pair `(left, right)`; when set, the
             self-attention is local (`LocalSelfAttention`: position `i`
             sees `i - left .. i + right`, in `O(T * window)` time and
@@ -53,24 +62,130 @@ class TransformerEncoderBlock(TransformerBlock):
             banded `(batch, heads, T, left + right + 1)`, the window
             capped at `T - 1` each side (see `LocalSelfAttention`). None:
             full attention.
-        kernel_initializer: initializer of all dense kernels.
-        bias_initializer: initializer of all dense biases.
-        **kwargs: the block options `normalization` (`"layer_norm"`, the
-            default, or `"rms_norm"`), `use_bias` (default True) and
-            `gated_feed_forward` (default False; SwiGLU with
-            `activation="silu"`), `sandwich_norm` (default False; a norm
-            of each sublayer's output too, Gemma 2's post-norms),
-            `rotary_scaling` (default None; a dict of `RotaryEmbedding`'s
-            context-extension arguments, e.g. `{"scaling_factor": 4.0}`,
-            see `MultiHeadAttention`), `attention_scale` (default None:
-            `1 / sqrt(key_dim)`; the factor of the scores of the block's
-            attention layers, `1.0` for T5), `mixer` and `mixer_options`
-            (default `"attention"` and None: a linear-time mixer,
-            `"linear"` or `"gated_delta"`, in the self-attention's
-            place, as in `TransformerDecoderBlock`; not causal only with
-            `"linear"` and no decay, the others read the past only and
-            are refused with `causal=False`), and base layer arguments
-            (`name`, `dtype`, ...).
+        global_projections: bool, separate projections for the global
+            tokens of the local self-attention (Longformer; needs
+            `window_size`). Default False.
+        max_global_tokens: optional int, a bound on the global tokens per
+            sequence (needs `window_size`; see `LocalSelfAttention`).
+        score_mod: optional score object or function of the
+            self-attention (`keras_attention.mods`; see the guide
+            "Programmable attention"); with `window_size` too (the
+            banded path applies it inside the window).
+        mask_mod: optional mask object or function of the self-attention,
+            and-ed with its other masks (the window's included).
+        normalization: `"layer_norm"` (default: `LayerNormalization`, with
+            a bias) or `"rms_norm"` (`RMSNormalization`, a scale only:
+            Llama, Mistral, Gemma), for every norm of the block.
+        use_bias: bool, biases in the attention projections and the
+            feed-forward network (default True; False: Llama, Mistral).
+        gated_feed_forward: bool, the gated (GLU) feed-forward
+            `FeedForward(gated=True)`: SwiGLU with `activation="silu"`
+            (default False).
+        sandwich_norm: bool, also normalize each sublayer's output before
+            the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
+            post-attention and post-feed-forward norms, CogView's sandwich
+            layer norm; sublayers `*_post_norm`); default False.
+        rotary_scaling: optional dict of `RotaryEmbedding`'s
+            context-extension arguments for the rotary positions of the
+            self-attention (`scaling_factor`, `rope_type` `"linear"`,
+            `"dynamic"`, `"yarn"` or `"llama3"`, ...; see
+            `MultiHeadAttention`), e.g. `{"scaling_factor": 4.0}`; needs
+            `rotary_max_wavelength`. Default None: no scaling.
+        attention_scale: optional finite float > 0, the factor of the
+            scores of every attention layer of the block (self- and
+            cross-attention; `MultiHeadAttention(attention_scale=...)`),
+            e.g. `1.0` for T5. Default None: `1 / sqrt(key_dim)`.
+        qk_norm: optional "rms" or "layer": QK-norm in every attention
+            layer of the block (`MultiHeadAttention(qk_norm=...)`).
+            Default None.
+        qk_norm_epsilon: optional float > 0, the QK-norms' epsilon.
+            Default None: `layer_norm_epsilon`.
+        rotary_fraction: float in (0, 1], partial rotary positions in the
+            self-attention (`MultiHeadAttention(rotary_fraction=...)`).
+            Default 1.0.
+        moe: optional dict of `keras_attention.layers.MixtureOfExperts`
+            arguments (`num_experts`, `top_k`, and any of its others;
+            `intermediate_dim` defaults to the block's): the feed-forward
+            is then a mixture of experts (Mixtral, Qwen3-MoE, gpt-oss),
+            with the experts' own activation (`activation` of the block
+            does not apply) and, with `router_aux_loss_coef`, its
+            load-balancing loss added in training. Default None: the
+            dense `FeedForward`.
+        learned_sinks: bool, learned attention sinks in every attention
+            layer of the block (`MultiHeadAttention(learned_sinks=...)`).
+            Default False.
+        latent_attention: optional dict of
+            `keras_attention.layers.MultiHeadLatentAttention` arguments
+            (`kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
+            `v_head_dim`, and any of its others: `q_lora_rank`,
+            `rope_theta`, `rope_interleave`, `rotary_scaling`, `absorb`,
+            ...; `num_heads` is the block's, `dropout` and
+            `attention_bias` default to the block's `dropout` and
+            `use_bias`): the self-attention is then DeepSeek-V2/V3's
+            multi-head latent attention, whose cache holds `kv_lora_rank +
+            qk_rope_head_dim` numbers per token (`self_attention_cache`
+            `(batch, max_length, kv_lora_rank + qk_rope_head_dim)`). MLA
+            brings its own head shape, rotary positions and scale:
+            `key_dim`, `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`, `rotary_*` and
+            `attention_scale` are refused beside it (a `ValueError`).
+            Default None: `SelfAttention` (or `LocalSelfAttention`).
+        mixer: the token mixer of the self-attention sublayer:
+            `"attention"` (default: softmax attention, as the other
+            arguments say), `"linear"` (`keras_attention.layers.
+            LinearAttention`: linear attention, retention, gated linear
+            attention) or `"gated_delta"` (`keras_attention.layers.
+            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule):
+            linear in the length, with a recurrent cache of constant
+            size (the block's `self_attention_cache` is then the
+            mixer's cache, and `keras_attention.generation` keeps it
+            per layer). The mixer has no window, score or mask objects,
+            positions, QK-norm, sinks or shared key heads:
+            `num_key_value_heads`, `window_size`, `score_mod`,
+            `mask_mod`, `qk_norm`, `learned_sinks`,
+            `attention_output_gate`, `rotary_*`, `attention_scale` and
+            `latent_attention` are refused beside it (and `key_dim`
+            beside `"gated_delta"`), and so are an `attention_mask` and
+            `positions` at call time. Not causal only with `"linear"` and
+            no decay: the others read the past only and are refused with
+            `causal=False`.
+        mixer_options: optional dict of the mixer layer's own arguments
+            (refused with `mixer="attention"`): `LinearAttention`'s
+            (`decay`, `feature_map`, `normalize`, `value_dim`, ...;
+            `num_heads` and `key_dim` are the block's, `use_bias`
+            defaults to the block's) or `GatedDeltaNet`'s
+            (`linear_num_key_heads`, `linear_num_value_heads`,
+            `linear_key_head_dim`, `linear_value_head_dim`, all four or
+            none: by default one key and one value head per block head,
+            each of size `features // num_heads`; and
+            `linear_conv_kernel_dim`, ...; `hidden_size` is the block's
+            width). The initializers, dtype and name come from the block
+            (refused in the dict). Default None.
+        attention_output_gate: bool, gated attention in the
+            self-attention (Qwen3-Next and Qwen 3.5's full-attention
+            layers; Qiu et al., 2025): each head's attention result is
+            multiplied by `sigmoid` of a projection of the sublayer's
+            input (`heads x value head size`, weights `gate`) before the
+            output projection, on every path and with every cache
+            (`MultiHeadAttention(use_gate=True)`). Default False.
+        self_attention: optional layer, the block's token mixer, used
+            as it is instead of one built from the options above: any
+            `keras_attention.layers.TokenMixer` (`SelfAttention`,
+            `LocalSelfAttention`, `MultiHeadAttention` and its
+            subclasses, `MultiHeadLatentAttention`, `LinearAttention`,
+            `GatedDeltaNet`, a user's layer). The options that configure
+            only the self-attention (`window_size`, `score_mod`,
+            `mask_mod`, `rotary_*`, `attention_output_gate`,
+            `latent_attention`, `mixer`, `mixer_options`, and the
+            attention options when no other attention layer is built
+            from them) are then refused beside it. Default None.
+        feed_forward: optional layer, the block's feed-forward (e.g.
+            `FeedForward`, `MixtureOfExperts`, any Keras layer mapping
+            `(batch, T, features)` to the same shape); the feed-forward
+            options (`intermediate_dim`, `activation`,
+            `gated_feed_forward`, `moe`) are then refused beside it.
+            Default None.
+        **kwargs: base layer arguments (`name`, `dtype`, `trainable`).
 
     Call arguments:
         inputs: `(batch, T, features)`.
@@ -115,6 +230,22 @@ class TransformerEncoderBlock(TransformerBlock):
     >>> tuple(y.shape), tuple(w.shape)
     ((2, 5, 8), (2, 2, 5, 5))
 
+    Composed from layers: any token mixer as the self-attention, any
+    Keras layer as the feed-forward (the block adds the norms, dropouts
+    and residuals; options that would configure a given layer are
+    refused):
+
+    >>> block = keras_attention.blocks.TransformerEncoderBlock(
+    ...     norm_first=True,
+    ...     self_attention=keras_attention.layers.LinearAttention(
+    ...         num_heads=2, key_dim=4),
+    ...     feed_forward=keras_attention.layers.MixtureOfExperts(
+    ...         num_experts=4, top_k=2, intermediate_dim=16))
+    >>> tuple(block(x).shape)
+    (2, 5, 8)
+    >>> sorted(block.get_config()["self_attention"]["config"])[:3]
+    ['bias_initializer', 'chunk_size', 'decay']
+
     References:
         - Vaswani et al., 2017, "Attention Is All You Need".
         - Xiong et al., 2020, "On Layer Normalization in the Transformer
@@ -124,8 +255,8 @@ class TransformerEncoderBlock(TransformerBlock):
 
     def __init__(
         self,
-        num_heads,
-        intermediate_dim,
+        num_heads=None,
+        intermediate_dim=None,
         key_dim=None,
         num_key_value_heads=None,
         dropout=0.0,
@@ -139,6 +270,25 @@ class TransformerEncoderBlock(TransformerBlock):
         window_size=None,
         global_projections=False,
         max_global_tokens=None,
+        score_mod=None,
+        mask_mod=None,
+        normalization="layer_norm",
+        use_bias=True,
+        gated_feed_forward=False,
+        sandwich_norm=False,
+        rotary_scaling=None,
+        attention_scale=None,
+        qk_norm=None,
+        qk_norm_epsilon=None,
+        learned_sinks=False,
+        rotary_fraction=1.0,
+        moe=None,
+        mixer="attention",
+        mixer_options=None,
+        latent_attention=None,
+        attention_output_gate=False,
+        self_attention=None,
+        feed_forward=None,
         **kwargs,
     ):
         super().__init__(
@@ -154,10 +304,41 @@ class TransformerEncoderBlock(TransformerBlock):
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             window_size=window_size,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            normalization=normalization,
+            use_bias=use_bias,
+            gated_feed_forward=gated_feed_forward,
+            sandwich_norm=sandwich_norm,
+            rotary_scaling=rotary_scaling,
+            attention_scale=attention_scale,
+            qk_norm=qk_norm,
+            qk_norm_epsilon=qk_norm_epsilon,
+            learned_sinks=learned_sinks,
+            rotary_fraction=rotary_fraction,
+            moe=moe,
+            mixer=mixer,
+            mixer_options=mixer_options,
+            latent_attention=latent_attention,
+            attention_output_gate=attention_output_gate,
+            self_attention=self_attention,
+            feed_forward=feed_forward,
             **kwargs,
         )
+        _compose.check_options(
+            dict(
+                global_projections=global_projections,
+                max_global_tokens=max_global_tokens,
+            ),
+            self._given,
+            self._present,
+        )
         self.causal = validation.check_bool("causal", causal)
-        _mixer.check_causal(self)
+        if _compose.SELF in self._given:
+            _compose.check_causal(self_attention, self.causal)
+            _mixer.check_causal(self, self_attention)
+        else:
+            _mixer.check_causal(self)
         self.global_projections = validation.check_bool(
             "global_projections", global_projections
         )
@@ -203,7 +384,7 @@ class TransformerEncoderBlock(TransformerBlock):
         if positions is not None:
             extra_kwargs["positions"] = positions
         if global_mask is not None:
-            if self.window_size is None:
+            if not isinstance(self.self_attention, LocalSelfAttention):
                 raise ValueError(
                     "`global_mask` needs a block with `window_size` (global "
                     "tokens run on local attention). Received: global_mask "
@@ -242,6 +423,7 @@ class TransformerEncoderBlock(TransformerBlock):
     def get_config(self):
         config = super().get_config()
         config["causal"] = self.causal
-        config["global_projections"] = self.global_projections
-        config["max_global_tokens"] = self.max_global_tokens
+        if _compose.SELF not in self._given:
+            config["global_projections"] = self.global_projections
+            config["max_global_tokens"] = self.max_global_tokens
         return config
