@@ -14,6 +14,7 @@ from keras import ops
 from keras_attention.layers import recording
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers._short_convolution import causal_convolution
+from keras_attention.layers.token_mixer import TokenMixer
 from keras_attention.ops.gated_delta_rule import gated_delta_rule
 from keras_attention.ops.gated_delta_rule import implied_attention
 from keras_attention.ops.scoring import softmax_dtype
@@ -69,7 +70,9 @@ def _documents(segment_ids):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
+class GatedDeltaNet(
+    recording.AttentionRecording, TokenMixer, keras.layers.Layer
+):
     """Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), the linear-time
     token mixer of Qwen3-Next and Qwen 3.5, as keras-hub's
     `Qwen3_5GatedDeltaNet`.
@@ -155,6 +158,7 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
             cache (the output then also reads the state of earlier
             calls, which no matrix over this call's tokens holds).
         training: unused (no dropout), for Keras.
+        padding_mask: the `TokenMixer` name of `mask` (either one).
 
     Returns:
         The output `(batch, T, hidden_size)`, then the matrix if
@@ -313,11 +317,12 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
         )
         self.built = True
 
-    def init_cache(self, batch_size, dtype=None):
+    def init_cache(self, batch_size, max_length=None, dtype=None):
         """A zero cache `(conv_state, recurrent_state)` for `batch_size`
-        rows: `(batch, K - 1, conv_dim)` in `dtype` (the compute dtype by
-        default) and `(batch, value_heads, k, v)` in float32 (float64
-        for a float64 layer): its size does not grow with the tokens."""
+        rows (`TokenMixer`): `(batch, K - 1, conv_dim)` in `dtype` (the
+        compute dtype by default) and `(batch, value_heads, k, v)` in
+        float32 (float64 for a float64 layer): its size does not grow
+        with the tokens (`max_length` is not read)."""
         dtype = dtype or self.compute_dtype
         conv = ops.zeros(
             (batch_size, self.linear_conv_kernel_dim - 1, self.conv_dim),
@@ -430,7 +435,10 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
         segment_ids=None,
         return_attention_scores=False,
         training=None,
+        padding_mask=None,
     ):
+        if padding_mask is not None:  # `TokenMixer`'s name of `mask`
+            mask = padding_mask
         if mask is None:
             mask = keras_utils.keras_mask(inputs)
         self._check_call(

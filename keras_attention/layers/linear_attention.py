@@ -13,6 +13,7 @@ from keras import ops
 from keras_attention.layers import recording
 from keras_attention.layers._einsum_dense import EinsumDense
 from keras_attention.layers._qk_norm import HeadRMSNorm
+from keras_attention.layers.token_mixer import TokenMixer
 from keras_attention.ops.linear_attention import FEATURE_MAPS
 from keras_attention.ops.linear_attention import linear_attention
 from keras_attention.ops.linear_attention import linear_attention_weights
@@ -59,7 +60,9 @@ def _check_decay(value):
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
+class LinearAttention(
+    recording.AttentionRecording, TokenMixer, keras.layers.Layer
+):
     """Linear attention: a token mixer whose cost is linear in the
     sequence length, with a decoding cache of constant size.
 
@@ -130,7 +133,8 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
             carries the query's Keras mask.
         use_causal_mask: bool, token `t` reads tokens `<= t` (what a
             decay needs). False: every token reads the whole sequence
-            (the sum over its keys).
+            (the sum over its keys). Default None: True with a `cache`
+            (`TokenMixer`'s cached calls are causal), else False.
         cache: optional recurrent state `(batch, num_heads, key_dim,
             cache_value_dim)` (`cache_value_dim = value_dim`, plus one
             column holding the normaliser with `normalize`), zeros to
@@ -150,6 +154,7 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
             keys). Unnormalised rows need not sum to 1, and with
             `feature_map="identity"` weights can be negative.
         training: unused (no dropout), accepted for Keras.
+        padding_mask: the `TokenMixer` name of `query_mask` (either one).
 
     Returns:
         The output `(batch, T, features)`, then the weights if
@@ -251,6 +256,12 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
         """The dtype of the state and cache: float32, float64 for a
         float64 layer."""
         return softmax_dtype(self.compute_dtype)
+
+    def init_cache(self, batch_size, max_length=None, dtype=None):
+        """The layer's empty cache (`TokenMixer`): `initial_cache`'s
+        state, whose size does not depend on `max_length` (not read) and
+        whose dtype is `state_dtype` whatever `dtype` (not read)."""
+        return self.initial_cache(batch_size)
 
     def initial_cache(self, batch_size):
         """The zero state, `(batch_size, num_heads, key_dim,
@@ -368,13 +379,18 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
         self,
         query,
         query_mask=None,
-        use_causal_mask=False,
+        use_causal_mask=None,
         cache=None,
         cache_update_index=None,
         segment_ids=None,
         return_attention_scores=False,
         training=None,
+        padding_mask=None,
     ):
+        if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
+            query_mask = padding_mask
+        if use_causal_mask is None:
+            use_causal_mask = cache is not None
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
         self._check_call(

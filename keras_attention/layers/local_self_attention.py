@@ -2,6 +2,7 @@ import keras
 import numpy as np
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _kv_cache
 from keras_attention.layers import recording
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
@@ -282,7 +283,12 @@ class LocalSelfAttention(SelfAttention):
         segment_ids=None,
         cache_sink_tokens=None,
         positions=None,
+        padding_mask=None,
     ):
+        if padding_mask is not None:  # `TokenMixer`'s name of `mask`
+            mask = padding_mask
+        rolling = cache_sink_tokens is not None
+        rolling = rolling or _kv_cache.ring_sinks(cache, self._left) is not None
         if global_mask is not None:
             for name, value in (
                 ("cache", cache),
@@ -310,7 +316,7 @@ class LocalSelfAttention(SelfAttention):
                 "global_mask": global_mask,
                 "inputs": inputs,
                 "decoding": cache is not None,
-                "rolling": cache_sink_tokens is not None,
+                "rolling": rolling,
                 "positions": positions,
             },
         )

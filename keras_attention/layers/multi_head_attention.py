@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _attention_axes
+from keras_attention.layers import _kv_cache
 from keras_attention.layers import _rolling_attention
 from keras_attention.layers import recording
 from keras_attention.layers._attention_call import AttentionCall
@@ -25,6 +26,7 @@ from keras_attention.layers._qk_norm import QKNormAndSinks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.rotary_embedding import check_rotary_arguments
 from keras_attention.layers.rotary_embedding import check_rotary_fraction
+from keras_attention.layers.token_mixer import TokenMixer
 from keras_attention.mods import base as mods_base
 from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
@@ -38,6 +40,7 @@ class MultiHeadAttention(
     Projections,
     QKNormAndSinks,
     AttentionStep,
+    TokenMixer,
     keras.layers.Layer,
 ):
     """Multi-head (and grouped-query) scaled dot-product attention.
@@ -438,10 +441,46 @@ class MultiHeadAttention(
             cache_sink_tokens=cache_sink_tokens,
             positions=positions,
         )
+        close = None
+        if _kv_cache.is_own_cache(cache):  # `init_cache`'s, with its mask
+            call, close = _kv_cache.open_attention_call(
+                call, self.cache_window()
+            )
         self._check_call(call)
-        if len(query.shape) == 3:
-            return self._call_3d(call)
-        return self._call_high_rank(call)
+        if len(query.shape) != 3:
+            return self._call_high_rank(call)
+        outputs = self._call_3d(call)
+        if close is None:
+            return outputs
+        return outputs[:-1] + (close(outputs[-1]),)
+
+    def init_cache(self, batch_size, max_length, dtype=None, sink_tokens=None):
+        """The layer's empty cache (`TokenMixer`) for causal decoding:
+        `{"keys_values", "key_mask"}`, zeros `(batch, 2, max_length,
+        kv_heads, key_dim)` and boolean `(batch, max_length)`; with
+        `sink_tokens` (windowed attention), a rolling cache
+        `{"keys_values", "slot_mask"}` of `sink_tokens + cache_window() +
+        1` slots (as `cache_sink_tokens`'s). Pass it as `cache` with
+        `cache_update_index`: the call is causal, its tokens' padding
+        mask goes into the cache's key mask, and it returns the updated
+        dict. `dtype`: the compute dtype when None.
+
+        Example:
+
+        >>> import numpy as np
+        >>> import keras_attention
+        >>> mha = keras_attention.layers.SelfAttention(2, 4, causal=True)
+        >>> x = np.ones((1, 5, 8), "float32")
+        >>> _ = mha(x)  # build
+        >>> cache = mha.init_cache(1, 5)
+        >>> y, cache = mha(x[:, :3], cache=cache, cache_update_index=0)
+        >>> y, cache = mha(x[:, 3:], cache=cache, cache_update_index=3)
+        >>> {name: tuple(c.shape) for name, c in cache.items()}
+        {'keys_values': (1, 2, 5, 2, 4), 'key_mask': (1, 5)}
+        """
+        return _kv_cache.init_kv_cache(
+            self, batch_size, max_length, dtype, sink_tokens
+        )
 
     def _check_call(self, call):
         """Every check a call's arguments need before any computation."""

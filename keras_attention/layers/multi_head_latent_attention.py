@@ -14,10 +14,12 @@ import numpy as np
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _kv_cache
 from keras_attention.layers import _latent_rotary
 from keras_attention.layers import recording
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.token_mixer import TokenMixer
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
@@ -51,7 +53,7 @@ def _with_weights(result, options):
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadLatentAttention(
-    recording.AttentionRecording, keras.layers.Layer
+    recording.AttentionRecording, TokenMixer, keras.layers.Layer
 ):
     """Multi-head latent attention (MLA) of DeepSeek-V2 and DeepSeek-V3.
 
@@ -484,9 +486,36 @@ class MultiHeadLatentAttention(
         training=None,
         return_attention_scores=False,
         positions=None,
+        padding_mask=None,
     ):
+        if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
+            query_mask = padding_mask
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
+        if _kv_cache.is_own_cache(cache):  # `init_cache`'s, with its mask
+            validation.check_padding_mask(
+                "query_mask", query_mask, query, "query"
+            )
+            latent, attention_mask, _, close = _kv_cache.open_cache(
+                cache,
+                cache_update_index,
+                _kv_cache.token_mask(query, query_mask),
+                attention_mask,
+                query.shape[1],
+                slots_axis=1,
+            )
+            outputs = self.call(
+                query,
+                query_mask=query_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=True,
+                cache=latent,
+                cache_update_index=cache_update_index,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                positions=positions,
+            )
+            return outputs[:-1] + (close(outputs[-1]),)
         self._check_call(query, query_mask, cache, cache_update_index)
         start = 0 if cache is None else cache_update_index
         if positions is not None:
@@ -530,6 +559,18 @@ class MultiHeadLatentAttention(
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def init_cache(self, batch_size, max_length, dtype=None, sink_tokens=None):
+        """The layer's empty cache (`TokenMixer`) for causal decoding:
+        `{"latent", "key_mask"}`, zeros `(batch, max_length, cache_dim)`
+        and boolean `(batch, max_length)`. Pass it as `cache` with
+        `cache_update_index`: the call is causal, its tokens' padding
+        mask goes into the key mask, and it returns the updated dict.
+        `dtype`: the compute dtype when None. `sink_tokens` (a ring of
+        slots) is refused: MLA has no window."""
+        return _kv_cache.init_latent_cache(
+            self, batch_size, max_length, dtype, sink_tokens
+        )
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask

@@ -34,7 +34,10 @@ class SelfAttention(MultiHeadAttention):
         training: bool.
         cache, cache_update_index: incremental decoding, see
             `MultiHeadAttention`. With a cache, `mask` covers only this
-            call's queries; mask padded cache slots with `attention_mask`.
+            call's queries; mask padded cache slots with `attention_mask`
+            (a cache of `init_cache` keeps its key mask itself: its
+            tokens' `mask` goes into it).
+        padding_mask: the `TokenMixer` name of `mask` (either one).
         segment_ids: optional integer `(batch, T)` (no cache): packed
             documents; a token attends only within its
             document (tiles between documents skipped on the blockwise
@@ -96,8 +99,11 @@ class SelfAttention(MultiHeadAttention):
         segment_ids=None,
         cache_sink_tokens=None,
         positions=None,
+        padding_mask=None,
     ):
         self._check_call_inputs(inputs, inputs, inputs, ("inputs",) * 3)
+        if padding_mask is not None:  # `TokenMixer`'s name of `mask`
+            mask = padding_mask
         mask = self._padding_mask(inputs, mask)
         return super().call(
             query=inputs,

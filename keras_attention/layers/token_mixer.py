@@ -23,15 +23,16 @@ class TokenMixer:
       the layer's empty cache for `batch_size` sequences of at most
       `max_length` positions: any nest (tuple, list, dict) of tensors,
       every one with the batch on its first axis (beam search repeats and
-      gathers a cache along it). `dtype` is the compute dtype of what it
-      caches (the layer's when None). What it holds is the layer's
-      business: keys and values of `max_length` positions and their key
-      mask, a ring of slots, a latent, a recurrent state. The one option
-      a library layer reads is `sink_tokens` (an int >= 0, given only to
-      a layer whose `cache_window()` is not None, and never when the
-      caller wants a cache of `max_length` positions): a ring of
-      `sink_tokens + cache_window() + 1` slots instead, the first
-      `sink_tokens` positions kept beside the window.
+      gathers a cache along it) and none of zero size. `dtype` is the
+      compute dtype of what it caches (the layer's when None). What it
+      holds is the layer's business: keys and values of `max_length`
+      positions and their key mask, a ring of slots, a latent, a
+      recurrent state. The one option a library layer reads is
+      `sink_tokens` (an int >= 0, given only to a layer whose
+      `cache_window()` is not None, and never when the caller wants a
+      cache of `max_length` positions): a ring of `sink_tokens +
+      cache_window() + 1` slots instead, the first `sink_tokens`
+      positions kept beside the window.
     - `layer(inputs, cache=cache, cache_update_index=index,
       padding_mask=mask, training=None)` runs the `T` tokens `inputs`
       `(batch, T, features)` at positions `index .. index + T - 1`, each
