@@ -83,13 +83,12 @@ def build(window):
 def cache_bytes(generator, cache, max_length):
     """Bytes of the cache tensors `generate(cache=...)` keeps."""
     import keras
-    from keras import ops
 
-    if cache == "full":
-        tensors = [generator._empty_cache(ops.zeros((1, max_length), "int32"))]
-    else:
-        plan = generator.mixed_cache_plan()
-        tensors = generator.init_mixed_cache(1, max_length, plan)
+    from keras_attention.generation import init_cache
+
+    options = dict(generator._cache_options(None, cache))
+    caches = init_cache(generator.blocks, 1, max_length, **options)
+    tensors = keras.tree.flatten(caches)  # each block's own cache
     return sum(
         int(np.prod(t.shape))
         * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize

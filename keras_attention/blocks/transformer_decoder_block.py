@@ -3,6 +3,7 @@ an encoder's output (optional) and feed-forward."""
 
 import keras
 
+from keras_attention.blocks import _cache
 from keras_attention.blocks import _compose
 from keras_attention.blocks import _latent
 from keras_attention.blocks._transformer_block import TransformerBlock
@@ -236,6 +237,14 @@ class TransformerDecoderBlock(TransformerBlock):
             with `attention_mask` (or `segment_ids`) keeping each token in
             its document, give each document's own outputs. Not with a
             rolling cache. The cross-attention has no positions.
+        cache, cache_update_index: the block's own cache (`init_cache`,
+            the `keras_attention.layers.TokenMixer` protocol) and the
+            position of `inputs[:, 0]`: the block then returns `(outputs,
+            cache)`, its self-attention keeping the key mask of its
+            cache (`padding_mask` covers this call's tokens only) and the
+            cache holding the context's keys and values (no `context`,
+            masks of the cache, scores or the `self_attention_cache*`
+            arguments beside it).
         mask, inputs_mask, context_mask: filled by Keras from the inputs'
             Keras masks; pass `padding_mask`/`context_padding_mask` instead.
 
@@ -393,6 +402,33 @@ class TransformerDecoderBlock(TransformerBlock):
         )
         self.built = True
 
+    def init_cache(self, batch_size, max_length, dtype=None, **options):
+        """The block's empty cache for `block(x, cache=cache,
+        cache_update_index=index, padding_mask=mask)`, which returns
+        `(outputs, cache)` (the `keras_attention.layers.TokenMixer`
+        protocol): `(self_attention_cache,)`, the self-attention's own
+        `init_cache`, and with cross-attention `(self_attention_cache,
+        cross_keys_values, context_mask)`.
+
+        Args:
+            batch_size: int (or int scalar tensor), the sequences.
+            max_length: int, the positions of the self-attention's cache.
+            dtype: the cache's dtype; the block's compute dtype when None.
+            **options: `context` (and `context_padding_mask`), required
+                with cross-attention; `sink_tokens` (int >= 0), a ring of
+                `sink_tokens + window + 1` slots for a windowed
+                self-attention (the others keep `max_length`
+                positions).
+        """
+        return _cache.init_block_cache(
+            self, batch_size, max_length, dtype, **options
+        )
+
+    def cache_window(self):
+        """The self-attention's `cache_window()`: how many earlier
+        positions a query sees (None: all of them)."""
+        return _cache.cache_window(self)
+
     def compute_cross_attention_cache(self, context):
         """Encoder keys/values `(batch, 2, S, kv_heads, key_dim)`, once per
         source sequence. The block must be built (called once, or `build`
@@ -431,11 +467,24 @@ class TransformerDecoderBlock(TransformerBlock):
         segment_ids=None,
         self_attention_cache_sink_tokens=None,
         positions=None,
+        cache=None,
+        cache_update_index=None,
     ):
-        self._check_context(context, cross_attention_cache)
         padding_mask = keras_utils.first_not_none(
             padding_mask, inputs_mask, mask
         )
+        if cache is not None:  # `init_cache`'s (`TokenMixer` protocol)
+            given = dict(locals())
+            return _cache.cached_call(
+                self,
+                inputs,
+                cache,
+                cache_update_index,
+                padding_mask,
+                training,
+                given,
+            )
+        self._check_context(context, cross_attention_cache)
         context_padding_mask = keras_utils.first_not_none(
             context_padding_mask, context_mask
         )

@@ -2,17 +2,17 @@
 
 `Generator` holds what `CausalLMGenerator` and `Seq2SeqGenerator` have in
 common: the model pieces (embedding, decoder blocks, head), one pass
-through them with the stacked key/value cache (`call_with_cache`), the
-`keras_hub` sampler callback (`next`), the preparation of the prompts and
-the compiled generation loop. Each generator subclasses it directly (they
-are siblings), says what its blocks look like (`_cross_attention`), what
-extra inputs its loop takes (`_input_names`), how its cache is built
-(`build_cache`), and exposes its own `generate`.
+through them over a tuple of per-block caches (`call_with_cache`), the
+prefill of the prompts, the `keras_hub` sampler callback (`next`) and the
+compiled generation loop. Each generator subclasses it directly (they are
+siblings), says what its blocks look like (`_cross_attention`), what
+extra inputs its loop takes (`_input_names`) and what else its blocks'
+caches are made from (`_cache_inputs`), and exposes its own `generate`.
 
-The rolling cache (`_rolling.RollingCacheMixin`), the mixed cache
-(`_mixed.MixedCacheMixin`) and streamed generation
-(`_streaming.StreamingMixin`) are mixins `Generator` inherits; the
-samplers' helpers are in `_samplers`.
+The generators never look inside a cache: each block makes its own
+(`block.init_cache`, the `keras_attention.layers.TokenMixer` protocol),
+and takes it back at each call. Streamed generation is the mixin
+`_streaming.StreamingMixin`; the samplers' helpers are in `_samplers`.
 
 The helpers below (`position_capacity`, `check_length_fits`,
 `mask_after_stop`) are shared by both generators; the argument checks are
@@ -23,22 +23,17 @@ import keras
 from keras import ops
 
 from keras_attention.generation import _checks
-from keras_attention.generation._mixed import MixedCacheMixin
-from keras_attention.generation._mixed import MixedPlan
-from keras_attention.generation._rolling import RollingCacheMixin
 from keras_attention.generation._samplers import get_sampler
 from keras_attention.generation._samplers import sampler_key
 from keras_attention.generation._samplers import uses_hidden_states
 from keras_attention.generation._streaming import StreamingMixin
 from keras_attention.generation.cache import init_cache
-from keras_attention.generation.cache import stack_caches
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.ops import compile_step
 from keras_attention.utils import validation
-from keras_attention.utils.attention_checks import check_cache_index
 
 
 def as_list(x):
@@ -122,15 +117,14 @@ def free_id(pad_token_id, stop_token_ids):
     return token
 
 
-class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
+class Generator(StreamingMixin):
     """Base of the generators: a decoder (embedding, blocks, head) run with
     a fixed-size key/value cache and driven by a `keras_hub` sampler.
 
     `logits = head(blocks[-1](... blocks[0](embedding(token_ids))))`.
     Subclasses set `_cross_attention` (the `cross_attention` their blocks
     must have) and `_input_names` (the extra inputs of the compiled loop,
-    passed to `build_cache` by name), write `build_cache` and `generate`,
-    and may pass extra arguments to the blocks (`_block_kwargs`).
+    passed to `_cache_inputs` by name), and write `generate`.
 
     Args:
         embedding: layer (or callable) mapping token ids `(batch, T)` to
@@ -141,8 +135,9 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
             `TokenAndPositionEmbedding` or a `keras.layers.Embedding`. The
             tokens it masks (`mask_zero`) are masked at every step as the
             model masks them, generated ones included.
-        blocks: list of built `TransformerDecoderBlock`s with the same
-            attention head shape.
+        blocks: list of built `TransformerDecoderBlock`s (any
+            self-attention implementing `keras_attention.layers.
+            TokenMixer`).
         head: layer (or list of layers applied in order) mapping the last
             block's output to logits `(batch, T, vocabulary_size)`.
         pad_token_id: int (Python or NumPy), the padding id of prompts and
@@ -232,80 +227,224 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
             hidden = layer(hidden)
         return hidden
 
-    def _block_kwargs(self, cache, index):
-        """Extra arguments of block `index`, read from the cache."""
-        return {}
+    def _token_mask(self, token_ids, padding_mask=None):
+        """The mask of `token_ids` as the blocks take it: the embedding's
+        Keras mask (`mask_zero`) and-ed with `padding_mask`; None when
+        there is neither."""
+        mask = self._embedding_mask(token_ids)
+        if padding_mask is None:
+            return mask
+        padding_mask = ops.cast(padding_mask, "bool")
+        if mask is None:
+            return padding_mask
+        return ops.logical_and(ops.cast(mask, "bool"), padding_mask)
 
     def call_with_cache(
-        self,
-        token_ids,
-        cache,
-        cache_update_index,
-        padding_mask=None,
-        cache_mask=None,
+        self, token_ids, cache, cache_update_index, padding_mask=None
     ):
         """Runs `token_ids` (positions `cache_update_index ..`) through the
-        model, reading and writing the stacked cache.
+        model, each block reading and writing its own cache.
 
-        `padding_mask` masks this call's tokens (as queries; read from the
-        embedding's Keras mask when None), `cache_mask` (optional boolean
-        `(batch, max_length)`) the cache positions (as keys). The tokens
-        must fit the cache: `0 <= cache_update_index` and
-        `cache_update_index + T <= max_length` (a `ValueError` when the
-        index is known; a symbolic one is not checked, see
-        `MultiHeadAttention`).
+        Args:
+            token_ids: int `(batch, T)` (static `T`).
+            cache: the tuple of the blocks' caches (`init_cache`), in
+                which positions `0 .. cache_update_index - 1` were written
+                in order.
+            cache_update_index: int or int scalar tensor, the position of
+                `token_ids[:, 0]` (a block's cache of `max_length`
+                positions refuses one that does not fit, naming it).
+            padding_mask: optional boolean `(batch, T)`, this call's
+                tokens' mask, and-ed with the embedding's Keras mask: a
+                masked token is never attended to, now or later.
 
-        Returns `(logits, hidden, cache)`.
+        Returns:
+            `(logits, hidden, cache)`.
         """
-        self_cache = cache[0] if isinstance(cache, tuple) else cache
-        check_cache_index(
-            cache_update_index,
-            _checks.token_steps(token_ids),
-            self_cache.shape[3],
-        )
-        x = self.embed(token_ids, start_index=cache_update_index)
-        attention_mask = None
-        if cache_mask is not None:
-            attention_mask = ops.expand_dims(ops.cast(cache_mask, "bool"), 1)
+        start = cache_update_index
+        if _checks.is_integer(start) and start < 0:
+            start = 0  # the blocks refuse it, naming their caches' sizes
+        x = self.embed(token_ids, start_index=start)
+        mask = self._token_mask(token_ids, padding_mask)
         updated = []
-        for i, block in enumerate(self.blocks):
+        for block, block_cache in zip(self.blocks, cache):
             x, block_cache = block(
                 x,
-                padding_mask=padding_mask,
-                attention_mask=attention_mask,
-                self_attention_cache=self_cache[:, i],
-                self_attention_cache_update_index=cache_update_index,
-                **self._block_kwargs(cache, i),
+                cache=block_cache,
+                cache_update_index=cache_update_index,
+                padding_mask=mask,
             )
             updated.append(block_cache)
-        self_cache = stack_caches(updated)
-        if isinstance(cache, tuple):
-            cache = (self_cache,) + tuple(cache[1:])
-        else:
-            cache = self_cache
-        return self.logits(x), x, cache
+        return self.logits(x), x, tuple(updated)
 
-    def _empty_cache(self, token_ids):
-        batch, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
-        return init_cache(self.blocks, batch, max_length, dtype)
+    def _cache_inputs(self, **inputs):
+        """What the blocks' caches are made from beside their size (the
+        `init_cache` options of a subclass: an encoder's context)."""
+        return {}
+
+    def _new_cache(self, batch_size, max_length, options=(), **inputs):
+        """The empty tuple of the blocks' caches; `options`: the pairs of
+        `init_cache` options of `_cache_options`."""
+        return init_cache(
+            self.blocks,
+            batch_size,
+            max_length,
+            **dict(options),
+            **self._cache_inputs(**inputs),
+        )
 
     def build_cache(self, token_ids, padding_mask=None, **inputs):
-        """Processes the whole `(batch, max_length)` prompt buffer once.
+        """Processes the whole `(batch, max_length)` prompt buffer once
+        (positions masked by `padding_mask` are written masked).
 
-        Returns `(hidden, cache)`, the cache filled at every position.
+        Returns `(hidden, cache)`: the last block's outputs and the
+        blocks' caches of `max_length` positions, written at every one.
         """
-        raise NotImplementedError
+        batch, width = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        cache = self._new_cache(batch, width, **inputs)
+        _, hidden, cache = self.call_with_cache(
+            token_ids, cache, 0, padding_mask
+        )
+        return hidden, cache
+
+    def _next(self, offset=0):
+        """The sampler callback `next(prompt, cache, index)`: logits for
+        position `offset + index` from the token `prompt[:, index - 1]`
+        (at position `offset + index - 1`) and the cache of the earlier
+        positions."""
+
+        def next(prompt, cache, index):
+            batch = ops.shape(prompt)[0]
+            token = ops.slice(prompt, (0, index - 1), (batch, 1))
+            logits, hidden, cache = self.call_with_cache(
+                token, cache, offset + index - 1
+            )
+            return logits[:, 0], hidden[:, 0], cache
+
+        return next
 
     def next(self, prompt, cache, index):
         """The `keras_hub` sampler callback: logits for position `index`
         from the token at `index - 1` and the cache of earlier positions."""
-        batch = ops.shape(prompt)[0]
-        token = ops.slice(prompt, (0, index - 1), (batch, 1))
-        logits, hidden, cache = self.call_with_cache(
-            token, cache, index - 1, cache_mask=self._embedding_mask(prompt)
+        return self._next()(prompt, cache, index)
+
+    def _window(self):
+        """The widest window of the blocks' self-attention
+        (`cache_window()`), or None when no block has one."""
+        windows = [
+            block.cache_window()
+            for block in self.blocks
+            if callable(getattr(block, "cache_window", None))
+        ]
+        windows = [w for w in windows if w is not None]
+        return max(windows) if windows else None
+
+    def _cache_options(self, sink_tokens, cache="auto"):
+        """The `init_cache` options of `generate`'s caches, as a tuple of
+        pairs: `sink_tokens` (0 when None) for "auto" when a block has
+        windowed self-attention (which turns it into a ring of slots);
+        none for "full" (`max_length` positions in every block). Raises
+        `ValueError` for a `cache` other than "auto" or "full", for
+        `sink_tokens` that are not a non-negative int, or given where no
+        block is windowed or with "full" (the block is named)."""
+        if cache not in ("auto", "full"):
+            raise ValueError(
+                '`cache` must be "auto" (a ring of slots for each windowed '
+                'self-attention, a full cache for the others) or "full" '
+                f"(max_length positions in every block). Received: "
+                f"cache={cache!r}"
+            )
+        if sink_tokens is not None and (
+            not _checks.is_integer(sink_tokens) or sink_tokens < 0
+        ):
+            raise ValueError(
+                "`sink_tokens` must be None or a non-negative int (the first "
+                "positions kept beside the window). "
+                f"Received: sink_tokens={sink_tokens!r}"
+            )
+        self._check_built()
+        if sink_tokens is not None and cache == "full":
+            raise ValueError(
+                "`sink_tokens` needs a ring of slots, and cache='full' "
+                f"keeps none. Received: sink_tokens={sink_tokens!r}, "
+                f"cache={cache!r}"
+            )
+        if sink_tokens is not None and self._window() is None:
+            block = self.blocks[0]
+            raise ValueError(
+                "`sink_tokens` needs a ring of slots, so windowed "
+                "self-attention (`window_size`) in at least one block; "
+                f"block 0 ({block.name!r}, self-attention "
+                f"{type(getattr(block, 'self_attention', block)).__name__}) "
+                "has none, nor has any other. Received: "
+                f"sink_tokens={sink_tokens!r}"
+            )
+        if cache == "full" or self._window() is None:
+            return ()
+        return (("sink_tokens", 0 if sink_tokens is None else sink_tokens),)
+
+    def _prefill(self, token_ids, padding_mask, cache, hidden):
+        """Writes the shortest prompt's positions but its last into the
+        empty `cache` (the sampler's first step runs that one: a position
+        is written once), in chunks of static length (the widest window
+        plus one, at least 32, at most the buffer's length when known),
+        then the rest one position at a time.
+
+        Returns `(hidden, cache, index)`: with `hidden`, the last block's
+        outputs `(batch, max_length, d)` at the prompt's positions up to
+        the shortest prompt's last (zeros after; the contrastive sampler
+        compares with them), else None (no buffer of the outputs: the
+        other samplers ignore it); the cache; and the shortest prompt's
+        length (where the samplers start).
+
+        The buffer's length may be unknown while tracing (a `tf.function`
+        taking prompts of any length): only the chunks are static.
+        """
+        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        chunk = max((self._window() or 0) + 1, 32)
+        if width is not None:
+            chunk = min(chunk, width)
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        chunks = (shortest - 1) // chunk
+        shape = (1, 1, 1)  # a placeholder the loops carry unchanged
+        if hidden:
+            features = self.embed(token_ids[:, :1]).shape[-1]
+            shape = (batch, ops.shape(token_ids)[1], features)
+        outputs = ops.zeros(shape, dtype)
+
+        def write(outputs, h, start):
+            if not hidden:
+                return outputs
+            return ops.slice_update(outputs, (0, start, 0), ops.cast(h, dtype))
+
+        def body(i, outputs, cache):
+            start = i * chunk
+            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
+            _, h, cache = self.call_with_cache(tokens, cache, start)
+            return i + 1, write(outputs, h, start), cache
+
+        _, outputs, cache = ops.while_loop(
+            lambda i, outputs, cache: i < chunks,
+            body,
+            (ops.convert_to_tensor(0, "int32"), outputs, cache),
         )
-        return logits[:, 0], hidden[:, 0], cache
+        last = shortest - 1
+
+        def step_body(position, outputs, cache):
+            token = ops.slice(token_ids, (0, position), (batch, 1))
+            _, h, cache = self.call_with_cache(token, cache, position)
+            return position + 1, write(outputs, h, position), cache
+
+        _, outputs, cache = ops.while_loop(
+            lambda position, outputs, cache: position < last,
+            step_body,
+            (chunks * chunk, outputs, cache),
+        )
+        if hidden:  # the last position's, not kept in the cache
+            token = ops.slice(token_ids, (0, last), (batch, 1))
+            _, h, _ = self.call_with_cache(token, cache, last)
+            outputs = write(outputs, h, last)
+        return (outputs if hidden else None), cache, shortest
 
     def _embedding_mask(self, token_ids):
         """The embedding layer's Keras mask of `token_ids` (`mask_zero`),
@@ -400,7 +539,7 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
         stop_token_ids,
         token_ids,
         padding_mask,
-        sink_tokens=None,
+        options=(),
         **inputs,
     ):
         if stop_token_ids is not None:
@@ -413,32 +552,13 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
                 token_ids,
                 free_id(self.pad_token_id, stop_token_ids),
             )
-        keep_hidden = uses_hidden_states(sampler)
-        if isinstance(sink_tokens, MixedPlan):
-            hidden, cache, index = self._mixed_prefill(
-                token_ids, padding_mask, sink_tokens, keep_hidden
-            )
-            next = self._mixed_next(sink_tokens)
-        elif sink_tokens is not None:
-            hidden, cache, index = self._rolling_prefill(
-                token_ids, padding_mask, sink_tokens, keep_hidden
-            )
-            next = self._rolling_next(sink_tokens)
-        else:
-            # Tokens the embedding masks (`mask_zero`) are masked as the
-            # model masks them, even where `padding_mask` calls them
-            # prompt tokens.
-            model_mask = self._embedding_mask(token_ids)
-            if model_mask is not None:
-                model_mask = ops.logical_and(padding_mask, model_mask)
-            else:
-                model_mask = padding_mask
-            hidden, cache = self.build_cache(token_ids, model_mask, **inputs)
-            lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
-            index = ops.min(lengths)
-            next = self.next
+        batch, width = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        cache = self._new_cache(batch, width, options, **inputs)
+        hidden, cache, index = self._prefill(
+            token_ids, padding_mask, cache, uses_hidden_states(sampler)
+        )
         result = sampler(
-            next=next,
+            next=self._next(),
             prompt=token_ids,
             cache=cache,
             index=index,
@@ -460,30 +580,26 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
         padding_mask,
         unbatched,
         *inputs,
-        sink_tokens=None,
+        options=(),
     ):
         """Runs the compiled loop on prepared prompts (`_prepare`); one
         `(T,)` prompt (`unbatched`) gives `(max_length,)` outputs.
-        `sink_tokens` (an int): with a rolling cache; a `MixedPlan`: with
-        a mixed cache (`_mixed.py`)."""
+        `options`: the caches' (`_cache_options`)."""
         stop_token_ids = _checks.check_stop_token_ids(
             stop_ids, self._vocabulary_size
         )
-        step = self._compile(sampler, stop_token_ids, sink_tokens)
+        step = self._compile(sampler, stop_token_ids, options)
         outputs = step(token_ids, padding_mask, *inputs)
         if unbatched:
             return tuple(output[0] for output in outputs)
         return outputs
 
-    def _compile(self, sampler, stop_token_ids, sink_tokens=None):
+    def _compile(self, sampler, stop_token_ids, options=()):
         """One compiled generation loop per sampler, stop tokens (a tuple
-        of ints, or None) and cache (`sink_tokens`: None for the full
-        cache, an int for a rolling one, a `MixedPlan` for a mixed one)
-        (and, through tf.function, per input shape): `step(token_ids,
-        padding_mask, *inputs)`, `inputs` named by `_input_names`."""
-        key = (sampler_key(sampler), stop_token_ids)
-        if sink_tokens is not None:  # a rolling cache
-            key += (sink_tokens,)
+        of ints, or None) and cache options (and, through tf.function,
+        per input shape): `step(token_ids, padding_mask, *inputs)`,
+        `inputs` named by `_input_names`."""
+        key = (sampler_key(sampler), stop_token_ids) + options
         if key not in self._compiled:
             sampler = get_sampler(sampler)
 
@@ -493,7 +609,7 @@ class Generator(RollingCacheMixin, MixedCacheMixin, StreamingMixin):
                     stop_token_ids,
                     token_ids,
                     padding_mask,
-                    sink_tokens,
+                    options,
                     **dict(zip(self._input_names, inputs)),
                 )
 

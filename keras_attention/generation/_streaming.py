@@ -3,18 +3,15 @@ methods of `Generator` that generate in pieces over a cache carried from
 piece to piece and yield each piece's columns, and `stop_after_first`,
 the NumPy stop-token padding of those pieces.
 
-The cache is a rolling one (every self-attention windowed) or a mixed
-one (`_mixed.py`: full, windowed, latent and recurrent blocks, a stack
-of full attention included): its full and latent caches are made for
-the `max_length` positions of the whole output at the first piece, the
-rest keeps its size.
+The blocks' caches are made at the first piece for the `max_length`
+positions of the whole output (a cache of constant size, such as a ring
+of slots or a state, keeps its size) and carried from piece to piece.
 """
 
 import numpy as np
 from keras import ops
 
 from keras_attention.generation import _checks
-from keras_attention.generation._mixed import MixedPlan
 from keras_attention.generation._samplers import get_sampler
 from keras_attention.generation._samplers import is_streamable
 from keras_attention.generation._samplers import sampler_key
@@ -39,10 +36,9 @@ def stop_after_first(tokens, generated, stop_token_ids, stopped, pad):
 
 class StreamingMixin:
     """Streaming (`generate(..., stream=...)`) of `Generator`: the piece
-    size, the sampling loop of one piece over a rolling or mixed cache,
-    the compiled pieces and the Python generator of the outputs' columns.
-    Uses `RollingCacheMixin` (`_rolling_next`, `_rolling_prefill`) and
-    `MixedCacheMixin` (`_mixed_next`, `_mixed_prefill`)."""
+    size, the sampling loop of one piece over the blocks' caches, the
+    compiled pieces and the Python generator of the outputs' columns.
+    Uses `Generator`'s `_next`, `_new_cache` and `_prefill`."""
 
     def _stream_size(self, stream):
         """Tokens per piece of a streamed generation: `stream` (a positive
@@ -59,19 +55,14 @@ class StreamingMixin:
         return int(stream)
 
     def _sample_piece(
-        self, sampler, token_ids, padding_mask, cache, index, offset, sinks
+        self, sampler, token_ids, padding_mask, cache, index, offset
     ):
         """The `keras_hub` sampling loop (greedy, top-k, ...: the base
-        `Sampler.__call__`, step for step) over a rolling cache (`sinks`
-        an int) or a mixed one (a `MixedPlan`), returning the cache too:
-        `(token_ids, cache)`. `token_ids[:, i]` sits at position `offset
-        + i`; positions before `offset + index - 1` are in the cache
-        (the one at `offset + index - 1` too, except in a recurrent
-        cache)."""
-        if isinstance(sinks, MixedPlan):
-            next = self._mixed_next(sinks, offset)
-        else:
-            next = self._rolling_next(sinks, offset)
+        `Sampler.__call__`, step for step) over the blocks' caches,
+        returning the cache too: `(token_ids, cache)`. `token_ids[:, i]`
+        sits at position `offset + i`; positions before `offset + index -
+        1` are in the cache."""
+        next = self._next(offset)
         mask = ops.cast(padding_mask, "bool")
 
         def cond(prompt, cache, index, mask):
@@ -95,18 +86,14 @@ class StreamingMixin:
         )
         return token_ids, cache
 
-    def _compile_stream(self, sampler, sink_tokens, max_length):
-        """The compiled pieces of a streamed generation (per sampler and
-        `sink_tokens`, an int for a rolling cache or a `MixedPlan`, and
-        for a mixed cache `max_length`, its positions):
+    def _compile_stream(self, sampler, options, max_length):
+        """The compiled pieces of a streamed generation (per sampler,
+        cache options and `max_length`, the positions of the caches):
         `first(token_ids, padding_mask)` fills the cache from the prompts
         and samples the rest of the buffer; `more(token_ids,
         padding_mask, cache, offset)` goes on from a cache. Both return
         `(token_ids, cache)`."""
-        mixed = isinstance(sink_tokens, MixedPlan)
-        key = ("stream", sampler_key(sampler), sink_tokens)
-        if mixed:
-            key += (max_length,)
+        key = ("stream", sampler_key(sampler), options, max_length)
         if key not in self._compiled:
             resolved = get_sampler(sampler)
             if not is_streamable(resolved):
@@ -118,37 +105,18 @@ class StreamingMixin:
                 )
 
             def first(token_ids, padding_mask):
-                if mixed:
-                    _, cache, index = self._mixed_prefill(
-                        token_ids,
-                        padding_mask,
-                        sink_tokens,
-                        hidden=False,
-                        max_length=max_length,
-                    )
-                else:
-                    _, cache, index = self._rolling_prefill(
-                        token_ids, padding_mask, sink_tokens, hidden=False
-                    )
+                batch = ops.shape(token_ids)[0]
+                cache = self._new_cache(batch, max_length, options)
+                _, cache, index = self._prefill(
+                    token_ids, padding_mask, cache, hidden=False
+                )
                 return self._sample_piece(
-                    resolved,
-                    token_ids,
-                    padding_mask,
-                    cache,
-                    index,
-                    0,
-                    sink_tokens,
+                    resolved, token_ids, padding_mask, cache, index, 0
                 )
 
             def more(token_ids, padding_mask, cache, offset):
                 return self._sample_piece(
-                    resolved,
-                    token_ids,
-                    padding_mask,
-                    cache,
-                    1,
-                    offset,
-                    sink_tokens,
+                    resolved, token_ids, padding_mask, cache, 1, offset
                 )
 
             self._compiled[key] = (
@@ -166,7 +134,7 @@ class StreamingMixin:
         padding_mask,
         unbatched,
         max_length,
-        sink_tokens,
+        options,
         piece,
     ):
         """A Python generator of the outputs' columns, piece by piece (see
@@ -177,7 +145,7 @@ class StreamingMixin:
         )
         width = token_ids.shape[1]
         max_length = width if max_length is None else max_length
-        first, more = self._compile_stream(sampler, sink_tokens, max_length)
+        first, more = self._compile_stream(sampler, options, max_length)
         pad = self.pad_token_id
 
         def pieces():

@@ -2,7 +2,6 @@
 
 from keras_attention.generation import _checks
 from keras_attention.generation._generator import Generator
-from keras_attention.generation._mixed import MixedPlan
 from keras_attention.utils import validation
 
 
@@ -29,8 +28,8 @@ class CausalLMGenerator(Generator):
             tokens it masks (`mask_zero`) are masked at every step as the
             model masks them, generated ones included.
         blocks: list of built `TransformerDecoderBlock(cross_attention=False)`
-            with the same attention head shape (those with
-            `latent_attention` the same latent width).
+            (any self-attention implementing `keras_attention.layers.
+            TokenMixer`: each block keeps its own cache).
         head: layer (or list of layers applied in order) mapping the last
             block's output to logits `(batch, T, vocabulary_size)`.
         pad_token_id: int (Python or NumPy), the padding id of prompts and
@@ -70,15 +69,11 @@ class CausalLMGenerator(Generator):
             padding_mask: optional boolean `(batch, max_length)`.
 
         Returns:
-            `(hidden, cache)`: the last block's output and the cache
-            `(batch, layers, 2, max_length, kv_heads, key_dim)`, filled at
-            every position.
+            `(hidden, cache)`: the last block's output and the tuple of
+            the blocks' caches (`init_cache`) of `max_length` positions,
+            written at every one.
         """
-        cache = self._empty_cache(token_ids)
-        _, hidden, cache = self.call_with_cache(
-            token_ids, cache, 0, padding_mask
-        )
-        return hidden, cache
+        return super().build_cache(token_ids, padding_mask)
 
     def generate(
         self,
@@ -114,41 +109,32 @@ class CausalLMGenerator(Generator):
                 the outputs' columns as they are produced, `stream`
                 tokens per piece (64 for True), instead of the outputs
                 (samplers that draw each token from the logits alone:
-                greedy, top-k, top-p, random). Any stack: the cache is
-                carried from piece to piece, its full-attention and
-                latent caches made for `max_length` positions at the
-                first piece, its rings and recurrent states of constant
-                size.
-            cache: "auto" (default) or "full". "auto" keeps a rolling
-                cache for each windowed self-attention and a full one for
-                the others (below); "full" keeps `max_length` positions in
-                every block (the same tokens, more memory and time).
+                greedy, top-k, top-p, random). Any stack: the blocks'
+                caches are made for `max_length` positions at the first
+                piece and carried from piece to piece.
+            cache: "auto" (default) or "full". "auto" gives each windowed
+                self-attention a ring of slots (below); "full" keeps
+                `max_length` positions in every block (the same tokens,
+                more memory and time).
 
-        With every self-attention windowed (`window_size`; score and mask
-        objects such as `ALiBi` or `T5RelativeBias` see absolute
-        positions), the generator keeps a rolling cache of
-        `sink_tokens + window + 1` slots per block (`rolling_cache_size`):
-        each token costs the same time and memory whatever its position,
-        and `max_length` is bounded only by learned position tables
-        (rotary positions have none). A prompt is processed in chunks of
-        the ring's length. With windowed and full self-attention mixed
-        (Gemma 3's five sliding-window layers to one global), the cache is
-        mixed: the ring for the windowed blocks, `max_length` positions
-        for the others (`call_with_mixed_cache`). Blocks with latent
-        attention (`latent_attention`, DeepSeek's MLA) cache `max_length`
-        latents of `kv_lora_rank + qk_rope_head_dim` numbers instead of
-        keys and values, in a mixed cache too, whatever `cache` says.
-        Blocks with a linear-time mixer (`mixer="linear"` or
-        `"gated_delta"`) keep their mixer's recurrent cache there, a
-        state of constant size per block: each token costs the same
-        whatever its position. Such a block never runs padding: the
-        prompts' positions are run up to the shortest prompt's last
-        token (the longer prompts go on token by token in the
-        sampler's loop, each position once), and tokens the embedding
-        masks (`mask_zero`, e.g. a left-padded prompt under a
-        `pad_token_id` the embedding does not mask) neither write nor
-        decay the state nor enter the convolution. Otherwise the cache
-        holds `max_length` positions.
+        Each block keeps its own cache, which its self-attention makes
+        (`init_cache`, the `keras_attention.layers.TokenMixer`
+        protocol): keys and values of `max_length` positions for softmax
+        attention; with `cache="auto"`, a ring of `sink_tokens + window
+        + 1` slots for windowed self-attention (`window_size`; score and
+        mask objects such as `ALiBi` see absolute positions), so that
+        each token costs the same whatever its position and a stack
+        whose every self-attention is windowed is bounded only by
+        learned position tables; one compressed vector per position for
+        DeepSeek's MLA; a state of constant size for
+        a linear-time mixer (`mixer="linear"` or `"gated_delta"`). The
+        prompts' positions are run, in chunks of the widest window plus
+        one (at least 32), up to the shortest prompt's last token, which
+        the sampler's first step runs (the longer prompts go on token by
+        token in the sampler's loop): every position is written once.
+        Tokens the embedding masks (`mask_zero`, e.g. a left-padded
+        prompt under a `pad_token_id` the embedding does not mask) are
+        never attended to and neither write nor decay a state.
 
         Returns:
             `(token_ids, padding_mask)`, both `(batch, max_length)`, or
@@ -178,7 +164,7 @@ class CausalLMGenerator(Generator):
                 length only: their values are unknown there, and a prompt
                 with no token then gives unspecified tokens.
         """
-        sinks = self._cache_plan(sink_tokens, cache)
+        options = self._cache_options(sink_tokens, cache)
         piece = self._stream_size(stream)
         if piece is None:
             token_ids, padding_mask, unbatched = self._prepare(
@@ -190,10 +176,8 @@ class CausalLMGenerator(Generator):
                 token_ids,
                 padding_mask,
                 unbatched,
-                sink_tokens=sinks,
+                options=options,
             )
-        if sinks is None:  # full attention only: a mixed cache of it
-            sinks = MixedPlan(full=tuple(range(len(self.blocks))))
         if _checks.is_integer(max_length):
             max_length = int(max_length)
         validation.check_positive_int("max_length", max_length, allow_none=True)
@@ -209,6 +193,6 @@ class CausalLMGenerator(Generator):
             padding_mask,
             unbatched,
             max_length,
-            sinks,
+            options,
             piece,
         )

@@ -5,7 +5,6 @@ from keras import ops
 from keras_attention.generation import _checks
 from keras_attention.generation._generator import Generator
 from keras_attention.generation._generator import check_length_fits
-from keras_attention.generation.cache import stack_caches
 
 
 class Seq2SeqGenerator(Generator):
@@ -15,9 +14,9 @@ class Seq2SeqGenerator(Generator):
     The source is encoded once, and each decoder block's cross-attention
     keys/values of it are computed once per source sentence
     (`TransformerDecoderBlock.compute_cross_attention_cache`). The sampler
-    carries the cache `(self_cache, cross_cache, context_mask)`:
-    `self_cache` `(batch, layers, 2, max_length, kv_heads, key_dim)` is
-    written at each step, the other two are read only.
+    carries the tuple of the blocks' caches (`init_cache`), each
+    `(self_attention_cache, cross_keys_values, context_mask)`: the first
+    written at each step, the other two read only.
     `CausalLMGenerator` is its sibling for decoder-only models (both share
     a private base).
 
@@ -72,21 +71,15 @@ class Seq2SeqGenerator(Generator):
         self.encoder = _checks.check_callable("encoder", encoder)
 
     def encode(self, encoder_token_ids):
-        """Returns `(context, cross_cache, context_mask)` for the sources."""
+        """Returns `(context, context_mask)` for the sources."""
         encoder_token_ids = ops.convert_to_tensor(encoder_token_ids, "int32")
         context = self.encoder(encoder_token_ids)
         context_mask = ops.not_equal(encoder_token_ids, self.pad_token_id)
-        cross_cache = stack_caches(
-            [b.compute_cross_attention_cache(context) for b in self.blocks]
-        )
-        return context, cross_cache, ops.cast(context_mask, "int32")
+        return context, context_mask
 
-    def _block_kwargs(self, cache, index):
-        _, cross_cache, context_mask = cache
-        return dict(
-            cross_attention_cache=cross_cache[:, index],
-            context_padding_mask=ops.cast(context_mask, "bool"),
-        )
+    def _cache_inputs(self, encoder_token_ids=None):
+        context, context_mask = self.encode(encoder_token_ids)
+        return dict(context=context, context_padding_mask=context_mask)
 
     def build_cache(self, token_ids, padding_mask=None, encoder_token_ids=None):
         """Encodes the sources and processes the whole `(batch, max_length)`
@@ -98,16 +91,14 @@ class Seq2SeqGenerator(Generator):
             encoder_token_ids: int `(batch, S)` sources.
 
         Returns:
-            `(hidden, cache)`: the last block's output and the cache
-            `(self_cache, cross_cache, context_mask)`, `self_cache` filled
-            at every position.
+            `(hidden, cache)`: the last block's output and the tuple of
+            the blocks' caches, each `(self_attention_cache,
+            cross_keys_values, context_mask)`, the first written at every
+            position.
         """
-        _, cross_cache, context_mask = self.encode(encoder_token_ids)
-        cache = (self._empty_cache(token_ids), cross_cache, context_mask)
-        _, hidden, cache = self.call_with_cache(
-            token_ids, cache, 0, padding_mask
+        return super().build_cache(
+            token_ids, padding_mask, encoder_token_ids=encoder_token_ids
         )
-        return hidden, cache
 
     def generate(
         self,

@@ -22,7 +22,6 @@ from test_rolling_cache import random_tokens
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
 from keras_attention.generation import init_cache
-from keras_attention.generation import init_latent_cache
 
 LATENT = dict(
     kv_lora_rank=6,
@@ -77,22 +76,22 @@ def generator(kinds=("latent", 2), jit_compile=False):
 
 def test_the_latent_blocks_cache_their_latent_width_per_token():
     _, lm = generator()
-    plan = lm._cache_plan(None)  # what `generate` keeps
-    assert plan.latent == (0,) and plan.windowed == (1,) and not plan.full
-    rolling, slots, positions, latent = lm.init_mixed_cache(2, 40, plan)
+    options = dict(lm._cache_options(None))  # what `generate` keeps
+    latent, ring = init_cache(lm.blocks, 2, 40, **options)
     # The latent: kv_lora_rank + qk_rope_head_dim = 8 numbers per token
     # and layer, against 2 * heads * (nope + rope) = 48 for keys and
     # values of the same heads; the windowed block's ring: 2 + 1 slots.
-    assert tuple(latent.shape) == (2, 1, 40, WIDTH)
-    assert tuple(rolling.shape) == (2, 1, 2, 3, 2, 4)
-    assert tuple(slots.shape) == (2, 3) and tuple(positions.shape) == (2, 40)
+    assert tuple(latent[0]["latent"].shape) == (2, 40, WIDTH)
+    assert tuple(latent[0]["key_mask"].shape) == (2, 40)
+    assert tuple(ring[0]["keys_values"].shape) == (2, 2, 3, 2, 4)
+    assert tuple(ring[0]["slot_mask"].shape) == (2, 3)
     # cache="full": keys and values for the windowed block, the latent
     # still for the latent one.
-    full_plan = lm._cache_plan(None, "full")
-    assert full_plan.full == (1,) and full_plan.latent == (0,)
-    full, positions, latent = lm.init_mixed_cache(2, 40, full_plan)
-    assert tuple(full.shape) == (2, 1, 2, 40, 2, 4)
-    assert tuple(latent.shape) == (2, 1, 40, WIDTH)
+    latent, full = init_cache(
+        lm.blocks, 2, 40, **dict(lm._cache_options(None, "full"))
+    )
+    assert tuple(full[0]["keys_values"].shape) == (2, 2, 40, 2, 4)
+    assert tuple(latent[0]["latent"].shape) == (2, 40, WIDTH)
 
 
 @pytest.mark.parametrize(
@@ -104,16 +103,16 @@ def test_chunked_logits_equal_the_uncached_pass(kinds, rolling):
     model, lm = generator(kinds)
     ids = random_tokens((2, 12), seed=1)
     ids[1, 8:] = 0  # masked tokens (mask_zero) as keys, as the model does
-    plan = lm.mixed_cache_plan(rolling=rolling)
-    cache = lm.init_mixed_cache(2, 12, plan)
-    shapes = [tuple(t.shape) for t in cache]
+    options = dict(sink_tokens=0) if rolling else {}
+    cache = init_cache(lm.blocks, 2, 12, **options)
+    shapes = [tuple(t.shape) for t in keras.tree.flatten(cache)]
     steps = []
     for start in range(0, 12, 4):
-        logits, _, cache = lm.call_with_mixed_cache(
-            ids[:, start : start + 4], cache, start, plan
+        logits, _, cache = lm.call_with_cache(
+            ids[:, start : start + 4], cache, start
         )
         steps.append(to_numpy(logits))
-    assert [tuple(t.shape) for t in cache] == shapes
+    assert [tuple(t.shape) for t in keras.tree.flatten(cache)] == shapes
     np.testing.assert_allclose(
         np.concatenate(steps, axis=1), to_numpy(model(ids)), atol=1e-4
     )
@@ -180,8 +179,6 @@ def test_arguments_are_refused_naming_them():
         ValueError, match=rf"block 0 \('{block}'.*sink_tokens=1"
     ):
         lm.generate(prompt, 6, sink_tokens=1)
-    with pytest.raises(ValueError, match=f"{block}.*latent attention"):
-        init_cache(lm.blocks, 1, 6)
-    _, mixed = generator()
-    with pytest.raises(ValueError, match=r"widths \[8, None\]"):
-        init_latent_cache(mixed.blocks, 1, 6)
+    # A latent cache holds no window: `sink_tokens` cannot reach it.
+    with pytest.raises(ValueError, match=r"sink_tokens=1.*window=None"):
+        lm.blocks[0].self_attention.init_cache(1, 6, sink_tokens=1)

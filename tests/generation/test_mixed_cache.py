@@ -17,6 +17,8 @@ from test_rolling_cache import build_lm
 from test_rolling_cache import new_generator
 from test_rolling_cache import random_tokens
 
+from keras_attention.generation import init_cache
+
 # Windowed, full, windowed, full: the ring has 5 + 1 slots.
 MIXED = (2, None, 5, None)
 
@@ -32,27 +34,27 @@ def mixed_lm(jit_compile=False):
     return model, new_generator(lm, jit_compile)
 
 
-def test_plan_names_the_full_blocks():
+def test_each_block_makes_its_own_cache():
+    # Issue 54: no plan of cache kinds; each block's self-attention makes
+    # its own cache: a ring of its window's slots where windowed.
     _, lm = mixed_lm()
-    plan = lm.mixed_cache_plan(sink_tokens=2)
-    assert plan.full == (1, 3) and plan.sink_tokens == 2
-    assert lm._cache_plan(2) == plan  # what `generate` keeps
-    _, windowed = build_lm(windows=(2, 3))
-    _, full = build_lm(windows=(None, None))
-    assert windowed.mixed_cache_plan() is None
-    assert full.mixed_cache_plan() is None
-
-
-def test_cache_holds_max_length_for_full_blocks_and_the_ring_else():
-    _, lm = mixed_lm()
-    plan = lm.mixed_cache_plan(sink_tokens=3)
-    full, rolling, slots, positions = lm.init_mixed_cache(2, 40, plan)
-    # 2 full blocks of 40 positions; 2 windowed ones of 3 + 5 + 1 slots;
-    # 2 key/value heads of 4 (16 features over 4 heads).
-    assert tuple(full.shape) == (2, 2, 2, 40, 2, 4)
-    assert tuple(rolling.shape) == (2, 2, 2, 9, 2, 4)
-    assert tuple(slots.shape) == (2, 9)
-    assert tuple(positions.shape) == (2, 40)
+    caches = init_cache(lm.blocks, 2, 40, sink_tokens=3)
+    for block, cache in zip(lm.blocks, caches):
+        window = block.cache_window()
+        shapes = {name: tuple(t.shape) for name, t in cache[0].items()}
+        if window is None:  # 40 positions and their key mask
+            assert shapes == dict(
+                keys_values=(2, 2, 40, 2, 4), key_mask=(2, 40)
+            )
+        else:  # 3 sinks and a ring of window + 1 slots
+            slots = 3 + window + 1
+            assert shapes == dict(
+                keys_values=(2, 2, slots, 2, 4), slot_mask=(2, slots)
+            )
+    full = init_cache(lm.blocks, 2, 40)  # cache="full": no ring
+    assert all(
+        tuple(c[0]["keys_values"].shape) == (2, 2, 40, 2, 4) for c in full
+    )
 
 
 @pytest.mark.parametrize("chunk", [1, 7])
@@ -60,12 +62,11 @@ def test_mixed_logits_equal_the_uncached_pass(chunk):
     model, lm = mixed_lm()
     ids = random_tokens((2, 23), seed=1)
     ids[1, 17:] = 0  # masked tokens (mask_zero) as keys, as the model does
-    plan = lm.mixed_cache_plan()
-    cache = lm.init_mixed_cache(2, 23, plan)
+    cache = init_cache(lm.blocks, 2, 23, sink_tokens=0)
     steps = []
     for start in range(0, 23, chunk):
-        logits, _, cache = lm.call_with_mixed_cache(
-            ids[:, start : start + chunk], cache, start, plan
+        logits, _, cache = lm.call_with_cache(
+            ids[:, start : start + chunk], cache, start
         )
         steps.append(to_numpy(logits))
     np.testing.assert_allclose(
@@ -131,8 +132,5 @@ def test_arguments_are_refused_naming_them():
         lm.generate(prompt, 8, cache="rolling")
     with pytest.raises(ValueError, match=r"sink_tokens=2, cache='full'"):
         lm.generate(prompt, 8, sink_tokens=2, cache="full")
-    with pytest.raises(ValueError, match=r"'start'|start="):
-        plan = lm.mixed_cache_plan()
-        lm.call_with_mixed_cache(
-            prompt, lm.init_mixed_cache(1, 4, plan), 3, plan
-        )
+    with pytest.raises(ValueError, match=r"cache_update_index=3"):
+        lm.call_with_cache(prompt, init_cache(lm.blocks, 1, 4), 3)

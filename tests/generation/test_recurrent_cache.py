@@ -27,6 +27,7 @@ from test_rolling_cache import random_tokens
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
+from keras_attention.generation import init_cache
 
 DELTA = dict(
     linear_num_key_heads=1,
@@ -97,14 +98,14 @@ def generator(kinds=HYBRID, jit_compile=False, pad_token_id=0):
 
 def test_recurrent_caches_keep_their_size_whatever_the_length():
     _, lm = generator(("gated_delta", "linear", None))
-    plan = lm._cache_plan(None)  # what `generate` keeps
-    assert plan.recurrent == (0, 1) and plan.full == (2,)
-    assert plan == lm._cache_plan(None, "full")
+    # What `generate` keeps, with cache="auto" or "full" alike.
+    assert lm._cache_options(None) == lm._cache_options(None, "full") == ()
 
     def shapes(max_length):
-        full, positions, recurrent = lm.init_mixed_cache(2, max_length, plan)
-        return tuple(full.shape), keras.tree.map_structure(
-            lambda c: tuple(c.shape), recurrent
+        caches = init_cache(lm.blocks, 2, max_length)
+        (delta,), (linear,), (full,) = caches
+        return tuple(full["keys_values"].shape), keras.tree.map_structure(
+            lambda c: tuple(c.shape), (delta, linear)
         )
 
     (full_40, recurrent_40), (full_400, recurrent_400) = shapes(40), shapes(400)
@@ -114,7 +115,7 @@ def test_recurrent_caches_keep_their_size_whatever_the_length():
     # block: keys and values of every position.
     want = (((2, 3, 16), (2, 2, 4, 4)), (2, 4, 4, 4))
     assert recurrent_40 == recurrent_400 == want
-    assert full_40 == (2, 1, 2, 40, 4, 4) and full_400[3] == 400
+    assert full_40 == (2, 2, 40, 4, 4) and full_400[2] == 400
 
 
 @pytest.mark.parametrize(
@@ -129,12 +130,11 @@ def test_chunked_logits_equal_the_uncached_pass(chunk):
     ids = random_tokens((2, 12), seed=1)
     ids[0, :2] = 0  # masked tokens (mask_zero): left padding
     ids[1, 9:] = 0  # and right padding
-    plan = lm.mixed_cache_plan()
-    cache = lm.init_mixed_cache(2, 12, plan)
+    cache = init_cache(lm.blocks, 2, 12)
     steps = []
     for start in range(0, 12, chunk):
-        logits, _, cache = lm.call_with_mixed_cache(
-            ids[:, start : start + chunk], cache, start, plan
+        logits, _, cache = lm.call_with_cache(
+            ids[:, start : start + chunk], cache, start
         )
         steps.append(to_numpy(logits))
     valid = ids != 0
@@ -208,13 +208,17 @@ def test_the_prefill_of_a_left_padded_prompt_is_the_unpadded_ones():
     _, lm = generator(pad_token_id=END)
     tokens = random_tokens((1, 4), seed=4)
     padded = np.concatenate([np.zeros((1, 2), tokens.dtype), tokens], 1)
-    plan = lm._cache_plan(None)
     results = []
     for ids in (padded, tokens):
-        hidden, cache, index = lm._mixed_prefill(
-            ids, np.ones(ids.shape, bool), plan
+        hidden, cache, index = lm._prefill(
+            ids,
+            np.ones(ids.shape, bool),
+            init_cache(lm.blocks, 1, ids.shape[1]),
+            hidden=True,
         )
-        recurrent = plan.unpack(cache)["recurrent"]
+        recurrent = [
+            c for b, c in zip(lm.blocks, cache) if b.mixer != "attention"
+        ]
         results.append((to_numpy(hidden)[0, -1], recurrent, int(index)))
     (h_pad, state_pad, i_pad), (h, state, i) = results
     assert (i_pad, i) == (6, 4)

@@ -16,8 +16,7 @@ from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.generation import CausalLMGenerator
-from keras_attention.generation import init_rolling_cache
-from keras_attention.generation import rolling_cache_size
+from keras_attention.generation import init_cache
 from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import TokenAndPositionEmbedding
@@ -125,14 +124,19 @@ def random_tokens(shape, seed=0):
     return np.random.default_rng(seed).integers(1, END, size=shape)
 
 
+def ring_slots(blocks, sink_tokens=0):
+    """The slots of each block's ring (its keys and values' axis 2)."""
+    caches = init_cache(blocks, 1, 1000, sink_tokens=sink_tokens)
+    return [cache[0]["keys_values"].shape[2] for cache in caches]
+
+
 def rolling_logits(lm, ids, chunk, sinks=0):
     """Logits of `ids` fed through the rolling cache `chunk` at a time."""
-    size = rolling_cache_size(lm.blocks, sinks)
-    cache = init_rolling_cache(lm.blocks, ids.shape[0], size)
+    cache = init_cache(lm.blocks, ids.shape[0], 1, sink_tokens=sinks)
     steps = []
     for start in range(0, ids.shape[1], chunk):
-        logits, _, cache = lm.call_with_rolling_cache(
-            ids[:, start : start + chunk], cache, start, sinks
+        logits, _, cache = lm.call_with_cache(
+            ids[:, start : start + chunk], cache, start
         )
         steps.append(to_numpy(logits))
     return np.concatenate(steps, axis=1)
@@ -220,7 +224,7 @@ def test_greedy_with_score_objects_uses_the_rolling_cache(mods):
     model, lm = build_lm_with_mods(mods)
     # A rolling cache (streaming needs one), prompts longer than a
     # prefill chunk (32) and of different lengths.
-    assert rolling_cache_size(lm.blocks) == max(WINDOWS) + 1
+    assert max(ring_slots(lm.blocks)) == max(WINDOWS) + 1
     prompt = np.zeros((2, 36), "int32")
     prompt[0] = random_tokens(36, seed=7)
     prompt[1, :5] = random_tokens(5, seed=8)
@@ -232,8 +236,10 @@ def test_greedy_with_score_objects_uses_the_rolling_cache(mods):
 
 def test_cache_holds_the_window_only():
     _, lm = seeded_lm(0)  # any weights
-    assert rolling_cache_size(lm.blocks) == max(WINDOWS) + 1
-    assert rolling_cache_size(lm.blocks, sink_tokens=4) == max(WINDOWS) + 5
+    # Each block's ring holds its own window (issue 54: the largest one
+    # for every block before).
+    assert ring_slots(lm.blocks) == [w + 1 for w in WINDOWS]
+    assert ring_slots(lm.blocks, sink_tokens=4) == [w + 5 for w in WINDOWS]
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 9])

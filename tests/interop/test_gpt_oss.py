@@ -13,6 +13,7 @@ from test_from_keras_hub import perturbed
 from test_from_keras_hub import real_positions_error
 from test_from_keras_hub import tiny
 
+from keras_attention.generation import init_cache
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
 
@@ -75,8 +76,13 @@ def test_yarn_and_the_window_are_converted_and_matter(scaled):
 def test_generator_keeps_a_mixed_cache(scaled):
     _, model = scaled
     generator = causal_lm_generator(model, jit_compile=False)
-    plan = generator.mixed_cache_plan()
-    assert plan is not None and plan.full == (0,)
+    # Block 0's full attention keeps every position, the windowed ones
+    # a ring of slots (each block makes its own cache, issue 54).
+    options = dict(generator._cache_options(None))
+    caches = init_cache(generator.blocks, 1, 40, **options)
+    assert "key_mask" in caches[0][0] and "slot_mask" in caches[1][0]
+    slots = [cache[0]["keys_values"].shape[2] for cache in caches]
+    assert slots[0] == 40 > slots[1]
 
 
 def test_odd_head_size_is_refused():
