@@ -31,7 +31,7 @@ def init_cache(blocks, batch_size, max_length, dtype=None, **options):
     ...     2, 16, cross_attention=False)
     >>> _ = block(np.ones((1, 3, 8), "float32"))  # build
     >>> caches = keras_attention.generation.init_cache([block, block], 4, 10)
-    >>> self_attention_cache = caches[0][0]
+    >>> (self_attention_cache,) = caches[0]
     >>> len(caches), tuple(self_attention_cache["keys_values"].shape)
     (2, (4, 2, 10, 2, 4))
     """

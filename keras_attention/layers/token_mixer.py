@@ -71,8 +71,9 @@ class TokenMixer:
     ...         sums = ops.cumsum(inputs * keep, axis=1)
     ...         counts = ops.cumsum(keep, axis=1)
     ...         if cache is not None:
-    ...             sums = sums + cache[0][:, None]
-    ...             counts = counts + cache[1][:, None]
+    ...             total, count = cache
+    ...             sums = sums + ops.expand_dims(total, 1)
+    ...             counts = counts + ops.expand_dims(count, 1)
     ...         out = sums / ops.maximum(counts, 1.0)
     ...         if cache is None:
     ...             return out
