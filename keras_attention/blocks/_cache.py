@@ -15,6 +15,7 @@ self-attention's cache.
 import keras
 from keras import ops
 
+from keras_attention.blocks import _compose
 from keras_attention.utils import validation
 
 # Call arguments of a block that a protocol call (`cache=`) cannot take:
@@ -128,12 +129,8 @@ def cached_call(block, inputs, cache, index, padding_mask, training, given):
         x = ops.cast(x, block.compute_dtype)
 
     def attend(y):
-        return block.self_attention(
-            y,
-            cache=cache[0],
-            cache_update_index=index,
-            padding_mask=padding_mask,
-            training=training,
+        return _compose.protocol_call(
+            block, y, cache[0], index, padding_mask, training
         )
 
     x, (self_cache,) = block._residual(

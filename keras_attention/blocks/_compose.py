@@ -232,6 +232,33 @@ def self_attention_call(block, inputs, kwargs):
     return (inputs,), _protocol_call_kwargs(layer, kwargs)
 
 
+def protocol_call(block, inputs, cache, index, padding_mask, training):
+    """The block's self-attention called with its cache (the `TokenMixer`
+    protocol): `layer(inputs, cache=, cache_update_index=, padding_mask=,
+    training=)`, except a `MultiHeadAttention` that is not a
+    `SelfAttention`, which attends from `inputs` to `inputs` with the
+    block's causality. Returns `(outputs, cache)`."""
+    layer = block.self_attention
+    if kind(layer) == "attention" and not isinstance(layer, SelfAttention):
+        return layer(
+            inputs,
+            inputs,
+            query_mask=padding_mask,
+            value_mask=padding_mask,
+            use_causal_mask=block.causal,
+            cache=cache,
+            cache_update_index=index,
+            training=training,
+        )
+    return layer(
+        inputs,
+        cache=cache,
+        cache_update_index=index,
+        padding_mask=padding_mask,
+        training=training,
+    )
+
+
 def _protocol_call_kwargs(layer, kwargs):
     """A user's token mixer takes `padding_mask`, `training` and, with a
     cache, `cache` and `cache_update_index` (`TokenMixer`)."""
