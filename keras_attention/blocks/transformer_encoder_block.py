@@ -243,8 +243,9 @@ class TransformerEncoderBlock(TransformerBlock):
     ...         num_experts=4, top_k=2, intermediate_dim=16))
     >>> tuple(block(x).shape)
     (2, 5, 8)
-    >>> sorted(block.get_config()["self_attention"]["config"])[:3]
-    ['bias_initializer', 'chunk_size', 'decay']
+    >>> nested = block.get_config()["self_attention"]  # saved with the block
+    >>> nested["class_name"]
+    'LinearAttention'
 
     References:
         - Vaswani et al., 2017, "Attention Is All You Need".

@@ -343,6 +343,11 @@ def test_bad_layers_are_refused():
             intermediate_dim=8,
             self_attention=ka.layers.GatedDeltaNet(F, 1, 1, 4, 4),
         )
+    with pytest.raises(ValueError, match="needs causal=True"):
+        TransformerEncoderBlock(
+            intermediate_dim=8,
+            self_attention=ka.layers.LinearAttention(2, 4, decay="gated"),
+        )
     with pytest.raises(ValueError, match="num_heads=None"):
         TransformerEncoderBlock(intermediate_dim=8)
     with pytest.raises(ValueError, match="intermediate_dim=None"):
