@@ -223,8 +223,9 @@ def _sink_row(sinks, out, lse, valid):
     """Learned sinks on one row of tiles: the output `(b, g, r, Bq, e)`
     times the kept share of the mass `keep = sigmoid(lse - z)` (0 where
     the row attends to nothing), `keep` as the backward pass reads it
-    `(b, g, q, 1)`, and the sink-inclusive log-sum-exp `lse' = z +
-    softplus(lse - z)` (`z` where the row attends to nothing) as returned
+    `(b, g, q, 1)`, and the sink-inclusive log-sum-exp `lse' =
+    logaddexp(lse, z)` (`kept_share`: stable, a sink of `-inf` is no
+    sink; `z` where the row attends to nothing) as returned
     `(b, g, r, Bq)`. The probabilities stay those without the sink (the
     backward pass scales `dO` and `D` by `keep` instead: one multiply per
     row, not per score)."""

@@ -83,16 +83,29 @@ def _finite_lse(lse, fallback):
 def kept_share(lse, z, valid=None):
     """`(keep, lse')` of rows with log-sum-exp `lse` and sink logit `z`
     (broadcastable): the share of the mass the keys keep, `sigmoid(lse -
-    z)`, and `lse' = z + softplus(lse - z)`; where `valid` is False (the
-    row attends to nothing) `keep = 0` and `lse' = z`, with no `-inf` in
-    the arithmetic (no NaN in the gradient)."""
+    z)`, and `lse' = logaddexp(lse, z)`; where `valid` is False (the row
+    attends to nothing) `keep = 0` and `lse' = z`, with no `-inf` in the
+    arithmetic (no NaN in the gradient).
+
+    `lse'` is the larger of the two plus `softplus(-|lse - z|)`, never
+    `z + softplus(lse - z)`: a sink far below the scores then leaves
+    `lse` exact (`-1e4 + softplus(lse + 1e4)` rounds to float32's
+    spacing at 1e4, 1e-3), and a sink of `-inf` is no sink (not `-inf +
+    inf`). The branch is a `where`, so that the gradient at `lse = z`
+    is split evenly (`|d|`'s gradient at 0 would be 0)."""
     d = lse - z
+    if valid is not None:
+        d = ops.where(valid, d, ops.zeros_like(d))
+    above = d >= 0  # The keys outweigh the sink (NaN d: never, see below).
+    larger = ops.where(above, lse, z)
+    # -|d| by branch; d is NaN only where valid is False (replaced).
+    new_lse = larger + ops.softplus(ops.where(above, -d, d))
+    keep = ops.sigmoid(d)
     if valid is None:
-        return ops.sigmoid(d), z + ops.softplus(d)
+        return keep, new_lse
     zeros = ops.zeros_like(d)
-    d = ops.where(valid, d, zeros)
-    keep = ops.where(valid, ops.sigmoid(d), zeros)
-    return keep, z + ops.where(valid, ops.softplus(d), zeros)
+    keep = ops.where(valid, keep, zeros)
+    return keep, ops.where(valid, new_lse, z + zeros)
 
 
 def apply_sinks(output, lse, sink_logits, weights=None):
@@ -108,9 +121,8 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     dtype = lse.dtype
     z = ops.cast(sink_logits, dtype)[None, :, None]  # (1, h, 1)
     valid = lse > NEG_INF
-    # d = lse - z on rows that attend to something (0 elsewhere: no -inf
-    # in the arithmetic, so no NaN in the gradient): the kept share of
-    # the mass is sigmoid(d), and lse' = z + softplus(d).
+    # On rows that attend to something: the kept share of the mass
+    # sigmoid(lse - z), and lse' = logaddexp(lse, z) (`kept_share`).
     keep, new_lse = kept_share(lse, z, valid)
     factor = ops.transpose(keep, (0, 2, 1))[..., None]  # (b, i, h, 1)
     if output.dtype == factor.dtype:
