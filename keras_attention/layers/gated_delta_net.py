@@ -17,6 +17,7 @@ from keras_attention.layers._short_convolution import causal_convolution
 from keras_attention.ops.gated_delta_rule import gated_delta_rule
 from keras_attention.ops.gated_delta_rule import implied_attention
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -431,6 +432,9 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        mask, segment_ids = attention_checks.as_tensors(
+            mask=mask, segment_ids=segment_ids
+        )
         if mask is None:
             mask = keras_utils.keras_mask(inputs)
         self._check_call(

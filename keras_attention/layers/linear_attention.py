@@ -375,6 +375,9 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        query_mask, segment_ids = attention_checks.as_tensors(
+            query_mask=query_mask, segment_ids=segment_ids
+        )
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
         self._check_call(

@@ -13,6 +13,7 @@ from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import effective_window
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
 
 
@@ -283,6 +284,9 @@ class LocalSelfAttention(SelfAttention):
         cache_sink_tokens=None,
         positions=None,
     ):
+        global_mask, attention_mask = attention_checks.as_tensors(
+            global_mask=global_mask, attention_mask=attention_mask
+        )
         if global_mask is not None:
             for name, value in (
                 ("cache", cache),

@@ -419,6 +419,22 @@ class MultiHeadAttention(
         cache_sink_tokens=None,
         positions=None,
     ):
+        # Array-likes (Python lists), as Keras's layer takes its masks.
+        (
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            segment_ids,
+            positions,
+        ) = attention_checks.as_tensors(
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            positions=positions,
+        )
         call = AttentionCall(
             query=query,
             value=value,

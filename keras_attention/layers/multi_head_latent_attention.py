@@ -485,6 +485,9 @@ class MultiHeadLatentAttention(
         return_attention_scores=False,
         positions=None,
     ):
+        query_mask, attention_mask = attention_checks.as_tensors(
+            query_mask=query_mask, attention_mask=attention_mask
+        )
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
         self._check_call(query, query_mask, cache, cache_update_index)

@@ -8,6 +8,7 @@ them.
 """
 
 import keras
+import numpy as np
 
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -22,6 +23,46 @@ def shape_of(x):
     """`x.shape` as a tuple (None without one: a list, a missing key)."""
     shape = getattr(x, "shape", None)
     return None if shape is None else tuple(shape)
+
+
+def as_tensor(name, value):
+    """`value` as a tensor when it is an array-like without a shape (a
+    Python list, tuple or scalar of numbers or bools), as Keras's layers
+    take their masks; None, tensors and NumPy arrays unchanged.
+
+    Raises `TypeError` naming `name` unless the array-like holds numbers
+    or bools, `ValueError` when it is ragged.
+
+    Example:
+
+    >>> from keras_attention.utils.attention_checks import as_tensor
+    >>> tuple(as_tensor("query_mask", [[True, False]]).shape)
+    (1, 2)
+    >>> as_tensor("query_mask", [["a"]])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: `query_mask` must be a tensor or an array-like ...
+    """
+    if value is None or hasattr(value, "shape"):
+        return value
+    try:
+        kind = np.asarray(value).dtype.kind
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a tensor or a rectangular array-like (nested "
+            f"lists of one length per axis). Received: {name}={value!r}"
+        ) from None
+    if kind not in "biuf":
+        raise TypeError(
+            f"`{name}` must be a tensor or an array-like of numbers or "
+            f"bools. Received: {name}={value!r}"
+        )
+    return keras.ops.convert_to_tensor(value)
+
+
+def as_tensors(**values):
+    """`as_tensor` of each keyword argument (name -> value), as a tuple
+    in the order given: `mask, ids = as_tensors(mask=mask, ids=ids)`."""
+    return tuple(as_tensor(name, value) for name, value in values.items())
 
 
 def check_heads(num_heads, key_dim, value_dim, num_key_value_heads):
