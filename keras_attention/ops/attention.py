@@ -23,6 +23,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.utils import keras_utils
 
 _RENAMED = {
     "mask": "attention_mask",
@@ -243,6 +244,7 @@ def dot_product_attention(
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     if sink_logits is not None:
+        sink_logits = keras_utils.float64_numbers(sink_logits)
         check_sink_logits(sink_logits, query.shape[2])
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(

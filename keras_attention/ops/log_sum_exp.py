@@ -36,6 +36,7 @@ from keras import ops
 
 from keras_attention.ops.scoring import rows_valid
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils.keras_utils import constant
 
 NEG_INF = float("-inf")
 
@@ -122,7 +123,7 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     gradient is `sum_i p_sink,i (dlse'_i - dO'_i . O'_i)`).
     """
     dtype = lse.dtype
-    z = ops.cast(sink_logits, dtype)[None, :, None]  # (1, h, 1)
+    z = constant(sink_logits, dtype)[None, :, None]  # (1, h, 1)
     valid = lse > NEG_INF
     # On rows that attend to something: the kept share of the mass
     # sigmoid(lse - z), and lse' = logaddexp(lse, z) (`kept_share`).

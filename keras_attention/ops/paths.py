@@ -46,6 +46,7 @@ from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.utils import keras_utils
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,7 +425,9 @@ def _run_blockwise(
     options = {}
     if keep_probabilities is not None:
         options["keep_probabilities"] = keep_probabilities
-    query = ops.multiply(query, ops.cast(request.scale, query.dtype))
+    query = ops.multiply(
+        query, keras_utils.constant(request.scale, query.dtype)
+    )
     return blockwise_attention(
         query,
         key,

@@ -292,7 +292,9 @@ def blocked(geo, query, key, value, scale, query_mask, key_mask, mask):
     # Scores are formed in float32 (no float16 overflow), float64 inputs
     # in float64 (`scoring.softmax_dtype`).
     dtype = scoring.softmax_dtype(query.dtype)
-    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
+    query = ops.multiply(
+        ops.cast(query, dtype), keras_utils.constant(scale, dtype)
+    )
     q = pad_axis(query, 1, 0, n * block - geo.t)
     q = ops.reshape(q, (geo.z, block, geo.heads, geo.d))  # (z, B, h, d)
     q = ops.reshape(
