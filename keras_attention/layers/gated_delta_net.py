@@ -358,6 +358,10 @@ class GatedDeltaNet(recording.AttentionRecording, keras.layers.Layer):
                 "(see `init_cache`). Received: cache of type "
                 f"{type(cache).__name__!r}"
             )
+        for i in (0, 1):
+            attention_checks.check_cache_batch(
+                f"cache[{i}]", cache[i], inputs, "inputs"
+            )
         batch = inputs.shape[0]
         shapes = {
             "cache[0]": (

@@ -361,6 +361,7 @@ class LinearAttention(recording.AttentionRecording, keras.layers.Layer):
                     f"cache_value_dim) = (batch,) + {want!r} (the recurrent "
                     f"state, `initial_cache`). Received: cache.shape={shape!r}"
                 )
+            attention_checks.check_cache_batch("cache", cache, query)
         if index is not None:
             attention_checks.check_cache_index(index, query.shape[1], None)
 

@@ -480,6 +480,10 @@ class MultiHeadAttention(
         if call.return_attention_scores and self._flash_attention:
             raise ValueError(attention_checks.FLASH_SCORES_ERROR)
         if len(query.shape) == 3:
+            if cache is not None:
+                attention_checks.check_key_value_cache(
+                    cache, query, self._kv_heads, self.key_dim, self.value_dim
+                )
             if cache is not None and call.cache_update_index is not None:
                 check_cache_index(
                     call.cache_update_index,

@@ -471,6 +471,7 @@ class MultiHeadLatentAttention(
                 f"qk_rope_head_dim) = (batch, max_length, {self.cache_dim}). "
                 f"Received: cache.shape={shape!r}"
             )
+        attention_checks.check_cache_batch("cache", cache, query)
         attention_checks.check_cache_index(index, query.shape[1], shape[1])
 
     def call(
