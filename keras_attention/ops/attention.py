@@ -23,6 +23,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.utils import validation
 from keras_attention.utils import keras_utils
 
 _RENAMED = {
@@ -240,6 +241,9 @@ def dot_product_attention(
         attention_mask, causal = given["attention_mask"], given["causal"]
         query_offset, key_mask = given["query_offset"], given["key_mask"]
         query_mask = given["query_mask"]
+    return_weights = validation.check_bool("return_weights", return_weights)
+    causal = validation.check_bool("causal", causal)
+    return_lse = validation.check_bool("return_lse", return_lse)
     scoring.check_mod(score_mod, "score_mod")
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
@@ -266,7 +270,7 @@ def dot_product_attention(
         key_mask=key_mask,
         score_mod=score_mod,
         mask_mod=mask_mod,
-        return_lse=bool(return_lse),
+        return_lse=return_lse,
         sink_logits=sink_logits,
     )
     scope = paths.current_scope()

@@ -435,6 +435,8 @@ def local_attention(
     _scope.refuse_in_exclusive_scope(
         "`local_attention`", "its banded kernel is its own"
     )
+    return_weights = validation.check_bool("return_weights", return_weights)
+    return_lse = validation.check_bool("return_lse", return_lse)
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     left, right = effective_window(window_size, static_length(query, 1), causal)
     if static_length(query, 1) == 0:
