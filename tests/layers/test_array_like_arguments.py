@@ -16,11 +16,6 @@ import pytest
 from keras_attention import blocks
 from keras_attention import layers
 
-# Keras warns on a softmax over one key (a one-step query with a cache).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:You are using a softmax over axis"
-)
-
 L = layers
 RNG = np.random.default_rng(0)
 B, T = 2, 6

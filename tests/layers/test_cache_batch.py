@@ -13,11 +13,6 @@ import pytest
 from keras_attention import blocks
 from keras_attention import layers as L
 
-# Keras warns on a softmax over one key (a one-step query with a cache).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:You are using a softmax over axis"
-)
-
 B, WRONG = 2, 3
 RNG = np.random.default_rng(0)
 STEP = RNG.normal(size=(B, 1, 8)).astype("float32")
