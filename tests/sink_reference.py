@@ -9,11 +9,14 @@ output; a sink of `+inf` takes all the mass (`lse = +inf`, zero output).
 import numpy as np
 
 
-def sink_attention(q, k, v, mask=None, sinks=None, scale=None):
+def sink_attention(
+    q, k, v, mask=None, sinks=None, scale=None, return_weights=False
+):
     """`q` `(b, i, h, d)`, `k` `(b, j, g, d)`, `v` `(b, j, g, e)`, `mask`
     bool broadcastable to `(b, h, i, j)` (True: may attend), `sinks`
     `(h,)` or None. Returns the output `(b, i, h, e)` and the lse `(b, h,
-    i)`, float64."""
+    i)`, float64, then the weights `(b, h, i, j)` if `return_weights`
+    (the sink's share left out: rows sum to less than one)."""
     q, k, v = (np.asarray(x, "float64") for x in (q, k, v))
     h, g = q.shape[2], k.shape[2]
     k = np.repeat(k, h // g, axis=2)
@@ -29,7 +32,8 @@ def sink_attention(q, k, v, mask=None, sinks=None, scale=None):
     with np.errstate(invalid="ignore"):
         p = np.exp(s - lse[..., None])
     p = np.where(np.isfinite(lse)[..., None] & np.isfinite(s), p, 0.0)
-    return np.einsum("bhij,bjhe->bihe", p, v), lse
+    out = np.einsum("bhij,bjhe->bihe", p, v)
+    return (out, lse, p) if return_weights else (out, lse)
 
 
 def band_mask(t, left, right):

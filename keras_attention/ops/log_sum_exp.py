@@ -140,6 +140,20 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     return output, new_lse, weights
 
 
+def sinks_on_result(result, sink_logits, return_weights, return_lse):
+    """A path's result computed without sinks and with its log-sum-exp,
+    `output` then `weights` if `return_weights` then `lse`, with the
+    learned sinks `sink_logits` `(h,)` applied (`apply_sinks`): the
+    output, then the weights if `return_weights`, then the
+    sink-inclusive lse if `return_lse` (a tuple when more than one)."""
+    output, lse = result[0], result[-1]
+    weights = result[1] if return_weights else None
+    output, lse, weights = apply_sinks(output, lse, sink_logits, weights)
+    results = (output,) + ((weights,) if return_weights else ())
+    results += (lse,) if return_lse else ()
+    return results[0] if len(results) == 1 else results
+
+
 def _agrees(shape, expected):
     """Whether `shape` has the rank of `expected` and its sizes (None:
     unknown at trace time, agreeing with anything)."""

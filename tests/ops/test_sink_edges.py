@@ -137,7 +137,7 @@ def value_and_grads(fn, args):
         import jax
 
         grad = jax.value_and_grad(fn, tuple(range(len(args))), has_aux=True)
-        (_, aux), grads = grad(*args)
+        (_, aux), grads = jax.jit(grad)(*args)
     elif BACKEND == "torch":
         import torch
 
