@@ -139,17 +139,16 @@ def dot_product_attention(
             int32 tensors broadcastable to `(b, h, i, j)`, positions
             absolute (cast them before mixing with floats:
             TensorFlow does not promote int32). Gradients reach the
-            weights of a
-            `keras_attention.mods.ScoreLayer` on every path; a plain
-            function reading trainable variables (in its closure,
-            globals, defaults or bound object) runs on the dense path (the
-            blockwise backward could not reach them; constant tensors are
-            fine, and so is any tensor on a forced "blockwise", where
-            it gets no gradient); so does, under the automatic choice,
-            one reading a tensor computed inside a traced function (a
-            graph tensor or JAX tracer may be differentiated). A
-            `ScoreLayer` not built yet is built here with the query's
-            number of heads.
+            weights of a `keras_attention.mods.ScoreLayer` on every
+            path, and the trainable variables and tensors that may carry
+            a gradient (a watched or traced tensor, a JAX tracer, a torch
+            tensor requiring grad) a plain function reads from its
+            closure, globals, defaults, partial or object: the blockwise
+            backward pass gets them explicitly (`ops/captured.py`). One
+            read where a copy of the function cannot replace it (a
+            module's attribute) is refused on "blockwise" and runs on
+            "dense" under the automatic choice. A `ScoreLayer` not built
+            yet is built here with the query's number of heads.
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`
             (True = may attend), and-ed with the other masks. Written with
             elementwise operators on the indices alone, it is evaluated on
