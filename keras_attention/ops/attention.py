@@ -23,8 +23,8 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
-from keras_attention.utils import validation
 from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 _RENAMED = {
     "mask": "attention_mask",
