@@ -136,15 +136,23 @@ def test_dot_product_attention_given_scale_and_sinks(path):
     close(lse, want_lse)
 
 
-def test_local_attention():
+@pytest.mark.parametrize("sinks", [None, [0.1, -0.7, 1.3, 0.3]])
+def test_local_attention(sinks):
     q, k, v = inputs(g=H)
     out, lse = ka.ops.local_attention(
-        q, k, v, window_size=3, block_size=4, key_mask=KEY_MASK, return_lse=True
+        q,
+        k,
+        v,
+        window_size=3,
+        block_size=4,
+        key_mask=KEY_MASK,
+        sink_logits=sinks,
+        return_lse=True,
     )
     steps = np.arange(T)
     band = np.abs(steps[:, None] - steps[None, :]) <= 3
     allowed = band[None, None] & KEY_MASK[:, None, None, :]
-    want, want_lse = np_softmax_attention(q, k, v, allowed)
+    want, want_lse = np_softmax_attention(q, k, v, allowed, sinks=sinks)
     close(out, want)
     close(lse, want_lse)
 
@@ -164,8 +172,8 @@ def test_global_local_attention():
 
 
 def test_merge_attention():
-    """Two key sets attended apart (dense path) and merged, with float64
-    sink logits, equal one call over all the keys."""
+    """Two key sets attended apart (dense path) and merged, with sink
+    logits given as Python floats, equal one call over all the keys."""
     q, k, v = inputs()
     parts = []
     with implementation_scope("dense"):
@@ -175,7 +183,7 @@ def test_merge_attention():
                     q, k[:, lo:hi], v[:, lo:hi], return_lse=True
                 )
             )
-    sinks = np.array([0.1, -0.7, 1.3, 0.3])
+    sinks = [0.1, -0.7, 1.3, 0.3]
     out, lse = ka.ops.merge_attention(
         [o for o, _ in parts], [s for _, s in parts], sink_logits=sinks
     )

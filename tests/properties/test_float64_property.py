@@ -6,10 +6,10 @@ and 4, whose scale is), a scale given as a Python float or the default,
 the lengths, heads, `causal`, key padding (whole rows at times), and per
 op: `dot_product_attention` on the dense, blockwise (drawn tiles) and
 fused paths, with the log-sum-exp and sink logits given as Python
-floats; `local_attention` (drawn window); `merge_attention` of a drawn
-split of the keys; `linear_attention` (chunk size, feature map,
-normalised form, decays); `gated_delta_rule` (chunk size, decays,
-write strengths).
+floats; `local_attention` (drawn window, sinks); `merge_attention` of
+a drawn split of the keys (sinks as Python floats); `linear_attention`
+(chunk size, feature map, normalised form, decays); `gated_delta_rule`
+(chunk size, decays, write strengths).
 
 Property: the output (and log-sum-exp, final state) equals a float64
 NumPy reference to 1e-12 relative and absolute (a constant that passes
@@ -167,9 +167,16 @@ def test_dot_product_attention(p, path, causal, sinks, tile_q, tile_k):
 
 
 @DRAWS
-@given(common(), st.integers(0, 4), st.integers(0, 4), st.integers(1, 5))
-def test_local_attention(p, left, right, block):
+@given(
+    common(),
+    st.integers(0, 4),
+    st.integers(0, 4),
+    st.integers(1, 5),
+    st.booleans(),
+)
+def test_local_attention(p, left, right, block, sinks):
     q, k, v, mask, scale = p["q"], p["k"], p["v"], p["mask"], p["scale"]
+    sinks = p["rng"].normal(size=q.shape[2]).tolist() if sinks else None
 
     def fn(q, k, v, mask):
         return ka.ops.local_attention(
@@ -180,6 +187,7 @@ def test_local_attention(p, left, right, block):
             key_mask=mask,
             scale=scale,
             block_size=min(block, p["t"]),
+            sink_logits=sinks,
             return_lse=True,
         )
 
@@ -188,7 +196,7 @@ def test_local_attention(p, left, right, block):
     offset = steps[None, :] - steps[:, None]
     band = (offset >= -left) & (offset <= right)
     allowed = band[None, None] & mask[:, None, None, :]
-    want, want_lse = np_softmax_attention(q, k, v, allowed, scale)
+    want, want_lse = np_softmax_attention(q, k, v, allowed, scale, sinks)
     close(out, want)
     close(lse, want_lse)
 
@@ -202,7 +210,7 @@ def test_merge_attention(p, data):
     cut = data.draw(st.integers(1, max(1, p["t"] - 1)), label="cut")
     sinks = None
     if data.draw(st.booleans(), label="sinks"):
-        sinks = p["rng"].normal(size=q.shape[2])
+        sinks = p["rng"].normal(size=q.shape[2]).tolist()
 
     def fn(q, k, v, mask):
         outs, lses = [], []
