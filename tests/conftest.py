@@ -98,6 +98,7 @@ def _reason(item, name):
 # (cheap: eager), and each sampled test keeps one case on TensorFlow.
 SAMPLED = {
     "jax": (
+        "tests/layers/test_array_like_arguments.py",
         "tests/layers/test_graph_attention.py",
         "tests/layers/test_layer_arguments.py",
         "tests/layers/test_mha_keras_contract.py",

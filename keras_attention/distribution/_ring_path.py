@@ -34,6 +34,7 @@ def _static(request):
 
 def _can_run(request):
     problem = None
+    received = ""  # the refused argument, first among what is received
     offset = request.query_offset
     if request.needs_weights:
         problem = "it computes no attention weights (nor dropout on them)"
@@ -43,9 +44,14 @@ def _can_run(request):
             "`key_mask`, `query_mask` or a `mask_mod`)"
         )
     elif request.sink_logits is not None:
-        problem = "it takes no learned sinks"
+        problem = (
+            "it takes no learned sinks (`sink_logits`, which a layer's "
+            "`learned_sinks=True` passes)"
+        )
+        received = f"sink_logits={request.sink_logits!r}, "
     elif request.return_lse:
         problem = "it returns no log-sum-exp"
+        received = f"return_lse={request.return_lse!r}, "
     elif not (isinstance(offset, int) and offset == 0):
         problem = (
             "it runs no cache offset (cached decoding runs on one device: "
@@ -57,7 +63,7 @@ def _can_run(request):
         return None
     return (
         f"The ring attention path cannot run this attention: {problem}. "
-        f"Received: query.shape={tuple(request.query.shape)!r}, "
+        f"Received: {received}query.shape={tuple(request.query.shape)!r}, "
         f"key.shape={tuple(request.key.shape)!r}, "
         f"query_offset={offset!r}, return_weights="
         f"{request.return_weights!r}"

@@ -57,7 +57,10 @@ class ContextParallel(_Distribution):
     layer's `flash_attention` set, another `implementation=` or a nested
     `implementation_scope` of another path, `LocalSelfAttention`'s
     global tokens and `block_size`, dense attention masks, learned sinks
-    and cache offsets (generate outside the scope, on one device).
+    (a layer's `learned_sinks=True`, the op's `sink_logits`), a
+    log-sum-exp output (`return_lse=True`) and cache offsets (generate
+    outside the scope, on one device); each error names the argument
+    and its value.
     Sliding windows (`sliding_window`, `LocalSelfAttention`, the blocks'
     `window_size`) run on the ring as mask functions on global
     positions. Keras's own `keras.layers.MultiHeadAttention` (and any

@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_attention.distribution import _jax_ring
 from keras_attention.distribution import _ring_blocks
+from keras_attention.ops import captured
 from keras_attention.ops import scoring
 from keras_attention.utils import validation
 
@@ -147,7 +148,7 @@ def ring_attention(
     causal = validation.check_bool("causal", causal)
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.check_mod(score_mod, "score_mod")
-    if scoring.closes_over_tensors(score_mod):
+    if captured.closes_over_tensors(score_mod):
         raise ValueError(
             "`score_mod` reads trainable variables it is not given: their "
             "gradient could not cross the ring's hand-written backward "

@@ -104,6 +104,12 @@ class AttentionStep:
                 f"flash_attention={self.flash_attention!r} (in effect: "
                 f"{self._flash_attention!r})",
             )
+        elif getattr(self, "learned_sinks", False):
+            reason = (
+                "the ring takes no learned sinks: build the attention "
+                "layers of a context-parallel model without them",
+                f"learned_sinks={self.learned_sinks!r}",
+            )
         else:
             return
         raise ValueError(

@@ -15,6 +15,17 @@ ROUTINGS = ("softmax_topk", "topk_softmax")
 ACTIVATIONS = ("swiglu", "gpt_oss_glu")
 
 
+def softmax(x):
+    """The softmax over the last axis, `exp(x - logsumexp(x))`, in `x`'s
+    dtype (1 exactly over one logit): `keras.ops.softmax` warns ("Did
+    you mean to use a sigmoid instead?") on every call over an axis of
+    size 1, which one expert or one routed logit (`top_k=1`,
+    `"topk_softmax"`) is, and where 1 is the right answer. (A max-shifted
+    `exp / sum` would need `ops.max`, which refuses no tokens on
+    TensorFlow and PyTorch.)"""
+    return ops.exp(x - ops.logsumexp(x, axis=-1, keepdims=True))
+
+
 def route(logits, top_k, routing, normalize_top_k):
     """The routing weights of every token over every expert.
 
@@ -36,12 +47,12 @@ def route(logits, top_k, routing, normalize_top_k):
     """
     num_experts = logits.shape[-1]
     if routing == "softmax_topk":
-        values, indices = ops.top_k(ops.softmax(logits, axis=-1), k=top_k)
+        values, indices = ops.top_k(softmax(logits), k=top_k)
         if normalize_top_k:
             values = values / ops.sum(values, axis=-1, keepdims=True)
     else:
         values, indices = ops.top_k(logits, k=top_k)
-        values = ops.softmax(values, axis=-1)
+        values = softmax(values)
     one_hot = ops.cast(ops.one_hot(indices, num_experts), logits.dtype)
     weights = ops.sum(one_hot * values[..., None], axis=1)
     return weights, ops.sum(one_hot, axis=1)
@@ -67,7 +78,7 @@ def load_balancing_loss(logits, selected, top_k, token_mask=None):
         keras-hub's mean over no token is NaN).
     """
     num_experts = logits.shape[-1]
-    probs = ops.softmax(logits, axis=-1)
+    probs = softmax(logits)
     if token_mask is None:
         m = ops.ones_like(logits[:, :1])
     else:

@@ -18,6 +18,7 @@ from keras_attention.layers.token_mixer import TokenMixer
 from keras_attention.ops.gated_delta_rule import gated_delta_rule
 from keras_attention.ops.gated_delta_rule import implied_attention
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -362,6 +363,10 @@ class GatedDeltaNet(
                 "(see `init_cache`). Received: cache of type "
                 f"{type(cache).__name__!r}"
             )
+        for i in (0, 1):
+            attention_checks.check_cache_batch(
+                f"cache[{i}]", cache[i], inputs, "inputs"
+            )
         batch = inputs.shape[0]
         shapes = {
             "cache[0]": (
@@ -439,6 +444,9 @@ class GatedDeltaNet(
     ):
         if padding_mask is not None:  # `TokenMixer`'s name of `mask`
             mask = padding_mask
+        mask, segment_ids = attention_checks.as_tensors(
+            mask=mask, segment_ids=segment_ids
+        )
         if mask is None:
             mask = keras_utils.keras_mask(inputs)
         self._check_call(

@@ -323,9 +323,14 @@ class GraphAttention(recording.AttentionRecording, keras.layers.Layer):
     # Scores -----------------------------------------------------------------
 
     def _project(self, x, kernel):
-        """`x @ kernel` as `(..., n, h, u)` (an einsum: Keras's torch
-        `matmul` computes float64 in float32)."""
-        y = ops.einsum("...f,fk->...k", x, ops.cast(kernel, x.dtype))
+        """`x @ kernel` as `(..., n, h, u)`, for `x` of rank 2 or 3 (an
+        einsum: Keras's torch `matmul` computes float64 in float32).
+
+        The subscripts are spelled out: TensorFlow's oneDNN einsum with an
+        ellipsis (`"...f,fk->...k"`) reads the rows of a bfloat16 or
+        float16 `x` at the wrong stride (issue 53)."""
+        subscripts = "bnf,fk->bnk" if len(x.shape) == 3 else "ef,fk->ek"
+        y = ops.einsum(subscripts, x, ops.cast(kernel, x.dtype))
         return ops.reshape(
             y, tuple(ops.shape(y)[:-1]) + (self.num_heads, self.units_per_head)
         )

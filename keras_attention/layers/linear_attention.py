@@ -372,6 +372,7 @@ class LinearAttention(
                     f"cache_value_dim) = (batch,) + {want!r} (the recurrent "
                     f"state, `initial_cache`). Received: cache.shape={shape!r}"
                 )
+            attention_checks.check_cache_batch("cache", cache, query)
         if index is not None:
             attention_checks.check_cache_index(index, query.shape[1], None)
 
@@ -389,6 +390,9 @@ class LinearAttention(
     ):
         if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
             query_mask = padding_mask
+        query_mask, segment_ids = attention_checks.as_tensors(
+            query_mask=query_mask, segment_ids=segment_ids
+        )
         if use_causal_mask is None:
             use_causal_mask = cache is not None
         if query_mask is None:

@@ -10,10 +10,10 @@ from keras_attention.mods.masks import SlidingWindowMask
 from keras_attention.ops import paths
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.global_local import global_local_weights_to_dense
-from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import effective_window
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
 
 
@@ -22,15 +22,6 @@ def _and_mods(first, second):
     if first is None or second is None:
         return second if first is None else first
     return and_masks(first, second)
-
-
-def _with_sinks(result, sink_logits, with_weights):
-    """`local_attention`'s `(output, [weights,] lse)` with the learned
-    sinks applied: `output` or `(output, weights)`."""
-    output, lse = result[0], result[-1]
-    weights = result[1] if with_weights else None
-    output, _, weights = apply_sinks(output, lse, sink_logits, weights)
-    return (output, weights) if with_weights else output
 
 
 def _refuse_unsupported(kwargs):
@@ -85,8 +76,14 @@ class LocalSelfAttention(SelfAttention):
             example beyond the first `max_global_tokens` stay local.
         **kwargs: the other arguments of `SelfAttention` /
             `MultiHeadAttention` (`value_dim`, `num_key_value_heads`,
-            `dropout`, `use_bias`, `output_shape`, initializers, ...) and
-            base layer arguments.
+            `dropout`, `use_bias`, `output_shape`, initializers,
+            `qk_norm`, ...) and base layer arguments. `learned_sinks=True`
+            (gpt-oss's sinks: one trainable logit per head, weight
+            `sinks`) runs on the band through its log-sum-exp
+            (`keras_attention.ops.local_attention`'s `sink_logits`), as
+            `MultiHeadAttention(sliding_window=..., learned_sinks=True)`
+            does; the returned banded weights then leave out the sink's
+            share. Not with `global_mask`.
 
     Call arguments:
         inputs: `(batch, T, features)`.
@@ -287,6 +284,9 @@ class LocalSelfAttention(SelfAttention):
     ):
         if padding_mask is not None:  # `TokenMixer`'s name of `mask`
             mask = padding_mask
+        global_mask, attention_mask = attention_checks.as_tensors(
+            global_mask=global_mask, attention_mask=attention_mask
+        )
         rolling = cache_sink_tokens is not None
         rolling = rolling or _kv_cache.ring_sinks(cache, self._left) is not None
         if global_mask is not None:
@@ -358,8 +358,8 @@ class LocalSelfAttention(SelfAttention):
         order: the window comes in `attention_mask`) and `positions` (the
         rotary positions of the global projections) come from `call`
         through `step_inputs`. `sink_logits` (`learned_sinks`) are applied
-        through the band's log-sum-exp (`ops.log_sum_exp.apply_sinks`);
-        not with global tokens."""
+        through the band's log-sum-exp (`local_attention`'s
+        `sink_logits`); not with global tokens."""
         if return_attention_scores is None:
             return_attention_scores = self._return_attention_scores
         ring = self._runs_on_ring(global_mask)
@@ -422,12 +422,8 @@ class LocalSelfAttention(SelfAttention):
                 return_weights=return_attention_scores,
                 score_mod=score_mod,
                 mask_mod=mask_mod,
-                return_lse=sink_logits is not None,
+                sink_logits=sink_logits,
             )
-            if sink_logits is not None:
-                result = _with_sinks(
-                    result, sink_logits, return_attention_scores
-                )
         return result if return_attention_scores else (result, None)
 
     def _runs_on_ring(self, global_mask):

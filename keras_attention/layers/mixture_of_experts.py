@@ -4,6 +4,7 @@ from keras import ops
 
 from keras_attention.layers import _moe_routing
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -253,6 +254,7 @@ class MixtureOfExperts(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, mask=None, training=None):
+        mask = attention_checks.as_tensor("mask", mask)
         validation.check_call_input(
             "inputs", inputs, self._features, _RANKS, _LAYOUT
         )

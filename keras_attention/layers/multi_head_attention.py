@@ -422,6 +422,22 @@ class MultiHeadAttention(
         cache_sink_tokens=None,
         positions=None,
     ):
+        # Array-likes (Python lists), as Keras's layer takes its masks.
+        (
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            segment_ids,
+            positions,
+        ) = attention_checks.as_tensors(
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            positions=positions,
+        )
         call = AttentionCall(
             query=query,
             value=value,
@@ -503,6 +519,10 @@ class MultiHeadAttention(
         if call.return_attention_scores and self._flash_attention:
             raise ValueError(attention_checks.FLASH_SCORES_ERROR)
         if len(query.shape) == 3:
+            if cache is not None:
+                attention_checks.check_key_value_cache(
+                    cache, query, self._kv_heads, self.key_dim, self.value_dim
+                )
             if cache is not None and call.cache_update_index is not None:
                 check_cache_index(
                     call.cache_update_index,

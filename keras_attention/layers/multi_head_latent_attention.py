@@ -473,6 +473,7 @@ class MultiHeadLatentAttention(
                 f"qk_rope_head_dim) = (batch, max_length, {self.cache_dim}). "
                 f"Received: cache.shape={shape!r}"
             )
+        attention_checks.check_cache_batch("cache", cache, query)
         attention_checks.check_cache_index(index, query.shape[1], shape[1])
 
     def call(
@@ -490,6 +491,9 @@ class MultiHeadLatentAttention(
     ):
         if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
             query_mask = padding_mask
+        query_mask, attention_mask = attention_checks.as_tensors(
+            query_mask=query_mask, attention_mask=attention_mask
+        )
         if query_mask is None:
             query_mask = keras_utils.keras_mask(query)
         if _kv_cache.is_own_cache(cache):  # `init_cache`'s, with its mask

@@ -40,7 +40,12 @@ def custom_vjp(forward, backward):
         backward: `backward(residuals, d_output) -> (dq, dk, dv)`, or
             `(dq, dk, dv, dparams)` (a tuple, one per tensor of `params`)
             when called with `params`. `aux` (masks, offsets: a tuple of
-            tensors or None) gets no gradient.
+            tensors or None) gets no gradient. On TensorFlow, when
+            `forward` reads trainable variables it is not given (a score
+            function's), `backward(residuals, d_output,
+            variables=variables)` gets them (`tf.custom_gradient`'s
+            `variables`) and returns their gradients after those of
+            `params`, in `dparams`.
 
     Returns:
         `f(q, k, v, aux, params=()) -> output` whose gradient is
@@ -58,8 +63,12 @@ def custom_vjp(forward, backward):
             return forward(q, k, v, aux, params)
         return forward(q, k, v, aux)
 
-    def bwd(residuals, d_output):
-        grads = tuple(backward(residuals, d_output))
+    def bwd(residuals, d_output, variables=()):
+        if variables:
+            grads = backward(residuals, d_output, variables=variables)
+        else:
+            grads = backward(residuals, d_output)
+        grads = tuple(grads)
         return grads if len(grads) == 4 else grads + ((),)
 
     backend = keras.backend.backend()
@@ -73,14 +82,19 @@ def custom_vjp(forward, backward):
             def inner(q, k, v, *params):
                 output, residuals = fwd(q, k, v, aux, params)
 
-                def grad(*d_outputs):
+                def grad(*d_outputs, variables=None):
                     # One upstream gradient per output (a tuple output:
                     # the attention and its log-sum-exp).
                     d_output = (
                         d_outputs[0] if len(d_outputs) == 1 else d_outputs
                     )
-                    dq, dk, dv, dparams = bwd(residuals, d_output)
-                    return (dq, dk, dv) + tuple(dparams)
+                    variables = tuple(variables or ())
+                    dq, dk, dv, dparams = bwd(residuals, d_output, variables)
+                    dparams = tuple(dparams)
+                    inputs = (dq, dk, dv) + dparams[: len(params)]
+                    if not variables:
+                        return inputs
+                    return inputs, list(dparams[len(params) :])
 
                 return output, grad
 
@@ -104,27 +118,31 @@ def custom_vjp(forward, backward):
     return lambda q, k, v, aux, params=(): fwd(q, k, v, aux, tuple(params))[0]
 
 
-def vjp(fn, primals):
+def vjp(fn, primals, variables=()):
     """`fn(*primals)` (one tensor) and its pullback: `pull(cotangent)`
     gives the gradients w.r.t. each of `primals` (zeros for a primal `fn`
-    does not use), as `jax.vjp` does. For hand-written backward passes
+    does not use), as `jax.vjp` does, then w.r.t. each of `variables`
+    (TensorFlow: variables `fn` reads itself, those a custom gradient
+    gets; empty on other backends). For hand-written backward passes
     that must differentiate a user's function (a score function) tile by
     tile: the function runs once, its output serves the backward pass
     and the pullback (call it once)."""
     backend = keras.backend.backend()
-    primals = tuple(primals)
+    primals, variables = tuple(primals), tuple(variables)
+    if variables and backend != "tensorflow":
+        raise NotImplementedError(f"variables on the {backend!r} backend")
     if backend == "tensorflow":
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
-            tape.watch(primals)
+            tape.watch(primals + variables)
             out = fn(*primals)
 
         def pull(cotangent):
             return tuple(
                 tape.gradient(
                     out,
-                    primals,
+                    primals + variables,
                     output_gradients=cotangent,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
@@ -233,6 +251,32 @@ def is_symbolic(x):
 
         return isinstance(x, jax.core.Tracer)
     return False
+
+
+def is_recorded(x):
+    """Whether `x` is a TensorFlow eager tensor that a gradient tape
+    records (watched, or computed from a watched tensor): it carries a
+    gradient though it has values. False on other backends (their
+    tensors say so themselves: `requires_grad`, a tracer)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+    from tensorflow.python.eager import record
+
+    if not isinstance(x, tf.Tensor) or tf.is_symbolic_tensor(x):
+        return False
+    return bool(record.should_record_backprop([x]))
+
+
+def is_variable(x):
+    """Whether `x` is a backend variable that a custom gradient gets by
+    itself when its forward pass reads it: a `tf.Variable`
+    (`tf.custom_gradient`'s `variables`). False on other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return isinstance(x, tf.Variable)
 
 
 def has_gpu():

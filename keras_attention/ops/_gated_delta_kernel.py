@@ -16,7 +16,10 @@ orientation), per token, `a_t = exp(g_t)` (0 at a document start):
 
 Chunked form, chunks of `C` tokens, `G_i = g_1 + ... + g_i` inside the
 chunk (`G_i - G_j <= 0` for `j <= i`: no exponential of a positive
-number), `S` the state entering the chunk: the state after token `i` is
+number; summed as `g_{j+1} + ... + g_i` over its own segment,
+`segment_sums`, never subtracted: after a decay of -1e4, `G_i` and `G_j`
+are ~-1e4 and their float32 difference is off by 1e-3), `S` the state
+entering the chunk: the state after token `i` is
 `S_i = exp(G_i) S + sum_{j <= i} exp(G_i - G_j) k_j u_j^T` with the
 "new values" `u_j = beta_j (v_j - exp(G_j) S^T k_j - sum_{l < j}
 exp(G_j - G_l) (k_j . k_l) u_l)`, that is the lower-triangular system
@@ -46,7 +49,9 @@ import functools
 from keras import ops
 
 from keras_attention.ops._backend import compiled_kernel
+from keras_attention.ops._backend import cumsum
 from keras_attention.ops._backend import scan_carry
+from keras_attention.ops._linear_attention_kernel import segment_sums
 
 
 @compiled_kernel
@@ -77,24 +82,27 @@ def recurrent(q, k, v, g, beta, start, state):
 
 def _chunk_terms(k, g, beta, doc):
     """The masks and decays of chunks `(b, h, n, c, ...)`: `(G, same,
-    decay, lower)`: `G` the cumulative log decay `(b, h, n, c)`, `same`
-    `(b, 1, n, c, c)` True where `j <= i` in one document, `decay`
-    `exp(G_i - G_j)` there (0 elsewhere), `lower` `I + A`."""
+    decay, lower, to_end)`: `G` the cumulative log decay `(b, h, n, c)`,
+    `same` `(b, 1, n, c, c)` True where `j <= i` in one document, `decay`
+    `exp(G_i - G_j)` there (0 elsewhere), `lower` `I + A`, `to_end` the
+    log decay from each position to the chunk's end, `G_{c-1} - G_j`
+    `(b, h, n, c)`."""
     c = k.shape[3] if k.shape[3] is not None else ops.shape(k)[3]
     causal = ops.cast(ops.tril(ops.ones((c, c), "int32")), "bool")
-    # The cumulative sum as a product with the lower triangle of ones
-    # (Keras's torch `cumsum` returns float32 for float64 inputs).
-    G = ops.einsum("bhnj,ij->bhni", g, ops.cast(causal, g.dtype))
+    # A cumulative sum (`_backend.cumsum`: in float64 on torch too), not a
+    # product with the lower triangle, which reduced-precision products
+    # (TensorFloat-32) would round.
+    G = cumsum(g, axis=3)
     same = ops.logical_and(doc[..., :, None] == doc[..., None, :], causal)
     same = same[:, None]
-    diff = G[..., :, None] - G[..., None, :]
+    diff = segment_sums(g)  # G_i - G_j, (b, h, n, i, j)
     zeros = ops.zeros_like(diff)
     decay = ops.where(same, ops.exp(ops.where(same, diff, zeros)), zeros)
     eye = ops.eye(c, dtype=k.dtype)
     strict = decay * (1.0 - eye)
     kk = ops.einsum("bhnik,bhnjk->bhnij", k, k)
     lower = eye + beta[..., None] * kk * strict
-    return G, same, decay, lower
+    return G, same, decay, lower, diff[..., -1, :]
 
 
 def _chunks(x, n, c):
@@ -136,7 +144,7 @@ def chunked(q, k, v, g, beta, start, state, chunk_size):
     n = (t + pad) // c
     q, k, v, g, beta = (_chunks(x, n, c) for x in (q, k, v, g, beta))
     doc, before = _document_index(start, n, c)
-    G, same, decay, lower = _chunk_terms(k, g, beta, doc)
+    G, same, decay, lower, to_end = _chunk_terms(k, g, beta, doc)
     alive = ops.cast(doc == before, q.dtype)[:, None]  # (b, 1, n, c)
     dv = v.shape[-1]
     rhs = ops.concatenate(
@@ -147,7 +155,7 @@ def chunked(q, k, v, g, beta, start, state, chunk_size):
     x_v, x_k = x[..., :dv], x[..., dv:]
     # The transition S' = M S + B of every chunk.
     last = doc[..., -1:]  # (b, n, 1)
-    w = ops.exp(G[..., -1:] - G) * ops.cast(doc == last, q.dtype)[:, None]
+    w = ops.exp(to_end) * ops.cast(doc == last, q.dtype)[:, None]
     k_w = k * w[..., None]
     carried = (
         ops.exp(G[..., -1]) * ops.cast(last == before, q.dtype)[:, None, :, 0]
@@ -188,7 +196,7 @@ def implied_attention(q, k, g, beta, start):
     t = ops.shape(q)[2]
     q, k, g, beta = (_chunks(x, 1, t) for x in (q, k, g, beta))
     doc, _ = _document_index(start, 1, t)
-    _, _, decay, lower = _chunk_terms(k, g, beta, doc)
+    _, _, decay, lower, _ = _chunk_terms(k, g, beta, doc)
     eye = ops.eye(t, dtype=q.dtype)
     x = ops.solve_triangular(lower, beta[..., None, :] * eye, lower=True)
     scores = ops.einsum("bhnik,bhnjk->bhnij", q, k) * decay

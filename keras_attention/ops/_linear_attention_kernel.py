@@ -21,11 +21,15 @@ inside the chunk up to step `i` included, `S_in` the state entering it):
     o_i = exp(L_i) q_i^T S_in + sum_{j <= i} exp(L_i - L_j) (q_i . k_j) v_j
     S_out = exp(L_{C-1}) S_in + sum_j exp(L_{C-1} - L_j) k_j v_j^T
 
-(terms across a document start dropped). Only differences `L_i - L_j`
-with `j <= i` and `L_i` itself are exponentiated, each `<= 0`: no
-overflow whatever the decay. The chunks' entering states come from a
-scan over the chunks (`scan_carry`), or, with neither decay nor
-documents, from an exclusive cumulative sum.
+(terms across a document start dropped). Only `L_i` and the decays
+`L_i - L_j = a_{j+1} + ... + a_i` with `j <= i` are exponentiated, each
+`<= 0`: no overflow whatever the decay. The latter are summed over
+their own segment (`segment_sums`), never subtracted: `L_i` and `L_j`
+after a decay of -1e4 are ~-1e4, and their difference in float32 is
+off by the spacing there, 1e-3 (a relative error of 1e-3 in every
+weight, which then depends on where the chunks start). The chunks'
+entering states come from a scan over the chunks (`scan_carry`), or,
+with neither decay nor documents, from an exclusive cumulative sum.
 
 Axes in comments: b - batch, t - steps, n - chunks, i/j - query/key step
 inside a chunk (`C`), h - heads, d - key features, e - value features
@@ -49,6 +53,24 @@ def document_index(segment_ids):
     return ops.cumsum(ops.concatenate([zeros, change], axis=1), axis=1)
 
 
+def segment_sums(a):
+    """`(..., i, j)`: `a_{j+1} + ... + a_i` for `j < i`, 0 for `j >= i`,
+    of the log decays `a` `(..., t)`.
+
+    Each is a sum of its own segment's terms, never the difference
+    `L_i - L_j` of two cumulative sums (which cancels: ~1e-3 off after a
+    -1e4 in float32). Formed as `(lower * a) @ upper` (`lower[i, s] = [s
+    <= i]`, `upper[s, j] = [s > j]`): products with 1 and 0 are exact
+    (at the matrix products' precision, as the scores'), and one product
+    costs less here than a cumulative sum over the `(t, t)` axes."""
+    t = a.shape[-1] if a.shape[-1] is not None else ops.shape(a)[-1]
+    steps = ops.arange(t, dtype="int32")
+    lower = ops.cast(steps[:, None] >= steps[None, :], a.dtype)
+    upper = ops.cast(steps[:, None] > steps[None, :], a.dtype)
+    # An einsum: Keras's torch `matmul` returns float32 for float64.
+    return ops.einsum("...is,sj->...ij", lower * a[..., None, :], upper)
+
+
 def _pad_steps(x, pad, edge=False):
     """`x` `(b, t, ...)` with `pad` more steps at the end: zeros, or
     copies of the last step (`edge`)."""
@@ -67,20 +89,19 @@ def _chunks(x, n, size):
     return ops.reshape(x, (shape[0], n, size) + tuple(shape[2:]))
 
 
-def _intra(qc, kc, vc, cum, docs):
+def _intra(qc, kc, vc, decays, docs):
     """The within-chunk part: masked, decayed `q_i . k_j` times `v_j`,
-    `(b, n, i, h, e)`."""
+    `(b, n, i, h, e)` (`decays`: `segment_sums` `(b, n, h, i, j)`)."""
     size = qc.shape[2]
     scores = ops.einsum("bnihd,bnjhd->bnhij", qc, kc)
     mask = ops.convert_to_tensor(np.tril(np.ones((size, size), bool)))
     if docs is not None:
         same = ops.equal(docs[..., :, None], docs[..., None, :])
         mask = ops.logical_and(mask, same)[:, :, None]  # (b, n, 1, i, j)
-    if cum is not None:
-        diff = cum[..., :, None] - cum[..., None, :]  # (b, n, h, i, j)
-        # Masked before exp: only j <= i (differences <= 0) are kept.
-        diff = ops.where(ops.logical_and(mask, diff < 0.0), diff, 0.0)
-        scores = scores * ops.exp(diff)
+    if decays is not None:
+        if docs is not None:  # Pairs across documents: masked before exp.
+            decays = ops.where(mask, decays, 0.0)
+        scores = scores * ops.exp(decays)  # 0 (exp 1) for j >= i
     scores = ops.where(mask, scores, ops.zeros_like(scores))
     return ops.einsum("bnhij,bnjhe->bnihe", scores, vc)
 
@@ -117,21 +138,23 @@ def chunked(q, k, v, a, doc, state, chunk_size):
         n = -(-t // chunk_size)
         pad = n * chunk_size - t
     qc, kc, vc = (_chunks(_pad_steps(x, pad), n, chunk_size) for x in (q, k, v))
-    cum = docs = None
+    cum = docs = decays = None
     if a is not None:
         a = _chunks(_pad_steps(a, pad), n, chunk_size)  # (b, n, i, h)
-        cum = ops.transpose(cumsum(a, axis=2), (0, 1, 3, 2))  # (b,n,h,i)
+        a = ops.transpose(a, (0, 1, 3, 2))  # (b, n, h, i)
+        cum = cumsum(a, axis=3)
+        decays = segment_sums(a)  # (b, n, h, i, j)
     if doc is not None:
         docs = _chunks(_pad_steps(doc, pad, edge=True), n, chunk_size)
-    o = _intra(qc, kc, vc, cum, docs)
+    o = _intra(qc, kc, vc, decays, docs)
 
     # What each chunk adds to the state, and how it carries the old one.
     key_weight = query_weight = gamma = None
     if cum is not None:
-        last = cum[..., -1:]
-        key_weight = ops.exp(last - cum)  # (b, n, h, j), exponents <= 0
+        # a_{j+1} + ... + a_{C-1}: the last row of the segment sums.
+        key_weight = ops.exp(decays[..., -1, :])  # (b, n, h, j), <= 0
         query_weight = ops.exp(cum)  # (b, n, h, i)
-        gamma = ops.exp(last[..., 0])  # (b, n, h)
+        gamma = ops.exp(cum[..., -1])  # (b, n, h)
     if docs is not None:
         first = docs[:, :1, 0]  # the first chunk goes on from `state`
         previous = ops.concatenate([first, docs[:, :-1, -1]], axis=1)
@@ -213,11 +236,8 @@ def implied_weights(q, k, a, doc, causal):
         same = ops.equal(doc[:, :, None], doc[:, None, :])  # (b, i, j)
         mask = same if mask is None else ops.logical_and(mask, same)
     if a is not None:
-        cum = ops.transpose(cumsum(a, axis=1), (0, 2, 1))  # (b, h, t)
-        diff = cum[..., :, None] - cum[..., None, :]
-        keep = ops.logical_and(mask[:, None], diff < 0.0)
-        diff = ops.where(keep, diff, 0.0)
-        scores = scores * ops.exp(diff)
+        decays = segment_sums(ops.transpose(a, (0, 2, 1)))  # (b, h, i, j)
+        scores = scores * ops.exp(ops.where(mask[:, None], decays, 0.0))
     if mask is not None:
         scores = ops.where(mask[:, None], scores, ops.zeros_like(scores))
     return scores

@@ -23,6 +23,8 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
 
 _RENAMED = {
     "mask": "attention_mask",
@@ -137,17 +139,16 @@ def dot_product_attention(
             int32 tensors broadcastable to `(b, h, i, j)`, positions
             absolute (cast them before mixing with floats:
             TensorFlow does not promote int32). Gradients reach the
-            weights of a
-            `keras_attention.mods.ScoreLayer` on every path; a plain
-            function reading trainable variables (in its closure,
-            globals, defaults or bound object) runs on the dense path (the
-            blockwise backward could not reach them; constant tensors are
-            fine, and so is any tensor on a forced "blockwise", where
-            it gets no gradient); so does, under the automatic choice,
-            one reading a tensor computed inside a traced function (a
-            graph tensor or JAX tracer may be differentiated). A
-            `ScoreLayer` not built yet is built here with the query's
-            number of heads.
+            weights of a `keras_attention.mods.ScoreLayer` on every
+            path, and the trainable variables and tensors that may carry
+            a gradient (a watched or traced tensor, a JAX tracer, a torch
+            tensor requiring grad) a plain function reads from its
+            closure, globals, defaults, partial or object: the blockwise
+            backward pass gets them explicitly (`ops/captured.py`). One
+            read where a copy of the function cannot replace it (a
+            module's attribute) is refused on "blockwise" and runs on
+            "dense" under the automatic choice. A `ScoreLayer` not built
+            yet is built here with the query's number of heads.
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx) -> bool`
             (True = may attend), and-ed with the other masks. Written with
             elementwise operators on the indices alone, it is evaluated on
@@ -239,10 +240,14 @@ def dot_product_attention(
         attention_mask, causal = given["attention_mask"], given["causal"]
         query_offset, key_mask = given["query_offset"], given["key_mask"]
         query_mask = given["query_mask"]
+    return_weights = validation.check_bool("return_weights", return_weights)
+    causal = validation.check_bool("causal", causal)
+    return_lse = validation.check_bool("return_lse", return_lse)
     scoring.check_mod(score_mod, "score_mod")
     scoring.check_mod(mask_mod, "mask_mod")
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     if sink_logits is not None:
+        sink_logits = keras_utils.float64_numbers(sink_logits)
         check_sink_logits(sink_logits, query.shape[2])
     if 0 in (query.shape[1], key.shape[1]):
         return _empty(
@@ -264,7 +269,7 @@ def dot_product_attention(
         key_mask=key_mask,
         score_mod=score_mod,
         mask_mod=mask_mod,
-        return_lse=bool(return_lse),
+        return_lse=return_lse,
         sink_logits=sink_logits,
     )
     scope = paths.current_scope()

@@ -38,6 +38,7 @@ from keras import ops
 from keras_attention.ops import _backend
 from keras_attention.ops import blockwise_backward
 from keras_attention.ops import blockwise_tiles
+from keras_attention.ops import captured
 from keras_attention.ops import scoring
 from keras_attention.ops.blockwise_backward import concat_rows
 from keras_attention.ops.blockwise_backward import key_chunks
@@ -223,8 +224,9 @@ def _sink_row(sinks, out, lse, valid):
     """Learned sinks on one row of tiles: the output `(b, g, r, Bq, e)`
     times the kept share of the mass `keep = sigmoid(lse - z)` (0 where
     the row attends to nothing), `keep` as the backward pass reads it
-    `(b, g, q, 1)`, and the sink-inclusive log-sum-exp `lse' = z +
-    softplus(lse - z)` (`z` where the row attends to nothing) as returned
+    `(b, g, q, 1)`, and the sink-inclusive log-sum-exp `lse' =
+    logaddexp(lse, z)` (`kept_share`: stable, a sink of `-inf` is no
+    sink; `z` where the row attends to nothing) as returned
     `(b, g, r, Bq)`. The probabilities stay those without the sink (the
     backward pass scales `dO` and `D` by `keep` instead: one multiply per
     row, not per score)."""
@@ -387,7 +389,11 @@ def blockwise_attention(
             depend on them.
         score_mod: optional `score_mod(score, batch, head, q_idx, kv_idx)`
             (see `scoring`); a Keras layer's trainable weights get
-            gradients (passed to the backward pass explicitly).
+            gradients (passed to the backward pass explicitly), and so do
+            the trainable variables and differentiated tensors a plain
+            function reads (`captured.split_captured`; on TensorFlow a
+            variable it reads that is not found so reaches the custom
+            gradient's `variables`).
         mask_mod: optional `mask_mod(batch, head, q_idx, kv_idx)`; tiles a
             static one masks entirely are skipped.
         keep_probabilities: whether the backward pass reuses the forward's
@@ -413,6 +419,12 @@ def blockwise_attention(
     score_fn, params = scoring.split_score_mod(score_mod)
     relative_fn = scoring.split_relative_bias(score_mod)
     soft_cap = scoring.split_soft_cap(score_mod)
+    if not params:  # A plain function: the tensors it reads, explicit.
+        score_fn, params = captured.split_captured(
+            score_mod, h, softmax_dtype(key.dtype)
+        )
+        if params:  # Its fast paths would read them where they are.
+            relative_fn = soft_cap = None
     plan = _Plan(
         b_tq,
         tk,
@@ -463,7 +475,7 @@ def blockwise_attention(
             result = (result, ops.reshape(lse, (-1, h, b_tq)))
         return result, (qh, kh, vh, tile_aux, params, out, saved, sinks)
 
-    def backward(residuals, d_result):
+    def backward(residuals, d_result, variables=()):
         qh, kh, vh, tile_aux, params, out, saved, sinks = residuals
         d_lse = None
         if return_lse:
@@ -477,8 +489,9 @@ def blockwise_attention(
                 ops.reshape(ops.cast(d_result, qh.dtype), (-1, b_tq, g, r, e)),
                 (0, 2, 3, 1, 4),
             )
+        args = (plan, qh, kh, vh, tile_aux, params, out, saved, d_out)
         dq, dk, dv, dparams = blockwise_backward.backward(
-            plan, qh, kh, vh, tile_aux, params, out, saved, d_out, d_lse, sinks
+            *args, d_lse, sinks, variables
         )
         dq = ops.reshape(ops.transpose(dq, (0, 3, 1, 2, 4)), (-1, b_tq, h, d))
         grads = (
@@ -486,7 +499,9 @@ def blockwise_attention(
             ops.transpose(dk, (0, 2, 1, 3)),
             ops.transpose(dv, (0, 2, 1, 3)),
         )
-        return grads + (dparams,) if params or sinks is not None else grads
+        if params or sinks is not None or variables:
+            return grads + (dparams,)
+        return grads
 
     aux = (key_padding, query_padding, mask, offset)
     return _backend.custom_vjp(forward, backward)(

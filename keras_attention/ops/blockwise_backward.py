@@ -75,7 +75,18 @@ def _sink_terms(keep_t, sink_dd, do_t, dd_t):
 
 
 def backward(
-    plan, qh, kh, vh, aux, params, out, saved, d_out, d_lse=None, sinks=None
+    plan,
+    qh,
+    kh,
+    vh,
+    aux,
+    params,
+    out,
+    saved,
+    d_out,
+    d_lse=None,
+    sinks=None,
+    variables=(),
 ):
     """Gradients w.r.t. `qh, kh, vh` (and a score function's `params`)
     from each tile's probabilities: kept by the forward pass
@@ -86,14 +97,17 @@ def backward(
     P_ij`, so `dS = P * (dP - (D - dlse))`). With learned `sinks` `(g,
     r)` (each row's kept share `keep` saved by the forward pass), also
     their gradient `sum_i p_sink,i (dlse_i - D_i)`, `p_sink = 1 - keep`,
-    appended to the parameters' gradients (`_sink_terms`)."""
+    appended to the parameters' gradients (`_sink_terms`). `variables`
+    (TensorFlow: those the score function reads itself, which the custom
+    gradient gets): their gradients come last, summed over the tiles as
+    the parameters' are."""
     g, r, d, e = qh.shape[1], qh.shape[2], qh.shape[-1], vh.shape[-1]
     dtype = qh.dtype
     sm_dtype = softmax_dtype(kh.dtype)
     ks = ops.cast(kh, score_dtype(kh.dtype))
     dqs = []
     dks, dvs = {}, {}
-    dparams = [ops.zeros_like(p) for p in params]
+    dparams = [ops.zeros_like(p) for p in tuple(params) + tuple(variables)]
     dz = None if sinks is None else ops.zeros((g, r), sm_dtype)
     # Last query tile first: with a causal structure each key tile then
     # gets ever shorter contributions, summed as they come (not kept).
@@ -153,6 +167,7 @@ def backward(
                         tile,
                         p_t,
                         lse_t,
+                        variables,
                     )
                 dv_c = ops.einsum("bgqk,bgqe->bgke", ops.cast(p, dtype), do_t)
                 dp = ops.einsum("bgqe,bgke->bgqk", do_t, v_c)
@@ -164,6 +179,8 @@ def backward(
                         ops.reshape(ds, (-1, plan.heads, n, j1 - j0))
                     )
                     ds = ops.reshape(ds, shape)
+                if not d_params:  # No pullback reaches them: zeros.
+                    d_params = [ops.zeros_like(p) for p in dparams]
                 ds = ops.cast(ds, dtype)
                 dq_c = ops.einsum("bgqk,bgkd->bgqd", ds, k_c)
                 dk_c = ops.einsum("bgqk,bgqd->bgkd", ds, q_t)
@@ -173,11 +190,7 @@ def backward(
             if live is None:
                 dq_c, dk_c, dv_c, *d_params = grads()
             else:  # Block sparsity decided at run time.
-                zeros = (
-                    ops.zeros_like(q_t),
-                    ops.zeros_like(k_c),
-                    ops.zeros_like(v_c),
-                ) + tuple(ops.zeros_like(p) for p in params)
+                zeros = tuple(map(ops.zeros_like, [q_t, k_c, v_c] + dparams))
                 dq_c, dk_c, dv_c, *d_params = ops.cond(
                     live, grads, lambda z=zeros: z
                 )
@@ -191,19 +204,23 @@ def backward(
         dqs.append(ops.reshape(dq_t, (-1, g, r, n, d)))
     dq = concat_rows(dqs[::-1])
     dk, dv = gather_keys(plan, dks, kh), gather_keys(plan, dvs, vh)
-    if sinks is not None:
-        dparams.append(ops.cast(dz, sinks.dtype))
+    if sinks is not None:  # After the parameters, before the variables.
+        dparams.insert(len(params), ops.cast(dz, sinks.dtype))
     return dq, dk, dv, tuple(dparams)
 
 
-def recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
+def recompute(
+    plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t, variables=()
+):
     """A tile's probabilities `(b, g, q, k)` for the backward pass and the
     pullback of its score function (None without one). Kept
     probabilities `p_t` are reused: with a score function only the raw
     scores are recomputed then (for the pullback), no softmax. The score
     function runs once, its output serving both. Soft-capping keeps
     `tanh` of the raw scores for its derivative; a relative bias needs no
-    raw scores for its pullback (d score / d raw = 1)."""
+    raw scores for its pullback (d score / d raw = 1). The pullback gives
+    the gradients w.r.t. the scores, the parameters, then `variables`
+    (TensorFlow's: read by the score function itself)."""
     g, rows = q_t.shape[1], q_t.shape[2]
     grid, mask = tile
     k_c = _slice(ks, 2, j0, j1)
@@ -216,11 +233,11 @@ def recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
         def scores():
             return plan.soft_cap * t
 
-    elif plan.relative_fn is not None:
+    elif plan.relative_fn is not None and (params or not variables):
         pull = None
         if params:
             pull = blockwise_tiles.relative_pullback(
-                plan, params, grid, j1 - j0
+                plan, params, grid, j1 - j0, variables
             )
 
         def scores():
@@ -237,7 +254,7 @@ def recompute(plan, params, q_t, ks, i0, i1, j0, j1, tile, p_t, lse_t):
                 out = ops.cast(plan.score_fn(p, scores, *grid), scores.dtype)
                 return scoring.finite_scores(out)
 
-            s, pull = _backend.vjp(fn, (s,) + tuple(params))
+            s, pull = _backend.vjp(fn, (s,) + tuple(params), variables)
 
         def scores():
             return s

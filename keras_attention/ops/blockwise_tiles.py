@@ -143,14 +143,15 @@ def relative_scores(plan, params, raw, grid):
     return raw + ops.cast(ops.take(bias, index, axis=1)[None], raw.dtype)
 
 
-def relative_pullback(plan, params, grid, cols):
+def relative_pullback(plan, params, grid, cols, variables=()):
     """The pullback of a relative bias over one tile: `ds` `(b, h, Bq,
     k)` is summed over the batch and along the tile's diagonals (one
     value per distance, a skew of the padded tile: no scatter of every
-    score), then pulled back to the parameters."""
+    score), then pulled back to the parameters (and to `variables`, on
+    TensorFlow: those the bias reads itself)."""
     distances, _ = _distances(grid, cols)
     bias, pull = _backend.vjp(
-        lambda *p: plan.relative_fn(p, distances), tuple(params)
+        lambda *p: plan.relative_fn(p, distances), tuple(params), variables
     )
 
     def pullback(ds):

@@ -16,6 +16,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import row_log_sum_exp
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.scoring import score_dtype
+from keras_attention.utils import keras_utils
 
 
 def dense_attention(
@@ -44,7 +45,9 @@ def dense_attention(
     # Scores in float32 for float16 inputs: they cannot overflow (float64
     # stays float64, and so does the softmax: `scoring.softmax_dtype`).
     dtype = score_dtype(query.dtype)
-    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
+    query = ops.multiply(
+        ops.cast(query, dtype), keras_utils.constant(scale, dtype)
+    )
     key = ops.cast(key, dtype)
     mask = as_4d_mask(mask)
     b, i = ops.shape(query)[0], ops.shape(query)[1]

@@ -9,6 +9,7 @@ key/value heads, d/e - key/value head dims.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.ops import _backend
@@ -46,6 +47,10 @@ def fused_attention(
     kernel calls would compute it in float32, through the dense path).
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
+    if isinstance(scale, float):
+        # A NumPy float64 (a Python float still): TensorFlow's kernel casts
+        # a Python float to float64 through float32.
+        scale = np.float64(scale)
     if dtype == "float64" and keras.backend.result_type(dtype) != dtype:
         # Keras's JAX and torch kernel calls compute float64 in float32
         # (their type promotion), and no fused kernel takes float64: the

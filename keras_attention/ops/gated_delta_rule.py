@@ -14,6 +14,7 @@ from keras import ops
 from keras_attention.ops import _gated_delta_kernel as kernel
 from keras_attention.ops import _scope
 from keras_attention.utils import validation
+from keras_attention.utils.keras_utils import constant
 
 
 def _shape(x):
@@ -269,7 +270,7 @@ def _prepare(query, key, value, g, beta, segment_ids, key_mask):
     dtypes = {keras.backend.standardize_dtype(x.dtype) for x in tensors}
     dtype = "float64" if "float64" in dtypes else "float32"
     scale = 1.0 / math.sqrt(query.shape[-1])
-    q = _heads_first(query, dtype) * ops.cast(scale, dtype)
+    q = _heads_first(query, dtype) * constant(scale, dtype)
     k = _heads_first(key, dtype)
     hk, hv = query.shape[2], g.shape[2]
     if hk != hv:

@@ -16,6 +16,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops import sliding_window
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.window_gather import gather_windows
+from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
@@ -140,7 +141,9 @@ def _global_rows(
     `(b, S, h, e)` and the weights `(b, g, r, S, t)` (value dtype).
     """
     dtype = scoring.softmax_dtype(queries.dtype)
-    queries = ops.multiply(ops.cast(queries, dtype), ops.cast(scale, dtype))
+    queries = ops.multiply(
+        ops.cast(queries, dtype), keras_utils.constant(scale, dtype)
+    )
     # S (-1): static only once the slots are gathered in eager calls.
     queries = ops.reshape(queries, (geo.b, -1, geo.groups, geo.r, geo.d))
     scores = ops.einsum("bsgrd,btgd->bgrst", queries, ops.cast(keys, dtype))

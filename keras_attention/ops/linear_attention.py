@@ -49,6 +49,7 @@ from keras_attention.ops import _linear_attention_kernel as kernel
 from keras_attention.ops import _scope
 from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import validation
+from keras_attention.utils.keras_utils import constant
 
 FEATURE_MAPS = {
     "elu_plus_one": lambda x: ops.elu(x) + 1.0,
@@ -371,7 +372,7 @@ def linear_attention(
     segment_ids = _check_mask("segment_ids", segment_ids, q, integers=True)
     state = _check_state(initial_state, q, v, normalize, dtype)
     value_dim = v.shape[-1]
-    q = phi(q) * ops.cast(1.0 / math.sqrt(q.shape[-1]), dtype)
+    q = phi(q) * constant(1.0 / math.sqrt(q.shape[-1]), dtype)
     k = phi(k)
     if key_mask is not None:
         valid = ops.cast(key_mask, "bool")
@@ -447,7 +448,7 @@ def linear_attention_weights(
     a = _check_decay(decay, q, causal, dtype)
     key_mask = _check_mask("key_mask", key_mask, q, integers=False)
     segment_ids = _check_mask("segment_ids", segment_ids, q, integers=True)
-    q = phi(q) * ops.cast(1.0 / math.sqrt(q.shape[-1]), dtype)
+    q = phi(q) * constant(1.0 / math.sqrt(q.shape[-1]), dtype)
     k = phi(k)
     if key_mask is not None:
         valid = ops.cast(key_mask, "bool")

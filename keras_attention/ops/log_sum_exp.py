@@ -31,10 +31,12 @@ Shapes: outputs `(b, i, h, e)` (as `dot_product_attention`), `lse`
 `(b, h, i)` in float32 (float64 for float64 inputs).
 """
 
+import numpy as np
 from keras import ops
 
 from keras_attention.ops.scoring import rows_valid
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils.keras_utils import constant
 
 NEG_INF = float("-inf")
 
@@ -62,8 +64,10 @@ def row_log_sum_exp(scores, valid=None, axis=-1):
 
 
 def check_sink_logits(sink_logits, num_heads):
-    """`ValueError` unless `sink_logits` is `(num_heads,)`."""
-    shape = tuple(ops.shape(sink_logits))
+    """`ValueError` unless `sink_logits` (a tensor or an array-like) is
+    `(num_heads,)`."""
+    shape = getattr(sink_logits, "shape", None)
+    shape = tuple(np.shape(sink_logits) if shape is None else shape)
     if len(shape) != 1 or (isinstance(shape[0], int) and shape[0] != num_heads):
         raise ValueError(
             "`sink_logits` must have shape (num_heads,) = "
@@ -83,16 +87,29 @@ def _finite_lse(lse, fallback):
 def kept_share(lse, z, valid=None):
     """`(keep, lse')` of rows with log-sum-exp `lse` and sink logit `z`
     (broadcastable): the share of the mass the keys keep, `sigmoid(lse -
-    z)`, and `lse' = z + softplus(lse - z)`; where `valid` is False (the
-    row attends to nothing) `keep = 0` and `lse' = z`, with no `-inf` in
-    the arithmetic (no NaN in the gradient)."""
+    z)`, and `lse' = logaddexp(lse, z)`; where `valid` is False (the row
+    attends to nothing) `keep = 0` and `lse' = z`, with no `-inf` in the
+    arithmetic (no NaN in the gradient).
+
+    `lse'` is the larger of the two plus `softplus(-|lse - z|)`, never
+    `z + softplus(lse - z)`: a sink far below the scores then leaves
+    `lse` exact (`-1e4 + softplus(lse + 1e4)` rounds to float32's
+    spacing at 1e4, 1e-3), and a sink of `-inf` is no sink (not `-inf +
+    inf`). The branch is a `where`, so that the gradient at `lse = z`
+    is split evenly (`|d|`'s gradient at 0 would be 0)."""
     d = lse - z
+    if valid is not None:
+        d = ops.where(valid, d, ops.zeros_like(d))
+    above = d >= 0  # The keys outweigh the sink (NaN d: never, see below).
+    larger = ops.where(above, lse, z)
+    # -|d| by branch; d is NaN only where valid is False (replaced).
+    new_lse = larger + ops.softplus(ops.where(above, -d, d))
+    keep = ops.sigmoid(d)
     if valid is None:
-        return ops.sigmoid(d), z + ops.softplus(d)
+        return keep, new_lse
     zeros = ops.zeros_like(d)
-    d = ops.where(valid, d, zeros)
-    keep = ops.where(valid, ops.sigmoid(d), zeros)
-    return keep, z + ops.where(valid, ops.softplus(d), zeros)
+    keep = ops.where(valid, keep, zeros)
+    return keep, ops.where(valid, new_lse, z + zeros)
 
 
 def apply_sinks(output, lse, sink_logits, weights=None):
@@ -106,11 +123,10 @@ def apply_sinks(output, lse, sink_logits, weights=None):
     gradient is `sum_i p_sink,i (dlse'_i - dO'_i . O'_i)`).
     """
     dtype = lse.dtype
-    z = ops.cast(sink_logits, dtype)[None, :, None]  # (1, h, 1)
+    z = constant(sink_logits, dtype)[None, :, None]  # (1, h, 1)
     valid = lse > NEG_INF
-    # d = lse - z on rows that attend to something (0 elsewhere: no -inf
-    # in the arithmetic, so no NaN in the gradient): the kept share of
-    # the mass is sigmoid(d), and lse' = z + softplus(d).
+    # On rows that attend to something: the kept share of the mass
+    # sigmoid(lse - z), and lse' = logaddexp(lse, z) (`kept_share`).
     keep, new_lse = kept_share(lse, z, valid)
     factor = ops.transpose(keep, (0, 2, 1))[..., None]  # (b, i, h, 1)
     if output.dtype == factor.dtype:
@@ -122,6 +138,76 @@ def apply_sinks(output, lse, sink_logits, weights=None):
             ops.cast(weights, dtype) * keep[..., None], weights.dtype
         )
     return output, new_lse, weights
+
+
+def sinks_on_result(result, sink_logits, return_weights, return_lse):
+    """A path's result computed without sinks and with its log-sum-exp,
+    `output` then `weights` if `return_weights` then `lse`, with the
+    learned sinks `sink_logits` `(h,)` applied (`apply_sinks`): the
+    output, then the weights if `return_weights`, then the
+    sink-inclusive lse if `return_lse` (a tuple when more than one)."""
+    output, lse = result[0], result[-1]
+    weights = result[1] if return_weights else None
+    output, lse, weights = apply_sinks(output, lse, sink_logits, weights)
+    results = (output,) + ((weights,) if return_weights else ())
+    results += (lse,) if return_lse else ()
+    return results[0] if len(results) == 1 else results
+
+
+def _agrees(shape, expected):
+    """Whether `shape` has the rank of `expected` and its sizes (None:
+    unknown at trace time, agreeing with anything)."""
+    return len(shape) == len(expected) and all(
+        a is None or b is None or a == b for a, b in zip(shape, expected)
+    )
+
+
+def _checked_parts(outputs, lses):
+    """`merge_attention`'s parts as tensors, checked against each other:
+    lists of the same length, every output `(b, i, h, e)` of the first's
+    shape, every lse `(b, h, i)` of the outputs' sizes. A mismatch is
+    refused (`ValueError` naming the part and its shape), never
+    broadcast."""
+    for name, value in (("outputs", outputs), ("lses", lses)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(
+                f"`{name}` must be a list (or tuple), one entry per key "
+                f"set. Received: {name} of type {type(value).__name__}"
+            )
+    if not outputs or len(outputs) != len(lses):
+        raise ValueError(
+            "`outputs` and `lses` must be non-empty lists of the same "
+            f"length. Received: len(outputs)={len(outputs)!r}, "
+            f"len(lses)={len(lses)!r}"
+        )
+    outputs = [ops.convert_to_tensor(x) for x in outputs]
+    lses = [ops.convert_to_tensor(x) for x in lses]
+    first = tuple(outputs[0].shape)
+    if len(first) != 4:
+        raise ValueError(
+            "`outputs[0]` must have rank 4, (batch, queries, heads, dim) "
+            "as `dot_product_attention` returns it. Received: "
+            f"outputs[0].shape={first!r}"
+        )
+    for p, x in enumerate(outputs[1:], 1):
+        if not _agrees(tuple(x.shape), first):
+            raise ValueError(
+                f"`outputs[{p}]` must have the shape of `outputs[0]`, "
+                f"{first!r} (attention of the same queries over another "
+                "key set: the same batch, queries, heads and dim). "
+                f"Received: outputs[{p}].shape={tuple(x.shape)!r}"
+            )
+    expected = (first[0], first[2], first[1])
+    for p, x in enumerate(lses):
+        if not _agrees(tuple(x.shape), expected):
+            raise ValueError(
+                f"`lses[{p}]` must have shape (batch, heads, queries) = "
+                f"{expected!r}, matching the outputs' (batch, queries, "
+                f"heads, dim) = {first!r} (the layout "
+                "`dot_product_attention(..., return_lse=True)` returns). "
+                f"Received: lses[{p}].shape={tuple(x.shape)!r}"
+            )
+    return outputs, lses
 
 
 def merge_attention(outputs, lses, sink_logits=None):
@@ -137,10 +223,16 @@ def merge_attention(outputs, lses, sink_logits=None):
     docstring).
 
     Args:
-        outputs: a list of `(b, i, h, e)` tensors, one per key set.
+        outputs: a list of `(b, i, h, e)` tensors (or array-likes), one
+            per key set, all of one shape.
         lses: a list of their log-sum-exps `(b, h, i)`
-            (`dot_product_attention(..., return_lse=True)`).
-        sink_logits: optional `(h,)` learned sink logits.
+            (`dot_product_attention(..., return_lse=True)`), of the
+            outputs' sizes.
+        sink_logits: optional `(h,)` learned sink logits (`-inf`: no
+            sink on that head).
+
+    Parts whose shapes disagree are refused (`ValueError` naming the
+    part), never broadcast.
 
     Returns:
         `(output, lse)`: `(b, i, h, e)` in the first output's dtype and
@@ -164,14 +256,10 @@ def merge_attention(outputs, lses, sink_logits=None):
     >>> bool(np.allclose(lse, full_lse, atol=1e-6))
     True
     """
-    outputs, lses = list(outputs), list(lses)
-    if not outputs or len(outputs) != len(lses):
-        raise ValueError(
-            "`outputs` and `lses` must be non-empty lists of the same "
-            f"length. Received: len(outputs)={len(outputs)!r}, "
-            f"len(lses)={len(lses)!r}"
-        )
-    dtypes = {str(ops.convert_to_tensor(x).dtype) for x in lses}
+    outputs, lses = _checked_parts(outputs, lses)
+    if sink_logits is not None:
+        check_sink_logits(sink_logits, outputs[0].shape[2])
+    dtypes = {str(x.dtype) for x in lses}
     dtype = "float64" if any("64" in d for d in dtypes) else "float32"
     lses = [ops.cast(x, dtype) for x in lses]
     m = lses[0]
@@ -185,7 +273,7 @@ def merge_attention(outputs, lses, sink_logits=None):
         total = total + s
     safe = ops.where(valid, total, ops.ones_like(total))
     lse = ops.where(valid, m_f + ops.log(safe), ops.full_like(m, NEG_INF))
-    out_dtype = ops.convert_to_tensor(outputs[0]).dtype
+    out_dtype = outputs[0].dtype
     output = None
     for o, s in zip(outputs, scales):
         factor = ops.transpose(s / safe, (0, 2, 1))[..., None]

@@ -36,7 +36,7 @@ from keras import ops
 
 from keras_attention.ops import _backend
 from keras_attention.ops import _scope
-from keras_attention.ops import scoring
+from keras_attention.ops import captured
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.dense import dense_attention
@@ -46,6 +46,7 @@ from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.utils import keras_utils
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,17 +289,16 @@ BLOCKWISE_MIN_PAIRS = 128 * 256
 def choose(request, name=None):
     """The name of the op-level path that runs `request`: `name` (or the
     scope's) when forced, refused with its reason if it cannot run it;
-    else the automatic choice (weights or a score function closing over
-    tensors: "dense"; "fused" where the backend prefers it and there is
-    no score function; "blockwise" above `BLOCKWISE_MIN_PAIRS` static
-    pairs; else "dense")."""
+    else the automatic choice (weights, or a score function reading a
+    tensor that may carry a gradient where the blockwise path cannot
+    pass it to its backward pass (`captured.refusal`): "dense"; "fused"
+    where the backend prefers it and there is no score function;
+    "blockwise" above `BLOCKWISE_MIN_PAIRS` static pairs; else
+    "dense")."""
     check_implementation(name)
     score_mod = request.score_mod
     if name is None:
-        # Automatic: a traced tensor it reads may be differentiated too.
-        if request.needs_weights or scoring.closes_over_tensors(score_mod):
-            return "dense"
-        if scoring.closes_over_tensors(score_mod, traced=True):
+        if request.needs_weights or captured.refusal(score_mod) is not None:
             return "dense"
         fused_ok = score_mod is None and not request.needs_lse
         if _backend.prefers_fused_attention() and fused_ok:
@@ -424,7 +424,9 @@ def _run_blockwise(
     options = {}
     if keep_probabilities is not None:
         options["keep_probabilities"] = keep_probabilities
-    query = ops.multiply(query, ops.cast(request.scale, query.dtype))
+    query = ops.multiply(
+        query, keras_utils.constant(request.scale, query.dtype)
+    )
     return blockwise_attention(
         query,
         key,
@@ -445,14 +447,11 @@ def _run_blockwise(
 
 
 def _blockwise_can_run(request):
-    if scoring.closes_over_tensors(request.score_mod):
-        return (
-            "implementation='blockwise' cannot differentiate a score "
-            "function that reads trainable variables (its backward pass "
-            "is hand-written): make it a `keras_attention.mods.ScoreLayer` "
-            "(its weights are passed explicitly) or use 'dense'. Received: "
-            f"score_mod={request.score_mod!r}"
-        )
+    # The tensors a plain score function reads are passed to the backward
+    # pass explicitly (`captured.split_captured`), where they can be.
+    reason = captured.refusal(request.score_mod)
+    if reason is not None:
+        return reason
     return _no_weights("blockwise", request)
 
 

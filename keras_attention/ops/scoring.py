@@ -40,15 +40,12 @@ Axes in comments: b - batch, h - heads, i/j - query/key positions.
 """
 
 import contextlib
-import functools
-import types
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attention.masks import combine_masks
-from keras_attention.ops import _backend
 
 try:  # Keras >= 3.0: the scope layers use for mixed precision.
     from keras.src.backend.common.variables import AutocastScope
@@ -214,8 +211,9 @@ class AtPositions:
     scores is its slot, not its position. Indices beyond a table (padding
     of a tile) read its last entry; give the entries of slots that hold
     no position any valid position (they are masked anyway).
-    `split_score_mod` and `closes_over_tensors` see through it to `fn`
-    (a `ScoreLayer` keeps passing its weights explicitly).
+    `split_score_mod` and the search for the tensors a function reads
+    (`captured.py`) see through it to `fn` (a `ScoreLayer` keeps passing
+    its weights explicitly).
 
     Args:
         fn: `score_mod(score, batch, head, q_idx, kv_idx)` or
@@ -563,121 +561,3 @@ def build_score_layer(score_mod, num_heads, argument="score_mod"):
             f"`{argument}` is made for {made_for} heads but the query has "
             f"{num_heads}. Received: {argument}={score_mod!r}"
         )
-
-
-def closes_over_tensors(fn, traced=False):
-    """Whether a plain function `fn` reads a trainable variable (or a
-    layer holding one) that it is not given: its gradient would not
-    reach it through a hand-written backward pass (and TensorFlow's
-    custom gradient refuses it). Looked for wherever the function reads
-    it: its closure, the globals its code names (module attributes too),
-    its defaults, a bound method's object, a callable object's
-    attributes, a `functools.partial`'s arguments, and the functions
-    these hold, recursively. Constant tensors are fine (nothing to
-    differentiate). Layers (`ScoreLayer`) pass their weights explicitly
-    and are not such functions.
-
-    `traced=True` counts float tensors without values too (a graph
-    tensor, a JAX tracer: computed inside a traced function, they may be
-    differentiated, which cannot be told from a constant)."""
-    if isinstance(fn, AtPositions):
-        return closes_over_tensors(fn.fn, traced)
-    if fn is None or isinstance(fn, keras.layers.Layer):
-        return False
-    return _reads_variables(fn, set(), 0, traced)
-
-
-def _code_names(code):
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
-
-
-def _reads_variables(obj, seen, depth, traced=False):
-    if _is_tensor_like(obj, traced):
-        return True
-    if depth > 6 or id(obj) in seen or keras.ops.is_tensor(obj):
-        return False
-    if isinstance(obj, keras.layers.Layer):
-        return False  # Its trainable variables: `_is_tensor_like`.
-    if isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
-        return False
-    if isinstance(obj, (np.ndarray, np.generic, types.ModuleType)):
-        return False
-    seen.add(id(obj))
-    found = []
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        found += list(obj)
-    elif isinstance(obj, dict):
-        found += list(obj.values())
-    elif isinstance(obj, functools.partial):
-        found += [obj.func, *obj.args, *obj.keywords.values()]
-    elif isinstance(obj, types.MethodType):
-        found += [obj.__func__, obj.__self__]
-    elif isinstance(obj, types.FunctionType):
-        found += [c.cell_contents for c in _cells(obj)]
-        found += list(obj.__defaults__ or ())
-        found += list((obj.__kwdefaults__ or {}).values())
-        found += _globals_read(obj)
-    elif callable(obj) or hasattr(obj, "__dict__"):
-        found += list(getattr(obj, "__dict__", {}).values())
-        call = getattr(type(obj), "__call__", None)
-        if isinstance(call, types.FunctionType):
-            found.append(call)
-    return any(_reads_variables(x, seen, depth + 1, traced) for x in found)
-
-
-def _cells(fn):
-    cells = []
-    for cell in fn.__closure__ or ():
-        try:
-            cells.append(cell)
-            cell.cell_contents  # noqa: B018 - an empty cell raises.
-        except ValueError:
-            cells.pop()
-    return cells
-
-
-def _globals_read(fn):
-    """The globals `fn`'s code names (and the attributes it names of the
-    modules among them: `module.variable`)."""
-    names = _code_names(fn.__code__)
-    scope = fn.__globals__
-    values = []
-    for name in names:
-        if name not in scope:
-            continue
-        value = scope[name]
-        if isinstance(value, types.ModuleType):
-            values += [
-                getattr(value, attr)
-                for attr in names
-                if attr in getattr(value, "__dict__", {})
-            ]
-        else:
-            values.append(value)
-    return values
-
-
-def _is_tensor_like(x, traced=False):
-    """A trainable variable (Keras's, or a backend's: `tf.Variable`, a
-    torch tensor requiring grad) or a layer holding one; constant
-    tensors are not (`traced`: a float tensor without values is)."""
-    if isinstance(x, keras.Variable):
-        return x.trainable
-    if isinstance(x, keras.layers.Layer):
-        return bool(x.trainable_variables)
-    if not keras.ops.is_tensor(x) and type(x).__name__ not in (
-        "ResourceVariable",
-        "UninitializedVariable",
-    ):
-        return False
-    if traced and _backend.is_symbolic(x):
-        dtype = keras.backend.standardize_dtype(x.dtype)
-        if keras.backend.is_float_dtype(dtype):
-            return True
-    return bool(getattr(x, "trainable", False)) or bool(
-        getattr(x, "requires_grad", False)
-    )

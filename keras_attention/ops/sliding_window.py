@@ -42,7 +42,9 @@ from keras import ops
 from keras_attention.masks import window_bounds
 from keras_attention.ops import _scope
 from keras_attention.ops import scoring
+from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import row_log_sum_exp
+from keras_attention.ops.log_sum_exp import sinks_on_result
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.sliding_window_kernel import window_attention
@@ -292,7 +294,9 @@ def blocked(geo, query, key, value, scale, query_mask, key_mask, mask):
     # Scores are formed in float32 (no float16 overflow), float64 inputs
     # in float64 (`scoring.softmax_dtype`).
     dtype = scoring.softmax_dtype(query.dtype)
-    query = ops.multiply(ops.cast(query, dtype), ops.cast(scale, dtype))
+    query = ops.multiply(
+        ops.cast(query, dtype), keras_utils.constant(scale, dtype)
+    )
     q = pad_axis(query, 1, 0, n * block - geo.t)
     q = ops.reshape(q, (geo.z, block, geo.heads, geo.d))  # (z, B, h, d)
     q = ops.reshape(
@@ -372,6 +376,7 @@ def local_attention(
     score_mod=None,
     mask_mod=None,
     return_lse=False,
+    sink_logits=None,
 ):
     """Sliding-window softmax(q k^T * scale) v in `O(T * window)`.
 
@@ -413,6 +418,15 @@ def local_attention(
             (float32, or float64; `-inf` where a query attends to
             nothing; `log_sum_exp.py`), differentiable by autodiff on the
             band (memory `O(T * window)`).
+        sink_logits: optional learned attention sinks `(h,)` (gpt-oss;
+            `-inf`: no sink on that head), as `dot_product_attention`'s:
+            one logit per query head joins each row's softmax as a
+            virtual key with no value, applied through the band's
+            log-sum-exp (`log_sum_exp.apply_sinks`); the weights then
+            leave out the sink's share, and the returned lse includes
+            it (`LocalSelfAttention(learned_sinks=True)` runs them here;
+            `MultiHeadAttention(sliding_window=..., learned_sinks=True)`
+            applies them the same way).
 
     Returns:
         `(b, t, h, e)` in the query's dtype, the banded weights (value
@@ -433,6 +447,19 @@ def local_attention(
     _scope.refuse_in_exclusive_scope(
         "`local_attention`", "its banded kernel is its own"
     )
+    return_weights = validation.check_bool("return_weights", return_weights)
+    return_lse = validation.check_bool("return_lse", return_lse)
+    if sink_logits is not None:
+        check_sink_logits(sink_logits, query.shape[2])
+        result = local_attention(
+            query, key, value, window_size, causal=causal,
+            query_mask=query_mask, key_mask=key_mask,
+            attention_mask=attention_mask, block_size=block_size,
+            scale=scale, dropout_fn=dropout_fn,
+            return_weights=return_weights, chunk_blocks=chunk_blocks,
+            score_mod=score_mod, mask_mod=mask_mod, return_lse=True,
+        )  # fmt: skip
+        return sinks_on_result(result, sink_logits, return_weights, return_lse)
     scoring.build_score_layer(score_mod, query.shape[2], "score_mod")
     left, right = effective_window(window_size, static_length(query, 1), causal)
     if static_length(query, 1) == 0:

@@ -8,6 +8,7 @@ them.
 """
 
 import keras
+import numpy as np
 
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -22,6 +23,46 @@ def shape_of(x):
     """`x.shape` as a tuple (None without one: a list, a missing key)."""
     shape = getattr(x, "shape", None)
     return None if shape is None else tuple(shape)
+
+
+def as_tensor(name, value):
+    """`value` as a tensor when it is an array-like without a shape (a
+    Python list, tuple or scalar of numbers or bools), as Keras's layers
+    take their masks; None, tensors and NumPy arrays unchanged.
+
+    Raises `TypeError` naming `name` unless the array-like holds numbers
+    or bools, `ValueError` when it is ragged.
+
+    Example:
+
+    >>> from keras_attention.utils.attention_checks import as_tensor
+    >>> tuple(as_tensor("query_mask", [[True, False]]).shape)
+    (1, 2)
+    >>> as_tensor("query_mask", [["a"]])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: `query_mask` must be a tensor or an array-like ...
+    """
+    if value is None or hasattr(value, "shape"):
+        return value
+    try:
+        kind = np.asarray(value).dtype.kind
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a tensor or a rectangular array-like (nested "
+            f"lists of one length per axis). Received: {name}={value!r}"
+        ) from None
+    if kind not in "biuf":
+        raise TypeError(
+            f"`{name}` must be a tensor or an array-like of numbers or "
+            f"bools. Received: {name}={value!r}"
+        )
+    return keras.ops.convert_to_tensor(value)
+
+
+def as_tensors(**values):
+    """`as_tensor` of each keyword argument (name -> value), as a tuple
+    in the order given: `mask, ids = as_tensors(mask=mask, ids=ids)`."""
+    return tuple(as_tensor(name, value) for name, value in values.items())
 
 
 def check_heads(num_heads, key_dim, value_dim, num_key_value_heads):
@@ -188,6 +229,54 @@ def check_padding_masks(call):
             validation.check_padding_mask(
                 name, getattr(call, name), inputs, inputs_name
             )
+
+
+def check_cache_batch(name, cache, inputs, inputs_name="query"):
+    """Raises `ValueError` naming `name` and both batch sizes unless the
+    cache `cache` (a tensor, batch on axis 0) has the batch size of
+    `inputs`; sizes unknown now (symbolic) are not compared.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.utils.attention_checks import check_cache_batch
+    >>> cache, query = np.zeros((3, 4)), np.zeros((2, 1, 8))
+    >>> check_cache_batch("cache", cache, query)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `cache` has batch size 3 and `query` batch size 2: ...
+    """
+    cache_shape, shape = tuple(cache.shape), tuple(inputs.shape)
+    got, want = cache_shape[0], shape[0]
+    if got is None or want is None or got == want:
+        return
+    raise ValueError(
+        f"`{name}` has batch size {got!r} and `{inputs_name}` batch size "
+        f"{want!r}: a cache holds one row per sequence of the batch. "
+        f"Received: {name}.shape={cache_shape!r}, "
+        f"{inputs_name}.shape={shape!r}"
+    )
+
+
+def check_key_value_cache(cache, query, kv_heads, key_dim, value_dim):
+    """Raises `ValueError` naming `cache` unless it is a key/value cache
+    `(batch, 2, length, kv_heads, key_dim)` of `query`'s batch
+    (`MultiHeadAttention`'s, rolling or not; keys and values stacked, so
+    `value_dim` must be `key_dim`). Sizes unknown now are not compared."""
+    shape = tuple(cache.shape)
+    want = (query.shape[0], 2, None, kv_heads, key_dim)
+    ok = value_dim == key_dim and len(shape) == len(want)
+    ok = ok and all(
+        a is None or b is None or a == b for a, b in zip(shape[1:], want[1:])
+    )
+    if not ok:
+        raise ValueError(
+            "`cache` must have shape (batch, 2, max_length, "
+            f"num_key_value_heads, key_dim) = (batch, 2, max_length, "
+            f"{kv_heads}, {key_dim}), keys and values stacked (so "
+            f"value_dim={value_dim} must be key_dim={key_dim}). Received: "
+            f"cache.shape={shape!r}"
+        )
+    check_cache_batch("cache", cache, query)
 
 
 def check_rolling_cache(cache, cache_update_index, sink_tokens, window, layer):

@@ -107,3 +107,29 @@ def saving_shared_objects():
         _global_state.get_global_attribute("shared_objects/id_to_config_map")
         is not None
     )
+
+
+def float64_numbers(value):
+    """Python numbers (one, or a list or tuple of them) as a NumPy float64
+    array, anything else as it is: every backend then converts them in
+    float64, not through float32 as TensorFlow converts Python floats
+    (`ops.cast(0.1, "float64") - 0.1` is 1.5e-9 there; PyTorch's
+    `ops.multiply(x, 0.1)` alike)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if all(isinstance(x, (int, float)) for x in items):
+        return np.asarray(value, "float64")
+    return value
+
+
+def constant(value, dtype):
+    """`value` (a scale, a logit: a Python number or a list of them, a
+    NumPy value, a tensor) in `dtype`, Python numbers through float64.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention.utils.keras_utils import constant
+    >>> float(np.asarray(constant(0.1, "float64"))) == 0.1
+    True
+    """
+    return ops.cast(float64_numbers(value), dtype)

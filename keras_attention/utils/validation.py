@@ -151,7 +151,16 @@ def check_padding_mask(name, mask, inputs, inputs_name="inputs", trailing=1):
     """
     if mask is None:
         return
-    mask_shape = tuple(mask.shape)
+    mask_shape = getattr(mask, "shape", None)
+    if mask_shape is None:  # An array-like (a list): converted after.
+        try:
+            mask_shape = np.shape(mask)
+        except ValueError:
+            raise ValueError(
+                f"`{name}` must be a boolean mask, a tensor or a "
+                f"rectangular array-like. Received: {name}={mask!r}"
+            ) from None
+    mask_shape = tuple(mask_shape)
     want = tuple(inputs.shape[:-trailing])
     ok = len(mask_shape) == len(want) and all(
         m is None or w is None or m == w for m, w in zip(mask_shape, want)

@@ -218,13 +218,37 @@ def test_latent_attention_refuses_scores_and_dropout_in_the_scope():
                 layer(x, **kwargs)
 
 
-def test_learned_sinks_are_refused_in_the_scope():
+def test_learned_sinks_are_refused_in_the_scope_naming_the_argument():
     x = _x()
     layer = layers.SelfAttention(num_heads=2, key_dim=4, learned_sinks=True)
     layer(x)
     with _ring_scope():
-        with pytest.raises(ValueError, match="learned sinks"):
+        with pytest.raises(ValueError, match="learned sinks") as error:
             layer(x)
+    message = str(error.value)
+    assert "learned_sinks=True" in message, message
+    assert repr(layer.name) in message, message
+
+
+@pytest.mark.parametrize(
+    "sinks", [[0.5, -1.25], np.array([0.5, -1.25], "float32")]
+)
+def test_sink_logits_are_refused_naming_the_argument_and_value(sinks):
+    q = _x((1, 6, 2, 4))
+    with _ring_scope():
+        with pytest.raises(ValueError, match="learned sinks") as error:
+            dot_product_attention(q, q, q, sink_logits=sinks)
+    message = str(error.value)
+    assert "Received: sink_logits=" in message, message
+    assert "0.5" in message and "-1.25" in message, message
+
+
+def test_return_lse_is_refused_naming_the_argument_and_value():
+    q = _x((1, 6, 2, 4))
+    with _ring_scope():
+        with pytest.raises(ValueError, match="log-sum-exp") as error:
+            dot_product_attention(q, q, q, return_lse=True)
+    assert "Received: return_lse=True" in str(error.value), str(error.value)
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason="JAX runs ContextParallel")

@@ -17,7 +17,7 @@ from keras import ops
 
 from keras_attention import mods
 from keras_attention.ops import attention as attention_lib
-from keras_attention.ops import scoring
+from keras_attention.ops import captured
 from keras_attention.ops.blockwise import _Plan
 from keras_attention.ops.blockwise import blockwise_attention
 
@@ -378,15 +378,16 @@ def test_bad_functions_and_paths_are_refused():
     def closes_over_a_variable(score, batch, head, q_idx, kv_idx):
         return score + ops.take(weights, head)
 
-    assert scoring.closes_over_tensors(closes_over_a_variable)
-    with pytest.raises(ValueError, match="ScoreLayer"):
+    assert captured.closes_over_tensors(closes_over_a_variable)
+    # Not refused on "blockwise": the variable reaches its backward pass
+    # (tests/ops/test_captured_score_gradients.py).
+    outs = [
         attention_lib.dot_product_attention(
-            Q,
-            K,
-            V,
-            score_mod=closes_over_a_variable,
-            implementation="blockwise",
+            Q, K, V, score_mod=closes_over_a_variable, implementation=name
         )
+        for name in ("blockwise", "dense")
+    ]
+    np.testing.assert_allclose(*map(ops.convert_to_numpy, outs), atol=1e-5)
     with pytest.raises(ValueError, match="segment_ids"):
         mods.DocumentMask().bind()
     with pytest.raises(ValueError, match="not used by it"):
