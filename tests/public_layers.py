@@ -28,6 +28,12 @@ LAYERS = _classes(layers)
 BLOCKS = _classes(blocks)
 BASE_CLASSES = {
     "Seq2SeqAttention": ("BahdanauAttention", "LuongAttention"),
+    "TokenMixer": (
+        "MultiHeadAttention",
+        "LinearAttention",
+        "GatedDeltaNet",
+        "MultiHeadLatentAttention",
+    ),
 }
 
 

@@ -11,6 +11,19 @@ masks) makes a new record with `replace`.
 
 import dataclasses
 
+from keras_attention.utils import attention_checks
+
+# The fields a caller may give as array-likes (Python lists), as Keras's
+# own layer takes its masks: `AttentionCall` makes them tensors.
+ARRAY_LIKE_FIELDS = (
+    "query_mask",
+    "value_mask",
+    "key_mask",
+    "attention_mask",
+    "segment_ids",
+    "positions",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
@@ -37,6 +50,13 @@ class AttentionCall:
     segment_ids: object = None
     cache_sink_tokens: object = None
     positions: object = None
+
+    def __post_init__(self):
+        for name in ARRAY_LIKE_FIELDS:
+            value = getattr(self, name)
+            object.__setattr__(
+                self, name, attention_checks.as_tensor(name, value)
+            )
 
     def replace(self, **changes):
         """A copy with `changes` (field name -> new value)."""

@@ -422,23 +422,7 @@ class MultiHeadAttention(
         cache_sink_tokens=None,
         positions=None,
     ):
-        # Array-likes (Python lists), as Keras's layer takes its masks.
-        (
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            segment_ids,
-            positions,
-        ) = attention_checks.as_tensors(
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            segment_ids=segment_ids,
-            positions=positions,
-        )
-        call = AttentionCall(
+        call = AttentionCall(  # array-likes become tensors (as in Keras)
             query=query,
             value=value,
             key=value if key is None else key,
@@ -478,8 +462,7 @@ class MultiHeadAttention(
         `{"keys_values", "slot_mask"}` of `sink_tokens + cache_window() +
         1` slots (as `cache_sink_tokens`'s). Pass it as `cache` with
         `cache_update_index`: the call is causal, its tokens' padding
-        mask goes into the cache's key mask, and it returns the updated
-        dict. `dtype`: the compute dtype when None.
+        mask goes into the cache's key mask; it returns the new dict.
 
         Example:
 
