@@ -221,7 +221,7 @@ class Projections:
         if self.attention_scale is None:
             return q
         factor = self.attention_scale * math.sqrt(self.key_dim)
-        return ops.multiply(q, ops.cast(factor, q.dtype))
+        return ops.multiply(q, keras_utils.constant(factor, q.dtype))
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)

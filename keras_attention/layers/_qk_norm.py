@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
 
@@ -61,8 +62,12 @@ class HeadRMSNorm(keras.layers.Layer):
     def call(self, x):
         dtype = softmax_dtype(x.dtype)
         y = ops.cast(x, dtype)
-        mean_square = ops.mean(ops.square(y), axis=-1, keepdims=True)
-        y = y * ops.rsqrt(mean_square + ops.cast(self.epsilon, dtype))
+        # A sum over the size, not `ops.mean`: Keras's JAX and torch `mean`
+        # compute float64 in float32 (1e-7 off).
+        square_sum = ops.sum(ops.square(y), axis=-1, keepdims=True)
+        mean_square = square_sum / y.shape[-1]
+        epsilon = keras_utils.constant(self.epsilon, dtype)
+        y = y * ops.rsqrt(mean_square + epsilon)
         return ops.cast(y * ops.cast(self.scale, dtype), x.dtype)
 
     def get_config(self):

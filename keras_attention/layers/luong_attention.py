@@ -256,7 +256,8 @@ class LuongAttention(Seq2SeqAttention):
     def _scale(self, scores):
         if self.scale is True:
             d = self.units if self.score_mode == "concat" else self._query_dim
-            return scores * ops.cast(1.0 / math.sqrt(d), scores.dtype)
+            scale = keras_utils.constant(1.0 / math.sqrt(d), scores.dtype)
+            return scores * scale
         if self.scale == "learned":
             return scores * ops.cast(self.scale_factor, scores.dtype)
         return scores

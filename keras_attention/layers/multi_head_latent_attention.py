@@ -367,7 +367,9 @@ class MultiHeadLatentAttention(
             x = ops.take(x, ops.convert_to_tensor(order, "int32"), axis=-1)
         x = self._rotary(x, start_index=start, positions=positions)
         if self._rope_correction != 1.0:
-            x = ops.multiply(x, ops.cast(self._rope_correction, x.dtype))
+            x = ops.multiply(
+                x, keras_utils.constant(self._rope_correction, x.dtype)
+            )
         return x
 
     def _queries(self, query, start, positions=None):

@@ -23,6 +23,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import check_sink_logits
 from keras_attention.ops.log_sum_exp import lse_dtype
 from keras_attention.ops.masking import as_4d_mask
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -228,6 +229,9 @@ def dot_product_attention(
     >>> round(float(np.asarray(out)[0, 0, 0, 0]), 4)  # 7/8 of the value 1
     0.875
     """
+    query, key, value = attention_checks.as_tensors(
+        query=query, key=key, value=value
+    )
     if deprecated:
         given = dict(
             attention_mask=attention_mask,

@@ -9,6 +9,7 @@ arguments and prepares the tensors.
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.ops import _gated_delta_kernel as kernel
@@ -24,6 +25,22 @@ def _shape(x):
 def _agree(a, b):
     """Whether two dimensions agree (an unknown one agrees with all)."""
     return a is None or b is None or a == b
+
+
+def _arrays(*values, floatx=False):
+    """`values`, the array-likes among them (Python lists: no `shape`)
+    as NumPy arrays, as Keras's ops take them; tensors and None as they
+    are. Python floats become Keras's float type with `floatx` (the
+    sequences, whose dtype is the computation's, as `keras.ops` converts
+    them), else float64 (exact until cast to the computation's dtype)."""
+    arrays = []
+    for x in values:
+        if x is not None and not hasattr(x, "shape"):
+            x = np.asarray(x)
+            if floatx and x.dtype == np.float64:
+                x = x.astype(keras.backend.floatx())
+        arrays.append(x)
+    return arrays
 
 
 def _check_same(name, got, want, layout):
@@ -230,6 +247,10 @@ def gated_delta_rule(
     _scope.refuse_in_exclusive_scope(
         "`gated_delta_rule`", "its kernel is its own"
     )
+    query, key, value = _arrays(query, key, value, floatx=True)
+    g, beta, initial_state, segment_ids, key_mask = _arrays(
+        g, beta, initial_state, segment_ids, key_mask
+    )
     hk, hv = _check_tensors(query, key, value, g, beta)
     chunk_size, return_state = _check_options(chunk_size, return_state)
     _check_state(initial_state, query, value)
@@ -295,6 +316,8 @@ def implied_attention(query, key, g, beta, segment_ids=None, key_mask=None):
     is linear in the values; `W` lower triangular, zero on padded rows
     and columns). `O(T^2)` memory: for short sequences (the explorer's).
     Arguments as `gated_delta_rule`'s; float32 (float64 in float64)."""
+    query, key = _arrays(query, key, floatx=True)
+    g, beta, segment_ids, key_mask = _arrays(g, beta, segment_ids, key_mask)
     q, k, _, g, beta, start = _prepare(
         query, key, None, g, beta, segment_ids, key_mask
     )

@@ -16,6 +16,7 @@ from keras_attention.ops import scoring
 from keras_attention.ops import sliding_window
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.window_gather import gather_windows
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -260,6 +261,12 @@ def global_local_attention(
     References:
         - Beltagy et al., 2020, "Longformer: The Long-Document Transformer".
     """
+    query, key, value = attention_checks.as_tensors(
+        query=query, key=key, value=value
+    )
+    global_mask, query_mask, key_mask = attention_checks.as_tensors(
+        global_mask=global_mask, query_mask=query_mask, key_mask=key_mask
+    )
     _scope.refuse_in_exclusive_scope(
         "`global_local_attention`", "its kernel is its own"
     )

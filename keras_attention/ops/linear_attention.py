@@ -48,6 +48,7 @@ from keras import ops
 from keras_attention.ops import _linear_attention_kernel as kernel
 from keras_attention.ops import _scope
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import attention_checks
 from keras_attention.utils import validation
 from keras_attention.utils.keras_utils import constant
 
@@ -352,6 +353,9 @@ def linear_attention(
           Hardware-Efficient Training".
         - Qin et al., 2022, "The Devil in Linear Transformer".
     """
+    query, key, value = attention_checks.as_tensors(
+        query=query, key=key, value=value
+    )
     _scope.refuse_in_exclusive_scope(
         "`linear_attention`", "its kernel is its own"
     )

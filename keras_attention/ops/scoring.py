@@ -46,6 +46,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.masks import combine_masks
+from keras_attention.utils import attention_checks
 
 try:  # Keras >= 3.0: the scope layers use for mixed precision.
     from keras.src.backend.common.variables import AutocastScope
@@ -364,6 +365,7 @@ def masked_softmax(scores, mask=None, axis=-1, empty_rows=False):
     >>> np.asarray(weights).tolist()
     [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
     """
+    scores, mask = attention_checks.as_tensors(scores=scores, mask=mask)
     dtype = softmax_dtype(scores.dtype)
     scores = ops.cast(scores, dtype)
     if mask is None:

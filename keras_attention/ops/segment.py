@@ -16,6 +16,7 @@ from keras import ops
 from keras_attention.ops import _backend
 from keras_attention.ops.scoring import mask_fill_value
 from keras_attention.ops.scoring import softmax_dtype
+from keras_attention.utils import attention_checks
 
 
 def segment_softmax(scores, segment_ids, num_segments, mask=None):
@@ -51,6 +52,9 @@ def segment_softmax(scores, segment_ids, num_segments, mask=None):
     >>> tuple(round(float(v), 3) for v in np.asarray(w))
     (0.5, 0.5, 0.982, 0.018)
     """
+    scores, segment_ids, mask = attention_checks.as_tensors(
+        scores=scores, segment_ids=segment_ids, mask=mask
+    )
     dtype = softmax_dtype(scores.dtype)
     scores = ops.cast(scores, dtype)
     segment_ids = ops.cast(segment_ids, "int32")

@@ -48,6 +48,7 @@ from keras_attention.ops.log_sum_exp import sinks_on_result
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.sliding_window_kernel import window_attention
+from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -153,6 +154,7 @@ def banded_to_dense(weights, window_size, causal=False):
         window_size: int or `(left, right)`, as given to the layer.
         causal: bool, as given to the layer.
     """
+    (weights,) = attention_checks.as_tensors(weights=weights)
     left, right = effective_window(
         window_size, static_length(weights, -2), causal
     )
@@ -179,6 +181,7 @@ def dense_to_banded(dense, window_size, causal=False):
     key is outside `0 .. T - 1`). Inverse of `banded_to_dense` on the band;
     `L` and `R` are the window capped at `T` (`effective_window`).
     """
+    (dense,) = attention_checks.as_tensors(dense=dense)
     left, right = effective_window(
         window_size, static_length(dense, -1), causal
     )
@@ -444,6 +447,9 @@ def local_attention(
     >>> tuple(out.shape), tuple(banded.shape)
     ((1, 10, 2, 4), (1, 2, 10, 5))
     """
+    query, key, value = attention_checks.as_tensors(
+        query=query, key=key, value=value
+    )
     _scope.refuse_in_exclusive_scope(
         "`local_attention`", "its banded kernel is its own"
     )

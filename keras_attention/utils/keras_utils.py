@@ -129,7 +129,10 @@ def constant(value, dtype):
 
     >>> import numpy as np
     >>> from keras_attention.utils.keras_utils import constant
-    >>> float(np.asarray(constant(0.1, "float64"))) == 0.1
-    True
+    >>> np.asarray(constant([0.5, 2.0], "float32")).tolist()
+    [0.5, 2.0]
+
+    On TensorFlow, `constant(0.1, "float64")` is exactly `0.1` where
+    `ops.cast(0.1, "float64")` is 1.5e-9 off (through float32).
     """
     return ops.cast(float64_numbers(value), dtype)
