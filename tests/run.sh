@@ -47,6 +47,11 @@
 # clone: TF 730, JAX 385, PyTorch 78 s, whole CI 1,298 s (21.6 min).
 # 2026-12-04, 3c151f6 (hybrid mixers, Qwen 3.5, the ring's refusals),
 # idle, clean clone: TF 621, JAX 385, PyTorch 70 s, whole CI 1,154 s.
+# 2026-12-05, 1949420 (issues 53 and 54: the correctness pass, one cache
+# protocol, blocks by composition), idle, clean clone: TF 639, JAX 532,
+# PyTorch 72 s, whole CI 1,324 s; JAX's costliest new test, the composed
+# blocks' generation (68 s), then moved to tests/generation, which the JAX
+# part does not run (TensorFlow and PyTorch do).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
