@@ -1,9 +1,34 @@
 """What the keras-hub converters share (private to `interop`): the inputs
-of a converted model, and the copy of the backbone's weights by a table of
-path prefixes (their weight path -> ours)."""
+of a converted model, the blocks composed of their layers, and the copy
+of the backbone's weights by a table of path prefixes (their weight path
+-> ours).
+
+Each converter states a block's layers: its self-attention
+(`self_attention`: `SelfAttention`, `LocalSelfAttention` or
+`GatedDeltaNet`), its feed-forward (`feed_forward`: `FeedForward` or
+`mixture_of_experts`) and, in T5's decoder, its cross-attention
+(`cross_attention`), and composes them into a block (`decoder_block`,
+`encoder_block`) that adds the norms, residuals and dropouts. The layers
+are named as the blocks name the sublayers they build (`self_attention`,
+`feed_forward`, `cross_attention`), so the weight paths, and the tables
+mapping the backbones' to them, are those of a block built from options.
+"""
 
 import keras
 import numpy as np
+
+from keras_attention.blocks.transformer_decoder_block import (
+    TransformerDecoderBlock,
+)
+from keras_attention.blocks.transformer_encoder_block import (
+    TransformerEncoderBlock,
+)
+from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.feed_forward import FeedForward
+from keras_attention.layers.gated_delta_net import GatedDeltaNet
+from keras_attention.layers.local_self_attention import LocalSelfAttention
+from keras_attention.layers.mixture_of_experts import MixtureOfExperts
+from keras_attention.layers.self_attention import SelfAttention
 
 
 def token_inputs(*names):
@@ -12,6 +37,76 @@ def token_inputs(*names):
         name: keras.Input(shape=(None,), dtype="int32", name=name)
         for name in names
     }
+
+
+def self_attention(num_heads, key_dim, causal, window_size=None, **options):
+    """A block's self-attention, named `self_attention`: a
+    `SelfAttention`, or with `window_size` a banded `LocalSelfAttention`
+    of that window. `options`: `MultiHeadAttention`'s other arguments
+    (`num_key_value_heads`, `rotary_max_wavelength`, `qk_norm`, `dtype`,
+    ...)."""
+    if window_size is not None:
+        return LocalSelfAttention(
+            num_heads,
+            key_dim,
+            window_size,
+            causal=causal,
+            name="self_attention",
+            **options,
+        )
+    return SelfAttention(
+        num_heads, key_dim, causal=causal, name="self_attention", **options
+    )
+
+
+def gated_delta_net(hidden_size, **options):
+    """A block's self-attention `GatedDeltaNet` (the gated delta rule),
+    named `self_attention`; `options`: its other arguments."""
+    return GatedDeltaNet(hidden_size, name="self_attention", **options)
+
+
+def cross_attention(num_heads, key_dim, **options):
+    """A decoder block's `CrossAttention`, named `cross_attention`;
+    `options`: `MultiHeadAttention`'s other arguments."""
+    return CrossAttention(num_heads, key_dim, name="cross_attention", **options)
+
+
+def feed_forward(intermediate_dim, **options):
+    """A block's `FeedForward`, named `feed_forward`; `options`: its other
+    arguments (`activation`, `gated`, `use_bias`, `dropout`, `dtype`)."""
+    return FeedForward(intermediate_dim, name="feed_forward", **options)
+
+
+def mixture_of_experts(arguments, dtype):
+    """A block's `MixtureOfExperts` of `arguments` (a dict: `num_experts`,
+    `top_k`, `intermediate_dim`, ...), named `feed_forward`."""
+    return MixtureOfExperts(**arguments, dtype=dtype, name="feed_forward")
+
+
+def decoder_block(name, self_attention, feed_forward, **options):
+    """A `TransformerDecoderBlock` named `name` composed of the given
+    layers (`cross_attention=False` unless `options` give one); `options`:
+    the block's own (`norm_first`, `normalization`,
+    `layer_norm_epsilon`, `sandwich_norm`, the residual `dropout`,
+    `dtype`)."""
+    options.setdefault("cross_attention", False)
+    return TransformerDecoderBlock(
+        self_attention=self_attention,
+        feed_forward=feed_forward,
+        name=name,
+        **options,
+    )
+
+
+def encoder_block(name, self_attention, feed_forward, **options):
+    """A `TransformerEncoderBlock` named `name` composed of the given
+    layers; `options`: the block's own (as `decoder_block`'s)."""
+    return TransformerEncoderBlock(
+        self_attention=self_attention,
+        feed_forward=feed_forward,
+        name=name,
+        **options,
+    )
 
 
 def layer_prefixes(table, num_layers):

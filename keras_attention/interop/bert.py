@@ -2,9 +2,6 @@
 
 import keras
 
-from keras_attention.blocks.transformer_encoder_block import (
-    TransformerEncoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.token_and_position_embedding import (
@@ -113,15 +110,26 @@ def convert_bert(backbone):
     x = keras.layers.Dropout(
         config["dropout"], dtype=dtype, name="embeddings_dropout"
     )(x)
+    heads, hidden = config["num_heads"], config["hidden_dim"]
     for i in range(config["num_layers"]):
-        x = TransformerEncoderBlock(
-            num_heads=config["num_heads"],
-            intermediate_dim=config["intermediate_dim"],
+        x = _common.encoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_common.self_attention(
+                heads,
+                hidden // heads,
+                causal=False,
+                dropout=config["dropout"],
+                dtype=dtype,
+            ),
+            feed_forward=_common.feed_forward(
+                config["intermediate_dim"],
+                activation=gelu_approximate,
+                dropout=config["dropout"],
+                dtype=dtype,
+            ),
             dropout=config["dropout"],
-            activation=gelu_approximate,
             layer_norm_epsilon=LAYER_NORM_EPSILON,
             dtype=dtype,
-            name=f"transformer_layer_{i}",
         )(x, padding_mask=inputs["padding_mask"])
     pooled = keras.layers.Dense(
         config["hidden_dim"],

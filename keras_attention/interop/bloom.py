@@ -3,9 +3,6 @@
 import keras
 import numpy as np
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.scores.alibi import ALiBi
@@ -111,17 +108,26 @@ def convert_bloom(backbone):
         name="embedding_layernorm",
     )(x)
     for i in range(config["num_layers"]):
-        x = TransformerDecoderBlock(
-            num_heads=heads,
-            intermediate_dim=config["intermediate_dim"],
-            cross_attention=False,
+        x = _common.decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_common.self_attention(
+                heads,
+                hidden // heads,
+                causal=True,
+                dropout=config["dropout"],
+                score_mod=ALiBi(heads),
+                dtype=dtype,
+            ),
+            feed_forward=_common.feed_forward(
+                config["intermediate_dim"],
+                activation=gelu_approximate,
+                dropout=config["dropout"],
+                dtype=dtype,
+            ),
             dropout=config["dropout"],
-            activation=gelu_approximate,
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
-            score_mod=ALiBi(heads),
             dtype=dtype,
-            name=f"transformer_layer_{i}",
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.LayerNormalization(
         epsilon=config["layer_norm_epsilon"],

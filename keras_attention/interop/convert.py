@@ -77,30 +77,32 @@ def from_keras_hub(backbone):
     mask objects, the blockwise path, layout maps. It saves as `.keras` and
     reloads with `safe_mode=True`.
 
-    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`,
-    `LlamaBackbone` (also `Llama3Backbone`; Llama 3.1's RoPE scaling as
-    the blocks' `rotary_scaling`), `MistralBackbone` (its sliding window
-    as the blocks' `window_size`, its `rope_scaling_factor` as
-    `rotary_scaling`),
-    `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating windows,
-    post-norms, Gemma 2 27B's query scaling as the blocks'
-    `attention_scale`), `Gemma3Backbone` (text: QK-norm, five windowed
-    layers for one global, a rotary wavelength per kind of layer),
-    `GptOssBackbone` (learned sinks, a window on every other layer,
-    YaRN, its mixture of experts as the blocks' `moe`),
-    `T5Backbone` (encoder-decoder; one
+    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`, `LlamaBackbone`
+    (also `Llama3Backbone`; Llama 3.1's RoPE scaling as the self-attention's
+    `rotary_scaling`), `MistralBackbone` (its sliding window as the
+    self-attention's `window_size`, its `rope_scaling_factor` as
+    `rotary_scaling`), `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating
+    windows, post-norms, Gemma 2 27B's query scaling as the self-attention's
+    `attention_scale`), `Gemma3Backbone` (text: QK-norm, five windowed layers
+    for one global, a rotary wavelength per kind of layer), `GptOssBackbone`
+    (learned sinks, a window on every other layer, YaRN, its mixture of experts
+    as a `MixtureOfExperts`), `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
-    `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the blocks'
-    `rotary_scaling`), `Qwen3Backbone` (QK-norm as the blocks'
-    `qk_norm="rms"`), `Qwen3_5Backbone` (text: gated delta net layers
-    as the blocks' `mixer="gated_delta"`, gated attention layers as
-    `attention_output_gate=True`), `SmolLM3Backbone` (no rotary positions on its
-    NoPE layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their
-    mixtures of experts as the blocks' `moe`), `ViTBackbone` (input
-    `images`)
-    and their subclasses (`supported_backbones()`); one
-    converter per family in `keras_attention.interop.<family>`, where the
-    table of weight paths (theirs -> ours) is `WEIGHT_TABLE`.
+    `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the self-attention's
+    `rotary_scaling`), `Qwen3Backbone` (QK-norm as the self-attention's
+    `qk_norm="rms"`), `Qwen3_5Backbone` (text: gated delta net layers as
+    `GatedDeltaNet`s, gated attention layers as a `SelfAttention` with
+    `use_gate=True`), `SmolLM3Backbone` (no rotary positions on its NoPE
+    layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their mixtures of experts
+    as `MixtureOfExperts`), `ViTBackbone` (input `images`) and their subclasses
+    (`supported_backbones()`); one converter per family in
+    `keras_attention.interop.<family>`, where the table of weight paths (theirs
+    -> ours) is `WEIGHT_TABLE`. Each block is composed of its layers, built by
+    the converter: `TransformerDecoderBlock(self_attention=...,
+    feed_forward=..., cross_attention=...)` with a `SelfAttention`,
+    `LocalSelfAttention` or `GatedDeltaNet`, a `FeedForward` or
+    `MixtureOfExperts` and T5's `CrossAttention` (read them as
+    `block.self_attention`, `block.feed_forward`).
 
     Args:
         backbone: a built keras-hub backbone (`keras_hub.models.*Backbone`,

@@ -6,9 +6,6 @@ import math
 import keras
 import numpy as np
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.mods.masks import KerasSlidingWindowMask
@@ -70,7 +67,7 @@ def transform_weight(path, value):
 
 
 def _attention_scale(backbone, i, config):
-    """Layer `i`'s query scaling as the blocks' `attention_scale`: None
+    """Layer `i`'s query scaling as the self-attention's `attention_scale`: None
     (`head_dim ** -0.5`, our default), or `(hidden_dim // num_query_heads)
     ** -0.5` where its attention has `query_head_dim_normalize=False`.
 
@@ -88,22 +85,22 @@ def convert_gemma(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
     `GemmaBackbone` (Gemma 1 and 2), holding a copy of its weights.
 
-    Inputs `token_ids`, `padding_mask` (int `(batch, T)`); output the
-    sequence output `(batch, T, hidden)`. The tied token embedding scaled
-    by `sqrt(hidden_dim)`; pre-norm decoder blocks with
-    `normalization="rms_norm"`, `use_bias=False`, grouped-query attention
-    with `key_dim=head_dim`, rotary positions (wavelength 10000) and a
-    GeGLU feed-forward (`gated_feed_forward=True`, `gelu_approximate`,
-    `intermediate_dim // 2` as keras-hub's); a final RMS norm. Gemma 2's
-    options: `attention_logit_soft_cap` is the blocks' `score_mod=SoftCap`,
-    the alternating sliding windows (`use_sliding_window_attention`: layers
-    0, 2, 4, ...) a `mask_mod=KerasSlidingWindowMask(sliding_window_size)`,
-    the post-attention and post-feed-forward norms the blocks'
-    `sandwich_norm=True`, and `final_logit_soft_cap` the token embedding's
-    `logit_soft_cap` (its reverse projection, the logits), and the query
-    scaling by `(hidden_dim // num_query_heads) ** -0.5` instead of
-    `head_dim ** -0.5` (`query_head_dim_normalize=False` in a layer's
-    attention, Gemma 2 27B) the blocks' `attention_scale`.
+    Inputs `token_ids`, `padding_mask` (int `(batch, T)`); output the sequence
+    output `(batch, T, hidden)`. The tied token embedding scaled by
+    `sqrt(hidden_dim)`; pre-norm decoder blocks with `normalization="rms_norm"`,
+    `use_bias=False`, grouped-query attention with `key_dim=head_dim`, rotary
+    positions (wavelength 10000) and a GeGLU feed-forward
+    (`FeedForward(gated=True)`, `gelu_approximate`, `intermediate_dim // 2` as
+    keras-hub's); a final RMS norm. Gemma 2's options:
+    `attention_logit_soft_cap` is the self-attention's `score_mod=SoftCap`, the
+    alternating sliding windows (`use_sliding_window_attention`: layers 0, 2, 4,
+    ...) a `mask_mod=KerasSlidingWindowMask(sliding_window_size)`, the
+    post-attention and post-feed-forward norms the blocks' `sandwich_norm=True`,
+    and `final_logit_soft_cap` the token embedding's `logit_soft_cap` (its
+    reverse projection, the logits), and the query scaling by `(hidden_dim //
+    num_query_heads) ** -0.5` instead of `head_dim ** -0.5`
+    (`query_head_dim_normalize=False` in a layer's attention, Gemma 2 27B) the
+    self-attention's `attention_scale`.
 
     Args:
         backbone: a built `keras_hub.models.GemmaBackbone`.
@@ -137,10 +134,9 @@ def convert_gemma(backbone):
     config = gemma_config(backbone)
     config["intermediate_dim"] //= 2  # GeGLU halves (`gate_dim_reduction`)
 
-    def layer_kwargs(i):
+    def layer_attention(i):
         kwargs = dict(
             rotary_max_wavelength=ROPE_MAX_WAVELENGTH,
-            sandwich_norm=sandwich,
             attention_scale=_attention_scale(backbone, i, config),
         )
         if soft_cap is not None:
@@ -149,7 +145,9 @@ def convert_gemma(backbone):
             kwargs["mask_mod"] = KerasSlidingWindowMask(window)
         return kwargs
 
-    return build_gemma_style(backbone, config, layer_kwargs)
+    return build_gemma_style(
+        backbone, config, layer_attention, sandwich_norm=sandwich
+    )
 
 
 def sandwich_norm(get):
@@ -190,18 +188,24 @@ def gemma_config(backbone):
     return config
 
 
-def build_gemma_style(backbone, config, layer_kwargs, table=WEIGHT_TABLE):
+def build_gemma_style(
+    backbone, config, layer_attention, sandwich_norm=False, table=WEIGHT_TABLE
+):
     """The Gemma-style model: the tied token embedding scaled by
-    `sqrt(hidden_dim)`, pre-norm decoder blocks (RMS norms, no biases,
-    grouped-query attention with `key_dim=head_dim`, a GeGLU feed-forward
-    of `config["intermediate_dim"]`), a final RMS norm; the weights
-    copied by `table` with `transform_weight`.
+    `sqrt(hidden_dim)`, pre-norm decoder blocks (RMS norms) composed of a
+    causal `SelfAttention` (no biases, grouped-query with
+    `key_dim=head_dim`) and a GeGLU `FeedForward` of
+    `config["intermediate_dim"]`, a final RMS norm; the weights copied by
+    `table` with `transform_weight`.
 
     Args:
         backbone: the keras-hub backbone.
         config: `gemma_config(backbone)` (with the feed-forward's width).
-        layer_kwargs: `layer_kwargs(i)` -> the block options of layer `i`
-            (rotary positions, windows, soft-caps, norms).
+        layer_attention: `layer_attention(i)` -> the self-attention
+            arguments of layer `i` (rotary positions, windows, soft-caps,
+            QK-norms, query scaling).
+        sandwich_norm: bool, the blocks' post-attention and
+            post-feed-forward norms (Gemma 2 and 3).
         table: the weight table (theirs -> ours).
 
     Returns:
@@ -220,22 +224,34 @@ def build_gemma_style(backbone, config, layer_kwargs, table=WEIGHT_TABLE):
         math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
     )(x)
     for i in range(config["num_layers"]):
-        x = TransformerDecoderBlock(
-            num_heads=config["num_query_heads"],
-            intermediate_dim=config["intermediate_dim"],
-            cross_attention=False,
-            key_dim=config["head_dim"],
+        attention = _common.self_attention(
+            config["num_query_heads"],
+            config["head_dim"],
+            causal=True,
             num_key_value_heads=config["num_key_value_heads"],
             dropout=config["dropout"],
+            use_bias=False,
+            dtype=dtype,
+            **layer_attention(i),
+        )
+        feed_forward = _common.feed_forward(
+            config["intermediate_dim"],
             activation=gelu_approximate,
+            dropout=config["dropout"],
+            use_bias=False,
+            gated=True,
+            dtype=dtype,
+        )
+        x = _common.decoder_block(
+            f"decoder_block_{i}",
+            attention,
+            feed_forward,
+            dropout=config["dropout"],
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
             normalization="rms_norm",
-            use_bias=False,
-            gated_feed_forward=True,
+            sandwich_norm=sandwich_norm,
             dtype=dtype,
-            name=f"decoder_block_{i}",
-            **layer_kwargs(i),
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],

@@ -42,13 +42,13 @@ def convert_gemma3(backbone):
     scaled token embedding; pre-norm blocks with RMS norms, grouped-query
     attention with `key_dim=head_dim`, a GeGLU feed-forward of
     `intermediate_dim`; the final norm) with Gemma 3's attention: QK-norm
-    (the blocks' `qk_norm="rms"`, scales `1 + scale`); five windowed
+    (the self-attention's `qk_norm="rms"`, scales `1 + scale`); five windowed
     layers for one global (`i % 6 < 5`, when
     `use_sliding_window_attention`), the window as
     `mask_mod=KerasSlidingWindowMask(sliding_window_size)`; rotary
     wavelength 10,000 on the windowed layers and 1,000,000 on the global
     ones, each with its scaling factor (`local_rope_scaling_factor`,
-    `global_rope_scaling_factor`: position interpolation, the blocks'
+    `global_rope_scaling_factor`: position interpolation, the self-attention's
     `rotary_scaling`); the optional soft-caps and post-norms as Gemma 2's.
     Embedding models (`is_embedding_model`, bidirectional attention) and
     vision encoders are refused.
@@ -91,7 +91,7 @@ def convert_gemma3(backbone):
     config = gemma_config(backbone)
     use_qk_norm = bool(get.get("use_query_key_norm", True))
 
-    def layer_kwargs(i):
+    def layer_attention(i):
         local = is_local(get, i)
         factor = get.get(
             "local_rope_scaling_factor"
@@ -105,7 +105,6 @@ def convert_gemma3(backbone):
                 "rope_wavelength",
                 LOCAL_ROPE_WAVELENGTH if local else GLOBAL_ROPE_WAVELENGTH,
             ),
-            sandwich_norm=sandwich,
         )
         if factor is not None and float(factor) != 1.0:
             kwargs["rotary_scaling"] = {"scaling_factor": float(factor)}
@@ -124,4 +123,6 @@ def convert_gemma3(backbone):
             kwargs["mask_mod"] = KerasSlidingWindowMask(window)
         return kwargs
 
-    return build_gemma_style(backbone, config, layer_kwargs)
+    return build_gemma_style(
+        backbone, config, layer_attention, sandwich_norm=sandwich
+    )

@@ -2,9 +2,6 @@
 
 import keras
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.token_and_position_embedding import (
@@ -99,17 +96,27 @@ def convert_gpt2(backbone):
     x = keras.layers.Dropout(
         config["dropout"], dtype=dtype, name="embeddings_dropout"
     )(x)
+    heads, hidden = config["num_heads"], config["hidden_dim"]
     for i in range(config["num_layers"]):
-        x = TransformerDecoderBlock(
-            num_heads=config["num_heads"],
-            intermediate_dim=config["intermediate_dim"],
-            cross_attention=False,
+        x = _common.decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_common.self_attention(
+                heads,
+                hidden // heads,
+                causal=True,
+                dropout=config["dropout"],
+                dtype=dtype,
+            ),
+            feed_forward=_common.feed_forward(
+                config["intermediate_dim"],
+                activation=gelu_approximate,
+                dropout=config["dropout"],
+                dtype=dtype,
+            ),
             dropout=config["dropout"],
-            activation=gelu_approximate,
             norm_first=True,
             layer_norm_epsilon=LAYER_NORM_EPSILON,
             dtype=dtype,
-            name=f"transformer_layer_{i}",
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.LayerNormalization(
         epsilon=LAYER_NORM_EPSILON, dtype=dtype, name="layer_norm"

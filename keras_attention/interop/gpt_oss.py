@@ -66,7 +66,7 @@ def is_windowed(i):
 
 
 def yarn_rotary_scaling(backbone):
-    """The blocks' `rotary_scaling` equal to gpt-oss's rotary embedding
+    """The self-attention's `rotary_scaling` equal to gpt-oss's rotary embedding
     (YaRN of `rope_scaling_factor`, with the beta and pretraining-length
     arguments its attention layers were built with), or None for a factor
     of 1 (YaRN then computes plain RoPE)."""
@@ -84,7 +84,7 @@ def yarn_rotary_scaling(backbone):
 
 
 def _moe_arguments(backbone):
-    """The blocks' `moe` dict of the backbone's first sparse MoE block
+    """The `MixtureOfExperts` arguments of the backbone's first sparse MoE block
     (every layer has one alike: gpt-oss's routing, clamped GLU experts
     with biases)."""
     block = backbone.transformer_layers[0].sparse_moe_block
@@ -114,15 +114,14 @@ def convert_gpt_oss(backbone):
     each softmax's denominator, keras-hub's `sinks`), rotary positions
     with gpt-oss's YaRN (`rotary_scaling={"rope_type": "yarn",
     "scaling_factor": rope_scaling_factor, "beta_fast": 32, "beta_slow":
-    1, "original_max_position_embeddings": 4096, "truncate": False}`;
-    none for a factor of 1), the sliding window on the odd layers (1, 3,
-    ...) as the blocks' causal `window_size = sliding_window` (keras-hub
-    keeps keys `j >= i - sliding_window`, `sliding_window + 1` of them;
-    a banded `LocalSelfAttention` with the sinks), full attention on the
-    even ones; a mixture-of-experts feed-forward (the blocks' `moe`: gpt-oss's
-    routing, a softmax over the `top_k` largest router logits, and its
-    clamped-GLU experts with biases; `gate_up_proj` de-interleaved); the
-    final RMS norm.
+    1, "original_max_position_embeddings": 4096, "truncate": False}`; none for a
+    factor of 1), the sliding window on the odd layers (1, 3, ...) as a causal
+    `LocalSelfAttention`'s `window_size = sliding_window` (keras-hub keeps keys
+    `j >= i - sliding_window`, `sliding_window + 1` of them; a banded
+    `LocalSelfAttention` with the sinks), full attention on the even ones; a
+    mixture-of-experts feed-forward (a `MixtureOfExperts`: gpt-oss's routing, a
+    softmax over the `top_k` largest router logits, and its clamped-GLU experts
+    with biases; `gate_up_proj` de-interleaved); the final RMS norm.
 
     Our `CausalLMGenerator` decodes it with a mixed cache: a rolling one
     for the windowed layers, a full one for the others.
@@ -146,7 +145,7 @@ def convert_gpt_oss(backbone):
     ...     num_key_value_heads=2, hidden_dim=16, intermediate_dim=8,
     ...     num_experts=4, top_k=2, sliding_window=3)
     >>> model = convert_gpt_oss(backbone)
-    >>> [model.get_layer(f"transformer_layer_{i}").window_size
+    >>> [model.get_layer(f"transformer_layer_{i}").self_attention.cache_window()
     ...  for i in range(2)]
     [None, 3]
 
@@ -172,13 +171,11 @@ def convert_gpt_oss(backbone):
     window = int(window) if window else None  # keras-hub: 0 or None, off
     moe = _moe_arguments(backbone)
 
-    def layer_kwargs(i):
+    def layer_attention(i):
         return dict(
             use_bias=True,
-            gated_feed_forward=False,
             learned_sinks=True,
             window_size=window if is_windowed(i) else None,
-            moe=moe,
         )
 
     model = build_llama_style(
@@ -187,7 +184,10 @@ def convert_gpt_oss(backbone):
         key_dim=head_dim,
         rotary_scaling=yarn_rotary_scaling(backbone),
         table=None,
-        layer_kwargs=layer_kwargs,
+        layer_attention=layer_attention,
+        layer_feed_forward=lambda i: _common.mixture_of_experts(
+            moe, backbone.dtype_policy
+        ),
     )
     prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
     _common.copy_weights(backbone, model, prefixes, _deinterleave_gate_up)

@@ -2,9 +2,6 @@
 
 import keras
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
 from keras_attention.interop import _common
 
 # Their weight path prefix -> ours (`{i}`: the layer index); the weights
@@ -68,9 +65,9 @@ def llama_style_config(backbone, tie_word_embeddings=False):
 
 
 def linear_rotary_scaling(factor):
-    """The blocks' `rotary_scaling` for keras-hub's `rope_scaling_factor`
-    (position interpolation: the frequencies divided by it), or None when
-    it is unset or 1."""
+    """The self-attention's `rotary_scaling` for keras-hub's
+    `rope_scaling_factor` (position interpolation: the frequencies divided by
+    it), or None when it is unset or 1."""
     if factor is None or float(factor) == 1.0:
         return None
     return {"scaling_factor": float(factor)}
@@ -86,8 +83,8 @@ LLAMA3_ROPE_ARGUMENTS = (
 
 
 def llama_rotary_scaling(backbone):
-    """The blocks' `rotary_scaling` equal to a keras-hub Llama backbone's
-    rotary embedding (`LlamaRotaryEmbedding`), or None.
+    """The self-attention's `rotary_scaling` equal to a keras-hub Llama
+    backbone's rotary embedding (`LlamaRotaryEmbedding`), or None.
 
     Llama 3.1's frequency adjustment (`rope_frequency_adjustment_factor`,
     `rope_low_freq_factor`, `rope_high_freq_factor`,
@@ -100,7 +97,7 @@ def llama_rotary_scaling(backbone):
         backbone: a keras-hub `LlamaBackbone` (or `Llama3Backbone`).
 
     Returns:
-        A dict for the blocks' `rotary_scaling`, or None.
+        A dict for the self-attention's `rotary_scaling`, or None.
 
     Raises:
         ValueError: only some of Llama 3.1's arguments are set (naming
@@ -148,12 +145,14 @@ def build_llama_style(
     qk_norm=None,
     table=WEIGHT_TABLE,
     qk_norm_epsilon=None,
-    layer_kwargs=None,
+    layer_attention=None,
+    layer_feed_forward=None,
 ):
     """The Llama-style model: a token embedding (`ReversibleEmbedding`,
     tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
-    with RMS norms, no biases, grouped-query attention, rotary positions
-    and a SwiGLU feed-forward, then a final RMS norm; the backbone's
+    with RMS norms, each composed of a causal `SelfAttention` (no biases,
+    grouped-query, rotary positions; `LocalSelfAttention` with a window)
+    and a SwiGLU `FeedForward`, then a final RMS norm; the backbone's
     weights copied in by `WEIGHT_TABLE`.
 
     Args:
@@ -162,21 +161,25 @@ def build_llama_style(
             `num_query_heads`, `num_key_value_heads`, `hidden_dim`,
             `intermediate_dim`, `rope_max_wavelength`,
             `layer_norm_epsilon`, `dropout`, `tie_word_embeddings`.
-        window_size: optional int, the blocks' causal `window_size`
-            (position `i` sees `i - window_size .. i`).
+        window_size: optional int, the self-attention's causal
+            `window_size` (position `i` sees `i - window_size .. i`).
         key_dim: optional int, the head size (default `hidden_dim //
             num_query_heads`).
-        rotary_scaling: optional dict, the blocks' `rotary_scaling` (RoPE
-            context extension; None: none).
-        qk_norm: optional, the blocks' `qk_norm` (Qwen 3: "rms").
-        qk_norm_epsilon: optional, the blocks' `qk_norm_epsilon` (None:
+        rotary_scaling: optional dict, the self-attention's
+            `rotary_scaling` (RoPE context extension; None: none).
+        qk_norm: optional, the self-attention's `qk_norm` (Qwen 3: "rms").
+        qk_norm_epsilon: optional, the QK-norms' epsilon (None:
             `layer_norm_epsilon`).
         table: the weight table (theirs -> ours); `WEIGHT_TABLE` unless
             the family names more weights; None: the caller copies the
             weights (SmolLM3, whose weight paths are not unique).
-        layer_kwargs: optional `layer_kwargs(i)` -> block arguments of
-            layer `i` overriding the shared ones (SmolLM3's layers without
-            rotary positions: `rotary_max_wavelength=None`).
+        layer_attention: optional `layer_attention(i)` -> self-attention
+            arguments of layer `i` overriding the shared ones (SmolLM3's
+            layers without rotary positions: `rotary_max_wavelength=None`;
+            gpt-oss's windows, sinks and biases).
+        layer_feed_forward: optional `layer_feed_forward(i)` -> the
+            feed-forward layer of layer `i` (a `MixtureOfExperts`), or
+            None for the SwiGLU `FeedForward`.
 
     Returns:
         The converted `keras.Model`.
@@ -190,32 +193,45 @@ def build_llama_style(
         dtype=dtype,
         name="token_embedding",
     )(inputs["token_ids"])
+    attention = dict(
+        num_heads=config["num_query_heads"],
+        key_dim=key_dim or config["hidden_dim"] // config["num_query_heads"],
+        causal=True,
+        num_key_value_heads=config["num_key_value_heads"],
+        dropout=config["dropout"],
+        use_bias=False,
+        rotary_max_wavelength=config["rope_max_wavelength"],
+        rotary_scaling=rotary_scaling,
+        window_size=window_size,
+        dtype=dtype,
+    )
+    if qk_norm is not None:
+        attention["qk_norm"] = qk_norm
+        attention["qk_norm_epsilon"] = (
+            qk_norm_epsilon or config["layer_norm_epsilon"]
+        )
     for i in range(config["num_layers"]):
-        kwargs = dict(
-            num_heads=config["num_query_heads"],
-            intermediate_dim=config["intermediate_dim"],
-            cross_attention=False,
-            key_dim=key_dim,
-            num_key_value_heads=config["num_key_value_heads"],
+        own = layer_attention(i) if layer_attention else {}
+        ff = layer_feed_forward(i) if layer_feed_forward else None
+        if ff is None:
+            ff = _common.feed_forward(
+                config["intermediate_dim"],
+                activation="silu",
+                dropout=config["dropout"],
+                use_bias=False,
+                gated=True,
+                dtype=dtype,
+            )
+        x = _common.decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_common.self_attention(**{**attention, **own}),
+            feed_forward=ff,
             dropout=config["dropout"],
-            activation="silu",
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
-            rotary_max_wavelength=config["rope_max_wavelength"],
-            rotary_scaling=rotary_scaling,
-            window_size=window_size,
             normalization="rms_norm",
-            use_bias=False,
-            gated_feed_forward=True,
-            qk_norm=qk_norm,
-            qk_norm_epsilon=qk_norm_epsilon,
             dtype=dtype,
-            name=f"transformer_layer_{i}",
-        )
-        kwargs.update(layer_kwargs(i) if layer_kwargs else {})
-        x = TransformerDecoderBlock(**kwargs)(
-            x, padding_mask=inputs["padding_mask"]
-        )
+        )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],
         dtype=dtype,
@@ -234,10 +250,11 @@ def convert_llama(backbone):
 
     Inputs `token_ids`, `padding_mask` (int `(batch, T)`); output the
     sequence output `(batch, T, hidden)`. Pre-norm decoder blocks with
-    `normalization="rms_norm"`, `use_bias=False`, grouped-query attention
-    (`num_key_value_heads`), rotary positions (`rotary_max_wavelength`)
-    and `gated_feed_forward=True` with `activation="silu"` (SwiGLU). Llama
-    3.1's RoPE frequency adjustment becomes the blocks'
+    `normalization="rms_norm"`, composed of a causal `SelfAttention`
+    without biases, grouped-query (`num_key_value_heads`), with rotary
+    positions (`rotary_max_wavelength`), and a `FeedForward(gated=True)`
+    without biases, with `activation="silu"` (SwiGLU). Llama
+    3.1's RoPE frequency adjustment becomes the self-attention's
     `rotary_scaling={"rope_type": "llama3", ...}`
     (`llama_rotary_scaling`); `rope_position_scaling_factor`, which
     keras-hub's Llama rotary embedding ignores, is ignored too.

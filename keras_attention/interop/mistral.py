@@ -13,13 +13,13 @@ def convert_mistral(backbone):
     `MistralBackbone`, holding a copy of its weights.
 
     The Llama-style model of `keras_attention.interop.llama` (RMS norms, no
-    biases, grouped-query attention, rotary positions, SwiGLU), with
-    Mistral's sliding window: the blocks' causal `window_size =
+    biases, grouped-query attention, rotary positions, SwiGLU), with Mistral's
+    sliding window: a causal `LocalSelfAttention`'s `window_size =
     sliding_window - 1` (position `i` sees `i - sliding_window + 1 .. i`,
-    keras-hub's mask; computed banded, `LocalSelfAttention`), and its
-    `head_dim` as the blocks' `key_dim`. The token embedding is untied, as
-    keras-hub's. Its `rope_scaling_factor` (position interpolation: the
-    rotary frequencies divided by it) becomes the blocks'
+    keras-hub's mask; computed banded, `LocalSelfAttention`), and its `head_dim`
+    as the self-attention's `key_dim`. The token embedding is untied, as
+    keras-hub's. Its `rope_scaling_factor` (position interpolation: the rotary
+    frequencies divided by it) becomes the self-attention's
     `rotary_scaling={"scaling_factor": ...}`.
 
     Args:

@@ -30,7 +30,7 @@ def sparse_moe_blocks(backbone):
 
 
 def moe_arguments(block):
-    """The blocks' `moe` dict (`MixtureOfExperts` arguments) equal to a
+    """The `MixtureOfExperts` arguments (a dict, without `dtype`) equal to a
     keras-hub sparse MoE block: its routing, `top_k`, expert width, top-k
     renormalization, load-balancing coefficient and jitter noise; None
     for None (a dense layer)."""
@@ -76,15 +76,22 @@ def copy_moe_weights(backbone, model, prefixes, blocks):
 
 
 def build_moe_llama_style(backbone, config, blocks, prefixes, **kwargs):
-    """`build_llama_style` with the blocks' `moe` of each layer's sparse
-    MoE block (`blocks`, None: the dense feed-forward), the weights
-    copied by `copy_moe_weights`; `kwargs` go to `build_llama_style`."""
+    """`build_llama_style` with a `MixtureOfExperts` feed-forward equal to
+    each layer's sparse MoE block (`blocks`, None: the dense
+    feed-forward), the weights copied by `copy_moe_weights`; `kwargs` go
+    to `build_llama_style`."""
     arguments = [moe_arguments(block) for block in blocks]
+
+    def layer_feed_forward(i):
+        if arguments[i] is None:
+            return None
+        return _common.mixture_of_experts(arguments[i], backbone.dtype_policy)
+
     model = build_llama_style(
         backbone,
         config,
         table=None,
-        layer_kwargs=lambda i: {"moe": arguments[i]},
+        layer_feed_forward=layer_feed_forward,
         **kwargs,
     )
     copy_moe_weights(backbone, model, prefixes, blocks)
@@ -95,19 +102,18 @@ def convert_mixtral(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
     `MixtralBackbone`, holding a copy of its weights.
 
-    Mistral's model (`keras_attention.interop.mistral`: RMS norms, no
-    biases, grouped-query attention, rotary positions, the sliding window
-    as the blocks' causal `window_size = sliding_window - 1`, the
-    `rope_scaling_factor` as `rotary_scaling={"scaling_factor": ...}`, an
-    untied token embedding) with a mixture-of-experts feed-forward in
-    every block: the blocks' `moe={...}`, a
+    Mistral's model (`keras_attention.interop.mistral`: RMS norms, no biases,
+    grouped-query attention, rotary positions, the sliding window as a causal
+    `LocalSelfAttention`'s `window_size = sliding_window - 1`, the
+    `rope_scaling_factor` as `rotary_scaling={"scaling_factor": ...}`, an untied
+    token embedding) with a mixture-of-experts feed-forward in every block: a
     `keras_attention.layers.MixtureOfExperts` with Mixtral's routing (the
-    softmax over all experts, its `top_k` largest renormalized to sum 1),
-    SwiGLU experts of width `intermediate_dim` (keras-hub's gate and up
-    kernels `(experts, hidden, intermediate)` concatenated as our
-    `gate_up_kernel`, gate columns first), its `router_jitter_noise` and
-    its load-balancing loss (`router_aux_loss_coef`), added in training as
-    keras-hub's block adds it (with the padding tokens left out).
+    softmax over all experts, its `top_k` largest renormalized to sum 1), SwiGLU
+    experts of width `intermediate_dim` (keras-hub's gate and up kernels
+    `(experts, hidden, intermediate)` concatenated as our `gate_up_kernel`, gate
+    columns first), its `router_jitter_noise` and its load-balancing loss
+    (`router_aux_loss_coef`), added in training as keras-hub's block adds it
+    (with the padding tokens left out).
 
     Args:
         backbone: a built `keras_hub.models.MixtralBackbone`.

@@ -33,8 +33,8 @@ WEIGHT_TABLE = (
 
 
 def phi3_rotary_scaling(backbone):
-    """The blocks' `rotary_scaling` equal to a keras-hub Phi-3 backbone's
-    rotary embedding: None, or LongRoPE ("su": `rope_type="longrope"`
+    """The self-attention's `rotary_scaling` equal to a keras-hub Phi-3
+    backbone's rotary embedding: None, or LongRoPE ("su": `rope_type="longrope"`
     with its short and long factors, `original_max_position_embeddings =
     pretraining_sequence_length` and `scaling_factor = max(1,
     max_sequence_length / pretraining_sequence_length)`, which sets the
@@ -77,14 +77,14 @@ def convert_phi3(backbone):
     `Phi3Backbone`, holding a copy of its weights.
 
     The Llama-style model of `keras_attention.interop.llama` (RMS norms, no
-    biases, grouped-query attention, rotary positions, SwiGLU, an untied
-    token embedding) with Phi-3's rotary embedding: LongRoPE ("su") as the
-    blocks' `rotary_scaling` (`phi3_rotary_scaling`). LongRoPE takes its
-    long factors when a call's positions reach past the pretraining length
-    (`start_index + length`, as keras-hub's): a cached generation that
-    crosses that length keeps the keys it rotated with the short factors,
-    so it differs from one uncached forward pass over the whole sequence
-    (keras-hub's own cached generation does the same).
+    biases, grouped-query attention, rotary positions, SwiGLU, an untied token
+    embedding) with Phi-3's rotary embedding: LongRoPE ("su") as the
+    self-attention's `rotary_scaling` (`phi3_rotary_scaling`). LongRoPE takes
+    its long factors when a call's positions reach past the pretraining length
+    (`start_index + length`, as keras-hub's): a cached generation that crosses
+    that length keeps the keys it rotated with the short factors, so it differs
+    from one uncached forward pass over the whole sequence (keras-hub's own
+    cached generation does the same).
 
     Args:
         backbone: a built `keras_hub.models.Phi3Backbone`.

@@ -25,12 +25,12 @@ def convert_qwen3(backbone):
 
     The Llama-style model of `keras_attention.interop.llama` (RMS norms, no
     biases, grouped-query attention, rotary positions, SwiGLU) with Qwen
-    3's QK-norm (the blocks' `qk_norm="rms"`: each head's query and key
+    3's QK-norm (the self-attention's `qk_norm="rms"`: each head's query and key
     RMS-normalized before the rotary positions, with the epsilon its
     attention layers use: keras-hub 0.32's decoder does not pass
     `layer_norm_epsilon` on to them, so they keep 1e-5), its `head_dim`
-    as the blocks' `key_dim`, its
-    sliding window as the blocks' causal `window_size =
+    as the self-attention's `key_dim`, its
+    sliding window as a causal `LocalSelfAttention`'s `window_size =
     sliding_window_size - 1` (keras-hub's mask: position `i` sees `i -
     sliding_window_size + 1 .. i`), its `rope_scaling_factor` as
     `rotary_scaling={"scaling_factor": ...}` and its tied (or untied)

@@ -4,9 +4,6 @@ blocks: gated delta net layers and gated attention layers."""
 import keras
 import numpy as np
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.interop.llama import linear_rotary_scaling
 from keras_attention.interop.qwen3 import attention_epsilon
@@ -101,26 +98,36 @@ def _check_text_only(backbone, get):
         )
 
 
-def _layer_kwargs(backbone, get, i):
-    """The block arguments of layer `i`: a gated delta net, or gated
+def _self_attention(backbone, get, hidden_dim, i):
+    """The self-attention of layer `i`: a `GatedDeltaNet`, or gated
     attention with QK-norm and partial rotary positions."""
+    dtype = backbone.dtype_policy
     if get["layer_types"][i] == "linear_attention":
         options = {name: int(get[name]) for name in GATED_DELTA_OPTIONS}
-        options["layer_norm_epsilon"] = float(get["layer_norm_epsilon"])
-        return dict(mixer="gated_delta", mixer_options=options)
+        return _common.gated_delta_net(
+            hidden_dim,
+            layer_norm_epsilon=float(get["layer_norm_epsilon"]),
+            dtype=dtype,
+            **options,
+        )
     window = get.get("sliding_window_size")
-    return dict(
-        key_dim=int(get["head_dim"]),
+    return _common.self_attention(
+        int(get["num_query_heads"]),
+        int(get["head_dim"]),
+        causal=True,
+        window_size=None if not window else int(window) - 1,
         num_key_value_heads=int(get["num_key_value_heads"]),
+        dropout=float(get.get("dropout", 0.0)),
+        use_bias=False,
+        use_gate=True,
         rotary_max_wavelength=get["rope_max_wavelength"],
         rotary_scaling=linear_rotary_scaling(get.get("rope_scaling_factor")),
         rotary_fraction=float(get["partial_rotary_factor"]),
-        window_size=None if not window else int(window) - 1,
         qk_norm="rms",
         qk_norm_epsilon=attention_epsilon(
             backbone, {"layer_norm_epsilon": get["layer_norm_epsilon"]}
         ),
-        attention_output_gate=True,
+        dtype=dtype,
     )
 
 
@@ -153,20 +160,20 @@ def convert_qwen3_5(backbone):
     `Qwen3_5Backbone` without vision encoder (text), holding a copy of
     its weights.
 
-    Pre-norm `TransformerDecoderBlock`s with RMS norms, no biases and a
-    SwiGLU feed-forward, of two kinds as the backbone's `layer_types`
-    says: `"linear_attention"` layers are blocks with
-    `mixer="gated_delta"` (`keras_attention.layers.GatedDeltaNet`, with
-    the backbone's `linear_*` sizes, its convolution width and norm
-    epsilon; keras-hub's `Qwen3_5GatedDeltaNet` weights as they are),
-    `"full_attention"` layers gated attention blocks
-    (`attention_output_gate=True`: keras-hub's query kernel, each head's
-    query then its gate, split into our `query` and `gate` kernels) with
-    grouped-query attention (`key_dim=head_dim`), QK-norm
-    (`qk_norm="rms"`), partial rotary positions
-    (`rotary_fraction=partial_rotary_factor`), its `rope_scaling_factor`
-    as `rotary_scaling` and its window as the blocks' causal
-    `window_size = sliding_window_size - 1` (keras-hub 0.32 applies it
+    Pre-norm `TransformerDecoderBlock`s with RMS norms and a SwiGLU
+    `FeedForward` without biases, whose self-attention is of two kinds as
+    the backbone's `layer_types` says: on `"linear_attention"` layers a
+    `keras_attention.layers.GatedDeltaNet` (with the backbone's
+    `linear_*` sizes, its convolution width and norm epsilon; keras-hub's
+    `Qwen3_5GatedDeltaNet` weights as they are), on `"full_attention"`
+    layers gated attention, a `SelfAttention` with `use_gate=True`
+    (keras-hub's query kernel, each head's query then its gate, split
+    into our `query` and `gate` kernels), grouped-query
+    (`key_dim=head_dim`), QK-norm (`qk_norm="rms"`), partial rotary
+    positions (`rotary_fraction=partial_rotary_factor`), its
+    `rope_scaling_factor` as `rotary_scaling` and its window as a causal
+    `LocalSelfAttention`'s `window_size = sliding_window_size - 1`
+    (keras-hub 0.32 applies it
     only where Keras has no fused attention op, on TensorFlow); then the
     final norm. keras-hub's norms scale by `1 + scale` (zero-centred):
     the copied scales are `scale + 1`, except the gated delta net's
@@ -205,8 +212,8 @@ def convert_qwen3_5(backbone):
     ...     linear_num_value_heads=2, linear_key_head_dim=4,
     ...     linear_value_head_dim=4)
     >>> model = convert_qwen3_5(backbone)
-    >>> model.get_layer("transformer_layer_0").mixer
-    'gated_delta'
+    >>> type(model.get_layer("transformer_layer_0").self_attention).__name__
+    'GatedDeltaNet'
     >>> model.output.shape
     (None, None, 8)
 
@@ -230,21 +237,24 @@ def convert_qwen3_5(backbone):
         dtype=dtype,
         name="token_embedding",
     )(inputs["token_ids"])
+    dropout = float(get.get("dropout", 0.0))
     for i in range(num_layers):
-        x = TransformerDecoderBlock(
-            num_heads=int(get["num_query_heads"]),
-            intermediate_dim=int(get["intermediate_dim"]),
-            cross_attention=False,
-            dropout=float(get.get("dropout", 0.0)),
-            activation="silu",
+        x = _common.decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_self_attention(backbone, get, hidden_dim, i),
+            feed_forward=_common.feed_forward(
+                int(get["intermediate_dim"]),
+                activation="silu",
+                dropout=dropout,
+                use_bias=False,
+                gated=True,
+                dtype=dtype,
+            ),
+            dropout=dropout,
             norm_first=True,
             layer_norm_epsilon=epsilon,
             normalization="rms_norm",
-            use_bias=False,
-            gated_feed_forward=True,
             dtype=dtype,
-            name=f"transformer_layer_{i}",
-            **_layer_kwargs(backbone, get, i),
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(
         epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"

@@ -22,12 +22,12 @@ def convert_qwen3_moe(backbone):
     `Qwen3MoeBackbone`, holding a copy of its weights.
 
     Qwen 3's model (`keras_attention.interop.qwen3`: RMS norms, no biases,
-    grouped-query attention, rotary positions, QK-norm as the blocks'
+    grouped-query attention, rotary positions, QK-norm as the self-attention's
     `qk_norm="rms"` with its attention layers' epsilon, `head_dim` as
     `key_dim`, the window as the causal `window_size =
     sliding_window_size - 1`, `rope_scaling_factor` as `rotary_scaling`,
     the tied or untied token embedding) with a mixture-of-experts
-    feed-forward on its sparse layers: the blocks' `moe={...}`, a
+    feed-forward on its sparse layers: a
     `keras_attention.layers.MixtureOfExperts` with Qwen3-MoE's routing (the
     softmax over all experts, then its `top_k` largest, renormalized to
     sum 1 only with `norm_top_k_prob`), SwiGLU experts of width

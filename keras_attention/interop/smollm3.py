@@ -47,10 +47,11 @@ def _check_options(get):
     for name in ("attention_bias", "mlp_bias"):
         if get.get(name):
             raise ValueError(
-                f"SmolLM3 with `{name}` does not convert (the blocks' "
-                "`use_bias` sets the attention's and the feed-forward's "
-                "biases together, and keras-hub's output projection has "
-                f"none). Received: {name}={get[name]!r}"
+                f"SmolLM3 with `{name}` does not convert (our attention's "
+                "`use_bias` sets the biases of all its projections, and "
+                "keras-hub's output projection has none; its feed-forward "
+                f"biases are not converted yet). Received: "
+                f"{name}={get[name]!r}"
             )
     factor = get.get("partial_rotary_factor", 1.0)
     if factor is not None and float(factor) != 1.0:
@@ -151,8 +152,8 @@ def convert_smollm3(backbone):
     ...     layer_norm_epsilon=1e-6, max_position_embeddings=32,
     ...     rope_theta=10000.0, partial_rotary_factor=1.0)
     >>> model = convert_smollm3(backbone)
-    >>> [model.get_layer(f"transformer_layer_{i}").rotary_max_wavelength
-    ...  for i in range(2)]
+    >>> blocks = [model.get_layer(f"transformer_layer_{i}") for i in range(2)]
+    >>> [block.self_attention.rotary_max_wavelength for block in blocks]
     [10000.0, None]
 
     References:
@@ -187,11 +188,11 @@ def convert_smollm3(backbone):
     }
     rope = [uses_rope(backbone, i) for i in range(config["num_layers"])]
 
-    def layer_kwargs(i):
+    def layer_attention(i):
         return {} if rope[i] else {"rotary_max_wavelength": None}
 
     model = build_llama_style(
-        backbone, config, table=None, layer_kwargs=layer_kwargs
+        backbone, config, table=None, layer_attention=layer_attention
     )
     _copy_smollm3_weights(backbone, model, config, rope)
     return model

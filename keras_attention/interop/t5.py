@@ -2,12 +2,6 @@
 
 import keras
 
-from keras_attention.blocks.transformer_decoder_block import (
-    TransformerDecoderBlock,
-)
-from keras_attention.blocks.transformer_encoder_block import (
-    TransformerEncoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.scores.t5_relative_bias import T5RelativeBias
 
@@ -178,6 +172,19 @@ def _weight_pairs(backbone, model, embedding, biases, blocks, heads, gated):
     return pairs
 
 
+def _feed_forward(config, dtype):
+    """A block's `FeedForward` without biases, gated as the backbone's
+    `use_gated_activation`."""
+    return _common.feed_forward(
+        config["intermediate_dim"],
+        activation=config["activation"],
+        dropout=config["dropout"],
+        use_bias=False,
+        gated=bool(config["use_gated_activation"]),
+        dtype=dtype,
+    )
+
+
 def convert_t5(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
     `T5Backbone` (T5 and T5 1.1: gated or plain feed-forward), holding a
@@ -188,10 +195,11 @@ def convert_t5(backbone):
     outputs `{"encoder_sequence_output", "decoder_sequence_output"}`. One
     token embedding (`ReversibleEmbedding`, tied or not) for both stacks;
     pre-norm `TransformerEncoderBlock`s and `TransformerDecoderBlock`s
-    (with cross-attention) with `normalization="rms_norm"`,
-    `use_bias=False`, `key_dim=key_value_dim`, unscaled scores
-    (`attention_scale=1.0`) and the feed-forward gated
-    (`gated_feed_forward`) as the backbone's `use_gated_activation`. T5's
+    with `normalization="rms_norm"`, composed of a `SelfAttention` (and
+    in the decoder a `CrossAttention`) without biases, with
+    `key_dim=key_value_dim` and unscaled scores (`attention_scale=1.0`),
+    and a `FeedForward` without biases, gated (`gated=...`) as the
+    backbone's `use_gated_activation`. T5's
     relative position bias, which keras-hub's first layer of each stack
     computes and passes on, is one `T5RelativeBias` per stack
     (bidirectional in the encoder, causal in the decoder; 32 buckets,
@@ -255,20 +263,22 @@ def convert_t5(backbone):
         dtype=dtype,
         name="token_embedding",
     )
-    block_options = dict(
+    attention = dict(
         num_heads=heads,
-        intermediate_dim=config["intermediate_dim"],
         key_dim=head_dim,
         dropout=config["dropout"],
-        activation=config["activation"],
-        norm_first=True,
-        layer_norm_epsilon=epsilon,
-        normalization="rms_norm",
         use_bias=False,
-        gated_feed_forward=gated,
         attention_scale=1.0,
         dtype=dtype,
     )
+    block_options = dict(
+        dropout=config["dropout"],
+        norm_first=True,
+        layer_norm_epsilon=epsilon,
+        normalization="rms_norm",
+        dtype=dtype,
+    )
+
     biases = {
         stack: T5RelativeBias(
             num_buckets=NUM_BUCKETS,
@@ -283,9 +293,12 @@ def convert_t5(backbone):
     blocks = {"encoder": [], "decoder": []}
     x = embedding(inputs["encoder_token_ids"])
     for i in range(config["num_layers"]):
-        block = TransformerEncoderBlock(
-            score_mod=biases["encoder"],
-            name=f"transformer_encoder_layer_{i}",
+        block = _common.encoder_block(
+            f"transformer_encoder_layer_{i}",
+            _common.self_attention(
+                causal=False, score_mod=biases["encoder"], **attention
+            ),
+            _feed_forward(config, dtype),
             **block_options,
         )
         x = block(x, padding_mask=inputs["encoder_padding_mask"])
@@ -295,10 +308,13 @@ def convert_t5(backbone):
     )(x)
     x = embedding(inputs["decoder_token_ids"])
     for i in range(config["num_layers"]):
-        block = TransformerDecoderBlock(
-            cross_attention=True,
-            score_mod=biases["decoder"],
-            name=f"transformer_decoder_layer_{i}",
+        block = _common.decoder_block(
+            f"transformer_decoder_layer_{i}",
+            _common.self_attention(
+                causal=True, score_mod=biases["decoder"], **attention
+            ),
+            _feed_forward(config, dtype),
+            cross_attention=_common.cross_attention(**attention),
             **block_options,
         )
         x = block(

@@ -3,9 +3,6 @@
 import keras
 import numpy as np
 
-from keras_attention.blocks.transformer_encoder_block import (
-    TransformerEncoderBlock,
-)
 from keras_attention.interop import _common
 from keras_attention.layers.position_embedding import PositionEmbedding
 
@@ -92,8 +89,8 @@ def convert_vit(backbone):
             )
     if get.get("use_mha_bias", True) != get.get("use_mlp_bias", True):
         raise ValueError(
-            "`use_mha_bias` and `use_mlp_bias` must be equal (the blocks' "
-            f"`use_bias`). Received: use_mha_bias={get['use_mha_bias']!r}, "
+            "`use_mha_bias` and `use_mlp_bias` must be equal (not converted "
+            f"yet). Received: use_mha_bias={get['use_mha_bias']!r}, "
             f"use_mlp_bias={get['use_mlp_bias']!r}"
         )
     config = {
@@ -133,17 +130,33 @@ def convert_vit(backbone):
     )
     x = keras.layers.Add(dtype=dtype)([x, position_embedding(x)])
     x = keras.layers.Dropout(get.get("dropout_rate", 0.0), dtype=dtype)(x)
+    dropout, use_bias = (
+        get.get("dropout_rate", 0.0),
+        get.get("use_mha_bias", True),
+    )
+    heads = config["num_heads"]
     for i in range(config["num_layers"]):
-        x = TransformerEncoderBlock(
-            num_heads=config["num_heads"],
-            intermediate_dim=config["mlp_dim"],
-            dropout=get.get("dropout_rate", 0.0),
-            activation="gelu",
+        x = _common.encoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_common.self_attention(
+                heads,
+                hidden // heads,
+                causal=False,
+                dropout=dropout,
+                use_bias=use_bias,
+                dtype=dtype,
+            ),
+            feed_forward=_common.feed_forward(
+                config["mlp_dim"],
+                activation="gelu",
+                dropout=dropout,
+                use_bias=use_bias,
+                dtype=dtype,
+            ),
+            dropout=dropout,
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
-            use_bias=get.get("use_mha_bias", True),
             dtype=dtype,
-            name=f"transformer_layer_{i}",
         )(x)
     x = keras.layers.LayerNormalization(
         epsilon=config["layer_norm_epsilon"], dtype=dtype, name="layer_norm"

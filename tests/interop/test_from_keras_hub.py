@@ -388,7 +388,7 @@ def test_rope_scaling_is_converted(name, arguments, rotary_scaling, tmp_path):
     backbone = perturbed(tiny(name, **arguments))
     model = from_keras_hub(backbone)
     block = model.get_layer("transformer_layer_0")
-    assert block.get_config()["rotary_scaling"] == rotary_scaling
+    assert block.self_attention.rotary_scaling == rotary_scaling
     inputs = make_inputs(backbone)
     theirs = as_dict(backbone(inputs))
     ours = as_dict(model(inputs))
@@ -424,7 +424,9 @@ def test_smollm3_nope_layers_have_no_rotary_positions():
     backbone = perturbed(tiny("smollm3"))
     model = from_keras_hub(backbone)
     wavelengths = [
-        model.get_layer(f"transformer_layer_{i}").rotary_max_wavelength
+        model.get_layer(
+            f"transformer_layer_{i}"
+        ).self_attention.rotary_max_wavelength
         for i in range(4)
     ]
     assert wavelengths == [10000.0] * 3 + [None]

@@ -48,7 +48,7 @@ def error_of(backbone, model, inputs):
 def test_yarn_and_the_window_are_converted_and_matter(scaled):
     backbone, model = scaled
     blocks = [model.get_layer(f"transformer_layer_{i}") for i in range(2)]
-    assert [b.get_config()["rotary_scaling"] for b in blocks] == [YARN] * 2
+    assert [b.self_attention.rotary_scaling for b in blocks] == [YARN] * 2
     windows = [b.self_attention.cache_window() for b in blocks]
     assert windows == [None, 3]  # keras-hub: keys j >= i - 3, odd layers
     inputs = make_inputs(backbone)

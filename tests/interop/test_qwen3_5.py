@@ -16,6 +16,7 @@ from test_from_keras_hub import tiny
 
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
+from keras_attention.layers import GatedDeltaNet
 from keras_attention.layers import MultiHeadAttention
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -114,11 +115,12 @@ def converted():
 def test_layer_kinds_follow_layer_types(converted):
     backbone, model = converted
     blocks = [model.get_layer(f"transformer_layer_{i}") for i in range(4)]
-    assert [b.mixer for b in blocks] == ["gated_delta", "attention"] * 2
-    assert [b.attention_output_gate for b in blocks] == [False, True] * 2
+    mixers = [b.self_attention for b in blocks]
+    assert [isinstance(m, GatedDeltaNet) for m in mixers] == [True, False] * 2
+    assert [getattr(m, "use_gate", False) for m in mixers] == [False, True] * 2
     attention = blocks[1].self_attention
     assert attention.use_gate and attention.rotary_fraction == 0.5
-    assert blocks[0].mixer_options["linear_num_value_heads"] == 4
+    assert blocks[0].self_attention.linear_num_value_heads == 4
     # keras-hub's zero-centred norms (1 + scale): ours hold scale + 1;
     # the gated delta net's output norm (scale) is copied as it is.
     theirs = {w.path: to_numpy(w) for w in backbone.weights}
@@ -149,7 +151,7 @@ def test_mrope_on_text_is_plain_rope(converted):
     # `mrope_section`): a backbone with one converts as the others.
     sectioned = tiny("qwen3_5", mrope_section=[1, 1, 0])
     blocks = from_keras_hub(sectioned).get_layer("transformer_layer_1")
-    assert blocks.get_config()["rotary_fraction"] == 0.5
+    assert blocks.self_attention.rotary_fraction == 0.5
 
 
 def _greedy_by_forward(backbone, prompts, lengths, max_length):
