@@ -162,5 +162,11 @@ def test_layer_skips_padding_and_restarts_documents(
         segment_ids if packed else None,
     )
     assert np.all(np.isfinite(out))
-    np.testing.assert_allclose(out[mask], want[mask], rtol=1e-4, atol=1e-5)
+    # float32 against the float64 reference: an absolute error relative
+    # to the outputs' scale (seed 10326 drew outputs of ~2 and an error of
+    # 1.6e-5, on 292214a as now).
+    scale = max(1.0, float(np.abs(want[mask]).max(initial=0.0)))
+    np.testing.assert_allclose(
+        out[mask], want[mask], rtol=1e-4, atol=1e-5 * scale
+    )
     assert np.all(out[~mask] == 0.0)
