@@ -193,6 +193,14 @@ def backbones():
             hidden_dim=64,
             mlp_dim=128,
         ),
+        "DeiT": models.DeiTBackbone(
+            image_shape=(32, 32, 3),
+            patch_size=4,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=64,
+            intermediate_dim=128,
+        ),
         # SmolLM3-3B's pattern: no RoPE on every fourth layer (NoPE).
         "SmolLM3 (NoPE layer 3)": models.SmolLM3Backbone(
             vocabulary_size=VOCAB,

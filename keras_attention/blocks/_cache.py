@@ -42,6 +42,15 @@ def cache_window(block):
     return None if window is None else window()
 
 
+def overwrites_positions(block, cache):
+    """The self-attention's `cache_overwrites_positions` of its part of
+    the block's `cache` (False for a layer that does not say)."""
+    overwrites = getattr(
+        block.self_attention, "cache_overwrites_positions", None
+    )
+    return callable(overwrites) and bool(overwrites(cache[0]))
+
+
 def init_block_cache(
     block,
     batch_size,

@@ -429,6 +429,13 @@ class TransformerDecoderBlock(TransformerBlock):
         positions a query sees (None: all of them)."""
         return _cache.cache_window(self)
 
+    def cache_overwrites_positions(self, cache):
+        """Whether the block's cache keeps a slot per position that a
+        call at that position overwrites: its self-attention's
+        (`TokenMixer.cache_overwrites_positions`; the cross-attention's
+        part is read only)."""
+        return _cache.overwrites_positions(self, cache)
+
     def compute_cross_attention_cache(self, context):
         """Encoder keys/values `(batch, 2, S, kv_heads, key_dim)`, once per
         source sequence. The block must be built (called once, or `build`

@@ -382,12 +382,40 @@ class Generator(StreamingMixin):
             return ()
         return (("sink_tokens", 0 if sink_tokens is None else sink_tokens),)
 
+    def _overwrites_positions(self, cache):
+        """Whether every block's cache keeps a slot per position that a
+        call at that position overwrites (`cache_overwrites_positions`
+        of the `TokenMixer` protocol): then a prompt buffer is written in
+        one call."""
+        return all(
+            callable(getattr(block, "cache_overwrites_positions", None))
+            and block.cache_overwrites_positions(block_cache)
+            for block, block_cache in zip(self.blocks, cache)
+        )
+
+    def _prefill_at_once(self, token_ids, padding_mask, cache, hidden):
+        """`_prefill` for caches that keep a slot per position: the whole
+        buffer in one call, its masked positions written masked; the
+        samplers' steps from the shortest prompt's end overwrite the
+        positions after it (the same tokens where a prompt is longer)."""
+        shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        _, h, cache = self.call_with_cache(token_ids, cache, 0, padding_mask)
+        if not hidden:
+            return None, cache, shortest
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        positions = ops.arange(ops.shape(token_ids)[1])
+        kept = ops.expand_dims(ops.expand_dims(positions < shortest, 0), -1)
+        outputs = ops.where(kept, ops.cast(h, dtype), ops.zeros_like(h, dtype))
+        return outputs, cache, shortest
+
     def _prefill(self, token_ids, padding_mask, cache, hidden):
         """Writes the shortest prompt's positions but its last into the
         empty `cache` (the sampler's first step runs that one: a position
-        is written once), in chunks of static length (the widest window
-        plus one, at least 32, at most the buffer's length when known),
-        then the rest one position at a time.
+        is written once), in one call when every block's cache keeps a
+        slot per position (`_prefill_at_once`), else in chunks of static
+        length (the widest window plus one, at least 32, at most the
+        buffer's length when known), then the rest one position at a
+        time.
 
         Returns `(hidden, cache, index)`: with `hidden`, the last block's
         outputs `(batch, max_length, d)` at the prompt's positions up to
@@ -399,6 +427,8 @@ class Generator(StreamingMixin):
         The buffer's length may be unknown while tracing (a `tf.function`
         taking prompts of any length): only the chunks are static.
         """
+        if self._overwrites_positions(cache):
+            return self._prefill_at_once(token_ids, padding_mask, cache, hidden)
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
         chunk = max((self._window() or 0) + 1, 32)
         if width is not None:

@@ -7,7 +7,7 @@ library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
 per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
 `bloom`, `phi3`, `qwen3`, `qwen3_5`, `smollm3`, `mixtral`, `qwen3_moe`,
-`gpt_oss`, `vit`), each with its table of weight paths.
+`gpt_oss`, `vit`, `deit`), each with its table of weight paths.
 `causal_lm_generator(model)` decodes a converted GPT-2, Llama, Mistral,
 Mixtral, Gemma (1, 2, 3), BLOOM, Phi-3, Qwen 3, Qwen 3.5, Qwen3-MoE,
 SmolLM3 or gpt-oss with the library's cached generator,

@@ -2,6 +2,7 @@
 
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
+from keras_attention.interop.deit import convert_deit
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
@@ -23,6 +24,7 @@ from keras_attention.interop.vit import convert_vit
 CONVERTERS = {
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
+    "DeiTBackbone": convert_deit,
     "GPT2Backbone": convert_gpt2,
     "GptOssBackbone": convert_gpt_oss,
     "GemmaBackbone": convert_gemma,

@@ -86,6 +86,24 @@ def init_kv_cache(layer, batch_size, max_length, dtype=None, sink_tokens=None):
     )
 
 
+def overwrites_positions(cache):
+    """Whether an own cache keeps a slot per position (`key_mask`: the
+    key/value and latent caches of `max_length` positions), which a call
+    at that position overwrites; a rolling cache (`slot_mask`) does
+    not."""
+    return isinstance(cache, dict) and "key_mask" in cache
+
+
+class SlotPerPosition:
+    """`TokenMixer.cache_overwrites_positions` of the layers whose own
+    cache is one of this module's: True for a cache of `max_length`
+    positions (a call at a position overwrites its slot), False for a
+    ring of slots."""
+
+    def cache_overwrites_positions(self, cache):
+        return overwrites_positions(cache)
+
+
 def init_latent_cache(
     layer, batch_size, max_length, dtype=None, sink_tokens=None
 ):

@@ -40,6 +40,7 @@ class MultiHeadAttention(
     Projections,
     QKNormAndSinks,
     AttentionStep,
+    _kv_cache.SlotPerPosition,
     TokenMixer,
     keras.layers.Layer,
 ):
@@ -113,7 +114,7 @@ class MultiHeadAttention(
         key_dim: int, size of each query/key head.
         value_dim: int, size of each value head; defaults to `key_dim`.
         dropout: float in [0, 1), dropout on the attention weights.
-        use_bias: bool, whether the projections have biases.
+        use_bias: bool, the projections' biases; "qkv": all but the output's.
         output_shape: int or tuple of ints, the shape of the output besides
             the batch and attention axes (a tuple gives a multi-dimensional
             output); defaults to the query's feature size.
@@ -351,7 +352,7 @@ class MultiHeadAttention(
         self.value_dim = value_dim if value_dim else key_dim
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
-        self.use_bias = validation.check_bool("use_bias", use_bias)
+        self.use_bias = validation.check_use_bias(use_bias)
         self.use_gate = validation.check_bool("use_gate", use_gate)
         # Full output shape (tuple) and, for subclasses, `_output_shape`:
         # an int for a one-dimensional output, else the tuple.
@@ -606,9 +607,6 @@ class MultiHeadAttention(
 
         A rolling cache (`cache_sink_tokens`) needs a window: it holds
         `cache_window() + 1` recent positions (plus the sinks).
-
-        Returns:
-            int or None.
         """
         if self.sliding_window is None:
             return None

@@ -53,7 +53,10 @@ def _with_weights(result, options):
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadLatentAttention(
-    recording.AttentionRecording, TokenMixer, keras.layers.Layer
+    recording.AttentionRecording,
+    _kv_cache.SlotPerPosition,
+    TokenMixer,
+    keras.layers.Layer,
 ):
     """Multi-head latent attention (MLA) of DeepSeek-V2 and DeepSeek-V3.
 

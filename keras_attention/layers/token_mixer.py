@@ -52,6 +52,15 @@ class TokenMixer:
       calls give token by token.
     - `cache_window()`: how many earlier positions a query sees (an int),
       or None for all of them (the default).
+    - `cache_overwrites_positions(cache)`: True when `cache` keeps one
+      slot per position, which a call at that position overwrites (keys
+      and values of `max_length` positions, a latent per position): a
+      call may then run past the positions it must write, and a later
+      call at those positions writes them anew. Generators then write a
+      whole prompt buffer in one call (a long prompt's prefill) and
+      resume at the shortest prompt's end. False (the default) for a
+      cache that accumulates (a recurrent state, a ring of slots): those
+      are written in order, each position once.
 
     Example: a cumulative mean, its cache `(sum, count)`:
 
@@ -112,3 +121,12 @@ class TokenMixer:
         """How many earlier positions a query sees in a cache, or None
         for every earlier position (the default)."""
         return None
+
+    def cache_overwrites_positions(self, cache):
+        """Whether `cache` (this layer's `init_cache`'s) keeps one slot
+        per position that a call at that position overwrites, so that a
+        call may run past the positions it must write (see the class's
+        contract). False, the safe default: positions written in order,
+        each once."""
+        del cache
+        return False
