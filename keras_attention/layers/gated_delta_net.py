@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_attention.layers import recording
+from keras_attention.layers import token_mixer
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers._short_convolution import causal_convolution
 from keras_attention.layers.token_mixer import TokenMixer
@@ -159,7 +160,7 @@ class GatedDeltaNet(
             cache (the output then also reads the state of earlier
             calls, which no matrix over this call's tokens holds).
         training: unused (no dropout), for Keras.
-        padding_mask: the `TokenMixer` name of `mask` (either one).
+        padding_mask: the `TokenMixer` name of `mask` (both given: and-ed).
 
     Returns:
         The output `(batch, T, hidden_size)`, then the matrix if
@@ -442,8 +443,7 @@ class GatedDeltaNet(
         training=None,
         padding_mask=None,
     ):
-        if padding_mask is not None:  # `TokenMixer`'s name of `mask`
-            mask = padding_mask
+        mask = token_mixer.padding_mask_and(padding_mask, "mask", mask)
         mask, segment_ids = attention_checks.as_tensors(
             mask=mask, segment_ids=segment_ids
         )

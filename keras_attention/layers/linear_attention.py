@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.layers import recording
+from keras_attention.layers import token_mixer
 from keras_attention.layers._einsum_dense import EinsumDense
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers.token_mixer import TokenMixer
@@ -154,7 +155,8 @@ class LinearAttention(
             keys). Unnormalised rows need not sum to 1, and with
             `feature_map="identity"` weights can be negative.
         training: unused (no dropout), accepted for Keras.
-        padding_mask: the `TokenMixer` name of `query_mask` (either one).
+        padding_mask: the `TokenMixer` name of `query_mask` (both given:
+            and-ed).
 
     Returns:
         The output `(batch, T, features)`, then the weights if
@@ -388,8 +390,9 @@ class LinearAttention(
         training=None,
         padding_mask=None,
     ):
-        if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
-            query_mask = padding_mask
+        query_mask = token_mixer.padding_mask_and(
+            padding_mask, "query_mask", query_mask
+        )
         query_mask, segment_ids = attention_checks.as_tensors(
             query_mask=query_mask, segment_ids=segment_ids
         )

@@ -4,6 +4,7 @@ import numpy as np
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _kv_cache
 from keras_attention.layers import recording
+from keras_attention.layers import token_mixer
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods.base import and_masks
 from keras_attention.mods.masks import SlidingWindowMask
@@ -282,8 +283,7 @@ class LocalSelfAttention(SelfAttention):
         positions=None,
         padding_mask=None,
     ):
-        if padding_mask is not None:  # `TokenMixer`'s name of `mask`
-            mask = padding_mask
+        mask = token_mixer.padding_mask_and(padding_mask, "mask", mask)
         global_mask, attention_mask = attention_checks.as_tensors(
             global_mask=global_mask, attention_mask=attention_mask
         )

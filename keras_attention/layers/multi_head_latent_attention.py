@@ -17,6 +17,7 @@ from keras_attention import masks as masks_lib
 from keras_attention.layers import _kv_cache
 from keras_attention.layers import _latent_rotary
 from keras_attention.layers import recording
+from keras_attention.layers import token_mixer
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.token_mixer import TokenMixer
@@ -494,8 +495,9 @@ class MultiHeadLatentAttention(
         positions=None,
         padding_mask=None,
     ):
-        if padding_mask is not None:  # `TokenMixer`'s name of `query_mask`
-            query_mask = padding_mask
+        query_mask = token_mixer.padding_mask_and(
+            padding_mask, "query_mask", query_mask
+        )
         query_mask, attention_mask = attention_checks.as_tensors(
             query_mask=query_mask, attention_mask=attention_mask
         )

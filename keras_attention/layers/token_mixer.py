@@ -2,6 +2,10 @@
 positions (self-attention and its linear-time replacements), the one
 contract that blocks and `keras_attention.generation` decode through."""
 
+from keras import ops
+
+from keras_attention.utils import attention_checks
+
 
 class TokenMixer:
     """The cache protocol of a token mixer: a mixin for a Keras layer that
@@ -130,3 +134,27 @@ class TokenMixer:
         each once."""
         del cache
         return False
+
+
+def padding_mask_and(padding_mask, name, mask):
+    """The mask a token mixer's call applies when it takes both the
+    protocol's `padding_mask` and its own mask argument `name` (`mask`,
+    which Keras fills from the inputs' Keras mask, or `query_mask`): the
+    two and-ed, so that neither is dropped (a token is padding when
+    either says so); the one given, else None. Array-likes are taken;
+    masks of different static shapes are refused, naming both."""
+    padding_mask, mask = attention_checks.as_tensors(
+        padding_mask=padding_mask, **{name: mask}
+    )
+    if padding_mask is None or mask is None:
+        return mask if padding_mask is None else padding_mask
+    shapes = tuple(padding_mask.shape), tuple(mask.shape)
+    if None not in shapes[0] + shapes[1] and shapes[0] != shapes[1]:
+        raise ValueError(
+            f"`padding_mask` and `{name}` are and-ed: they must have one "
+            f"shape. Received: padding_mask.shape={shapes[0]!r}, "
+            f"{name}.shape={shapes[1]!r}"
+        )
+    return ops.logical_and(
+        ops.cast(padding_mask, "bool"), ops.cast(mask, "bool")
+    )
