@@ -5,24 +5,36 @@ rebuilt from this library's blocks and layers, with their weights.
 inputs and outputs and a copy of its weights, so that every feature of the
 library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
-per family (`bert`, `gpt2`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
-`bloom`, `phi3`, `qwen3`, `qwen3_5`, `smollm3`, `mixtral`, `qwen3_moe`,
-`gpt_oss`, `vit`, `deit`), each with its table of weight paths.
+per family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`,
+`electra`, `gpt2`, `opt`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
+`bloom`, `phi3`, `qwen`, `qwen3`, `qwen3_5`, `smollm3`, `mixtral`, `qwen3_moe`,
+`gpt_oss`, `vit`, `deit`, `roformer_v2`, `esm`), each with its table of
+weight paths.
 `causal_lm_generator(model)` decodes a converted GPT-2, Llama, Mistral,
 Mixtral, Gemma (1, 2, 3), BLOOM, Phi-3, Qwen 3, Qwen 3.5, Qwen3-MoE,
 SmolLM3 or gpt-oss with the library's cached generator,
 `seq2seq_generator(model)` a converted T5. keras-hub is imported only
 when a backbone is converted.
+
+`from_huggingface(path)` loads a Hugging Face safetensors checkpoint
+(`config.json` and `model.safetensors` or shards) into the same blocks
+with NumPy alone (`checkpoint` reads the files); one module per
+architecture in `interop.hf`, the registry `huggingface.MODEL_TYPES`
+(`supported_model_types()`).
 """
 
 from keras_attention.interop.convert import from_keras_hub
 from keras_attention.interop.convert import supported_backbones
 from keras_attention.interop.generation import causal_lm_generator
 from keras_attention.interop.generation import seq2seq_generator
+from keras_attention.interop.huggingface import from_huggingface
+from keras_attention.interop.huggingface import supported_model_types
 
 __all__ = [
     "causal_lm_generator",
+    "from_huggingface",
     "from_keras_hub",
     "seq2seq_generator",
     "supported_backbones",
+    "supported_model_types",
 ]

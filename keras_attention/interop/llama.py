@@ -148,19 +148,72 @@ def build_llama_style(
     layer_attention=None,
     layer_feed_forward=None,
 ):
-    """The Llama-style model: a token embedding (`ReversibleEmbedding`,
-    tied or not as the backbone's), pre-norm `TransformerDecoderBlock`s
-    with RMS norms, each composed of a causal `SelfAttention` (no biases,
-    grouped-query, rotary positions; `LocalSelfAttention` with a window)
-    and a SwiGLU `FeedForward`, then a final RMS norm; the backbone's
-    weights copied in by `WEIGHT_TABLE`.
+    """`llama_style_model` of a keras-hub backbone (its dtype policy and
+    name), with the backbone's weights copied in by `table`.
 
     Args:
         backbone: the keras-hub backbone.
+        config: `llama_style_model`'s `config`.
+        window_size, key_dim, rotary_scaling, qk_norm, qk_norm_epsilon,
+        layer_attention, layer_feed_forward: `llama_style_model`'s.
+        table: the weight table (theirs -> ours); `WEIGHT_TABLE` unless
+            the family names more weights; None: the caller copies the
+            weights (SmolLM3, whose weight paths are not unique).
+
+    Returns:
+        The converted `keras.Model`.
+    """
+    model = llama_style_model(
+        config,
+        dtype=backbone.dtype_policy,
+        name=backbone.name,
+        window_size=window_size,
+        key_dim=key_dim,
+        rotary_scaling=rotary_scaling,
+        qk_norm=qk_norm,
+        qk_norm_epsilon=qk_norm_epsilon,
+        layer_attention=layer_attention,
+        layer_feed_forward=layer_feed_forward,
+    )
+    if table is not None:
+        prefixes = _common.layer_prefixes(table, config["num_layers"])
+        _common.copy_weights(backbone, model, prefixes)
+    return model
+
+
+def llama_style_model(
+    config,
+    dtype,
+    name,
+    window_size=None,
+    key_dim=None,
+    rotary_scaling=None,
+    qk_norm=None,
+    qk_norm_epsilon=None,
+    layer_attention=None,
+    layer_feed_forward=None,
+):
+    """The Llama-style model, of its config alone (the builder that the
+    keras-hub converters and `from_huggingface` share): a token embedding
+    (`ReversibleEmbedding`, tied or not), pre-norm
+    `TransformerDecoderBlock`s with RMS norms named
+    `transformer_layer_{i}`, each composed of a causal `SelfAttention`
+    (grouped-query, rotary positions; `LocalSelfAttention` with a
+    window) and a gated `FeedForward` (SwiGLU unless `activation`), then
+    a final RMS norm `sequence_output_layernorm`. Its weights are the
+    layers' initial ones: the caller fills them.
+
+    Args:
         config: dict with `vocabulary_size`, `num_layers`,
             `num_query_heads`, `num_key_value_heads`, `hidden_dim`,
             `intermediate_dim`, `rope_max_wavelength`,
-            `layer_norm_epsilon`, `dropout`, `tie_word_embeddings`.
+            `layer_norm_epsilon`, `dropout`, `tie_word_embeddings`, and
+            optionally `attention_bias` (biases on the four attention
+            projections; default False), `mlp_bias` (on the
+            feed-forward's; default False), `activation` (the gate's;
+            default "silu") and `rotary_fraction` (default 1.0).
+        dtype: the layers' dtype policy (or its name).
+        name: the model's name.
         window_size: optional int, the self-attention's causal
             `window_size` (position `i` sees `i - window_size .. i`).
         key_dim: optional int, the head size (default `hidden_dim //
@@ -170,21 +223,19 @@ def build_llama_style(
         qk_norm: optional, the self-attention's `qk_norm` (Qwen 3: "rms").
         qk_norm_epsilon: optional, the QK-norms' epsilon (None:
             `layer_norm_epsilon`).
-        table: the weight table (theirs -> ours); `WEIGHT_TABLE` unless
-            the family names more weights; None: the caller copies the
-            weights (SmolLM3, whose weight paths are not unique).
         layer_attention: optional `layer_attention(i)` -> self-attention
             arguments of layer `i` overriding the shared ones (SmolLM3's
             layers without rotary positions: `rotary_max_wavelength=None`;
-            gpt-oss's windows, sinks and biases).
+            gpt-oss's windows, sinks and biases; Qwen 2's windowed
+            layers).
         layer_feed_forward: optional `layer_feed_forward(i)` -> the
             feed-forward layer of layer `i` (a `MixtureOfExperts`), or
-            None for the SwiGLU `FeedForward`.
+            None for the gated `FeedForward`.
 
     Returns:
-        The converted `keras.Model`.
+        A `keras.Model` with inputs `token_ids`, `padding_mask` and the
+        final norm's output.
     """
-    dtype = backbone.dtype_policy
     inputs = _common.token_inputs("token_ids", "padding_mask")
     x = keras.layers.ReversibleEmbedding(
         config["vocabulary_size"],
@@ -199,12 +250,14 @@ def build_llama_style(
         causal=True,
         num_key_value_heads=config["num_key_value_heads"],
         dropout=config["dropout"],
-        use_bias=False,
+        use_bias=bool(config.get("attention_bias", False)),
         rotary_max_wavelength=config["rope_max_wavelength"],
         rotary_scaling=rotary_scaling,
         window_size=window_size,
         dtype=dtype,
     )
+    if config.get("rotary_fraction", 1.0) != 1.0:
+        attention["rotary_fraction"] = config["rotary_fraction"]
     if qk_norm is not None:
         attention["qk_norm"] = qk_norm
         attention["qk_norm_epsilon"] = (
@@ -216,9 +269,9 @@ def build_llama_style(
         if ff is None:
             ff = _common.feed_forward(
                 config["intermediate_dim"],
-                activation="silu",
+                activation=config.get("activation", "silu"),
                 dropout=config["dropout"],
-                use_bias=False,
+                use_bias=bool(config.get("mlp_bias", False)),
                 gated=True,
                 dtype=dtype,
             )
@@ -237,11 +290,7 @@ def build_llama_style(
         dtype=dtype,
         name="sequence_output_layernorm",
     )(x)
-    model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    if table is not None:
-        prefixes = _common.layer_prefixes(table, config["num_layers"])
-        _common.copy_weights(backbone, model, prefixes)
-    return model
+    return keras.Model(inputs=inputs, outputs=x, name=name)
 
 
 def convert_llama(backbone):

@@ -1,0 +1,194 @@
+"""The weight-table walker: a Hugging Face checkpoint's tensors into a
+model's weights, by a family's table, written once for every family.
+
+A table is a tuple of rows `(their name, our path, transform)`:
+
+- `their name`: a tensor name of the checkpoint; `{i}` stands for the
+  layer index (the row then holds for layers `0 .. num_layers - 1`);
+- `our path`: the weight's `path` in our model (`{i}` likewise), or a
+  tuple of paths: the tensor is then a fused one (Phi-3's `qkv_proj`,
+  `gate_up_proj`), split along its first axis into one piece per path,
+  each of the size its transform expects;
+- `transform`: a name of `TRANSFORMS`, how the stored tensor becomes
+  ours, and what stored shape it expects of our weight's shape:
+
+  - "copy": the same shape (embeddings, norm scales, biases of Dense);
+  - "linear": a torch `Linear` weight `(out, in)` to a Keras kernel whose
+    first axis is the input `(in, ...)`: transposed, then reshaped
+    (`q_proj` to `(hidden, heads, head_dim)`, `gate_proj` to
+    `(hidden, intermediate)`, `lm_head` to the reverse embedding);
+  - "linear_in2": the same for a kernel whose first two axes are the
+    input (`o_proj` to `(heads, head_dim, hidden)`);
+  - "flat": a vector reshaped (a projection's bias `(heads * head_dim,)`
+    to `(heads, head_dim)`);
+  - "norm_plus_one": an RMS norm stored as `scale - 1` (Gemma's
+    `x * (1 + w)`) to Keras's `x * scale`.
+
+Every row's tensor must be in the checkpoint with the expected shape
+(`ValueError` naming it and both shapes, before anything is read), and
+every weight of the model must get exactly one value; the checkpoint's
+tensors that no row reads must be named by the family's `ignored`
+patterns (`fnmatch`: recomputed RoPE tables, a tied head stored anyway),
+else they are refused too. Tensors are read one at a time, in the order
+of the checkpoint's files, cast to the weight's dtype and assigned.
+"""
+
+import fnmatch
+
+import numpy as np
+
+
+def _expected_copy(shape):
+    return tuple(shape)
+
+
+def _expected_linear(shape, inputs=1):
+    inner = int(np.prod(shape[:inputs], dtype=np.int64))
+    outer = int(np.prod(shape[inputs:], dtype=np.int64))
+    return (outer, inner)
+
+
+def _linear(value, shape):
+    return np.transpose(value).reshape(shape)
+
+
+# name -> (stored shape for our weight's shape, stored value -> ours).
+TRANSFORMS = {
+    "copy": (_expected_copy, lambda value, shape: value),
+    "linear": (_expected_linear, _linear),
+    "linear_in2": (lambda shape: _expected_linear(shape, 2), _linear),
+    "flat": (
+        lambda shape: (int(np.prod(shape, dtype=np.int64)),),
+        lambda value, shape: value.reshape(shape),
+    ),
+    "norm_plus_one": (
+        _expected_copy,
+        lambda value, shape: value.astype("float32") + np.float32(1),
+    ),
+}
+
+
+def concrete_rows(table, num_layers):
+    """The table's rows for layers `0 .. num_layers - 1`: `{their name:
+    (our paths (a tuple), transform)}`."""
+    rows = {}
+    for theirs, ours, transform in table:
+        if transform not in TRANSFORMS:
+            raise ValueError(
+                f"Weight table row {theirs!r}: transform {transform!r} is "
+                f"not one of {sorted(TRANSFORMS)}."
+            )
+        paths = (ours,) if isinstance(ours, str) else tuple(ours)
+        layers = range(num_layers) if "{i}" in theirs else (None,)
+        for i in layers:
+            name = theirs if i is None else theirs.format(i=i)
+            rows[name] = (
+                tuple(p if i is None else p.format(i=i) for p in paths),
+                transform,
+            )
+    return rows
+
+
+def _expected(weights, transform):
+    """The stored shape that fills `weights` (one, or the pieces of a
+    fused tensor, split along its first axis) by `transform`."""
+    expect = TRANSFORMS[transform][0]
+    pieces = [expect(tuple(w.shape)) for w in weights]
+    if len(pieces) == 1:
+        return pieces[0]
+    return (sum(p[0] for p in pieces),) + tuple(pieces[0][1:])
+
+
+def expected_shapes(model, table, num_layers):
+    """`{their name: stored shape}` that `table` reads into `model`: the
+    checkpoint a family's converter expects (tests and benchmarks write
+    random ones with it)."""
+    ours = {w.path: w for w in model.weights}
+    return {
+        name: _expected([ours[p] for p in paths], transform)
+        for name, (paths, transform) in concrete_rows(table, num_layers).items()
+    }
+
+
+def _plan(model, checkpoint, rows, ignored):
+    """`[(their name, [our weights], transform)]` after every check."""
+    ours = {w.path: w for w in model.weights}
+    plan, used = [], {}
+    for name, (paths, transform) in rows.items():
+        missing = [p for p in paths if p not in ours]
+        if missing:
+            raise ValueError(
+                f"The weight table maps {name!r} to {missing!r}, which the "
+                f"model {model.name!r} does not have (a converter error)."
+            )
+        weights = [ours[p] for p in paths]
+        expected = _expected(weights, transform)
+        if name not in checkpoint:
+            raise ValueError(
+                f"The checkpoint has no tensor {name!r} (expected of shape "
+                f"{expected!r} for {paths[0]!r})."
+            )
+        stored = tuple(checkpoint.shape(name))
+        if stored != expected:
+            raise ValueError(
+                f"Tensor {name!r} has shape {stored!r} in the checkpoint "
+                f"but {expected!r} is expected (for {', '.join(paths)})."
+            )
+        for path in paths:
+            if path in used:
+                raise ValueError(
+                    f"Two tensors map to {path!r}: {used[path]!r} and "
+                    f"{name!r} (a converter error)."
+                )
+            used[path] = name
+        plan.append((name, weights, transform))
+    left = sorted(set(ours) - set(used))
+    if left:
+        raise ValueError(
+            f"No tensor of the weight table fills {left!r} of model "
+            f"{model.name!r} (a converter error)."
+        )
+    unread = [
+        name
+        for name in checkpoint.names()
+        if name not in rows
+        and not any(fnmatch.fnmatchcase(name, p) for p in ignored)
+    ]
+    if unread:
+        raise ValueError(
+            f"The checkpoint has tensors its converter does not read: "
+            f"{unread[:10]!r}{' ...' if len(unread) > 10 else ''} (an "
+            "unsupported variant of the architecture)."
+        )
+    order = {name: k for k, name in enumerate(checkpoint.names())}
+    return sorted(plan, key=lambda row: order[row[0]])
+
+
+def load_weights(model, checkpoint, table, num_layers, ignored=()):
+    """Assigns `model`'s weights from `checkpoint` (a
+    `keras_attention.interop.checkpoint.Checkpoint`) by `table` (rows
+    `(their name, our path(s), transform)`, module docstring), for
+    layers `0 .. num_layers - 1`; `ignored`: `fnmatch` patterns of
+    tensors left unread on purpose. Every check runs before the first
+    tensor is read.
+
+    Raises:
+        ValueError: a missing tensor or one of another shape (naming it
+            and both shapes), a tensor no row reads, a weight no row
+            fills.
+    """
+    rows = concrete_rows(table, num_layers)
+    for name, weights, transform in _plan(model, checkpoint, rows, ignored):
+        value = checkpoint.read(name)
+        pieces = [value]
+        if len(weights) > 1:
+            sizes = [
+                TRANSFORMS[transform][0](tuple(w.shape))[0] for w in weights
+            ]
+            pieces = np.split(value, np.cumsum(sizes)[:-1], axis=0)
+        del value
+        apply = TRANSFORMS[transform][1]
+        for weight, piece in zip(weights, pieces):
+            ours = apply(piece, tuple(weight.shape))
+            weight.assign(np.asarray(ours).astype(weight.dtype, copy=False))
+        del pieces
