@@ -20,8 +20,10 @@
 #     TensorFlow programs: tf.data, SavedModel, XLA-compiled tf.function
 #     loops, TensorFlow's own memory and graph inspection).
 #   JAX: the backend-neutral library tests: layers, blocks, ops, the mask
-#     matrix, the keras-hub converters (interop), the harness self-tests
-#     and the doctests.
+#     matrix, the harness self-tests and the doctests. The converted
+#     families (tests/interop) run in the fast tier on TensorFlow only,
+#     on JAX and PyTorch in the slow tier (tests/interop/tiers.py; issue
+#     55: each family once on TensorFlow).
 #   PyTorch: the same, plus generation (cached decoding with the keras_hub
 #     samplers runs eagerly on torch: cheap). The harness runs `fit` eagerly
 #     only and no SavedModel export on torch (tests/harness.py BACKEND_GAPS

@@ -10,11 +10,13 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import family_tier
 
 import keras_attention
 from keras_attention.interop import from_keras_hub
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 
 VOCAB, LENGTH, BATCH = 20, 8, 2
 # Padding masks: a right-padded row, and a full row (BERT pools the first

@@ -6,12 +6,14 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import family_tier
 
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
 from keras_attention.interop import seq2seq_generator
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 
 VOCAB, LENGTH = 30, 10
 # Right-padded prompts (keras-hub's layout) of 3 and 5 tokens.

@@ -12,12 +12,14 @@ from test_from_keras_hub import make_inputs
 from test_from_keras_hub import perturbed
 from test_from_keras_hub import real_positions_error
 from test_from_keras_hub import tiny
+from tiers import family_tier
 
 from keras_attention.generation import init_cache
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 
 YARN = {
     "scaling_factor": 4.0,

@@ -9,11 +9,13 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import family_tier
 
 import keras_attention
 from keras_attention.interop import from_keras_hub
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 
 VOCAB, LENGTH = 20, 8
 COMMON = dict(

@@ -13,6 +13,7 @@ import pytest
 from keras.ops import convert_to_numpy as to_numpy
 from test_from_keras_hub import perturbed
 from test_from_keras_hub import tiny
+from tiers import family_tier
 
 from keras_attention.interop import causal_lm_generator
 from keras_attention.interop import from_keras_hub
@@ -20,6 +21,7 @@ from keras_attention.layers import GatedDeltaNet
 from keras_attention.layers import MultiHeadAttention
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 qwen3_5_attention = pytest.importorskip(
     "keras_hub.src.models.qwen3_5.qwen3_5_attention"
 )

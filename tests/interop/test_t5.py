@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import family_tier
 
 import keras_attention
 from keras_attention.interop import from_keras_hub
@@ -20,9 +21,11 @@ from keras_attention.scores.t5_relative_bias import _bucket_table
 
 keras_hub = pytest.importorskip("keras_hub")
 # keras-hub's T5 attention warns when given a masked input.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Layer .* does not support masking:UserWarning"
-)
+pytestmark = family_tier() + [
+    pytest.mark.filterwarnings(
+        "ignore:Layer .* does not support masking:UserWarning"
+    )
+]
 
 VOCAB, HEADS, HIDDEN = 20, 4, 16
 # Source and target lengths past T5's 8 (bidirectional) / 16 (causal)

@@ -8,11 +8,13 @@ import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import family_tier
 
 import keras_attention
 from keras_attention.interop import from_keras_hub
 
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = family_tier()
 
 IMAGES = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
 
