@@ -1,4 +1,5 @@
 import keras
+from keras import ops
 
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -20,6 +21,10 @@ class FeedForward(keras.layers.Layer):
     Gemma): `FFN(x) = W2 dropout(activation(x Wg + bg) * (x W1 + b1)) +
     b2`, a third `(d, intermediate_dim)` projection `gate_dense`.
 
+    Layer scale (`layer_scale=v`, as in CaiT and DINOv2): the output
+    times a learned per-feature vector `layer_scale` `(d,)` initialised
+    to `v`, `FFN(x) * lambda`.
+
     Args:
         intermediate_dim: int, width of the hidden layer (`d_ff`).
         activation: activation of the hidden layer.
@@ -29,6 +34,9 @@ class FeedForward(keras.layers.Layer):
         bias_initializer: initializer of the layers' biases.
         gated: bool, the gated (GLU) form above; default False (the
             Transformer's).
+        layer_scale: optional positive float, the initial value of a
+            learned per-feature scale of the output (a weight named
+            `layer_scale`); None (default): no scale.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -53,6 +61,8 @@ class FeedForward(keras.layers.Layer):
     References:
         - Vaswani et al., 2017, "Attention Is All You Need", section 3.3.
         - Shazeer, 2020, "GLU Variants Improve Transformer" (`gated`).
+        - Touvron et al., 2021, "Going deeper with Image Transformers"
+          (CaiT; `layer_scale`).
     """
 
     def __init__(
@@ -64,6 +74,7 @@ class FeedForward(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         gated=False,
+        layer_scale=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -74,6 +85,9 @@ class FeedForward(keras.layers.Layer):
         self.activation = keras.activations.get(activation)
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.gated = validation.check_bool("gated", gated)
+        self.layer_scale = validation.check_positive_number(
+            "layer_scale", layer_scale, allow_none=True
+        )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -114,6 +128,13 @@ class FeedForward(keras.layers.Layer):
         )
         self.output_dense = self._dense(inputs_shape[-1], "output_dense")
         self.output_dense.build(hidden_shape)
+        self.layer_scale_weight = None
+        if self.layer_scale is not None:
+            self.layer_scale_weight = self.add_weight(
+                name="layer_scale",
+                shape=(inputs_shape[-1],),
+                initializer=keras.initializers.Constant(self.layer_scale),
+            )
         self.built = True
 
     def call(self, inputs, training=None):
@@ -124,7 +145,10 @@ class FeedForward(keras.layers.Layer):
         if self.gated:
             hidden = self.gate_dense(inputs) * hidden
         hidden = self.dropout_layer(hidden, training=training)
-        return self.output_dense(hidden)
+        outputs = self.output_dense(hidden)
+        if self.layer_scale_weight is not None:
+            outputs = outputs * ops.cast(self.layer_scale_weight, outputs.dtype)
+        return outputs
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
@@ -146,4 +170,6 @@ class FeedForward(keras.layers.Layer):
                 ),
             }
         )
+        if self.layer_scale is not None:  # earlier releases' configs stay
+            config["layer_scale"] = self.layer_scale
         return config

@@ -1,4 +1,5 @@
 import keras
+from keras import ops
 
 from keras_attention.layers import recording
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
@@ -15,10 +16,18 @@ class SelfAttention(MultiHeadAttention):
     mask of `inputs` (for example from `Embedding(mask_zero=True)`) masks
     both padded keys and padded queries, and is propagated to the output.
 
+    Layer scale (`layer_scale=v`, as in CaiT and DINOv2): the output
+    times a learned per-feature vector `layer_scale` (of the output's
+    feature shape) initialised to `v`; the attention weights are not
+    changed.
+
     Args:
         num_heads: int, number of attention heads.
         key_dim: int, size of each query/key head.
         causal: bool, if True position `i` attends only to positions `<= i`.
+        layer_scale: optional positive float, the initial value of a
+            learned per-feature scale of the output (a weight named
+            `layer_scale`); None (default): no scale.
         **kwargs: the other arguments of `MultiHeadAttention` (`value_dim`,
             `num_key_value_heads`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and base layer arguments.
@@ -74,16 +83,41 @@ class SelfAttention(MultiHeadAttention):
 
     References:
         - Vaswani et al., 2017, "Attention Is All You Need".
+        - Touvron et al., 2021, "Going deeper with Image Transformers"
+          (CaiT; `layer_scale`).
     """
 
     attention_kind = "self"
 
-    def __init__(self, num_heads, key_dim, causal=False, **kwargs):
+    def __init__(
+        self, num_heads, key_dim, causal=False, layer_scale=None, **kwargs
+    ):
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.causal = validation.check_bool("causal", causal)
+        self.layer_scale = validation.check_positive_number(
+            "layer_scale", layer_scale, allow_none=True
+        )
 
     def build(self, inputs_shape):
         super().build(inputs_shape, inputs_shape)
+        self.layer_scale_weight = None
+        if self.layer_scale is not None:
+            features = self._output_shapes or (tuple(inputs_shape)[-1],)
+            self.layer_scale_weight = self.add_weight(
+                name="layer_scale",
+                shape=tuple(features),
+                initializer=keras.initializers.Constant(self.layer_scale),
+            )
+
+    def _scaled(self, outputs):
+        """`outputs` (the output, or a tuple led by it) with the output
+        times `layer_scale`."""
+        if getattr(self, "layer_scale_weight", None) is None:
+            return outputs
+        rest = outputs[1:] if isinstance(outputs, tuple) else None
+        output = outputs[0] if rest is not None else outputs
+        output = output * ops.cast(self.layer_scale_weight, output.dtype)
+        return output if rest is None else (output, *rest)
 
     def call(
         self,
@@ -105,7 +139,7 @@ class SelfAttention(MultiHeadAttention):
         if padding_mask is not None:  # `TokenMixer`'s name of `mask`
             mask = padding_mask
         mask = self._padding_mask(inputs, mask)
-        return super().call(
+        outputs = super().call(
             query=inputs,
             value=inputs,
             query_mask=mask,
@@ -122,6 +156,7 @@ class SelfAttention(MultiHeadAttention):
             cache_sink_tokens=cache_sink_tokens,
             positions=positions,
         )
+        return self._scaled(outputs)
 
     def _padding_mask(self, inputs, mask):
         """`mask`, else the Keras mask of `inputs`; checked against them."""
@@ -165,6 +200,8 @@ class SelfAttention(MultiHeadAttention):
     def get_config(self):
         config = super().get_config()
         config["causal"] = self.causal
+        if self.layer_scale is not None:  # earlier releases' configs stay
+            config["layer_scale"] = self.layer_scale
         return config
 
 
