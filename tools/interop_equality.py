@@ -19,7 +19,9 @@ weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
   (right-padded rows, and a left-padded one for the causal models; T5:
-  both stacks right-padded; for ViT, 4 random 32 x 32 images), the
+  both stacks right-padded; for ViT, 4 random 32 x 32 images; ESM-2
+  and RoFormer-v2 without padding, as keras-hub masks their padded
+  queries, not keys, on TensorFlow and JAX), the
   largest absolute difference of each output over the real positions;
 - logits (causal families, T5's decoder): the same batch, our
   `interop.causal_lm_generator(model).logits` (T5: `seq2seq_generator`)
@@ -201,6 +203,14 @@ def backbones():
             hidden_dim=64,
             intermediate_dim=128,
         ),
+        # ESM-2: rotary, the layer norm before the blocks, padding id 1.
+        "ESM-2": models.ESM2Backbone(
+            num_heads=4, use_pre_layer_norm=True, pad_token_id=1, **common
+        ),
+        # RoFormer-v2: interleaved rotary, scale-only norms, no biases.
+        "RoFormer-v2": models.RoformerV2Backbone(
+            num_heads=4, head_size=16, **common
+        ),
         # SmolLM3-3B's pattern: no RoPE on every fourth layer (NoPE).
         "SmolLM3 (NoPE layer 3)": models.SmolLM3Backbone(
             vocabulary_size=VOCAB,
@@ -251,6 +261,15 @@ def inputs(backbone, rng):
             out[f"{stack}_token_ids"] = ids * padding
             out[f"{stack}_padding_mask"] = padding
         return out
+    if "padding_mask" not in backbone.input:
+        # RoFormer-v2, ESM: the mask is read from the token ids (padding
+        # id 0, ESM's `pad_token_id`), and keras-hub masks the padded
+        # queries, not keys, on TF and JAX: ids above 1, no padding.
+        out = {"token_ids": rng.integers(2, VOCAB, (BATCH, LENGTH))}
+        if "segment_ids" in backbone.input:
+            segments = (np.arange(LENGTH)[None] >= 10).astype("int32")
+            out["segment_ids"] = np.repeat(segments, BATCH, 0)
+        return {k: v.astype("int32") for k, v in out.items()}
     causal = "segment_ids" not in backbone.input
     padding = _padding(causal)
     ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32") * padding
@@ -281,8 +300,10 @@ def hidden_errors(ours, theirs, data):
     for key in sorted(theirs):
         stack = key.split("_")[0]  # T5's `encoder_...` / `decoder_...`
         mask = data.get(f"{stack}_padding_mask", data.get("padding_mask"))
-        real = mask.astype(bool)
         diff = np.abs(to_numpy(ours[key]) - to_numpy(theirs[key]))
+        if mask is None:  # RoFormer-v2, ESM: no padding
+            mask = np.ones(diff.shape[:2], bool)
+        real = mask.astype(bool)
         out[key] = float(diff[real].max() if diff.ndim == 3 else diff.max())
     return out
 

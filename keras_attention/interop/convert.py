@@ -3,6 +3,7 @@
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.deit import convert_deit
+from keras_attention.interop.esm import convert_esm
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
@@ -14,6 +15,7 @@ from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
 from keras_attention.interop.qwen3_5 import convert_qwen3_5
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
+from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
@@ -25,6 +27,7 @@ CONVERTERS = {
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
     "DeiTBackbone": convert_deit,
+    "ESMBackbone": convert_esm,
     "GPT2Backbone": convert_gpt2,
     "GptOssBackbone": convert_gpt_oss,
     "GemmaBackbone": convert_gemma,
@@ -36,6 +39,7 @@ CONVERTERS = {
     "Qwen3Backbone": convert_qwen3,
     "Qwen3_5Backbone": convert_qwen3_5,
     "Qwen3MoeBackbone": convert_qwen3_moe,
+    "RoformerV2Backbone": convert_roformer_v2,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
