@@ -203,6 +203,18 @@ def backbones():
             hidden_dim=64,
             intermediate_dim=128,
         ),
+        # 4 registers, layer scale; positions interpolated from 64 x 64.
+        "DINOv2": models.DINOV2Backbone(
+            patch_size=4,
+            num_layers=4,
+            hidden_dim=64,
+            num_heads=4,
+            intermediate_dim=128,
+            layer_scale_init_value=0.1,
+            num_register_tokens=4,
+            image_shape=(32, 32, 3),
+            position_embedding_shape=(64, 64, 3),
+        ),
         # ESM-2: rotary, the layer norm before the blocks, padding id 1.
         "ESM-2": models.ESM2Backbone(
             num_heads=4, use_pre_layer_norm=True, pad_token_id=1, **common
@@ -250,9 +262,22 @@ def _padding(causal):
     return padding
 
 
+def image_inputs(backbone, rng):
+    """4 random images of the backbone's input shape and, for an
+    image-text backbone, 4 sequences of 16 random token ids (no padding:
+    CLIP and SigLIP take none)."""
+    shape = tuple(backbone.input["images"].shape[1:])
+    out = {"images": rng.normal(size=(BATCH, *shape)).astype("float32")}
+    if "token_ids" in backbone.input:
+        out["token_ids"] = rng.integers(1, VOCAB, (BATCH, 16)).astype("int32")
+    return out
+
+
 def inputs(backbone, rng):
     if not isinstance(backbone.input, dict):  # ViT: 4 images, 65 tokens
         return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
+    if "images" in backbone.input:  # DINOv2; CLIP, SigLIP: and text
+        return image_inputs(backbone, rng)
     if "encoder_token_ids" in backbone.input:  # T5
         out = {}
         for stack in ("encoder", "decoder"):

@@ -3,6 +3,7 @@
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.deit import convert_deit
+from keras_attention.interop.dinov2 import convert_dinov2
 from keras_attention.interop.esm import convert_esm
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
@@ -27,6 +28,7 @@ CONVERTERS = {
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
     "DeiTBackbone": convert_deit,
+    "DINOV2Backbone": convert_dinov2,
     "ESMBackbone": convert_esm,
     "GPT2Backbone": convert_gpt2,
     "GptOssBackbone": convert_gpt_oss,

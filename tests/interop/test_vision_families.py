@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
 from tiers import family_tier
+from tiers import reload_tier
 
 import keras_attention
 from keras_attention.interop import from_keras_hub
@@ -90,6 +91,7 @@ def test_deit_equal_outputs_and_attention_of_every_layer(deit_converted):
     assert attention_maps(model, IMAGES) == [(2, 2, 6, 6)] * 2
 
 
+@reload_tier("ViT")
 def test_deit_keras_round_trip_safe_mode(deit_converted, tmp_path):
     check_round_trip(deit_converted[1], IMAGES, tmp_path)
 
@@ -98,3 +100,64 @@ def test_deit_channels_first_is_refused():
     backbone = deit(image_shape=(3, 16, 16), data_format="channels_first")
     with pytest.raises(ValueError, match="data_format"):
         from_keras_hub(backbone)
+
+
+# DINOv2: layer scale, register tokens, positions interpolated from a
+# larger `position_embedding_shape` (then trained: noise on them too).
+
+
+def dinov2(**kwargs):
+    options = dict(
+        patch_size=4,
+        num_layers=2,
+        hidden_dim=8,
+        num_heads=2,
+        intermediate_dim=16,
+        layer_scale_init_value=0.1,
+        num_register_tokens=2,
+        image_shape=(16, 16, 3),
+        position_embedding_shape=(32, 32, 3),
+    )
+    return keras_hub.models.DINOV2Backbone(**{**options, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def dinov2_converted():
+    keras.utils.set_random_seed(4)
+    backbone = perturbed(dinov2())
+    return backbone, from_keras_hub(backbone)
+
+
+def test_dinov2_equal_outputs_and_attention_of_every_layer(dinov2_converted):
+    backbone, model = dinov2_converted
+    data = {"images": IMAGES}
+    assert max_difference(model(data), backbone(data)) <= 1e-5
+    assert attention_maps(model, data) == [(2, 2, 19, 19)] * 2
+    scale = model.get_layer("transformer_layer_1").feed_forward
+    theirs = backbone.get_layer("encoder").layers[1].layer_scale2.lambda1
+    np.testing.assert_array_equal(
+        to_numpy(scale.layer_scale_weight), to_numpy(theirs)
+    )
+
+
+def test_dinov2_reload_keeps_the_trained_positions(dinov2_converted, tmp_path):
+    """The converted model stores the interpolated positions it adds
+    (trained here: noise), so its reload equals the backbone; keras-hub
+    re-interpolates on reload."""
+    backbone, model = dinov2_converted
+    check_round_trip(model, {"images": IMAGES}, tmp_path)
+    positions = model.get_layer("position_embedding").position_embeddings
+    theirs = backbone.get_layer("embeddings").interpolated_position_embeddings
+    np.testing.assert_array_equal(to_numpy(positions), to_numpy(theirs)[0])
+
+
+def test_dinov2_swiglu_without_registers():
+    backbone = perturbed(dinov2(use_swiglu_ffn=True, num_register_tokens=0))
+    model = from_keras_hub(backbone)
+    data = {"images": IMAGES}
+    assert max_difference(model(data), backbone(data)) <= 1e-5
+
+
+def test_dinov2_drop_path_is_refused():
+    with pytest.raises(ValueError, match="drop_path_rate"):
+        from_keras_hub(dinov2(drop_path_rate=0.1))
