@@ -6,6 +6,8 @@ Layers and generation reach it through the names `keras_attention.ops`
 re-exports (`scan_carry`, `compile_step`).
 """
 
+import warnings
+
 import keras
 
 
@@ -446,3 +448,225 @@ def compile_step(step, jit_compile, autograph=True):
     import tensorflow as tf
 
     return tf.function(step, jit_compile=jit_compile, autograph=autograph)
+
+
+# FlexAttention (PyTorch) ------------------------------------------------
+# `ops/flex.py` builds the score and mask functions; the compiled kernel,
+# its block masks and what a machine can run are here. State: the one
+# compiled function (its kernels are cached per shape by `torch.compile`),
+# the block masks of recent calls, and a compilation that failed.
+
+_FLEX = {"kernel": None, "failure": None}
+_FLEX_BLOCK_MASKS = {}
+# Block masks kept (least recently used dropped): one per shape and mask.
+FLEX_BLOCK_MASK_CACHE = 32
+# Kernels `torch.compile` keeps for the flex kernel (its default, 8, would
+# fall back to slow eager code after 8 shapes or score functions).
+FLEX_RECOMPILE_LIMIT = 128
+# The block of FlexAttention's block masks (queries x keys).
+FLEX_BLOCK = 128
+
+
+def flex_unavailable():
+    """None when PyTorch can compile FlexAttention kernels here, else the
+    reason: another backend, a torch without
+    `torch.nn.attention.flex_attention`, no C++ compiler (CPU kernels are
+    C++ built by inductor) or a CPU its kernels do not support, or an
+    earlier compilation that failed (`flex_attention`)."""
+    backend = keras.backend.backend()
+    if backend != "torch":
+        return (
+            "FlexAttention is PyTorch's kernel and the Keras backend is "
+            f"{backend!r}"
+        )
+    if _FLEX["failure"] is not None:
+        return _FLEX["failure"]
+    import torch
+
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return (
+            f"torch {torch.__version__} has no FlexAttention "
+            "(`torch.nn.attention.flex_attention`, torch >= 2.5)"
+        )
+    if torch.cuda.is_available():
+        return None
+    try:
+        from torch._inductor import cpp_builder
+        from torch._inductor.kernel.flex import flex_cpu
+
+        cpp_builder.get_cpp_compiler()
+    except Exception as error:  # noqa: BLE001 - no compiler, or no inductor.
+        return (
+            "torch.compile cannot build FlexAttention's CPU kernels here "
+            f"(no C++ compiler: {type(error).__name__}: {error})"
+        )
+    if not flex_cpu.check_cpu_supported():
+        return "FlexAttention's CPU kernels need an x86 CPU with AVX2"
+    return None
+
+
+def flex_on_gpu(x):
+    """Whether the tensor `x` is on a CUDA device (FlexAttention has a
+    backward pass there; on a CPU it has none)."""
+    return getattr(getattr(x, "device", None), "type", None) == "cuda"
+
+
+def torch_version():
+    """`torch.__version__` (for messages)."""
+    import torch
+
+    return torch.__version__
+
+
+def flex_needs_gradient(tensors, reads_other=False):
+    """Whether a call reading `tensors` (torch tensors, Keras variables;
+    None ignored) is recorded for a gradient: `torch.is_grad_enabled()`,
+    and one of them requires grad or `reads_other` (a function reads
+    tensors or variables that may)."""
+    import torch
+
+    if not torch.is_grad_enabled():
+        return False
+    if reads_other:
+        return True
+    for x in tensors:
+        x = getattr(x, "value", x)  # A Keras variable: its parameter.
+        if getattr(x, "requires_grad", False):
+            return True
+    return False
+
+
+def flex_block_mask(evaluate, key, shape, like, chunk=None):
+    """The FlexAttention `BlockMask` of a mask and its density (the share
+    of blocks visited), built once per `key` and kept
+    (`FLEX_BLOCK_MASK_CACHE` of them).
+
+    The mask is evaluated by us, never traced into the kernel: the
+    blocks it allows entirely are full (no mask in the kernel), those it
+    masks entirely skipped, and the others' entries kept (a `(n, block,
+    block)` table, `n` rounded up to a power of two: few kernels) for the
+    kernel's `mask_mod` to look up. (Inductor's CPU kernels compiled some
+    gathers of mask functions wrongly in torch 2.13, `index_select`,
+    which Keras's `ops.take` is; and one kernel serves every mask.)
+
+    Args:
+        evaluate: `evaluate(q_start, q_stop)` -> bool `(b|1, h|1, rows,
+            kv_len)`, the mask of those query rows on the kernel's
+            indices (a batch or head axis of 1 where it does not depend
+            on it).
+        key: hashable, what the mask depends on.
+        shape: `(q_len, kv_len)`.
+        like: a tensor on the device of the call.
+        chunk: query rows evaluated at once (a multiple of `FLEX_BLOCK`;
+            default: about 2**22 entries of the mask at a time).
+    """
+    key = (key, tuple(shape), str(like.device))
+    cached = _FLEX_BLOCK_MASKS.pop(key, None)
+    if cached is None:
+        cached = _build_block_mask(evaluate, shape, like.device, chunk)
+    _FLEX_BLOCK_MASKS[key] = cached
+    while len(_FLEX_BLOCK_MASKS) > FLEX_BLOCK_MASK_CACHE:
+        _FLEX_BLOCK_MASKS.pop(next(iter(_FLEX_BLOCK_MASKS)))
+    return cached
+
+
+def _build_block_mask(evaluate, shape, device, chunk):
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    (q_len, kv_len), block = shape, FLEX_BLOCK
+    nk = -(-kv_len // block)
+    rows = chunk or max(block, (2**22 // (nk * block)) // block * block)
+    seen, full, table, slots, count = [], [], [], [], 0
+    for start in range(0, q_len, rows):
+        m = torch.as_tensor(evaluate(start, min(start + rows, q_len)))
+        m = m.to(device=device, dtype=torch.bool)
+        n = m.shape[2]
+        pad = (0, nk * block - kv_len, 0, -(-n // block) * block - n)
+        m = torch.nn.functional.pad(m, pad, value=False)
+        # (b|1, h|1, rows / block, nk, block, block)
+        m = m.unflatten(3, (nk, block)).unflatten(2, (-1, block))
+        m = m.transpose(3, 4)
+        seen.append(m.any(dim=(4, 5)))
+        full.append(m.all(dim=(4, 5)))
+        partial = seen[-1] & ~full[-1]
+        table.append(m[partial])  # The partial blocks' entries, in order.
+        slot = torch.cumsum(partial.flatten(), 0).view(partial.shape)
+        slots.append(slot + (count - 1))
+        count += table[-1].shape[0]
+    b, h = seen[0].shape[:2]
+    seen, full = torch.cat(seen, dim=2), torch.cat(full, dim=2)
+    partial = seen & ~full
+    density = float(seen.float().mean())
+    size = 1 << max(count - 1, 0).bit_length()  # A power of two >= 1.
+    padding = torch.zeros((size - count, block, block), dtype=torch.bool)
+    table = torch.cat(table + [padding.to(device)], dim=0)
+    slots = torch.cat(slots, dim=2).clamp(min=0).to(torch.int32)
+    bb, hh = int(b > 1), int(h > 1)
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
+        return table[slot, q_idx % block, kv_idx % block]
+
+    def ordered(blocks):
+        counts = blocks.sum(-1, dtype=torch.int32)
+        order = torch.argsort(
+            blocks.to(torch.int8), dim=-1, descending=True, stable=True
+        )
+        return counts, order.to(torch.int32).contiguous()
+
+    block_mask = BlockMask.from_kv_blocks(
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=shape,
+    )
+    return block_mask, density
+
+
+class FlexCompileError(RuntimeError):
+    """`torch.compile` could not compile a FlexAttention kernel (the
+    message says why); the caller runs another path."""
+
+
+def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
+    """FlexAttention, compiled, on `(b, h, T, d)` tensors (`g` key/value
+    heads divide `h`): the output, and with `lse` its log-sum-exp.
+
+    One `torch.compile` of `flex_attention` (static shapes): a kernel per
+    shape, dtype and score/mask function, compiled at its first call and
+    reused after. `FlexCompileError` when compiling fails.
+    """
+    import torch
+    import torch._dynamo
+
+    if _FLEX["kernel"] is None:
+        from torch.nn.attention.flex_attention import flex_attention as fa
+
+        _FLEX["kernel"] = torch.compile(fa, dynamic=False)
+    patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
+    try:
+        with patch, warnings.catch_warnings():
+            # Dynamo's notes on what it steps around while tracing a
+            # score function (Keras's builtins and caches) are not ours.
+            warnings.filterwarnings("ignore", "Dynamo does not know how")
+            warnings.filterwarnings("ignore", "Dynamo detected a call to")
+            return _FLEX["kernel"](
+                query,
+                key,
+                value,
+                score_mod=score_fn,
+                block_mask=block_mask,
+                scale=scale,
+                enable_gqa=query.shape[1] != key.shape[1],
+                return_lse=lse,
+            )
+    except torch._dynamo.exc.TorchDynamoException as error:
+        reason = str(error).strip().splitlines()[0][:300]
+        reason = f"torch.compile failed ({type(error).__name__}: {reason})"
+        if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
+            _FLEX["failure"] = reason  # The toolchain: not again.
+        raise FlexCompileError(reason) from error

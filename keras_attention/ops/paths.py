@@ -10,6 +10,7 @@ they can do:
 | "dense" | `dense.py` | scores in memory; weights, dropout |
 | "blockwise" | `blockwise.py` | query tiles, online softmax, O(T) memory |
 | "fused" | `fused.py` | `keras.ops.dot_product_attention` kernels |
+| "flex" | `flex.py` | PyTorch's FlexAttention: score and mask functions fused |
 | "banded" | `sliding_window.py` | a sliding window in O(T * window) |
 | "global_local" | `global_local.py` | a window plus global tokens |
 
@@ -37,6 +38,7 @@ from keras import ops
 from keras_attention.ops import _backend
 from keras_attention.ops import _scope
 from keras_attention.ops import captured
+from keras_attention.ops import flex
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.dense import dense_attention
@@ -209,7 +211,7 @@ def check_implementation(name):
 @contextlib.contextmanager
 def implementation_scope(name, **options):
     """Forces the implementation of `dot_product_attention` (for tests and
-    benchmarks): "dense", "blockwise", "fused" or None (automatic).
+    benchmarks): "dense", "blockwise", "fused", "flex" or None (automatic).
 
     `options` tune the blockwise path (results do not depend on them):
     `query_block`, `key_block` (tile sizes) and `keep_probabilities`
@@ -289,30 +291,40 @@ BLOCKWISE_MIN_PAIRS = 128 * 256
 def choose(request, name=None):
     """The name of the op-level path that runs `request`: `name` (or the
     scope's) when forced, refused with its reason if it cannot run it;
-    else the automatic choice (weights, or a score function reading a
-    tensor that may carry a gradient where the blockwise path cannot
-    pass it to its backward pass (`captured.refusal`): "dense"; "fused"
-    where the backend prefers it and there is no score function;
-    "blockwise" above `BLOCKWISE_MIN_PAIRS` static pairs; else
-    "dense")."""
+    else the automatic choice (`automatic`)."""
     check_implementation(name)
-    score_mod = request.score_mod
     if name is None:
-        if request.needs_weights or captured.refusal(score_mod) is not None:
-            return "dense"
-        fused_ok = score_mod is None and not request.needs_lse
-        if _backend.prefers_fused_attention() and fused_ok:
-            return "fused"
-        tq, tk = request.query.shape[1], request.key.shape[1]
-        if request.static_lengths and tq * tk > BLOCKWISE_MIN_PAIRS:
-            return "blockwise"
-        return "dense"
+        return automatic(request)
     reason = PATHS[name].can_run(request)
     if reason is not None:
         raise ValueError(reason)
     if name == "blockwise" and not request.static_lengths:
         return "dense"  # Tiles need lengths known at trace time.
     return name
+
+
+def automatic(request, flex_ok=True):
+    """The automatic choice: weights: "dense"; "flex" where
+    `flex.prefers_flex` (PyTorch, a score function or a sparse mask at
+    long lengths; `flex_ok`); a score function reading a tensor that may
+    carry a gradient where the blockwise path cannot pass it to its
+    backward pass (`captured.refusal`): "dense"; "fused" where the
+    backend prefers it and there is no score function; "blockwise" above
+    `BLOCKWISE_MIN_PAIRS` static pairs; else "dense"."""
+    score_mod = request.score_mod
+    if request.needs_weights:
+        return "dense"
+    if flex_ok and flex.prefers_flex(request):
+        return "flex"
+    if captured.refusal(score_mod) is not None:
+        return "dense"
+    fused_ok = score_mod is None and not request.needs_lse
+    if _backend.prefers_fused_attention() and fused_ok:
+        return "fused"
+    tq, tk = request.query.shape[1], request.key.shape[1]
+    if request.static_lengths and tq * tk > BLOCKWISE_MIN_PAIRS:
+        return "blockwise"
+    return "dense"
 
 
 def _no_weights(name, request):
@@ -515,6 +527,20 @@ def _fused_can_run(request):
     return _no_weights("fused", request)
 
 
+# The flex path --------------------------------------------------------------
+
+
+def _run_flex(request):
+    """FlexAttention's kernels (`flex.py`); where `torch.compile` fails on
+    them, one warning and the path the automatic choice takes without
+    them."""
+    try:
+        return flex.flex_attention(request)
+    except _backend.FlexCompileError as error:
+        flex.warn_once(str(error))
+    return run_path(automatic(request, flex_ok=False), request)
+
+
 # The banded and global-local paths ------------------------------------------
 
 
@@ -593,6 +619,11 @@ register_path(
 )
 register_path(
     AttentionPath("banded", local_attention, _run_banded, _banded_can_run)
+)
+register_path(
+    AttentionPath(
+        "flex", flex.flex_attention, _run_flex, flex.can_run, (), True, True
+    )
 )
 register_path(
     AttentionPath(

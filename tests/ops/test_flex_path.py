@@ -1,0 +1,351 @@
+"""The flex path (`keras_attention/ops/flex.py`): PyTorch's FlexAttention
+kernels for score and mask objects.
+
+- PyTorch: its results equal a NumPy reference and the dense path (1e-5
+  in float32), with everything a call can carry (grouped-query heads,
+  head sizes that differ, a document mask, key and query padding, rows
+  with nothing to attend to, ALiBi, learned sinks; a learned score layer
+  and a sliding window); the block mask is built once per shape and
+  mask (bound segment ids included) and the compiled kernel is reused;
+  the automatic choice (flex for document masks and sliding windows at
+  long lengths, SDPA for plain causal and padding masks); on a CPU the
+  refusals (no backward pass, no log-sum-exp: the path is not chosen
+  and, forced, says why); where `torch.compile` cannot run, one warning
+  and another path, never an error.
+- TensorFlow and JAX: never chosen, and refused when forced, naming why.
+
+Compiling a kernel takes seconds on a CPU: the fast tier compiles two
+(module-scoped results); the other score and mask objects and the low
+precisions are the slow tier's.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_attention
+from keras_attention import mods
+from keras_attention import scores
+from keras_attention.ops import _backend
+from keras_attention.ops import flex
+from keras_attention.ops import paths
+from keras_attention.ops.attention import dot_product_attention
+
+TORCH = keras.backend.backend() == "torch"
+torch_only = pytest.mark.skipif(
+    not TORCH, reason="FlexAttention is PyTorch's (KERAS_BACKEND=torch)"
+)
+RNG = np.random.default_rng(57)
+B, T, H, G, D, E = 2, 24, 4, 2, 8, 6
+
+
+def _no_grad():
+    if TORCH:
+        import torch
+
+        return torch.no_grad()
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def np_attention(q, k, v, mask=None, bias=None, sinks=None, scale=None):
+    """float64 NumPy attention: `mask` (True: may attend) and `bias`
+    broadcastable to `(b, h, i, j)`, `sinks` `(h,)` a virtual key with no
+    value; a row with nothing to attend to gives zeros."""
+    q, k, v = (np.asarray(x, "float64") for x in (q, k, v))
+    h, g = q.shape[2], k.shape[2]
+    k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.einsum("bihd,bjhd->bhij", q, k) * scale
+    if bias is not None:
+        s = s + bias
+    if mask is not None:
+        s = np.where(np.broadcast_to(mask, s.shape), s, -np.inf)
+    lse = np.logaddexp.reduce(s, axis=-1)
+    if sinks is not None:
+        lse = np.logaddexp(lse, np.asarray(sinks, "float64")[None, :, None])
+    with np.errstate(invalid="ignore"):
+        p = np.where(np.isfinite(s), np.exp(s - lse[..., None]), 0.0)
+    p = np.where(np.isfinite(lse)[..., None], p, 0.0)
+    return np.einsum("bhij,bjhe->bihe", p, v)
+
+
+def _inputs(t=T, d=D, e=E, dtype="float32"):
+    q = RNG.normal(size=(B, t, H, d)).astype(dtype)
+    k = RNG.normal(size=(B, t, G, d)).astype(dtype)
+    v = RNG.normal(size=(B, t, G, e)).astype(dtype)
+    return q, k, v
+
+
+def _segments(t=T):
+    ids = np.stack([np.arange(t) // 6, np.arange(t) // 10]).astype("int32")
+    return ids
+
+
+def _document_case():
+    """Everything at once: GQA, d != e, causal documents (a mask object
+    bound to segment ids), key and query padding (rows with nothing to
+    attend to), ALiBi, learned sinks."""
+    q, k, v = _inputs()
+    ids = _segments()
+    key_mask = np.ones((B, T), bool)
+    key_mask[1, 15:] = False  # Queries 20.. of example 1: no key left.
+    query_mask = np.ones((B, T), bool)
+    query_mask[0, 20:] = False
+    sinks = RNG.normal(size=(H,)).astype("float32")
+    kwargs = dict(
+        mask_mod=mods.and_masks(
+            mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
+        ),
+        score_mod=scores.ALiBi(num_heads=H),
+        key_mask=key_mask,
+        query_mask=query_mask,
+        sink_logits=sinks,
+    )
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    mask = (j <= i) & (ids[:, None, :, None] == ids[:, None, None, :])
+    mask = mask & key_mask[:, None, None, :] & query_mask[:, None, :, None]
+    slopes = np.asarray(scores.alibi_slopes(H))[None, :, None, None]
+    bias = -slopes * (i - j)
+    reference = np_attention(q, k, v, mask, bias, sinks)
+    return (q, k, v), kwargs, reference
+
+
+class DistanceBias(mods.ScoreLayer):
+    """A learned per-head slope of the distance (a score layer with
+    weights, called in the kernel as it is)."""
+
+    def build(self, num_heads=None):
+        self.slopes = self.add_weight(
+            shape=(num_heads,),
+            initializer=keras.initializers.RandomUniform(0.0, 0.5, seed=1),
+            name="slopes",
+        )
+        self.built = True
+
+    def score_fn(self, score, batch, head, q_idx, kv_idx):
+        distance = ops.cast(ops.abs(q_idx - kv_idx), "float32")
+        return score - ops.take(self.slopes, head) * distance
+
+
+def _window_case():
+    """A learned score layer (read through the kernel's scalars) and a
+    causal sliding window of 5 keys."""
+    q, k, v = _inputs()
+    layer = DistanceBias()
+    layer.build(H)
+    kwargs = dict(
+        mask_mod=mods.SlidingWindowMask(4, causal=True), score_mod=layer
+    )
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    mask = (j <= i) & (j >= i - 4)
+    slopes = ops.convert_to_numpy(layer.slopes)[None, :, None, None]
+    reference = np_attention(q, k, v, mask, -slopes * np.abs(i - j))
+    return (q, k, v), kwargs, reference
+
+
+CASES = {"documents": _document_case, "window": _window_case}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Each case's inputs, reference and flex / dense outputs (one
+    kernel compiled per case, shared by the tests)."""
+    out = {}
+    for name, make in CASES.items():
+        inputs, kwargs, reference = make()
+        with _no_grad():
+            got = {
+                impl: ops.convert_to_numpy(
+                    dot_product_attention(
+                        *inputs, implementation=impl, **kwargs
+                    )
+                )
+                for impl in ("flex", "dense")
+            }
+        out[name] = (inputs, kwargs, reference, got)
+    return out
+
+
+@torch_only
+@pytest.mark.parametrize("case", list(CASES))
+def test_flex_equals_reference_and_dense_path(results, case):
+    _, _, reference, got = results[case]
+    np.testing.assert_allclose(got["flex"], reference, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got["flex"], got["dense"], atol=1e-5, rtol=0)
+
+
+@torch_only
+def test_empty_rows_give_zeros(results):
+    _, _, _, got = results["documents"]
+    assert np.all(got["flex"][0, 20:] == 0)  # Padded queries.
+    assert np.all(np.isfinite(got["flex"]))
+
+
+@torch_only
+def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
+    results, monkeypatch
+):
+    import torch._dynamo.utils
+
+    inputs, kwargs, _, got = results["documents"]
+    built = []
+    original = _backend._build_block_mask
+    monkeypatch.setattr(
+        _backend,
+        "_build_block_mask",
+        lambda *a: built.append(1) or original(*a),
+    )
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    # The same segment ids, bound anew (a layer binds them per call).
+    ids = _segments()
+    again = dict(kwargs)
+    again["mask_mod"] = mods.and_masks(
+        mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids.copy())
+    )
+    with _no_grad():
+        out = dot_product_attention(*inputs, implementation="flex", **again)
+    np.testing.assert_array_equal(ops.convert_to_numpy(out), got["flex"])
+    assert built == []  # The cached block mask.
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames
+    # Other segment ids: a new block mask (the bound tensor is part of
+    # the key), the same kernel (the mask is looked up, not traced).
+    again["mask_mod"] = mods.and_masks(
+        mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids // 2)
+    )
+    with _no_grad():
+        dot_product_attention(*inputs, implementation="flex", **again)
+    assert built == [1]
+
+
+def _request(t=2048, mask_mod=None, causal=False, **kwargs):
+    q = np.zeros((1, t, 2, 8), "float32")
+    q = ops.convert_to_tensor(q)
+    return paths.AttentionRequest(
+        q, q, q, scale=0.35, mask_mod=mask_mod, causal=causal, **kwargs
+    )
+
+
+def _documents(t, count=8):
+    ids = (np.arange(t)[None] * count // t).astype("int32")
+    return mods.and_masks(
+        mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
+    )
+
+
+@torch_only
+def test_automatic_choice_takes_flex_for_sparse_masks_only(monkeypatch):
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 256)
+    window = mods.SlidingWindowMask(32, causal=True)
+    with _no_grad():
+        assert paths.choose(_request(512, _documents(512))) == "flex"
+        assert paths.choose(_request(512, window)) == "flex"
+        alibi = scores.ALiBi(num_heads=2)
+        assert paths.choose(_request(512, score_mod=alibi)) == "flex"
+        # SDPA keeps plain causal, padding and dense masks.
+        assert paths.choose(_request(512, causal=True)) == "fused"
+        key_mask = ops.ones((1, 512), "bool")
+        assert paths.choose(_request(512, key_mask=key_mask)) == "fused"
+        assert paths.choose(_request(512, mods.CausalMask())) == "fused"
+        # Too short to pay for a compilation.
+        assert paths.choose(_request(128, _documents(128))) == "fused"
+
+
+@torch_only
+def test_cpu_gradient_and_lse_are_refused_and_not_chosen(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 256)
+    q = torch.zeros((1, 512, 2, 8), requires_grad=True)
+    request = paths.AttentionRequest(
+        q, q, q, scale=0.35, mask_mod=_documents(512)
+    )
+    assert paths.choose(request) == "fused"
+    with pytest.raises(ValueError, match="no backward pass on a CPU"):
+        paths.choose(request, "flex")
+    with torch.no_grad():  # Inference: no gradient to give.
+        assert paths.choose(request) == "flex"
+    # A learned score layer's weights require grad too.
+    layer = DistanceBias()
+    layer.build(2)
+    plain = _request(512, score_mod=layer)
+    assert paths.choose(plain) != "flex"
+    with pytest.raises(ValueError, match="no backward pass on a CPU"):
+        paths.choose(plain, "flex")
+    with torch.no_grad():
+        lse = _request(512, _documents(512), return_lse=True)
+        with pytest.raises(ValueError, match="return no log-sum-exp"):
+            paths.choose(lse, "flex")
+        assert paths.choose(lse) != "flex"
+    q64 = ops.zeros((1, 512, 2, 8), "float64")
+    request = paths.AttentionRequest(
+        q64, q64, q64, scale=0.35, mask_mod=_documents(512)
+    )
+    with pytest.raises(ValueError, match="float64 stays float64"):
+        paths.choose(request, "flex")
+    assert paths.choose(request) != "flex"
+
+
+@torch_only
+def test_without_torch_compile_one_warning_and_another_path(monkeypatch):
+    reason = "no C++ compiler here (a test)"
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 8)
+    monkeypatch.setattr(_backend, "flex_unavailable", lambda: reason)
+    monkeypatch.setattr(flex, "_WARNED", set())
+    q, k, v = _inputs(t=16)
+    mask_mod = mods.SlidingWindowMask(2, causal=True)
+    expected = dot_product_attention(
+        q, k, v, mask_mod=mask_mod, implementation="dense"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _no_grad():
+            for _ in range(2):
+                out = dot_product_attention(q, k, v, mask_mod=mask_mod)
+    messages = [str(w.message) for w in caught if reason in str(w.message)]
+    assert len(messages) == 1
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(out), ops.convert_to_numpy(expected), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="no C\\+\\+ compiler"):
+        dot_product_attention(q, k, v, mask_mod=mask_mod, implementation="flex")
+
+
+@torch_only
+def test_failed_compilation_falls_back_with_one_warning(monkeypatch):
+    def fail(*args):
+        raise _backend.FlexCompileError("torch.compile failed (a test)")
+
+    monkeypatch.setattr(_backend, "flex_attention", fail)
+    monkeypatch.setattr(flex, "_WARNED", set())
+    q, k, v = _inputs(t=16)
+    kwargs = dict(score_mod=scores.SoftCap(2.0), causal=True)
+    expected = dot_product_attention(q, k, v, implementation="dense", **kwargs)
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        with _no_grad():
+            out = dot_product_attention(
+                q, k, v, implementation="flex", **kwargs
+            )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(out), ops.convert_to_numpy(expected), atol=1e-5
+    )
+
+
+@pytest.mark.skipif(TORCH, reason="the other backends' refusal")
+def test_other_backends_never_choose_flex_and_refuse_it(monkeypatch):
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 8)
+    request = _request(64, _documents(64))
+    assert paths.choose(request) != "flex"
+    assert not flex.prefers_flex(request)
+    backend = keras.backend.backend()
+    with pytest.raises(ValueError, match=f"Keras backend is '{backend}'"):
+        paths.choose(request, "flex")
+    q, k, v = _inputs(t=8)
+    with pytest.raises(ValueError, match="FlexAttention is PyTorch's"):
+        keras_attention.ops.dot_product_attention(
+            q, k, v, causal=True, implementation="flex"
+        )
