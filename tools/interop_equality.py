@@ -187,6 +187,10 @@ def backbones():
         "T5 1.1": models.T5Backbone(
             num_heads=4, key_value_dim=16, activation="gelu", **common
         ),
+        # BART: one token table for both stacks, learned positions, post-norm.
+        "BART": models.BartBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
         "ViT": models.ViTBackbone(
             image_shape=(32, 32, 3),
             patch_size=4,
@@ -339,6 +343,8 @@ def task(backbone):
     name = type(backbone).__name__.replace("Backbone", "CausalLM")
     if isinstance(backbone, keras_hub.models.T5Backbone):
         name = "T5Seq2SeqLM"
+    elif "decoder_token_ids" in backbone.input:  # BART, T5Gemma, ...
+        name = type(backbone).__name__.replace("Backbone", "Seq2SeqLM")
     cls = getattr(keras_hub.models, name, None)
     return None if cls is None else cls(backbone=backbone, preprocessor=None)
 
@@ -463,7 +469,7 @@ def measure(name, backbone, rng):
         found["logits"] = logits_error(model, theirs, data)
         agreement = (
             t5_greedy_agreement
-            if isinstance(theirs, keras_hub.models.T5Seq2SeqLM)
+            if isinstance(theirs, keras_hub.models.Seq2SeqLM)
             else greedy_agreement
         )
         found["greedy"] = agreement(model, theirs, rng)

@@ -1,5 +1,6 @@
 """`from_keras_hub`: a keras-hub backbone rebuilt from our blocks."""
 
+from keras_attention.interop.bart import convert_bart
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.deit import convert_deit
@@ -25,6 +26,7 @@ from keras_attention.interop.vit import convert_vit
 # Resolved to the classes at call time: keras-hub is an optional extra,
 # imported only when a backbone is converted.
 CONVERTERS = {
+    "BartBackbone": convert_bart,
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
     "DeiTBackbone": convert_deit,

@@ -7,7 +7,7 @@ from keras_attention.blocks.transformer_decoder_block import (
     TransformerDecoderBlock,
 )
 from keras_attention.generation.decoder_only import CausalLMGenerator
-from keras_attention.generation.encoder_decoder import Seq2SeqGenerator
+from keras_attention.interop import _seq2seq
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -145,26 +145,36 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
 
 def seq2seq_generator(model, pad_token_id=0, jit_compile=True):
     """A `Seq2SeqGenerator` on an encoder-decoder model converted by
-    `from_keras_hub` (T5), with keras-hub's `T5Seq2SeqLM` head: the
-    decoder's final norm, times `hidden_dim ** -0.5` when the token table
-    is tied, then the table's reverse projection.
+    `from_keras_hub` (T5, BART), with the head of keras-hub's
+    `Seq2SeqLM` task: the decoder's output through the reverse projection
+    of its token table (T5: times `hidden_dim ** -0.5` when the table is
+    tied, as `T5Seq2SeqLM`).
 
-    The sources are encoded once (their padding is `pad_token_id`); each
+    The pieces are read from the model's functional graph, not by family
+    (`interop._seq2seq`): the decoder's embedding is the chain of layers
+    from `decoder_token_ids` to the first decoder block (a token table,
+    maybe a learned position table, which decoding gives the absolute
+    position, a norm, a scale), the head the layers after the last block
+    (a final norm) then the token table reversed, the encoder the model
+    from the other inputs to `encoder_sequence_output`. The sources are
+    encoded once (token sources: their padding is `pad_token_id`); each
     decoder block's cross-attention keys/values are computed once per
     source and the self-attention keys/values cached. T5 starts its
     targets with the padding id: pass `padding_mask` to
     `generate` (`Seq2SeqGenerator.generate`) so that the start token
     counts as real. Greedy generation gives the tokens of keras-hub's
-    `T5Seq2SeqLM` (tested).
+    `T5Seq2SeqLM` and `BartSeq2SeqLM` (tested).
 
     Args:
-        model: a converted T5 model (or one reloaded from its `.keras`
-            file): inputs `encoder_token_ids`, `encoder_padding_mask`,
-            `decoder_token_ids`, `decoder_padding_mask`; a
-            `token_embedding`, `TransformerDecoderBlock`s with
-            cross-attention and the norms `encoder_output_layer_norm` and
-            `decoder_output_layer_norm`.
-        pad_token_id: int, the padding id of sources and targets (T5's 0).
+        model: a converted encoder-decoder model (or one reloaded from its
+            `.keras` file): inputs `decoder_token_ids`,
+            `decoder_padding_mask` and the encoder's
+            (`encoder_token_ids`, `encoder_padding_mask`), outputs
+            `encoder_sequence_output` and `decoder_sequence_output`,
+            `TransformerDecoderBlock`s with cross-attention after a
+            `ReversibleEmbedding` of `decoder_token_ids`.
+        pad_token_id: int, the padding id of sources and targets (T5's 0,
+            BART's 1).
         jit_compile: bool, compile `generate` with XLA (TensorFlow).
 
     Returns:
@@ -195,66 +205,17 @@ def seq2seq_generator(model, pad_token_id=0, jit_compile=True):
         - Raffel et al., 2020, "Exploring the Limits of Transfer Learning
           with a Unified Text-to-Text Transformer" (T5).
     """
-    names = (
-        "encoder_token_ids",
-        "encoder_padding_mask",
-        "decoder_token_ids",
-        "decoder_padding_mask",
-    )
-    inputs = model.input if isinstance(model.input, dict) else {}
-    layers = {layer.name: layer for layer in model.layers}
-    blocks = [
-        layer
-        for layer in model.layers
-        if isinstance(layer, TransformerDecoderBlock)
-    ]
-    needed = ("token_embedding", "decoder_output_layer_norm")
-    outputs = model.output if isinstance(model.output, dict) else {}
-    if (
-        sorted(inputs) != sorted(names)
-        or not all(name in layers for name in needed)
-        or "encoder_sequence_output" not in outputs
-        or not blocks
-        or not all(block.cross_attention for block in blocks)
-        or not isinstance(
-            layers["token_embedding"], keras.layers.ReversibleEmbedding
-        )
-    ):
+    try:
+        return _seq2seq.build_generator(model, pad_token_id, jit_compile)
+    except _seq2seq.LayoutError as error:
+        inputs = model.input if isinstance(model.input, dict) else {}
         raise ValueError(
             "`model` must be an encoder-decoder model converted by "
-            "`from_keras_hub` (T5): inputs "
-            f"{names!r}, a `token_embedding` (`ReversibleEmbedding`), "
-            "decoder blocks with cross-attention and a "
-            "`decoder_output_layer_norm`. Received: "
-            f"model={model.name!r} with inputs {sorted(inputs)!r} and "
-            f"layers {sorted(layers)!r}"
-        )
-    encoder_model = keras.Model(
-        {name: inputs[name] for name in names[:2]},
-        outputs["encoder_sequence_output"],
-    )
-
-    def encoder(token_ids):
-        padding = keras.ops.cast(
-            keras.ops.not_equal(token_ids, pad_token_id), "int32"
-        )
-        return encoder_model(
-            {"encoder_token_ids": token_ids, "encoder_padding_mask": padding}
-        )
-
-    embedding = layers["token_embedding"]
-    head = [layers["decoder_output_layer_norm"]]
-    if embedding.tie_weights:  # T5Seq2SeqLM's rescaling of a tied head
-        hidden = embedding.output_dim
-        head.append(
-            keras.layers.Rescaling(hidden**-0.5, dtype=embedding.dtype_policy)
-        )
-    head.append(_ReverseEmbedding(embedding))
-    return Seq2SeqGenerator(
-        encoder,
-        embedding,
-        blocks,
-        head,
-        pad_token_id=pad_token_id,
-        jit_compile=jit_compile,
-    )
+            "`from_keras_hub`: inputs `decoder_token_ids`, "
+            "`decoder_padding_mask` and its encoder's, outputs "
+            "`encoder_sequence_output` and `decoder_sequence_output`, "
+            "decoder blocks with cross-attention after a reversible token "
+            f"table ({error}). Received: model={model.name!r} with inputs "
+            f"{sorted(inputs)!r} and layers "
+            f"{sorted(layer.name for layer in model.layers)!r}"
+        ) from None
