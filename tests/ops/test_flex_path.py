@@ -230,8 +230,9 @@ def _request(t=2048, mask_mod=None, causal=False, **kwargs):
     )
 
 
-def _documents(t, count=8):
-    ids = (np.arange(t)[None] * count // t).astype("int32")
+def _documents(t, count=8, batch=1):
+    ids = np.repeat(np.arange(t)[None] * count // t, batch, axis=0)
+    ids = ids.astype("int32")
     return mods.and_masks(
         mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
     )
@@ -348,4 +349,128 @@ def test_other_backends_never_choose_flex_and_refuse_it(monkeypatch):
     with pytest.raises(ValueError, match="FlexAttention is PyTorch's"):
         keras_attention.ops.dot_product_attention(
             q, k, v, causal=True, implementation="flex"
+        )
+
+
+def _slow_cases():
+    """name -> (kwargs, mask, bias) of the other score and mask objects
+    (`mask`, `bias` broadcastable to `(b, h, i, j)` for the reference)."""
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    t5 = scores.T5RelativeBias(num_buckets=8, max_distance=12, num_heads=H)
+    t5.build(H)
+    table = ops.convert_to_numpy(t5.embeddings)  # (buckets, heads)
+    buckets = ops.convert_to_numpy(
+        scores.relative_position_bucket(j - i, True, 8, 12)
+    )
+    prefix = np.array([3, 9], "int32")
+    offset = 5
+    attention_mask = RNG.random((B, 1, T, T)) < 0.7
+    return {
+        "soft-cap, prefix-LM": (
+            dict(
+                score_mod=scores.SoftCap(1.5),
+                mask_mod=mods.PrefixLMMask().bind(prefix_length=prefix),
+            ),
+            (j <= i) | (j < prefix[:, None, None, None]),
+            "soft-cap",
+        ),
+        "T5 bias, chunks": (
+            dict(score_mod=t5, mask_mod=mods.ChunkedCausalMask(7)),
+            (j <= i) & (j // 7 == i // 7),
+            np.transpose(table[buckets], (2, 0, 1))[None],
+        ),
+        "attention mask, offset, causal": (
+            dict(
+                attention_mask=attention_mask,
+                causal=True,
+                query_offset=offset,
+                mask_mod=mods.SlidingWindowMask(6),
+            ),
+            attention_mask & (j <= i + offset) & (np.abs(i + offset - j) <= 6),
+            None,
+        ),
+    }
+
+
+@torch_only
+@pytest.mark.slow("compiles one FlexAttention kernel per case")
+@pytest.mark.parametrize("case", list(_slow_cases()))
+def test_other_objects_equal_reference_and_dense_path(case):
+    kwargs, mask, bias = _slow_cases()[case]
+    q, k, v = _inputs()
+    if isinstance(bias, str):  # Soft-capping acts on the scores.
+        s = np.einsum(
+            "bihd,bjhd->bhij", q, np.repeat(k, H // G, axis=2)
+        ) / np.sqrt(D)
+        bias = 1.5 * np.tanh(s / 1.5) - s
+    reference = np_attention(q, k, v, mask, bias)
+    with _no_grad():
+        got, dense = (
+            ops.convert_to_numpy(
+                dot_product_attention(q, k, v, implementation=impl, **kwargs)
+            )
+            for impl in ("flex", "dense")
+        )
+    np.testing.assert_allclose(got, reference, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got, dense, atol=1e-5, rtol=0)
+
+
+@torch_only
+@pytest.mark.slow("compiles one FlexAttention kernel per dtype")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_scores_accumulate_in_float32(dtype):
+    # Large queries and keys: float16 scores would overflow (65,504).
+    q, k, v = _inputs(d=8, e=8)
+    q, k = q * 120.0, k * 120.0
+    cast = [ops.cast(x, dtype) for x in (q, k, v)]
+    mask_mod = _documents(T, count=3, batch=B)
+    with _no_grad():
+        got = dot_product_attention(
+            *cast, mask_mod=mask_mod, implementation="flex"
+        )
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    up = [ops.convert_to_numpy(ops.cast(x, "float32")) for x in cast]
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    ids = (np.arange(T) * 3 // T)[None]
+    mask = (j <= i) & (ids[:, None, :, None] == ids[:, None, None, :])
+    reference = np_attention(*up, mask)
+    got = ops.convert_to_numpy(ops.cast(got, "float32"))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, reference, atol=0.05, rtol=0.05)
+
+
+def _cuda():
+    if not TORCH:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda(), reason="FlexAttention's backward: CUDA")
+def test_cuda_gradients_equal_dense_path_score_layer_included():
+    import torch
+
+    inputs, kwargs, _ = _window_case()
+    layer = kwargs["score_mod"]
+    sinks = RNG.normal(size=(H,)).astype("float32")
+    grads = {}
+    for impl in ("flex", "dense"):
+        tensors = [
+            torch.tensor(x, device="cuda", requires_grad=True)
+            for x in inputs + (sinks,)
+        ]
+        out, lse = dot_product_attention(
+            *tensors[:3],
+            sink_logits=tensors[3],
+            return_lse=True,
+            implementation=impl,
+            **kwargs,
+        )
+        loss = (out**2).sum() + lse.sum()
+        weights = [layer.slopes.value]
+        grads[impl] = torch.autograd.grad(loss, tensors + weights)
+    for a, b in zip(grads["flex"], grads["dense"]):
+        np.testing.assert_allclose(
+            a.cpu().numpy(), b.cpu().numpy(), atol=1e-4, rtol=1e-4
         )
