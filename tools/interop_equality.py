@@ -14,11 +14,12 @@ only; Mixtral and Qwen3-MoE with 4 experts, top 2 (Qwen3-MoE's layer 0
 dense); T5 1.1 with heads of 16; SmolLM3 without RoPE on layer 3;
 gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
 Qwen 3.5 with gated delta nets on layers 0-2 and gated attention on
-layer 3, windowed (16) on TensorFlow only; noise added to every
-weight, so that norms are not the identity):
+layer 3, windowed (16) on TensorFlow only; noise
+added to every weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
-  (right-padded rows, and a left-padded one for the causal models; T5:
+  (right-padded rows, and a left-padded one for the causal models and
+  the encoders without token types; T5:
   both stacks right-padded; for ViT, 4 random 32 x 32 images; ESM-2
   and RoFormer-v2 without padding, as keras-hub masks their padded
   queries, not keys, on TensorFlow and JAX), the
@@ -87,6 +88,12 @@ def backbones():
     llama_style = dict(num_query_heads=4, num_key_value_heads=2, **common)
     return {
         "BERT": models.BertBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
+        "RoBERTa": models.RobertaBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
+        "XLM-RoBERTa": models.XLMRobertaBackbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),
         "GPT-2": models.GPT2Backbone(

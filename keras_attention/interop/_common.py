@@ -23,12 +23,16 @@ from keras_attention.blocks.transformer_decoder_block import (
 from keras_attention.blocks.transformer_encoder_block import (
     TransformerEncoderBlock,
 )
+from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.gated_delta_net import GatedDeltaNet
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.mixture_of_experts import MixtureOfExperts
 from keras_attention.layers.self_attention import SelfAttention
+from keras_attention.layers.token_and_position_embedding import (
+    TokenAndPositionEmbedding,
+)
 
 
 def token_inputs(*names):
@@ -216,3 +220,179 @@ def config_value(backbone, name):
             f"backbone={backbone.name!r}"
         )
     return value
+
+
+# keras-hub's `TransformerEncoder` (BERT, RoBERTa, DistilBERT, ALBERT,
+# ELECTRA): its sublayers' path prefixes -> those of our
+# `TransformerEncoderBlock` composed by `keras_hub_encoder_block` (the
+# weights under each have the same names and shapes on both sides).
+ENCODER_LAYER_TABLE = (
+    ("self_attention_layer", "self_attention"),
+    ("self_attention_layer_norm", "self_attention_norm"),
+    ("feedforward_intermediate_dense", "feed_forward/intermediate_dense"),
+    ("feedforward_output_dense", "feed_forward/output_dense"),
+    ("feedforward_layer_norm", "feed_forward_norm"),
+)
+
+
+def encoder_layer_table(theirs, ours):
+    """`ENCODER_LAYER_TABLE` under their layer `theirs` and our block
+    `ours` (`{i}` allowed in both, as in `layer_prefixes`)."""
+    return tuple(
+        (f"{theirs}/{their_part}", f"{ours}/{our_part}")
+        for their_part, our_part in ENCODER_LAYER_TABLE
+    )
+
+
+def bert_embeddings(inputs, config, embedding_dim, epsilon, dtype):
+    """BERT-style embeddings of `inputs["token_ids"]`: a
+    `TokenAndPositionEmbedding` (named `embeddings`) of `embedding_dim`,
+    plus a `segment_embedding` of `inputs["segment_ids"]` when `inputs`
+    has them, then a layer norm of `epsilon` and dropout (named as
+    keras-hub names them). `config`: `vocabulary_size`,
+    `max_sequence_length`, `dropout` and, with segments, `num_segments`."""
+    x = TokenAndPositionEmbedding(
+        config["vocabulary_size"],
+        config["max_sequence_length"],
+        embedding_dim,
+        dtype=dtype,
+        name="embeddings",
+    )(inputs["token_ids"])
+    if "segment_ids" in inputs:
+        segments = keras.layers.Embedding(
+            config["num_segments"],
+            embedding_dim,
+            dtype=dtype,
+            name="segment_embedding",
+        )(inputs["segment_ids"])
+        x = keras.layers.Add(dtype=dtype, name="embeddings_add")([x, segments])
+    x = keras.layers.LayerNormalization(
+        epsilon=epsilon, dtype=dtype, name="embeddings_layer_norm"
+    )(x)
+    return keras.layers.Dropout(
+        config["dropout"], dtype=dtype, name="embeddings_dropout"
+    )(x)
+
+
+def keras_hub_encoder_options(backbone, layer):
+    """What our encoder block takes of a keras-hub `TransformerEncoder`
+    `layer` of `backbone`, read from the layer: `{"norm_first",
+    "layer_norm_epsilon", "activation"}` (the activation by a name that
+    reloads with `safe_mode=True`). `ValueError` naming `activation` for
+    one without such a name."""
+    # keras-hub: an optional extra, needed only to convert.
+    from keras_hub.src.utils.keras_utils import gelu_approximate as theirs
+
+    function = layer.activation
+    if function is theirs:
+        activation = gelu_approximate
+    else:
+        activation = getattr(function, "__name__", None)
+        try:
+            known = keras.activations.get(activation) is function
+        except ValueError:  # not a Keras activation's name
+            known = False
+        if activation is None or not known:
+            raise ValueError(
+                f"The `activation` of {layer.name!r} of "
+                f"{type(backbone).__name__} is not a Keras activation or "
+                "keras-hub's `gelu_approximate`; it cannot be converted. "
+                f"Received: activation={function!r}"
+            )
+    return {
+        "norm_first": bool(layer.normalize_first),
+        "layer_norm_epsilon": float(layer.layer_norm_epsilon),
+        "activation": activation,
+    }
+
+
+def keras_hub_encoder_block(name, config, options, dtype):
+    """Our `TransformerEncoderBlock` `name` computing as a keras-hub
+    `TransformerEncoder` (`config`: `num_heads`, `hidden_dim`,
+    `intermediate_dim`, `dropout`; `options`: `keras_hub_encoder_options`):
+    a `SelfAttention` of heads `hidden_dim // num_heads` with attention
+    dropout, a `FeedForward` without dropout on its hidden layer (keras-hub
+    has none there), the residual dropout."""
+    options = dict(options)
+    heads = config["num_heads"]
+    return encoder_block(
+        name,
+        self_attention=self_attention(
+            heads,
+            config["hidden_dim"] // heads,
+            causal=False,
+            dropout=config["dropout"],
+            dtype=dtype,
+        ),
+        feed_forward=feed_forward(
+            config["intermediate_dim"],
+            activation=options.pop("activation"),
+            dtype=dtype,
+        ),
+        dropout=config["dropout"],
+        dtype=dtype,
+        **options,
+    )
+
+
+def pooled_output(x, hidden_dim, dtype):
+    """BERT's pooler: a tanh `Dense` (named `pooled_dense`) of the first
+    token of `x`."""
+    return keras.layers.Dense(
+        hidden_dim, activation="tanh", dtype=dtype, name="pooled_dense"
+    )(x[:, 0, :])
+
+
+def keras_hub_encoder_stack(backbone, x, padding_mask, calls, config, dtype):
+    """`x` through our `TransformerEncoderBlock`s computing as the
+    keras-hub `TransformerEncoder`s `calls` of `backbone` (their layers in
+    call order): one block per distinct layer, named as it, and a layer
+    called again (ALBERT's shared layers) calls its block again, so that
+    the block's weights are shared as theirs. `config`: as
+    `keras_hub_encoder_block`'s."""
+    blocks = {}
+    for layer in calls:
+        if id(layer) not in blocks:
+            blocks[id(layer)] = keras_hub_encoder_block(
+                layer.name,
+                config,
+                keras_hub_encoder_options(backbone, layer),
+                dtype,
+            )
+        x = blocks[id(layer)](x, padding_mask=padding_mask)
+    return x
+
+
+def convert_bert_like(backbone, config, prefixes, calls, projection=None):
+    """A `keras.Model` of our blocks equal to a keras-hub BERT-style
+    `backbone` (RoBERTa, DistilBERT, ALBERT, ELECTRA), with a copy of its
+    weights: its inputs (`token_ids`, `padding_mask`, and `segment_ids`
+    where the backbone takes them), `bert_embeddings` of
+    `config["embedding_dim"]` (default `hidden_dim`; the layer norm's
+    epsilon read from the backbone's `embeddings_layer_norm`), a `Dense`
+    named `projection` to `hidden_dim` when given (ALBERT's and ELECTRA's
+    factorized embeddings), the encoder blocks of `calls`
+    (`keras_hub_encoder_stack`) and, when the backbone's output is a dict,
+    `{"sequence_output", "pooled_output"}` (`pooled_output`), else the
+    hidden states. `prefixes`: `{their weight path prefix: ours}`
+    (`copy_weights`)."""
+    dtype = backbone.dtype_policy
+    names = ("token_ids", "segment_ids", "padding_mask")
+    inputs = token_inputs(*(n for n in names if n in backbone.input))
+    embedding_dim = config.get("embedding_dim", config["hidden_dim"])
+    epsilon = float(backbone.embeddings_layer_norm.epsilon)
+    x = bert_embeddings(inputs, config, embedding_dim, epsilon, dtype)
+    if projection is not None:
+        x = keras.layers.Dense(
+            config["hidden_dim"], dtype=dtype, name=projection
+        )(x)
+    x = keras_hub_encoder_stack(
+        backbone, x, inputs["padding_mask"], calls, config, dtype
+    )
+    outputs = x
+    if isinstance(backbone.output, dict):
+        pooled = pooled_output(x, config["hidden_dim"], dtype)
+        outputs = {"sequence_output": x, "pooled_output": pooled}
+    model = keras.Model(inputs=inputs, outputs=outputs, name=backbone.name)
+    copy_weights(backbone, model, prefixes)
+    return model

@@ -17,6 +17,7 @@ from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen3 import convert_qwen3
 from keras_attention.interop.qwen3_5 import convert_qwen3_5
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
+from keras_attention.interop.roberta import convert_roberta
 from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
@@ -43,10 +44,12 @@ CONVERTERS = {
     "Qwen3Backbone": convert_qwen3,
     "Qwen3_5Backbone": convert_qwen3_5,
     "Qwen3MoeBackbone": convert_qwen3_moe,
+    "RobertaBackbone": convert_roberta,
     "RoformerV2Backbone": convert_roformer_v2,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
+    "XLMRobertaBackbone": convert_roberta,
 }
 
 
@@ -87,7 +90,9 @@ def from_keras_hub(backbone):
     mask objects, the blockwise path, layout maps. It saves as `.keras` and
     reloads with `safe_mode=True`.
 
-    Supported: `keras_hub.models.BertBackbone`, `GPT2Backbone`, `LlamaBackbone`
+    Supported: `keras_hub.models.BertBackbone`,
+    `RobertaBackbone` and `XLMRobertaBackbone` (no token types),
+    `GPT2Backbone`, `LlamaBackbone`
     (also `Llama3Backbone`; Llama 3.1's RoPE scaling as the self-attention's
     `rotary_scaling`), `MistralBackbone` (its sliding window as the
     self-attention's `window_size`, its `rope_scaling_factor` as
