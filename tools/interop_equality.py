@@ -96,6 +96,9 @@ def backbones():
         "XLM-RoBERTa": models.XLMRobertaBackbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),
+        "DistilBERT": models.DistilBertBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
         "GPT-2": models.GPT2Backbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),

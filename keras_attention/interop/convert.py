@@ -5,6 +5,7 @@ from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.deit import convert_deit
 from keras_attention.interop.dinov2 import convert_dinov2
+from keras_attention.interop.distil_bert import convert_distil_bert
 from keras_attention.interop.esm import convert_esm
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
@@ -32,6 +33,7 @@ CONVERTERS = {
     "BloomBackbone": convert_bloom,
     "DeiTBackbone": convert_deit,
     "DINOV2Backbone": convert_dinov2,
+    "DistilBertBackbone": convert_distil_bert,
     "ESMBackbone": convert_esm,
     "GPT2Backbone": convert_gpt2,
     "GptOssBackbone": convert_gpt_oss,
@@ -92,6 +94,7 @@ def from_keras_hub(backbone):
 
     Supported: `keras_hub.models.BertBackbone`,
     `RobertaBackbone` and `XLMRobertaBackbone` (no token types),
+    `DistilBertBackbone` (no token types),
     `GPT2Backbone`, `LlamaBackbone`
     (also `Llama3Backbone`; Llama 3.1's RoPE scaling as the self-attention's
     `rotary_scaling`), `MistralBackbone` (its sliding window as the

@@ -5,6 +5,7 @@ round trip with `safe_mode=True`, the options refused by name.
 Backend-neutral.
 
 - RoBERTa and XLM-R: the exact GELU, epsilon 1e-5, no token types.
+- DistilBERT: no token types, no pooler.
 """
 
 import keras
@@ -38,6 +39,7 @@ COMMON = dict(
 FAMILIES = (
     "roberta",
     "xlm_roberta",
+    "distil_bert",
 )
 # Families whose converted layers another family's `.keras` reload covers.
 RELOAD_COVERED = {
@@ -45,6 +47,7 @@ RELOAD_COVERED = {
     # the exact GELU by name).
     "roberta": "bert",
     "xlm_roberta": "bert",
+    "distil_bert": "bert",
 }
 
 
@@ -55,6 +58,8 @@ def tiny(name, **kwargs):
         return models.RobertaBackbone(vocabulary_size=VOCAB, **arguments)
     if name == "xlm_roberta":
         return models.XLMRobertaBackbone(vocabulary_size=VOCAB, **arguments)
+    if name == "distil_bert":
+        return models.DistilBertBackbone(vocabulary_size=VOCAB, **arguments)
     raise ValueError(name)
 
 
