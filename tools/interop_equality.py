@@ -14,7 +14,9 @@ only; Mixtral and Qwen3-MoE with 4 experts, top 2 (Qwen3-MoE's layer 0
 dense); T5 1.1 with heads of 16; SmolLM3 without RoPE on layer 3;
 gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
 Qwen 3.5 with gated delta nets on layers 0-2 and gated attention on
-layer 3, windowed (16) on TensorFlow only; noise
+layer 3, windowed (16) on TensorFlow only; ALBERT with embeddings of 32
+projected to 64 and 4 layers as 2 groups of 2 shared layers (8 layer
+calls of 4 blocks); noise
 added to every weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
@@ -98,6 +100,18 @@ def backbones():
         ),
         "DistilBERT": models.DistilBertBackbone(
             num_heads=4, max_sequence_length=LENGTH, **common
+        ),
+        # Embeddings of 32 projected to 64; 2 groups of 2 shared layers,
+        # each group run twice (8 layer calls of 4 blocks).
+        "ALBERT (2 groups of 2 shared layers, embedding 32)": (
+            models.AlbertBackbone(
+                num_heads=4,
+                embedding_dim=32,
+                num_groups=2,
+                num_inner_repetitions=2,
+                max_sequence_length=LENGTH,
+                **common,
+            )
         ),
         "GPT-2": models.GPT2Backbone(
             num_heads=4, max_sequence_length=LENGTH, **common

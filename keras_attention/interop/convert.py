@@ -1,5 +1,6 @@
 """`from_keras_hub`: a keras-hub backbone rebuilt from our blocks."""
 
+from keras_attention.interop.albert import convert_albert
 from keras_attention.interop.bart import convert_bart
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
@@ -28,6 +29,7 @@ from keras_attention.interop.vit import convert_vit
 # Resolved to the classes at call time: keras-hub is an optional extra,
 # imported only when a backbone is converted.
 CONVERTERS = {
+    "AlbertBackbone": convert_albert,
     "BartBackbone": convert_bart,
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
@@ -95,6 +97,8 @@ def from_keras_hub(backbone):
     Supported: `keras_hub.models.BertBackbone`,
     `RobertaBackbone` and `XLMRobertaBackbone` (no token types),
     `DistilBertBackbone` (no token types),
+    `AlbertBackbone` (its factorized embedding; its shared layers as one
+    block per layer, called as often as keras-hub calls it),
     `GPT2Backbone`, `LlamaBackbone`
     (also `Llama3Backbone`; Llama 3.1's RoPE scaling as the self-attention's
     `rotary_scaling`), `MistralBackbone` (its sliding window as the

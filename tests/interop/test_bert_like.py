@@ -6,6 +6,8 @@ Backend-neutral.
 
 - RoBERTa and XLM-R: the exact GELU, epsilon 1e-5, no token types.
 - DistilBERT: no token types, no pooler.
+- ALBERT: a factorized embedding (8 -> 16), two groups of two shared
+  layers, each group run twice: 8 layer calls of 4 blocks.
 """
 
 import keras
@@ -40,6 +42,7 @@ FAMILIES = (
     "roberta",
     "xlm_roberta",
     "distil_bert",
+    "albert",
 )
 # Families whose converted layers another family's `.keras` reload covers.
 RELOAD_COVERED = {
@@ -60,6 +63,10 @@ def tiny(name, **kwargs):
         return models.XLMRobertaBackbone(vocabulary_size=VOCAB, **arguments)
     if name == "distil_bert":
         return models.DistilBertBackbone(vocabulary_size=VOCAB, **arguments)
+    if name == "albert":
+        albert = dict(num_layers=4, num_groups=2, num_inner_repetitions=2)
+        albert.update(embedding_dim=8, vocabulary_size=VOCAB)
+        return models.AlbertBackbone(**{**arguments, **albert, **kwargs})
     raise ValueError(name)
 
 
@@ -171,6 +178,19 @@ def test_attention_of_every_layer_call(converted, name):
         assert paths.count(path) == calls_per_block
 
 
+def test_albert_order_of_shared_layer_calls(converted):
+    """keras-hub's order: each group in turn, run `num_layers //
+    num_groups` times over its layers."""
+    backbone, model = converted("albert")
+    maps = keras_attention.visualization.collect_attention(
+        model, make_inputs(backbone)
+    )
+    order = [maps.metadata[key]["path"].split("/")[0] for key in maps]
+    group_0 = ["group_0_inner_layer_0", "group_0_inner_layer_1"] * 2
+    group_1 = ["group_1_inner_layer_0", "group_1_inner_layer_1"] * 2
+    assert order == group_0 + group_1
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -195,7 +215,7 @@ def test_keras_round_trip_safe_mode(converted, name, tmp_path):
     )  # ALBERT's shared blocks stay shared
 
 
-@pytest.mark.parametrize("name", ["roberta"])
+@pytest.mark.parametrize("name", ["roberta", "albert"])
 def test_an_activation_without_a_name_is_refused_by_name(name):
     backbone = tiny(name)
     layer = their_layers(backbone)[0]
