@@ -16,7 +16,7 @@ gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
 Qwen 3.5 with gated delta nets on layers 0-2 and gated attention on
 layer 3, windowed (16) on TensorFlow only; ALBERT with embeddings of 32
 projected to 64 and 4 layers as 2 groups of 2 shared layers (8 layer
-calls of 4 blocks); noise
+calls of 4 blocks); ELECTRA with embeddings of 32 projected to 64; noise
 added to every weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
@@ -112,6 +112,15 @@ def backbones():
                 max_sequence_length=LENGTH,
                 **common,
             )
+        ),
+        "ELECTRA (embedding 32)": models.ElectraBackbone(
+            vocab_size=VOCAB,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=64,
+            embedding_dim=32,
+            intermediate_dim=128,
+            max_sequence_length=LENGTH,
         ),
         "GPT-2": models.GPT2Backbone(
             num_heads=4, max_sequence_length=LENGTH, **common

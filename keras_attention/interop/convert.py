@@ -7,6 +7,7 @@ from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.deit import convert_deit
 from keras_attention.interop.dinov2 import convert_dinov2
 from keras_attention.interop.distil_bert import convert_distil_bert
+from keras_attention.interop.electra import convert_electra
 from keras_attention.interop.esm import convert_esm
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
@@ -36,6 +37,7 @@ CONVERTERS = {
     "DeiTBackbone": convert_deit,
     "DINOV2Backbone": convert_dinov2,
     "DistilBertBackbone": convert_distil_bert,
+    "ElectraBackbone": convert_electra,
     "ESMBackbone": convert_esm,
     "GPT2Backbone": convert_gpt2,
     "GptOssBackbone": convert_gpt_oss,
@@ -99,6 +101,7 @@ def from_keras_hub(backbone):
     `DistilBertBackbone` (no token types),
     `AlbertBackbone` (its factorized embedding; its shared layers as one
     block per layer, called as often as keras-hub calls it),
+    `ElectraBackbone` (its factorized embedding),
     `GPT2Backbone`, `LlamaBackbone`
     (also `Llama3Backbone`; Llama 3.1's RoPE scaling as the self-attention's
     `rotary_scaling`), `MistralBackbone` (its sliding window as the

@@ -8,6 +8,7 @@ Backend-neutral.
 - DistilBERT: no token types, no pooler.
 - ALBERT: a factorized embedding (8 -> 16), two groups of two shared
   layers, each group run twice: 8 layer calls of 4 blocks.
+- ELECTRA: a factorized embedding (8 -> 16), and without it.
 """
 
 import keras
@@ -43,6 +44,7 @@ FAMILIES = (
     "xlm_roberta",
     "distil_bert",
     "albert",
+    "electra",
 )
 # Families whose converted layers another family's `.keras` reload covers.
 RELOAD_COVERED = {
@@ -51,6 +53,7 @@ RELOAD_COVERED = {
     "roberta": "bert",
     "xlm_roberta": "bert",
     "distil_bert": "bert",
+    "electra": "albert",  # a projection `Dense`, segments, the pooler
 }
 
 
@@ -67,6 +70,9 @@ def tiny(name, **kwargs):
         albert = dict(num_layers=4, num_groups=2, num_inner_repetitions=2)
         albert.update(embedding_dim=8, vocabulary_size=VOCAB)
         return models.AlbertBackbone(**{**arguments, **albert, **kwargs})
+    if name == "electra":
+        electra = dict(embedding_dim=8, vocab_size=VOCAB)
+        return models.ElectraBackbone(**{**arguments, **electra, **kwargs})
     raise ValueError(name)
 
 
@@ -213,6 +219,18 @@ def test_keras_round_trip_safe_mode(converted, name, tmp_path):
     assert len(blocks) == len(
         [layer for layer in model.layers if hasattr(layer, "causal")]
     )  # ALBERT's shared blocks stay shared
+
+
+def test_electra_without_factorized_embedding():
+    keras.utils.set_random_seed(1)
+    backbone = perturbed(tiny("electra", embedding_dim=HIDDEN))
+    model = from_keras_hub(backbone)
+    assert "embeddings_projection" not in [layer.name for layer in model.layers]
+    inputs = make_inputs(backbone)
+    error = real_positions_error(
+        as_dict(model(inputs)), as_dict(backbone(inputs))
+    )
+    assert error <= TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["roberta", "albert"])
