@@ -65,6 +65,8 @@ LAZY_IMPORTS = {
     "torch": ("keras_attention.ops._backend",),
     "matplotlib": ("keras_attention.visualization",),
     "keras_hub": (PACKAGE,),
+    # `from_huggingface("hf://...")`'s download: an optional extra
+    "huggingface_hub": ("keras_attention.interop.huggingface",),
 }
 
 

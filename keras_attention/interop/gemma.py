@@ -191,12 +191,9 @@ def gemma_config(backbone):
 def build_gemma_style(
     backbone, config, layer_attention, sandwich_norm=False, table=WEIGHT_TABLE
 ):
-    """The Gemma-style model: the tied token embedding scaled by
-    `sqrt(hidden_dim)`, pre-norm decoder blocks (RMS norms) composed of a
-    causal `SelfAttention` (no biases, grouped-query with
-    `key_dim=head_dim`) and a GeGLU `FeedForward` of
-    `config["intermediate_dim"]`, a final RMS norm; the weights copied by
-    `table` with `transform_weight`.
+    """`gemma_style_model` of a keras-hub backbone (its dtype policy and
+    name), the backbone's weights copied in by `table` with
+    `transform_weight`.
 
     Args:
         backbone: the keras-hub backbone.
@@ -211,7 +208,49 @@ def build_gemma_style(
     Returns:
         The converted `keras.Model`.
     """
-    dtype = backbone.dtype_policy
+    model = gemma_style_model(
+        config,
+        backbone.dtype_policy,
+        backbone.name,
+        layer_attention,
+        sandwich_norm=sandwich_norm,
+    )
+    prefixes = _common.layer_prefixes(table, config["num_layers"])
+    _common.copy_weights(backbone, model, prefixes, transform_weight)
+    return model
+
+
+def gemma_style_model(
+    config, dtype, name, layer_attention, sandwich_norm=False
+):
+    """The Gemma-style model, of its config alone (the builder that the
+    keras-hub converters and `from_huggingface` share): the tied token
+    embedding scaled by `sqrt(hidden_dim)`, pre-norm decoder blocks (RMS
+    norms) named `decoder_block_{i}`, composed of a causal
+    `SelfAttention` (grouped-query with `key_dim=head_dim`) and a gated
+    `FeedForward` of `config["intermediate_dim"]` (GeGLU unless
+    `activation`), a final RMS norm `final_normalization`. Its weights
+    are the layers' initial ones: the caller fills them.
+
+    Args:
+        config: dict with `vocabulary_size`, `num_layers`,
+            `num_query_heads`, `num_key_value_heads`, `hidden_dim`,
+            `intermediate_dim`, `head_dim`, `layer_norm_epsilon`,
+            `dropout`, `final_logit_soft_cap` (None: none), and
+            optionally `activation` (default the tanh-approximate GELU)
+            and `attention_bias` (default False).
+        dtype: the layers' dtype policy (or its name).
+        name: the model's name.
+        layer_attention: `layer_attention(i)` -> the self-attention
+            arguments of layer `i` (rotary positions, windows, soft-caps,
+            QK-norms, query scaling).
+        sandwich_norm: bool, the blocks' post-attention and
+            post-feed-forward norms (Gemma 2 and 3).
+
+    Returns:
+        A `keras.Model` with inputs `token_ids`, `padding_mask` and the
+        final norm's output.
+    """
     inputs = _common.token_inputs("token_ids", "padding_mask")
     x = keras.layers.ReversibleEmbedding(
         config["vocabulary_size"],
@@ -230,13 +269,13 @@ def build_gemma_style(
             causal=True,
             num_key_value_heads=config["num_key_value_heads"],
             dropout=config["dropout"],
-            use_bias=False,
+            use_bias=config.get("attention_bias", False),
             dtype=dtype,
             **layer_attention(i),
         )
         feed_forward = _common.feed_forward(
             config["intermediate_dim"],
-            activation=gelu_approximate,
+            activation=config.get("activation", gelu_approximate),
             dropout=config["dropout"],
             use_bias=False,
             gated=True,
@@ -258,7 +297,4 @@ def build_gemma_style(
         dtype=dtype,
         name="final_normalization",
     )(x)
-    model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    prefixes = _common.layer_prefixes(table, config["num_layers"])
-    _common.copy_weights(backbone, model, prefixes, transform_weight)
-    return model
+    return keras.Model(inputs=inputs, outputs=x, name=name)

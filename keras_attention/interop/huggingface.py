@@ -7,14 +7,26 @@ import os
 import keras
 
 from keras_attention.interop.checkpoint import Checkpoint
-from keras_attention.interop.hf import _config
-from keras_attention.interop.hf import _weights
+from keras_attention.interop.hf import configs
+from keras_attention.interop.hf import weights
+from keras_attention.interop.hf.gemma import convert_gemma
 from keras_attention.interop.hf.llama import convert_llama
+from keras_attention.interop.hf.mistral import convert_mistral
+from keras_attention.interop.hf.phi3 import convert_phi3
+from keras_attention.interop.hf.qwen3 import convert_qwen3
+from keras_attention.interop.hf.smollm3 import convert_smollm3
 
 # `model_type` (of `config.json`) -> its family's converter
 # (`converter(config, dtype)` -> `hf.Conversion`). One line per family.
 MODEL_TYPES = {
+    "gemma": convert_gemma,
+    "gemma2": convert_gemma,
+    "gemma3_text": convert_gemma,
     "llama": convert_llama,
+    "mistral": convert_mistral,
+    "phi3": convert_phi3,
+    "qwen3": convert_qwen3,
+    "smollm3": convert_smollm3,
 }
 
 HUB_PREFIX = "hf://"
@@ -81,7 +93,7 @@ def read_config(directory):
     if not os.path.isfile(path):
         raise ValueError(f"{directory!r} has no config.json.")
     with open(path, encoding="utf-8") as f:
-        config = _config.HFConfig(json.load(f))
+        config = configs.HFConfig(json.load(f))
     if config.model_type not in MODEL_TYPES:
         raise ValueError(
             f"model_type {config.model_type!r} of {path!r} is not "
@@ -188,7 +200,7 @@ def from_huggingface(path, dtype=None):
     checkpoint = Checkpoint(directory)
     policy = _dtype_policy(dtype, checkpoint)
     conversion = MODEL_TYPES[config.model_type](config, policy)
-    _weights.load_weights(
+    weights.load_weights(
         conversion.model,
         checkpoint,
         conversion.table,

@@ -208,8 +208,9 @@ def llama_style_model(
             `num_query_heads`, `num_key_value_heads`, `hidden_dim`,
             `intermediate_dim`, `rope_max_wavelength`,
             `layer_norm_epsilon`, `dropout`, `tie_word_embeddings`, and
-            optionally `attention_bias` (biases on the four attention
-            projections; default False), `mlp_bias` (on the
+            optionally `attention_bias` (the self-attention's `use_bias`:
+            biases on the four attention projections, or "qkv"; default
+            False), `mlp_bias` (on the
             feed-forward's; default False), `activation` (the gate's;
             default "silu") and `rotary_fraction` (default 1.0).
         dtype: the layers' dtype policy (or its name).
@@ -250,7 +251,7 @@ def llama_style_model(
         causal=True,
         num_key_value_heads=config["num_key_value_heads"],
         dropout=config["dropout"],
-        use_bias=bool(config.get("attention_bias", False)),
+        use_bias=config.get("attention_bias", False),
         rotary_max_wavelength=config["rope_max_wavelength"],
         rotary_scaling=rotary_scaling,
         window_size=window_size,

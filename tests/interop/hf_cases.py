@@ -23,6 +23,13 @@ PADDING_MASK = (
 # on the right, transformers generates each alone).
 PROMPTS = ((5, 7, 9), (3, 4, 11, 12, 13))
 
+# A case: `model_type`, `config` (config.json's fields) and optionally
+# `noise` (the std of the noise `hf_reference.py` adds to every weight;
+# default `NOISE`: Gemma 2 and 3, whose post-norms leave the residual to
+# the scaled embedding, take smaller weights for varied greedy tokens)
+# and `greedy` (False: greedy tokens not compared, the case says why).
+NOISE = 0.1
+
 # The fields most tiny configs share: 2 layers, hidden size 16, 4 query
 # heads of 8 (an explicit `head_dim` other than hidden / heads), 2
 # key/value heads; `initializer_range` large enough, with the noise
@@ -41,6 +48,25 @@ COMMON = dict(
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=None,
+)
+
+# The families whose config has no `head_dim` (Phi-3, SmolLM3, Qwen 2,
+# OLMo 2): heads of 32 / 4 = 8.
+NO_HEAD_DIM = {k: v for k, v in COMMON.items() if k != "head_dim"}
+NO_HEAD_DIM["hidden_size"] = 32
+
+PHI3 = dict(
+    NO_HEAD_DIM,
+    sliding_window=4,
+    original_max_position_embeddings=16,
+    partial_rotary_factor=0.5,
+    rope_parameters=dict(
+        rope_type="longrope",
+        rope_theta=1e4,
+        partial_rotary_factor=0.5,
+        short_factor=[1.0, 1.5],
+        long_factor=[2.0, 3.0],
+    ),
 )
 
 CASES = {
@@ -63,6 +89,92 @@ CASES = {
                 high_freq_factor=4.0,
                 original_max_position_embeddings=8,
             ),
+        ),
+    ),
+    # Sliding window 3 on every layer (our rolling cache), tied head.
+    "mistral": dict(
+        model_type="mistral",
+        config=dict(
+            COMMON, sliding_window=3, tie_word_embeddings=True, rope_theta=1e4
+        ),
+    ),
+    # Per-head QK-norm, biases on the four attention projections, layer
+    # 1 windowed (max_window_layers=1), linear RoPE scaling, tied head.
+    "qwen3": dict(
+        model_type="qwen3",
+        config=dict(
+            COMMON,
+            attention_bias=True,
+            use_sliding_window=True,
+            sliding_window=3,
+            max_window_layers=1,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="linear", factor=2.0, rope_theta=1e4
+            ),
+        ),
+    ),
+    # Gemma 1: embedding scale, norms 1 + w, GeGLU (tanh), tied head.
+    "gemma": dict(model_type="gemma", config=dict(COMMON)),
+    # Gemma 2: soft-caps that bite, windows on layer 0, post-norms,
+    # query scaling by query_pre_attn_scalar (6, not head_dim 8).
+    "gemma2": dict(
+        model_type="gemma2",
+        config=dict(
+            COMMON,
+            sliding_window=3,
+            attn_logit_softcapping=1.0,
+            final_logit_softcapping=2.0,
+            query_pre_attn_scalar=6,
+            initializer_range=0.05,
+        ),
+        noise=0.05,
+    ),
+    # Gemma 3: QK-norm, a windowed and a global layer, a RoPE per kind of
+    # layer (global: 1e6 with linear scaling 2; windowed: 1e4).
+    "gemma3_text": dict(
+        model_type="gemma3_text",
+        config=dict(
+            COMMON,
+            sliding_window=3,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=6,
+            rope_parameters=dict(
+                full_attention=dict(
+                    rope_type="linear", factor=2.0, rope_theta=1e6
+                ),
+                sliding_attention=dict(rope_type="default", rope_theta=1e4),
+            ),
+            initializer_range=0.05,
+        ),
+        noise=0.05,
+    ),
+    # Phi-3: fused qkv and gate/up projections, LongRoPE (short factors
+    # within a pretraining length of 16, which the forward and the
+    # generation stay within; the attention factor of 64 / 16), partial
+    # rotary (half of each head), sliding window 4.
+    "phi3": dict(model_type="phi3", config=PHI3),
+    # The same past its pretraining length (2): the forward takes the long
+    # factors. Greedy tokens are not compared: transformers' Phi-3
+    # recomputes its cache with the long factors when a generation
+    # crosses the length, our cached generator keeps the keys it rotated
+    # (docs/guides/checkpoints.md).
+    "phi3_long": dict(
+        model_type="phi3",
+        config=dict(PHI3, original_max_position_embeddings=2),
+        greedy=False,
+    ),
+    # SmolLM3: layer 1 without RoPE (NoPE) and windowed (3), attention
+    # biases, tied head.
+    "smollm3": dict(
+        model_type="smollm3",
+        config=dict(
+            NO_HEAD_DIM,
+            no_rope_layers=[1, 0],
+            use_sliding_window=True,
+            sliding_window=3,
+            attention_bias=True,
+            rope_theta=1e4,
         ),
     ),
 }

@@ -26,8 +26,6 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_cases  # noqa: E402
 
-NOISE = 0.1
-
 
 def build(case, seed=0):
     """The transformers causal LM of `case` (random, seeded)."""
@@ -41,7 +39,8 @@ def build(case, seed=0):
     )
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * NOISE)
+            noise = spec.get("noise", hf_cases.NOISE)
+            parameter.add_(torch.randn_like(parameter) * noise)
     return model.eval()
 
 

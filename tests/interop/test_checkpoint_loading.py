@@ -17,8 +17,8 @@ from keras.ops import convert_to_numpy as to_numpy
 import keras_attention
 from keras_attention.interop import huggingface
 from keras_attention.interop.checkpoint import Checkpoint
-from keras_attention.interop.hf import _config
-from keras_attention.interop.hf import _weights
+from keras_attention.interop.hf import configs
+from keras_attention.interop.hf import weights
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -40,11 +40,11 @@ LLAMA = dict(
 def random_tensors(config, dtype="float32", seed=0):
     """Random tensors of the names and shapes the family's converter
     expects for `config`."""
-    hf_config = _config.HFConfig(config)
+    hf_config = configs.HFConfig(config)
     conversion = huggingface.MODEL_TYPES[config["model_type"]](
         hf_config, "float32"
     )
-    shapes = _weights.expected_shapes(
+    shapes = weights.expected_shapes(
         conversion.model, conversion.table, conversion.num_layers
     )
     rng = np.random.default_rng(seed)
@@ -201,7 +201,7 @@ def test_an_unsupported_option_is_refused_by_name(tmp_path, option, match):
 
 
 def test_both_rope_layouts_read_the_same():
-    old = _config.HFConfig(
+    old = configs.HFConfig(
         dict(
             LLAMA,
             rope_theta=5e5,
@@ -217,11 +217,11 @@ def test_both_rope_layouts_read_the_same():
     new = dict(LLAMA, rope_parameters=dict(old.values["rope_scaling"]))
     new["rope_parameters"]["rope_theta"] = 5e5
     del new["rope_theta"]
-    want = _config.rope_arguments(old)
-    assert want == _config.rope_arguments(_config.HFConfig(new))
+    want = configs.rope_arguments(old)
+    assert want == configs.rope_arguments(configs.HFConfig(new))
     assert want["rotary_max_wavelength"] == 5e5
     assert want["rotary_scaling"]["rope_type"] == "llama3"
-    nested = _config.HFConfig(
+    nested = configs.HFConfig(
         dict(
             LLAMA,
             rope_parameters={
@@ -233,7 +233,7 @@ def test_both_rope_layouts_read_the_same():
             },
         )
     )
-    assert _config.rope_arguments(nested, "sliding_attention") == {
+    assert configs.rope_arguments(nested, "sliding_attention") == {
         "rotary_max_wavelength": 1e4,
         "rotary_scaling": None,
         "rotary_fraction": 1.0,

@@ -94,5 +94,6 @@ def test_equal_to_transformers(case, references):
     ours, real = hidden_states(model)
     difference = np.abs(ours - want["hidden"]).max(axis=-1)[real].max()
     assert difference < TOLERANCE, difference
-    np.testing.assert_array_equal(greedy_tokens(model), want["tokens"])
-    assert len(np.unique(want["tokens"])) > 2  # varied, not one token
+    if hf_cases.CASES[case].get("greedy", True):
+        np.testing.assert_array_equal(greedy_tokens(model), want["tokens"])
+        assert len(np.unique(want["tokens"])) > 2  # varied, not one token

@@ -1,10 +1,10 @@
 """`from_huggingface`'s family converters: one module per architecture.
 
-A family module reads a `config.json` (`_config.HFConfig`) into the
+A family module reads a `config.json` (`configs.HFConfig`) into the
 arguments of the builder that the keras-hub converter of the same
 architecture uses (`interop.llama.llama_style_model`,
 `interop.gemma.gemma_style_model`), and states which checkpoint tensor
-fills which weight as a table (`_weights`: rows `(their name, our path,
+fills which weight as a table (`weights`: rows `(their name, our path,
 transform)`). Its converter, registered in
 `interop.huggingface.MODEL_TYPES`, returns a `Conversion`; the shared
 loader (`interop.huggingface.from_huggingface`) reads the checkpoint

@@ -4,58 +4,58 @@ Mistral, Qwen 2, Qwen 3, SmolLM3 and Phi-3 share: the config read into
 tensor names mapped to its weights by `WEIGHT_TABLE`."""
 
 from keras_attention.interop.hf import Conversion
-from keras_attention.interop.hf import _config
+from keras_attention.interop.hf import configs
 from keras_attention.interop.llama import llama_style_model
 
-_LAYER = "model.layers.{i}."
-_OURS = "transformer_layer_{i}/"
+LAYER = "model.layers.{i}."
+OURS = "transformer_layer_{i}/"
 
-# Their tensor -> our weight path, transform (`hf._weights`).
+# Their tensor -> our weight path, transform (`hf.weights`).
 WEIGHT_TABLE = (
     ("model.embed_tokens.weight", "token_embedding/embeddings", "copy"),
     (
-        _LAYER + "self_attn.q_proj.weight",
-        _OURS + "self_attention/query/kernel",
+        LAYER + "self_attn.q_proj.weight",
+        OURS + "self_attention/query/kernel",
         "linear",
     ),
     (
-        _LAYER + "self_attn.k_proj.weight",
-        _OURS + "self_attention/key/kernel",
+        LAYER + "self_attn.k_proj.weight",
+        OURS + "self_attention/key/kernel",
         "linear",
     ),
     (
-        _LAYER + "self_attn.v_proj.weight",
-        _OURS + "self_attention/value/kernel",
+        LAYER + "self_attn.v_proj.weight",
+        OURS + "self_attention/value/kernel",
         "linear",
     ),
     (
-        _LAYER + "self_attn.o_proj.weight",
-        _OURS + "self_attention/attention_output/kernel",
+        LAYER + "self_attn.o_proj.weight",
+        OURS + "self_attention/attention_output/kernel",
         "linear_in2",
     ),
     (
-        _LAYER + "mlp.gate_proj.weight",
-        _OURS + "feed_forward/gate_dense/kernel",
+        LAYER + "mlp.gate_proj.weight",
+        OURS + "feed_forward/gate_dense/kernel",
         "linear",
     ),
     (
-        _LAYER + "mlp.up_proj.weight",
-        _OURS + "feed_forward/intermediate_dense/kernel",
+        LAYER + "mlp.up_proj.weight",
+        OURS + "feed_forward/intermediate_dense/kernel",
         "linear",
     ),
     (
-        _LAYER + "mlp.down_proj.weight",
-        _OURS + "feed_forward/output_dense/kernel",
+        LAYER + "mlp.down_proj.weight",
+        OURS + "feed_forward/output_dense/kernel",
         "linear",
     ),
     (
-        _LAYER + "input_layernorm.weight",
-        _OURS + "self_attention_norm/scale",
+        LAYER + "input_layernorm.weight",
+        OURS + "self_attention_norm/scale",
         "copy",
     ),
     (
-        _LAYER + "post_attention_layernorm.weight",
-        _OURS + "feed_forward_norm/scale",
+        LAYER + "post_attention_layernorm.weight",
+        OURS + "feed_forward_norm/scale",
         "copy",
     ),
     ("model.norm.weight", "sequence_output_layernorm/scale", "copy"),
@@ -64,11 +64,12 @@ WEIGHT_TABLE = (
 HEAD_TABLE = (
     ("lm_head.weight", "token_embedding/reverse_embeddings", "linear"),
 )
-# `attention_bias`: the four projections' biases.
+# `attention_bias`: the projections' biases (Qwen 2's "qkv": all but
+# `o_proj`'s).
 ATTENTION_BIAS_TABLE = tuple(
     (
-        _LAYER + f"self_attn.{theirs}_proj.bias",
-        _OURS + f"self_attention/{ours}/bias",
+        LAYER + f"self_attn.{theirs}_proj.bias",
+        OURS + f"self_attention/{ours}/bias",
         "flat",
     )
     for theirs, ours in (
@@ -81,8 +82,8 @@ ATTENTION_BIAS_TABLE = tuple(
 # `mlp_bias`: the feed-forward's biases.
 MLP_BIAS_TABLE = tuple(
     (
-        _LAYER + f"mlp.{theirs}_proj.bias",
-        _OURS + f"feed_forward/{ours}/bias",
+        LAYER + f"mlp.{theirs}_proj.bias",
+        OURS + f"feed_forward/{ours}/bias",
         "copy",
     )
     for theirs, ours in (
@@ -95,12 +96,13 @@ MLP_BIAS_TABLE = tuple(
 IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
 
 
-def llama_style_config(config, tie_default=False):
+def llama_style_config(config, tie_default=False, rope=None):
     """`llama_style_model`'s `config` from a Llama-style `HFConfig`:
-    sizes, `rms_norm_eps`, `rope_theta` (either layout), `hidden_act`,
+    sizes, `rms_norm_eps`, the RoPE (`rope`, else
+    `configs.rope_arguments(config)`), `hidden_act`,
     `tie_word_embeddings` (`tie_default` when absent), `attention_bias`,
-    `mlp_bias`, `partial_rotary_factor`; dropout 0 (inference)."""
-    rope = _config.rope_arguments(config)
+    `mlp_bias`; dropout 0 (inference)."""
+    rope = rope or configs.rope_arguments(config)
     return {
         "vocabulary_size": int(config.require("vocab_size")),
         "num_layers": int(config.require("num_hidden_layers")),
@@ -119,7 +121,7 @@ def llama_style_config(config, tie_default=False):
         ),
         "attention_bias": bool(config.get("attention_bias", False)),
         "mlp_bias": bool(config.get("mlp_bias", False)),
-        "activation": _config.activation(config, default="silu"),
+        "activation": configs.activation(config, default="silu"),
     }
 
 
@@ -129,7 +131,9 @@ def llama_style_table(arguments, table=WEIGHT_TABLE):
     table = tuple(table)
     if not arguments["tie_word_embeddings"]:
         table += HEAD_TABLE
-    if arguments["attention_bias"]:
+    if arguments["attention_bias"] == "qkv":
+        table += ATTENTION_BIAS_TABLE[:3]
+    elif arguments["attention_bias"]:
         table += ATTENTION_BIAS_TABLE
     if arguments["mlp_bias"]:
         table += MLP_BIAS_TABLE
@@ -144,16 +148,61 @@ def llama_style_ignored(arguments):
     return IGNORED
 
 
-def convert(config, dtype, tie_default=False, table=WEIGHT_TABLE, **options):
+def layer_windows(config, window, default_types=None):
+    """Each layer's causal `window_size` (None: full attention): `window
+    - 1` (transformers masks `q - k < sliding_window`) on the layers whose
+    `layer_types` entry is "sliding_attention" (`default_types` when the
+    config has none; all full when both are None); `ValueError` for a
+    sliding layer without a window."""
+    layers = int(config.require("num_hidden_layers"))
+    types = config.layer_types(default_types or ["full_attention"] * layers)
+    if "sliding_attention" in types and window is None:
+        raise ValueError(
+            f"config.json of model_type {config.model_type!r}: layer_types "
+            "has sliding_attention layers but sliding_window is null."
+        )
+    return [
+        int(window) - 1 if kind == "sliding_attention" else None
+        for kind in types
+    ]
+
+
+def windowed(windows, layer_attention=None):
+    """`llama_style_model`'s `layer_attention` giving layer `i` the
+    `window_size` `windows[i]` (and `layer_attention(i)`'s arguments)."""
+
+    def arguments(i):
+        own = dict(layer_attention(i)) if layer_attention else {}
+        if windows[i] is not None:
+            own["window_size"] = windows[i]
+        return own
+
+    return arguments
+
+
+def convert(
+    config,
+    dtype,
+    tie_default=False,
+    table=WEIGHT_TABLE,
+    arguments=None,
+    default_theta=10000.0,
+    **options,
+):
     """The Llama-style `Conversion` of `config` (an `HFConfig`):
-    `llama_style_config` into `llama_style_model` (with `options`: its
-    `window_size`, `key_dim`, `qk_norm`, `layer_attention`, ...), `table`
-    with its head and bias rows."""
-    arguments = llama_style_config(config, tie_default)
+    `llama_style_config` (updated with `arguments`: the fields a family
+    fixes, e.g. Mistral's `attention_bias=False`; `default_theta`: the
+    family's `rope_theta` when the config has none) into
+    `llama_style_model` (with `options`: its `window_size`, `key_dim`,
+    `qk_norm`, `layer_attention`, ...), `table` with its head and bias
+    rows."""
+    rope = configs.rope_arguments(config, default_theta=default_theta)
+    arguments = {
+        **llama_style_config(config, tie_default, rope),
+        **(arguments or {}),
+    }
     options.setdefault("key_dim", config.head_dim())
-    options.setdefault(
-        "rotary_scaling", _config.rope_arguments(config)["rotary_scaling"]
-    )
+    options.setdefault("rotary_scaling", rope["rotary_scaling"])
     model = llama_style_model(
         arguments, dtype=dtype, name=config.model_type, **options
     )

@@ -164,8 +164,8 @@ def rope_arguments(config, layer_type=None, default_theta=10000.0):
 
     Example:
 
-    >>> from keras_attention.interop.hf._config import HFConfig
-    >>> from keras_attention.interop.hf._config import rope_arguments
+    >>> from keras_attention.interop.hf.configs import HFConfig
+    >>> from keras_attention.interop.hf.configs import rope_arguments
     >>> config = HFConfig({"model_type": "llama", "rope_theta": 5e5,
     ...     "rope_scaling": {"rope_type": "linear", "factor": 4.0}})
     >>> rope_arguments(config)["rotary_scaling"]
