@@ -224,6 +224,14 @@ def backbones():
         "BART": models.BartBackbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),
+        # Whisper: 128 log-mel frames of 8 bins -> 64 encoder positions.
+        "Whisper": models.WhisperBackbone(
+            num_heads=4,
+            num_mels=8,
+            max_encoder_sequence_length=2 * LENGTH,
+            max_decoder_sequence_length=LENGTH,
+            **common,
+        ),
         "ViT": models.ViTBackbone(
             image_shape=(32, 32, 3),
             patch_size=4,
@@ -315,6 +323,15 @@ def inputs(backbone, rng):
         return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     if "images" in backbone.input:  # DINOv2; CLIP, SigLIP: and text
         return image_inputs(backbone, rng)
+    if "encoder_features" in backbone.input:  # Whisper: log-mel frames
+        frames = rng.normal(size=(BATCH, 2 * LENGTH, 8)).astype("float32")
+        padding = _padding(causal=False)
+        ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32")
+        return {
+            "encoder_features": frames,
+            "decoder_token_ids": ids * padding,
+            "decoder_padding_mask": padding,
+        }
     if "encoder_token_ids" in backbone.input:  # T5
         out = {}
         for stack in ("encoder", "decoder"):

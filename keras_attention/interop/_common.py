@@ -127,6 +127,21 @@ def layer_prefixes(table, num_layers):
     return out
 
 
+def stack_prefixes(table, num_layers, stacks=("encoder", "decoder")):
+    """`table` made concrete as `layer_prefixes`, `{stack}` standing for
+    each of `stacks` (an encoder-decoder's) in the pairs that hold it."""
+    out = []
+    for theirs, ours in table:
+        for stack in stacks if "{stack}" in theirs else ("",):
+            out.append(
+                (
+                    theirs.replace("{stack}", stack),
+                    ours.replace("{stack}", stack),
+                )
+            )
+    return layer_prefixes(out, num_layers)
+
+
 def our_path(path, prefixes):
     """Our weight path for the backbone's `path`: its longest prefix (whole
     path segments) found in `prefixes` replaced by ours; None if none."""

@@ -333,14 +333,13 @@ def build_generator(model, pad_token_id, jit_compile):
     mask = layout["context_mask"]
     encoder_model = keras.Model(
         {name: inputs[name] for name in names},
-        [context] if mask is None else [context, mask],
+        context if mask is None else (context, mask),
     )
 
     def encode(sources):
-        result = encoder_model(sources)
         if mask is None:
-            return result[0], None
-        return result[0], result[1]
+            return encoder_model(sources), None
+        return encoder_model(sources)
 
     return EncoderInputsGenerator(
         encode,

@@ -53,21 +53,6 @@ WEIGHT_TABLE = (
 )
 
 
-def _prefixes(num_layers):
-    """`WEIGHT_TABLE` made concrete (`{stack}`: `encoder` and `decoder`;
-    `{i}`: the layer index)."""
-    table = []
-    for theirs, ours in WEIGHT_TABLE:
-        for stack in ("encoder", "decoder") if "{stack}" in theirs else ("",):
-            table.append(
-                (
-                    theirs.replace("{stack}", stack),
-                    ours.replace("{stack}", stack),
-                )
-            )
-    return _common.layer_prefixes(table, num_layers)
-
-
 def _embed(ids, tokens, stack, config, dtype):
     """The shared token table plus `stack`'s learned positions, its layer
     norm and dropout."""
@@ -204,5 +189,9 @@ def convert_bart(backbone):
         },
         name=backbone.name,
     )
-    _common.copy_weights(backbone, model, _prefixes(config["num_layers"]))
+    _common.copy_weights(
+        backbone,
+        model,
+        _common.stack_prefixes(WEIGHT_TABLE, config["num_layers"]),
+    )
     return model

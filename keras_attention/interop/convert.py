@@ -25,6 +25,7 @@ from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.vit import convert_vit
+from keras_attention.interop.whisper import convert_whisper
 
 # keras-hub backbone class name (in `keras_hub.models`) -> its converter.
 # Resolved to the classes at call time: keras-hub is an optional extra,
@@ -55,6 +56,7 @@ CONVERTERS = {
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "ViTBackbone": convert_vit,
+    "WhisperBackbone": convert_whisper,
     "XLMRobertaBackbone": convert_roberta,
 }
 

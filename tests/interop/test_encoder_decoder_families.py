@@ -56,53 +56,135 @@ def bart():
     )
 
 
+def whisper():
+    # 16 log-mel frames of 4 bins -> 8 encoder positions.
+    return keras_hub.models.WhisperBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=HEADS,
+        hidden_dim=HIDDEN,
+        intermediate_dim=32,
+        num_mels=4,
+        max_encoder_sequence_length=2 * LENGTH,
+        max_decoder_sequence_length=LENGTH,
+    )
+
+
 def token_inputs(seed=0):
     rng = np.random.default_rng(seed)
     ids = rng.integers(2, VOCAB, (2, LENGTH)).astype("int32")
-    targets = rng.integers(2, VOCAB, (2, LENGTH)).astype("int32")
     return {
         "encoder_token_ids": ids * SOURCE_PADDING,
         "encoder_padding_mask": SOURCE_PADDING,
+        **target_inputs(rng),
+    }
+
+
+def target_inputs(rng):
+    targets = rng.integers(2, VOCAB, (2, LENGTH)).astype("int32")
+    return {
         "decoder_token_ids": targets * TARGET_PADDING,
         "decoder_padding_mask": TARGET_PADDING,
     }
 
 
-def task_greedy(task_class, pad):
-    """Greedy tokens of keras-hub's task `task_class` on two sources
-    (right-padded with `pad`) and prompts of a start token (2) and one
-    prompt token more in the second row."""
+def feature_inputs(seed=0):
+    """Whisper: 16 frames of 4 log-mel bins (all real)."""
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(2, 2 * LENGTH, 4)).astype("float32")
+    return {"encoder_features": features, **target_inputs(rng)}
+
+
+def prompts(pad):
+    """Prompts of a start token (2), one token more in the second row,
+    padded with `pad`, and their mask."""
+    tokens = np.full((2, LENGTH), pad, "int32")
+    tokens[:, 0], tokens[1, 1] = 2, 6
+    start = np.zeros((2, LENGTH), bool)
+    start[:, 0], start[1, 1] = True, True
+    return tokens, start
+
+
+def task_greedy(task_name, pad):
+    """Greedy tokens of keras-hub's task `keras_hub.models.<task_name>` on
+    two sources (right-padded with `pad`) and `prompts(pad)`."""
 
     def generate(backbone):
         sources = np.array([[5, 7, 9, 4, pad, pad], [3, 4, 11, 12, 13, 8]])
-        prompts = np.full((2, LENGTH), pad, "int32")
-        prompts[:, 0], prompts[1, 1] = 2, 6
-        start = np.zeros((2, LENGTH), bool)
-        start[:, 0], start[1, 1] = True, True
-        task = task_class(backbone=backbone, preprocessor=None)
+        sources = sources.astype("int32")
+        tokens, start = prompts(pad)
+        task = getattr(keras_hub.models, task_name)(
+            backbone=backbone, preprocessor=None
+        )
         task.compile(sampler="greedy", jit_compile=False)
         want = task.generate(
             {
-                "encoder_token_ids": sources.astype("int32"),
+                "encoder_token_ids": sources,
                 "encoder_padding_mask": sources != pad,
-                "decoder_token_ids": prompts,
+                "decoder_token_ids": tokens,
                 "decoder_padding_mask": start,
             },
             stop_token_ids=None,
         )["decoder_token_ids"]
-        return (sources.astype("int32"), prompts, start), to_numpy(want)
+        return (sources, tokens, start), to_numpy(want)
 
     return generate
 
 
-# name -> (backbone, inputs, greedy reference, padding id, attention
-# layers: encoder self, decoder self and cross)
+def forward_greedy(make_sources, pad=0):
+    """Greedy decoding driven by keras-hub's forward pass (keras-hub 0.32
+    has no Whisper task): the whole buffer through the backbone at each
+    step, the next token the argmax of the decoder's output at the
+    previous position through the token table reversed; the prompts'
+    tokens kept where their mask is set, as keras-hub's samplers do."""
+
+    def generate(backbone):
+        sources = make_sources()
+        tokens, start = prompts(pad)
+        tokens = tokens.copy()
+        for position in range(start.sum(-1).min(), LENGTH):
+            hidden = backbone(
+                {
+                    **sources,
+                    "decoder_token_ids": tokens,
+                    "decoder_padding_mask": np.ones_like(tokens),
+                }
+            )["decoder_sequence_output"][:, position - 1]
+            logits = backbone.token_embedding(hidden, reverse=True)
+            chosen = to_numpy(logits).argmax(-1)
+            free = ~start[:, position]
+            tokens[free, position] = chosen[free]
+        return (sources, prompts(pad)[0], start), tokens
+
+    return generate
+
+
+def whisper_sources():
+    rng = np.random.default_rng(11)
+    return {
+        "encoder_features": rng.normal(size=(2, 2 * LENGTH, 4)).astype(
+            "float32"
+        )
+    }
+
+
+# name -> its tiny backbone, its inputs, its greedy reference, its padding
+# id and how many attention layers it has (encoder self, decoder self and
+# cross).
 FAMILIES = {
-    "bart": (
-        bart,
-        token_inputs,
-        task_greedy(lambda **kw: keras_hub.models.BartSeq2SeqLM(**kw), 1),
-        1,
+    "bart": dict(
+        make=bart,
+        inputs=token_inputs,
+        greedy=task_greedy("BartSeq2SeqLM", 1),
+        pad=1,
+        attention=6,
+    ),
+    "whisper": dict(
+        make=whisper,
+        inputs=feature_inputs,
+        greedy=forward_greedy(whisper_sources),
+        pad=0,
+        attention=6,
     ),
 }
 # Families whose converted layers another family's `.keras` reload covers.
@@ -121,7 +203,7 @@ def converted():
     def get(name):
         if name not in cache:
             keras.utils.set_random_seed(1)
-            backbone = randomized(FAMILIES[name][0]())
+            backbone = randomized(FAMILIES[name]["make"]())
             cache[name] = backbone, from_keras_hub(backbone)
         return cache[name]
 
@@ -151,7 +233,7 @@ def real_positions_error(ours, theirs, real):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_equal_outputs_with_padding(converted, name):
     backbone, model = converted(name)
-    inputs = FAMILIES[name][1]()
+    inputs = FAMILIES[name]["inputs"]()
     assert sorted(model.input) == sorted(backbone.input)
     assert sorted(model.output) == sorted(backbone.output)
     error = real_positions_error(
@@ -163,10 +245,12 @@ def test_equal_outputs_with_padding(converted, name):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_greedy_tokens_equal_keras_hub(converted, name):
     backbone, model = converted(name)
-    _, _, reference, pad = FAMILIES[name]
-    (sources, prompts, start), want = reference(backbone)
-    ours = seq2seq_generator(model, pad_token_id=pad, jit_compile=False)
-    got, _ = ours.generate(sources, prompts, padding_mask=start)
+    family = FAMILIES[name]
+    (sources, tokens, start), want = family["greedy"](backbone)
+    ours = seq2seq_generator(
+        model, pad_token_id=family["pad"], jit_compile=False
+    )
+    got, _ = ours.generate(sources, tokens, padding_mask=start)
     np.testing.assert_array_equal(to_numpy(got), want)
     assert len(np.unique(want[:, 2:])) > 1  # not one token repeated
 
@@ -174,12 +258,9 @@ def test_greedy_tokens_equal_keras_hub(converted, name):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_attention_of_every_layer(converted, name):
     backbone, model = converted(name)
-    inputs = FAMILIES[name][1]()
+    inputs = FAMILIES[name]["inputs"]()
     maps = keras_attention.visualization.collect_attention(model, inputs)
-    layers = len(backbone.encoder_transformer_layers) + 2 * len(
-        backbone.decoder_transformer_layers
-    )
-    assert len(maps) == layers
+    assert len(maps) == FAMILIES[name]["attention"]
     for weights in maps.values():
         rows = to_numpy(weights).sum(-1)
         assert np.all((np.abs(rows - 1) < 1e-5) | (np.abs(rows) < 1e-6))
@@ -197,7 +278,7 @@ def _reload_params():
 @pytest.mark.parametrize("name", _reload_params())
 def test_keras_round_trip(converted, name, tmp_path):
     _, model = converted(name)
-    inputs = FAMILIES[name][1](seed=3)
+    inputs = FAMILIES[name]["inputs"](seed=3)
     path = str(tmp_path / f"{name}.keras")
     model.save(path)
     reloaded = keras.saving.load_model(path, safe_mode=True)
@@ -216,3 +297,15 @@ def test_bart_shares_one_token_table(converted):
     assert len(model.weights) == len(backbone.weights)
     tables = [w for w in model.weights if "token_embedding" in w.path]
     assert len(tables) == 1
+
+
+def test_whisper_key_biases_hold_zeros(converted):
+    """Whisper's key projections have no bias: ours hold zeros, one per
+    attention layer beside keras-hub's weights."""
+    backbone, model = converted("whisper")
+    biases = [w for w in model.weights if w.path.endswith("/key/bias")]
+    assert len(biases) == FAMILIES["whisper"]["attention"]
+    assert all(not np.any(to_numpy(b)) for b in biases)
+    assert len(model.weights) == len(backbone.weights) + len(biases)
+    table = model.get_layer("encoder_position_embedding")
+    assert not table.trainable  # the fixed sinusoids, as keras-hub's
