@@ -18,6 +18,7 @@ saves its weights.
 
 import keras
 
+from keras_attention.ops import fused
 from keras_attention.ops.scoring import check_mod  # noqa: F401
 from keras_attention.ops.scoring import full_precision_variables
 from keras_attention.utils import keras_utils
@@ -86,6 +87,14 @@ class MaskMod(_Bindable):
     also runs on NumPy indices, and the blockwise path skips the tiles it
     masks entirely. Give `get_config` for saving.
     """
+
+    # Optional fast path (`keras_attention.ops.fused.mask_band` reads it):
+    # `band_bounds()` -> `(left, right)` when the mask is exactly
+    # `q_idx - left <= kv_idx <= q_idx + right` (None: unbounded; causal
+    # is `(None, 0)`), else None. A GPU kernel then takes it as a window
+    # (cuDNN's `local_window_size`). Used only when the class defining it
+    # also defines `__call__`.
+    band_bounds = None
 
     def __call__(self, batch, head, q_idx, kv_idx):  # pragma: no cover
         raise NotImplementedError
@@ -241,6 +250,15 @@ class AndMask(_Composed):
         for m in self.mods[1:]:
             out = out & m(batch, head, q_idx, kv_idx)
         return out
+
+    def band_bounds(self):
+        """The intersection of the parts' bands, when each is one."""
+        bands = [fused.mask_band(m) for m in self.mods]
+        if None in bands:
+            return None
+        lefts = [b[0] for b in bands if b[0] is not None]
+        rights = [b[1] for b in bands if b[1] is not None]
+        return (min(lefts, default=None), min(rights, default=None))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -45,6 +45,9 @@ class CausalMask(MaskMod):
     def __call__(self, batch, head, q_idx, kv_idx):
         return scoring.causal(q_idx, kv_idx)
 
+    def band_bounds(self):
+        return (None, 0)
+
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class SlidingWindowMask(MaskMod):
@@ -67,6 +70,9 @@ class SlidingWindowMask(MaskMod):
 
     def __call__(self, batch, head, q_idx, kv_idx):
         return scoring.in_window(q_idx, kv_idx, self.left, self.right)
+
+    def band_bounds(self):
+        return (self.left, self.right)
 
     def get_config(self):
         size = self.window_size
@@ -91,6 +97,9 @@ class KerasSlidingWindowMask(MaskMod):
     def __call__(self, batch, head, q_idx, kv_idx):
         w = self.sliding_window - 1
         return scoring.in_window(q_idx, kv_idx, w, w)
+
+    def band_bounds(self):
+        return (self.sliding_window - 1, self.sliding_window - 1)
 
     def get_config(self):
         return {"sliding_window": self.sliding_window}

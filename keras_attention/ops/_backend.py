@@ -323,6 +323,57 @@ def fused_attention_upcasts(dtype):
     )
 
 
+# The dtypes cuDNN's flash attention takes (through JAX).
+CUDNN_DTYPES = ("float16", "bfloat16")
+
+
+def cudnn_available(dtype):
+    """Whether `jax.nn.dot_product_attention(implementation="cudnn")` may
+    run inputs of `dtype`: the JAX backend on a GPU, `CUDNN_DTYPES`."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    return (
+        keras.backend.backend() == "jax"
+        and has_gpu()
+        and (dtype in CUDNN_DTYPES)
+    )
+
+
+def cudnn_traces(query, key, value, arguments):
+    """Whether cuDNN's kernel takes these shapes and `arguments` (its
+    checks run while tracing: `jax.eval_shape`, nothing computed)."""
+    import jax
+
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (query, key)]
+    specs.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
+    lengths = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+        for k, v in arguments.items()
+        if k.endswith("seq_lengths")
+    }
+    static = {k: v for k, v in arguments.items() if k not in lengths}
+
+    def attend(q, k, v, lengths):
+        return jax.nn.dot_product_attention(
+            q, k, v, implementation="cudnn", **static, **lengths
+        )
+
+    try:
+        jax.eval_shape(attend, *specs, lengths)
+    except Exception:  # noqa: BLE001 - cuDNN refuses these inputs.
+        return False
+    return True
+
+
+def cudnn_attention(query, key, value, arguments):
+    """`jax.nn.dot_product_attention(..., implementation="cudnn",
+    **arguments)` on `(b, T, h, d)` inputs."""
+    import jax
+
+    return jax.nn.dot_product_attention(
+        query, key, value, implementation="cudnn", **arguments
+    )
+
+
 def fused_mask_broadcasts():
     """Whether this backend's `keras.ops.dot_product_attention` takes a
     mask with broadcast query / key axes (`(b|1, h|1, 1, j)`); the others
@@ -450,29 +501,22 @@ def compile_step(step, jit_compile, autograph=True):
     return tf.function(step, jit_compile=jit_compile, autograph=autograph)
 
 
-# FlexAttention (PyTorch) ------------------------------------------------
-# `ops/flex.py` builds the score and mask functions; the compiled kernel,
-# its block masks and what a machine can run are here. State: the one
-# compiled function (its kernels are cached per shape by `torch.compile`),
-# the block masks of recent calls, and a compilation that failed.
+# FlexAttention (PyTorch, for `ops/flex.py`) -----------------------------
+# State: the compiled function (its kernels cached per shape by
+# `torch.compile`), recent block masks, a compilation that failed.
 
 _FLEX = {"kernel": None, "failure": None}
 _FLEX_BLOCK_MASKS = {}
-# Block masks kept (least recently used dropped): one per shape and mask.
-FLEX_BLOCK_MASK_CACHE = 32
-# Kernels `torch.compile` keeps for the flex kernel (its default, 8, would
-# fall back to slow eager code after 8 shapes or score functions).
+FLEX_BLOCK_MASK_CACHE = 32  # Block masks kept (least recently used out).
+# Kernels kept (`torch.compile`'s default, 8, runs slow eager code after).
 FLEX_RECOMPILE_LIMIT = 128
-# The block of FlexAttention's block masks (queries x keys).
-FLEX_BLOCK = 128
+FLEX_BLOCK = 128  # The blocks of a block mask (queries x keys).
 
 
 def flex_unavailable():
-    """None when PyTorch can compile FlexAttention kernels here, else the
-    reason: another backend, a torch without
-    `torch.nn.attention.flex_attention`, no C++ compiler (CPU kernels are
-    C++ built by inductor) or a CPU its kernels do not support, or an
-    earlier compilation that failed (`flex_attention`)."""
+    """None when PyTorch can compile FlexAttention kernels here, else why
+    (another backend, an old torch, no C++ compiler or AVX2 for the CPU
+    kernels, an earlier compilation that failed)."""
     backend = keras.backend.backend()
     if backend != "torch":
         return (
@@ -508,23 +552,17 @@ def flex_unavailable():
 
 
 def flex_on_gpu(x):
-    """Whether the tensor `x` is on a CUDA device (FlexAttention has a
-    backward pass there; on a CPU it has none)."""
-    return getattr(getattr(x, "device", None), "type", None) == "cuda"
-
-
-def torch_version():
-    """`torch.__version__` (for messages)."""
+    """`(on CUDA, torch's version)` of the tensor `x` (FlexAttention has
+    a backward pass and returns the log-sum-exp only on CUDA)."""
     import torch
 
-    return torch.__version__
+    return getattr(x, "device", None).type == "cuda", torch.__version__
 
 
 def flex_needs_gradient(tensors, reads_other=False):
-    """Whether a call reading `tensors` (torch tensors, Keras variables;
-    None ignored) is recorded for a gradient: `torch.is_grad_enabled()`,
-    and one of them requires grad or `reads_other` (a function reads
-    tensors or variables that may)."""
+    """Whether a call is recorded for a gradient: `torch.is_grad_enabled()`
+    and one of `tensors` (Keras variables too) requires grad, or
+    `reads_other` (a function reads tensors that may)."""
     import torch
 
     if not torch.is_grad_enabled():
@@ -539,29 +577,18 @@ def flex_needs_gradient(tensors, reads_other=False):
 
 
 def flex_block_mask(evaluate, key, shape, like, chunk=None):
-    """The FlexAttention `BlockMask` of a mask and its density (the share
-    of blocks visited), built once per `key` and kept
-    (`FLEX_BLOCK_MASK_CACHE` of them).
+    """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
+    once per `key` (what the mask depends on) and device (`like`'s).
 
-    The mask is evaluated by us, never traced into the kernel: the
-    blocks it allows entirely are full (no mask in the kernel), those it
-    masks entirely skipped, and the others' entries kept (a `(n, block,
-    block)` table, `n` rounded up to a power of two: few kernels) for the
-    kernel's `mask_mod` to look up. (Inductor's CPU kernels compiled some
-    gathers of mask functions wrongly in torch 2.13, `index_select`,
-    which Keras's `ops.take` is; and one kernel serves every mask.)
-
-    Args:
-        evaluate: `evaluate(q_start, q_stop)` -> bool `(b|1, h|1, rows,
-            kv_len)`, the mask of those query rows on the kernel's
-            indices (a batch or head axis of 1 where it does not depend
-            on it).
-        key: hashable, what the mask depends on.
-        shape: `(q_len, kv_len)`.
-        like: a tensor on the device of the call.
-        chunk: query rows evaluated at once (a multiple of `FLEX_BLOCK`;
-            default: about 2**22 entries of the mask at a time).
-    """
+    `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
+    `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
+    entries). The mask is never traced into the kernel: its full blocks
+    need none, empty ones are skipped, the others' entries are a table
+    (`(n, block, block)`, `n` a power of two: few kernels) the kernel's
+    `mask_mod` looks up. One kernel serves every mask, and inductor's CPU
+    kernels computed some gathers in a `mask_mod` wrongly in torch 2.13
+    (`index_select`, Keras's `ops.take`). `density`: the share of blocks
+    visited."""
     key = (key, tuple(shape), str(like.device))
     cached = _FLEX_BLOCK_MASKS.pop(key, None)
     if cached is None:
@@ -633,13 +660,11 @@ class FlexCompileError(RuntimeError):
 
 
 def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
-    """FlexAttention, compiled, on `(b, h, T, d)` tensors (`g` key/value
-    heads divide `h`): the output, and with `lse` its log-sum-exp.
-
-    One `torch.compile` of `flex_attention` (static shapes): a kernel per
-    shape, dtype and score/mask function, compiled at its first call and
-    reused after. `FlexCompileError` when compiling fails.
-    """
+    """FlexAttention on `(b, h, T, d)` tensors (`g` key/value heads
+    divide `h`): the output, and with `lse` its log-sum-exp. One
+    `torch.compile` (static shapes): a kernel per shape, dtype and score
+    function, compiled at its first call and reused after;
+    `FlexCompileError` when compiling fails."""
     import torch
     import torch._dynamo
 

@@ -309,7 +309,7 @@ def can_run(request):
         reason = "it takes a sliding window as a mask function"
     elif reason is None and not request.static_lengths:
         reason = "it needs the lengths when called"
-    elif reason is None and not _backend.flex_on_gpu(request.query):
+    elif reason is None and not _backend.flex_on_gpu(request.query)[0]:
         reason = _cpu_refusal(request)
     if reason is None:
         return None
@@ -324,7 +324,7 @@ def can_run(request):
 
 def _cpu_refusal(request):
     """What FlexAttention's CPU kernels cannot do for `request`."""
-    version = _backend.torch_version()
+    version = _backend.flex_on_gpu(request.query)[1]
     if request.return_lse:
         return (
             f"FlexAttention's CPU kernels return no log-sum-exp (torch "

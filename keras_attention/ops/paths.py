@@ -44,6 +44,7 @@ from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.dense import dense_attention
 from keras_attention.ops.dense import dense_mask
 from keras_attention.ops.fused import fused_attention
+from keras_attention.ops.fused import mask_band
 from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.masking import as_4d_mask
@@ -472,12 +473,15 @@ def _blockwise_can_run(request):
 
 def _run_fused(request):
     """The kernel scales (no extra op and gradient); a mask function is
-    evaluated into the kernel's mask. The kernels return no log-sum-exp
-    (neither `keras.ops.dot_product_attention` nor a differentiable one of
-    PyTorch's): when it is needed, a second pass computes it (`_lse`),
-    which the automatic choice avoids by not choosing "fused" then."""
+    evaluated into the kernel's mask, except a band (a causal or window
+    object: `mask_band`), which cuDNN takes as such on a GPU. The kernels
+    return no log-sum-exp (neither `keras.ops.dot_product_attention` nor
+    a differentiable one of PyTorch's): when it is needed, a second pass
+    computes it (`_lse`), which the automatic choice avoids by not
+    choosing "fused" then."""
     mask = as_4d_mask(request.attention_mask)
-    if request.mask_mod is not None:
+    band = mask_band(request.mask_mod)  # A causal mask or window object.
+    if request.mask_mod is not None and band is None:
         mask = dense_mask(
             mask,
             request.query,
@@ -495,6 +499,7 @@ def _run_fused(request):
         causal_offset=request.query_offset,
         key_padding=request.key_mask,
         query_padding=request.query_mask,
+        band=band,
     )
     if not request.needs_lse:
         return output
