@@ -153,7 +153,7 @@ class Projections:
         self._output_dense = EinsumDense(
             f"abcd,cd{letters}->ab{letters}",
             output_shape=(None,) + tuple(out),
-            bias_axes=letters if self.use_bias else None,
+            bias_axes=letters if self.use_bias is True else None,
             name="attention_output",
             **self._sublayer_kwargs(),
         )

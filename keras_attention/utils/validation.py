@@ -104,6 +104,20 @@ def check_bool(name, value):
     )
 
 
+def check_use_bias(use_bias):
+    """An attention layer's `use_bias`: a bool (biases on every projection
+    or on none), or `"qkv"` (on the query, key, value and gate
+    projections, not on the output's: Qwen 2). Else `ValueError`."""
+    if isinstance(use_bias, str) and use_bias == "qkv":
+        return use_bias
+    if isinstance(use_bias, (bool, np.bool_)):
+        return bool(use_bias)
+    raise ValueError(
+        '`use_bias` must be a bool or "qkv" (no bias on the output '
+        f"projection). Received: use_bias={use_bias!r}"
+    )
+
+
 def check_positive_number(name, value, allow_none=False, minimum=None):
     """Raises `ValueError` naming `name` unless `value` is a finite number
     > 0 (and >= `minimum` when given). NaN and infinities are refused:
