@@ -53,7 +53,10 @@ class ALiBi(ScoreLayer):
     mask `q_idx - kv_idx >= 0`; the weights equal keras-hub's
     `AlibiBias` (which adds `m_h * (kv_idx - (T_k - 1))`: the same up to a
     constant per query, which the softmax cancels). `bidirectional=True`
-    uses the distance `|q_idx - kv_idx|` (encoders).
+    uses the distance `|q_idx - kv_idx|` (encoders). `slope_scale`
+    multiplies every slope: Falcon adds its biases before scaling the
+    scores by `1 / sqrt(head_dim)`, so its slopes are the paper's times
+    `head_dim ** -0.5`.
 
     Positions are absolute (a cache offset is applied by the paths), and
     the bias is formed per tile on the blockwise and banded paths: O(T)
@@ -65,6 +68,8 @@ class ALiBi(ScoreLayer):
         alibi_bias_max: int, the paper's 8: the slopes' range.
         bidirectional: bool, the symmetric distance instead of the causal
             form.
+        slope_scale: finite float > 0, the factor of every slope (1: the
+            paper's slopes; Falcon: `head_dim ** -0.5`).
 
     Example:
 
@@ -87,9 +92,17 @@ class ALiBi(ScoreLayer):
     """
 
     def __init__(
-        self, num_heads=None, alibi_bias_max=8, bidirectional=False, **kwargs
+        self,
+        num_heads=None,
+        alibi_bias_max=8,
+        bidirectional=False,
+        slope_scale=1.0,
+        **kwargs,
     ):
         super().__init__(**kwargs)
+        self.slope_scale = validation.check_positive_number(
+            "slope_scale", slope_scale
+        )
         self.alibi_bias_max = validation.check_positive_int(
             "alibi_bias_max", alibi_bias_max
         )
@@ -114,9 +127,8 @@ class ALiBi(ScoreLayer):
                 f"with {num_heads!r}. Received: num_heads={num_heads!r}"
             )
         self.num_heads = validation.check_positive_int("num_heads", num_heads)
-        self.slopes = np.asarray(
-            alibi_slopes(self.num_heads, self.alibi_bias_max), "float32"
-        )
+        slopes = np.asarray(alibi_slopes(self.num_heads, self.alibi_bias_max))
+        self.slopes = (slopes * self.slope_scale).astype("float32")
         self.built = True
 
     def score_fn(self, score, batch, head, q_idx, kv_idx):
@@ -145,5 +157,6 @@ class ALiBi(ScoreLayer):
             num_heads=self.num_heads,
             alibi_bias_max=self.alibi_bias_max,
             bidirectional=self.bidirectional,
+            slope_scale=self.slope_scale,
         )
         return config
