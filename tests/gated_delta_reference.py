@@ -12,6 +12,10 @@ beta_t k_t v_t^T`, `o_t = S_t^T q_t`; keras-hub's recurrent step reads
 `kv_mem = sum(S * k[..., None], axis=-2)` (`S^T k`) and writes
 `S += k delta^T`. `a_t = exp(g_t)`; queries scaled by `1/sqrt(key_dim)`.
 
+`g` is `(b, t, hv)` (a decay per head) or `(b, t, hv, d)` (one per key
+channel, Kimi delta attention: `S_t = (I - beta_t k_t k_t^T) diag(a_t)
+S_{t-1} + beta_t k_t v_t^T`, the same for a scalar `a_t`).
+
 A padded token (`key_mask` False) is skipped (no decay, no write, output
 0); a change of segment id empties the state first.
 """
@@ -48,9 +52,11 @@ def gated_delta_rule(
                 s = state[row, head]
                 k_t = k[row, step, head]
                 beta_t = beta[row, step, head]
-                # Paper: S (a (I - beta k k^T)) + beta v k^T, transposed.
-                a = np.exp(g[row, step, head])
-                s = a * (np.eye(d) - beta_t * np.outer(k_t, k_t)) @ s
+                # Paper: S (a (I - beta k k^T)) + beta v k^T, transposed;
+                # a decay per key channel (Kimi delta attention) decays
+                # row `d` of S by `a[d]` first.
+                a = np.reshape(np.exp(g[row, step, head]), (-1, 1))
+                s = (np.eye(d) - beta_t * np.outer(k_t, k_t)) @ (a * s)
                 s = s + beta_t * np.outer(k_t, v[row, step, head])
                 state[row, head] = s
                 out[row, step, head] = s.T @ q[row, step, head]

@@ -329,6 +329,22 @@ CASES = [
         },
     ),
     (
+        "kimi-delta-attention-packed",
+        lambda: L.KimiDeltaAttention(8, 2, 4, chunk_size=4),
+        lambda layer, x, m, ids: layer(x, mask=m, segment_ids=ids),
+        {"x": X10, "m": VALID10, "ids": np.repeat([[0] * 4 + [1] * 6], 2, 0)},
+    ),
+    (
+        "kimi-delta-attention-cached",
+        lambda: L.KimiDeltaAttention(8, 2, 4, chunk_size=4),
+        lambda layer, x, conv, state: layer(x, cache=(conv, state))[0],
+        {
+            "x": X[:, :1],
+            "conv": np.zeros((2, 3, 24), "float32"),
+            "state": np.zeros((2, 2, 4, 4), "float32"),
+        },
+    ),
+    (
         "self-attention-packed-blockwise",
         lambda: L.SelfAttention(4, 4, causal=True, rotary_max_wavelength=100),
         _scoped(

@@ -10,6 +10,7 @@ from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.gated_delta_net import GatedDeltaNet
 from keras_attention.layers.graph_attention import GraphAttention
 from keras_attention.layers.group_query_attention import GroupQueryAttention
+from keras_attention.layers.kimi_delta_attention import KimiDeltaAttention
 from keras_attention.layers.linear_attention import LinearAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
@@ -41,6 +42,7 @@ __all__ = [
     "GatedDeltaNet",
     "GraphAttention",
     "GroupQueryAttention",
+    "KimiDeltaAttention",
     "LinearAttention",
     "LocalSelfAttention",
     "LuongAttention",

@@ -36,7 +36,7 @@ def _check_activation(value):
         ) from error
 
 
-def _l2_normalize(x, epsilon=1e-6):
+def l2_normalize(x, epsilon=1e-6):
     """`x / sqrt(sum(x^2) + eps)` over the last axis, in at least
     float32 (keras-hub's `_l2norm`)."""
     x = ops.cast(x, softmax_dtype(x.dtype))
@@ -405,9 +405,9 @@ class GatedDeltaNet(
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1], heads, size))
 
-    def _mixer_inputs(self, x, mask, conv_state, documents):
-        """`(q, k, v, g, beta, new_conv_state)` of the inputs `x`."""
-        mixed = self.in_proj_qkv(x)
+    def _convolve(self, mixed, mask, conv_state, documents):
+        """`(act(conv(mixed)), new_conv_state)`: the short convolution of
+        the projected `mixed` `(b, t, conv_dim)`, then the activation."""
         if conv_state is None:
             shape = ops.shape(mixed)
             conv_state = ops.zeros(
@@ -418,7 +418,13 @@ class GatedDeltaNet(
         mixed, conv_state = causal_convolution(
             mixed, kernel, ops.cast(conv_state, mixed.dtype), mask, documents
         )
-        mixed = self._activation(mixed)
+        return self._activation(mixed), conv_state
+
+    def _mixer_inputs(self, x, mask, conv_state, documents):
+        """`(q, k, v, g, beta, new_conv_state)` of the inputs `x`."""
+        mixed, conv_state = self._convolve(
+            self.in_proj_qkv(x), mask, conv_state, documents
+        )
         kd = self.key_dim
         hk, hv = self.linear_num_key_heads, self.linear_num_value_heads
         q = self._heads(mixed[..., :kd], hk, self.linear_key_head_dim)
@@ -430,7 +436,7 @@ class GatedDeltaNet(
         g = -ops.exp(ops.cast(self.A_log, dtype)) * ops.softplus(
             a + ops.cast(self.dt_bias, dtype)
         )
-        return _l2_normalize(q), _l2_normalize(k), v, g, beta, conv_state
+        return l2_normalize(q), l2_normalize(k), v, g, beta, conv_state
 
     def call(
         self,
@@ -475,16 +481,7 @@ class GatedDeltaNet(
             key_mask=mask,
         )
         core, state = result if cache is not None else (result, None)
-        z = self._heads(
-            self.in_proj_z(inputs),
-            self.linear_num_value_heads,
-            self.linear_value_head_dim,
-        )
-        core = self.norm(ops.cast(core, z.dtype)) * ops.silu(z)
-        shape = ops.shape(core)
-        output = self.out_proj(
-            ops.reshape(core, (shape[0], shape[1], self.value_dim))
-        )
+        output = self._output(core, inputs)
         outputs = (output,)
         if return_attention_scores:
             weights = implied_attention(q, k, g, beta, segment_ids, mask)
@@ -492,6 +489,20 @@ class GatedDeltaNet(
         if cache is not None:
             outputs += ((ops.cast(conv_state, output.dtype), state),)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _output(self, core, inputs):
+        """The layer's output of the rule's `core` `(b, t, heads, v)`:
+        normed, gated by `silu(x W_z)`, projected by `out_proj`."""
+        z = self._heads(
+            self.in_proj_z(inputs),
+            self.linear_num_value_heads,
+            self.linear_value_head_dim,
+        )
+        core = self.norm(ops.cast(core, z.dtype)) * ops.silu(z)
+        shape = ops.shape(core)
+        return self.out_proj(
+            ops.reshape(core, (shape[0], shape[1], self.value_dim))
+        )
 
     def compute_mask(self, inputs, previous_mask=None):
         return previous_mask
@@ -529,7 +540,8 @@ class GatedDeltaNet(
         limit = options.get("max_dense_length")
         if limit is not None and steps is not None and steps > limit:
             raise ValueError(
-                f"`{self.name}` (GatedDeltaNet) ran on {steps} steps: its "
+                f"`{self.name}` ({type(self).__name__}) ran on {steps} "
+                "steps: its "
                 f"attention matrix would be a dense ({steps}, {steps}) "
                 "matrix per head. Pass a shorter probe, leave the layer "
                 "out with `layers=`, or raise `max_dense_length` (None: no "

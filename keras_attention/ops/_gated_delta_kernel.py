@@ -58,8 +58,13 @@ from keras_attention.ops._linear_attention_kernel import segment_sums
 def recurrent(q, k, v, g, beta, start, state):
     """The recurrence, one token per step: `(outputs (b, h, t, v),
     final state)`. Every step's state is kept (`(t, b, h, k, v)`) and the
-    outputs are read from them after the loop."""
-    keep = 1.0 - ops.cast(start, g.dtype)[:, None, :]  # (b, 1, t)
+    outputs are read from them after the loop. `g` is `(b, h, t)`, a
+    decay per head, or `(b, h, t, k)`, one per key channel (Kimi delta
+    attention: `S_t = (I - beta_t k_t k_t^T) diag(a_t) S_{t-1} + beta_t
+    k_t v_t^T`)."""
+    if len(g.shape) == 3:
+        g = g[..., None]  # one decay for every key channel
+    keep = 1.0 - ops.cast(start, g.dtype)[:, None, :, None]  # (b, 1, t, 1)
     decay = ops.exp(g) * keep
 
     def time_first(x):
@@ -68,7 +73,7 @@ def recurrent(q, k, v, g, beta, start, state):
 
     def step(s, x):
         k_t, v_t, a_t, beta_t = x
-        s = s * a_t[..., None, None]
+        s = s * a_t[..., :, None]
         recalled = ops.einsum("bhk,bhkv->bhv", k_t, s)
         delta = beta_t[..., None] * (v_t - recalled)
         s = s + k_t[..., :, None] * delta[..., None, :]
@@ -111,13 +116,13 @@ def _chunks(x, n, c):
     return ops.reshape(x, (shape[0], shape[1], n, c) + tuple(x.shape[3:]))
 
 
-def _pad_time(x, pad, axis=2):
+def pad_time(x, pad, axis=2):
     widths = [[0, 0]] * len(x.shape)
     widths[axis] = [0, pad]
     return ops.pad(x, widths)
 
 
-def _document_index(start, n, c):
+def document_index(start, n, c):
     """`(doc (b, n, c), doc_before (b, n, 1))`: the document index of
     every position (the count of starts up to it) and that of the
     position before each chunk (0 before the first)."""
@@ -138,12 +143,12 @@ def chunked(q, k, v, g, beta, start, state, chunk_size):
     c = chunk_size
     pad = (-t) % c
     if not isinstance(pad, int) or pad:
-        q, k, v = (_pad_time(x, pad) for x in (q, k, v))
-        g, beta = _pad_time(g, pad), _pad_time(beta, pad)
-        start = _pad_time(start, pad, axis=1)
+        q, k, v = (pad_time(x, pad) for x in (q, k, v))
+        g, beta = pad_time(g, pad), pad_time(beta, pad)
+        start = pad_time(start, pad, axis=1)
     n = (t + pad) // c
     q, k, v, g, beta = (_chunks(x, n, c) for x in (q, k, v, g, beta))
-    doc, before = _document_index(start, n, c)
+    doc, before = document_index(start, n, c)
     G, same, decay, lower, to_end = _chunk_terms(k, g, beta, doc)
     alive = ops.cast(doc == before, q.dtype)[:, None]  # (b, 1, n, c)
     dv = v.shape[-1]
@@ -195,7 +200,7 @@ def implied_attention(q, k, g, beta, start):
     document), lower triangular."""
     t = ops.shape(q)[2]
     q, k, g, beta = (_chunks(x, 1, t) for x in (q, k, g, beta))
-    doc, _ = _document_index(start, 1, t)
+    doc, _ = document_index(start, 1, t)
     _, _, decay, lower, _ = _chunk_terms(k, g, beta, doc)
     eye = ops.eye(t, dtype=q.dtype)
     x = ops.solve_triangular(lower, beta[..., None, :] * eye, lower=True)

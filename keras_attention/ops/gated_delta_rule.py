@@ -1,9 +1,13 @@
 """`gated_delta_rule`: the gated delta rule of Gated DeltaNet (Yang,
 Kautz & Hatamizadeh 2025), the linear-time token mixer of Qwen3-Next
-and Qwen 3.5, chunked for training and recurrent for decoding.
+and Qwen 3.5, and its form with a decay per key channel, Kimi delta
+attention (Kimi Linear), chunked for training and recurrent for
+decoding.
 
-The kernels are in `_gated_delta_kernel.py`; this module checks the
-arguments and prepares the tensors.
+The kernels are in `_gated_delta_kernel.py` (a decay per head, and the
+recurrent form of both) and `_channel_delta_kernel.py` (a decay per
+key channel); this module checks the arguments and prepares the
+tensors.
 """
 
 import math
@@ -12,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import _channel_delta_kernel
 from keras_attention.ops import _gated_delta_kernel as kernel
 from keras_attention.ops import _scope
 from keras_attention.utils import validation
@@ -75,7 +80,12 @@ def _check_tensors(query, key, value, g, beta):
         )
     for name, x in (("g", g), ("beta", beta)):
         validation.check_numeric_input(name, x)
-        _check_same(name, _shape(x), (b, t, hv), "(batch, T, value_heads)")
+    _check_same("beta", _shape(beta), (b, t, hv), "(batch, T, value_heads)")
+    if len(g.shape) == 4:  # a decay per key channel
+        want = (b, t, hv, query.shape[3])
+        _check_same("g", _shape(g), want, "(batch, T, value_heads, key_dim)")
+    else:
+        _check_same("g", _shape(g), (b, t, hv), "(batch, T, value_heads)")
     return hk, hv
 
 
@@ -156,7 +166,8 @@ def gated_delta_rule(
     segment_ids=None,
     key_mask=None,
 ):
-    """The gated delta rule (Gated DeltaNet), in linear time.
+    """The gated delta rule (Gated DeltaNet), in linear time, with a
+    decay per head or per key channel (Kimi delta attention).
 
     A state `S` of `(key_dim, value_dim)` per head is decayed, corrected
     toward the current value (the delta rule: the value `S^T k_t` the
@@ -168,6 +179,14 @@ def gated_delta_rule(
 
     (the paper's `S_t = S_{t-1} a_t (I - beta_t k_t k_t^T) + beta_t v_t
     k_t^T` with the state transposed, as keras-hub and fla store it).
+    With a decay per key channel (`g` of `(batch, T, value_heads,
+    key_dim)`: Kimi delta attention, KDA, Kimi Linear's mixer) each row
+    `d` of the state decays by its own `exp(g_t[d])` before the delta
+    rule's correction:
+
+        S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+
+    (transformers' `KimiLinearDeltaAttention`, fla's `chunk_kda`).
 
     `chunk_size` (an int) computes it in chunks (the WY / UT-transform
     form: one lower-triangular solve per chunk, the state carried from
@@ -188,7 +207,10 @@ def gated_delta_rule(
     - the state is `(batch, value_heads, key_dim, value_dim)`;
     - the recurrence runs in float32 (float64 for float64 inputs), the
       state included, whatever the inputs' dtype (bfloat16, float16);
-      the outputs have the query's dtype, the state the computation's.
+      the outputs have the query's dtype, the state the computation's;
+    - the chunked form with a decay per channel keeps a `(chunk_size,
+      chunk_size)` matrix of decays per key channel: `O(T chunk_size
+      key_dim)` memory per head (16 or 32 are good chunk sizes there).
 
     Args:
         query: `(batch, T, heads, key_dim)`.
@@ -196,7 +218,8 @@ def gated_delta_rule(
         value: `(batch, T, value_heads, value_dim)`; `value_heads` a
             multiple of `heads` (value head `i` reads query/key head `i //
             (value_heads // heads)`, as Qwen 3.5's repeated heads).
-        g: `(batch, T, value_heads)`, log decay (`<= 0`).
+        g: `(batch, T, value_heads)`, log decay (`<= 0`) per head, or
+            `(batch, T, value_heads, key_dim)`, one per key channel.
         beta: `(batch, T, value_heads)`, write strength in (0, 1).
         chunk_size: positive int (default 64), the chunk length of the
             chunked form; None: the recurrent form.
@@ -268,7 +291,10 @@ def gated_delta_rule(
         t = query.shape[1]
         if t is not None and t > 0:
             chunk_size = min(chunk_size, t)
-        out, state = kernel.chunked(
+        chunked = kernel.chunked
+        if len(g.shape) == 4:
+            chunked = _channel_delta_kernel.chunked
+        out, state = chunked(
             q, k, v, g_, beta_, start, state, chunk_size=chunk_size
         )
     out = ops.transpose(out, (0, 2, 1, 3))
@@ -315,13 +341,17 @@ def implied_attention(query, key, g, beta, segment_ids=None, key_mask=None):
     query, key, value, g, beta, ...) = W v` for every `value` (the rule
     is linear in the values; `W` lower triangular, zero on padded rows
     and columns). `O(T^2)` memory: for short sequences (the explorer's).
-    Arguments as `gated_delta_rule`'s; float32 (float64 in float64)."""
+    Arguments as `gated_delta_rule`'s (`g` per head or per key channel);
+    float32 (float64 in float64)."""
     query, key = _arrays(query, key, floatx=True)
     g, beta, segment_ids, key_mask = _arrays(g, beta, segment_ids, key_mask)
     q, k, _, g, beta, start = _prepare(
         query, key, None, g, beta, segment_ids, key_mask
     )
-    weights = kernel.implied_attention(q, k, g, beta, start)
+    implied = kernel.implied_attention
+    if len(g.shape) == 4:  # a decay per key channel
+        implied = _channel_delta_kernel.implied_attention
+    weights = implied(q, k, g, beta, start)
     if key_mask is not None:
         real = ops.convert_to_tensor(key_mask)[:, None, :, None]
         weights = ops.where(real, weights, ops.zeros_like(weights))

@@ -196,6 +196,14 @@ CASES = [
         ("m", "ids"),
     ),
     (
+        "kimi-delta-attention",
+        "KimiDeltaAttention",
+        lambda: L.KimiDeltaAttention(8, 2, 4, chunk_size=4),
+        lambda layer, x, m, ids: layer(x, mask=m, segment_ids=ids),
+        {"x": X, "m": VALID, "ids": IDS},
+        ("m", "ids"),
+    ),
+    (
         "mixture-of-experts",
         "MixtureOfExperts",
         lambda: L.MixtureOfExperts(4, 2, 8, router_aux_loss_coef=0.01),

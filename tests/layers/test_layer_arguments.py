@@ -90,6 +90,25 @@ NUMPY_SCALARS = [
         ),
     ),
     (
+        ka.KimiDeltaAttention,
+        dict(
+            hidden_size=i64(8),
+            num_heads=np.int32(2),
+            head_dim=i64(4),
+            conv_kernel_size=i64(3),
+            layer_norm_epsilon=np.float32(1e-5),
+            chunk_size=i64(3),
+        ),
+        dict(
+            hidden_size=8,
+            num_heads=2,
+            head_dim=4,
+            conv_kernel_size=3,
+            layer_norm_epsilon=float(np.float32(1e-5)),
+            chunk_size=3,
+        ),
+    ),
+    (
         ka.LinearAttention,
         dict(
             num_heads=i64(2),
@@ -549,6 +568,11 @@ INITIALIZED = [
             linear_key_head_dim=4,
             linear_value_head_dim=3,
         ),
+        "kernel_initializer",
+    ),
+    (
+        ka.KimiDeltaAttention,
+        dict(hidden_size=8, num_heads=2, head_dim=4),
         "kernel_initializer",
     ),
     (ka.LinearAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),

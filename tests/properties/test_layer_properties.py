@@ -1576,6 +1576,8 @@ def test_layers_are_all_covered():
         "GatedDeltaNet",
         "GraphAttention",
         "GroupQueryAttention",
+        # Its properties: tests/properties/test_kimi_delta_rule_property.py
+        "KimiDeltaAttention",
         # Its properties: tests/properties/test_linear_attention_property.py
         "LinearAttention",
         "LocalSelfAttention",
