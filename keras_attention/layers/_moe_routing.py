@@ -111,6 +111,29 @@ HUB_BLOCKS = {
     "MixtralSparseMoeBlock": "mixtral",
     "Qwen3SparseMoeBlock": "qwen3_moe",
     "GptOssSparseMoeBlock": "gpt_oss",
+    "QwenSparseMoeBlock": "qwen_moe",
+    "Qwen3_5MoeSparseMoeBlock": "qwen3_5_moe",
+}
+
+# The shared expert of Qwen-MoE's and Qwen 3.5-MoE's blocks: (the block's
+# attributes of its router, its shared SwiGLU layer, its gate `Dense(1)`,
+# its width), and its normalization of the top-k probabilities (None: the
+# block's `norm_top_k_prob`).
+_SHARED = {
+    "qwen_moe": (
+        "_sparse_feedforward_gate_dense",
+        "shared_expert_dense",
+        "shared_expert_gate_dense",
+        "intermediate_dim_shared",
+        None,
+    ),
+    "qwen3_5_moe": (
+        "_router_gate",
+        "shared_expert",
+        "_shared_expert_gate",
+        "shared_expert_intermediate_size",
+        True,
+    ),
 }
 
 
@@ -137,10 +160,11 @@ def hub_arguments_and_weights(block):
     family = HUB_BLOCKS.get(type(block).__name__)
     if family is None or not block.built:
         raise TypeError(
-            "`block` must be a built keras-hub MixtralSparseMoeBlock, "
-            "Qwen3SparseMoeBlock or GptOssSparseMoeBlock. Received: "
-            f"block={block!r}"
+            "`block` must be a built keras-hub sparse MoE block, one of "
+            f"{sorted(HUB_BLOCKS)!r}. Received: block={block!r}"
         )
+    if family in _SHARED:
+        return _shared_expert_block(block, family)
     kwargs = dict(
         num_experts=block.num_experts,
         top_k=block.top_k,
@@ -186,4 +210,50 @@ def hub_arguments_and_weights(block):
         gate_up,
         _np(bank._expert_feedforward_output_dense),
     ]
+    return kwargs, block.hidden_dim, weights
+
+
+def shared_expert_variables(block):
+    """The variables of a keras-hub Qwen-MoE / Qwen 3.5-MoE block in the
+    order of `hub_arguments_and_weights`'s weights, the shared expert's
+    gate and up kernels as one pair (their values concatenated there)."""
+    router, shared, gate, _, _ = _SHARED[HUB_BLOCKS[type(block).__name__]]
+    mlp, bank = getattr(block, shared), block.expert_bank
+    return [
+        getattr(block, router).kernel,
+        bank._expert_feedforward_gate_dense,
+        bank._expert_feedforward_output_dense,
+        (
+            mlp._feedforward_gate_dense.kernel,
+            mlp._feedforward_intermediate_dense.kernel,
+        ),
+        mlp._feedforward_output_dense.kernel,
+        getattr(block, gate).kernel,
+    ]
+
+
+def _shared_expert_block(block, family):
+    """`hub_arguments_and_weights` of a block with a gated shared expert
+    (softmax then top-k routing, SwiGLU experts with their gate-up
+    kernel as ours; the shared expert's gate and up kernels concatenated
+    on the last axis, gate first)."""
+    _, _, _, width, normalize = _SHARED[family]
+    if normalize is None:
+        normalize = bool(block.norm_top_k_prob)
+    kwargs = dict(
+        num_experts=block.num_experts,
+        top_k=block.top_k,
+        intermediate_dim=block.expert_bank.intermediate_dim,
+        normalize_top_k=normalize,
+        router_aux_loss_coef=block.router_aux_loss_coefficient,
+        shared_expert_dim=getattr(block, width),
+        shared_expert_gate=True,
+        dtype=block.dtype_policy,
+    )
+    weights = []
+    for variable in shared_expert_variables(block):
+        if isinstance(variable, tuple):  # the shared gate and up kernels
+            weights.append(np.concatenate([_np(v) for v in variable], -1))
+        else:
+            weights.append(_np(variable))
     return kwargs, block.hidden_dim, weights

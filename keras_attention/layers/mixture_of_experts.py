@@ -15,6 +15,7 @@ from keras_attention.utils import validation
 HUB_BLOCKS = _moe_routing.HUB_BLOCKS
 hub_arguments_and_weights = _moe_routing.hub_arguments_and_weights
 deinterleave_gate_up = _moe_routing.deinterleave
+shared_expert_variables = _moe_routing.shared_expert_variables
 
 _RANKS = (2, 3, 4, 5)
 _LAYOUT = "(batch, ..., features)"
@@ -41,6 +42,12 @@ class MixtureOfExperts(keras.layers.Layer):
     float64 for float64 ones; the experts' activation also runs in float32
     for float16/bfloat16.
 
+    A shared expert (`shared_expert_dim`: Qwen-MoE, Qwen 3.5-MoE; DeepSeek's
+    shared experts) is one more gated expert, of width `shared_expert_dim`,
+    that every token goes through: its output is added to the routed
+    experts', scaled by `sigmoid(x w_g)` (one logit per token) with
+    `shared_expert_gate`.
+
     Experts (`activation`): `"swiglu"`, `silu(gate) * up`; `"gpt_oss_glu"`,
     gpt-oss's clamped GLU: `gate = min(gate, glu_limit)`, `up =
     clip(up, -glu_limit, glu_limit)`, `(up + 1) * gate * sigmoid(glu_alpha
@@ -50,7 +57,10 @@ class MixtureOfExperts(keras.layers.Layer):
     (num_experts, hidden, 2 * intermediate_dim)` (gate columns first, then
     up), [`gate_up_bias (num_experts, 2 * intermediate_dim)`],
     `down_kernel (num_experts, intermediate_dim, hidden)`, [`down_bias
-    (num_experts, hidden)`]. `MixtureOfExperts.from_keras_hub(block)`
+    (num_experts, hidden)`], then with a shared expert
+    `shared_gate_up_kernel (hidden, 2 * shared_expert_dim)` (gate columns
+    first), `shared_down_kernel (shared_expert_dim, hidden)` and
+    [`shared_gate_kernel (hidden, 1)`]. `MixtureOfExperts.from_keras_hub(block)`
     copies a keras-hub block (Mixtral: gate and up kernels concatenated;
     gpt-oss: its interleaved gate/up columns de-interleaved).
 
@@ -92,6 +102,11 @@ class MixtureOfExperts(keras.layers.Layer):
         glu_limit: float > 0, `"gpt_oss_glu"`'s clamp.
         router_aux_loss_coef: None or a float >= 0, the load-balancing
             loss's factor (None or 0: no loss).
+        shared_expert_dim: None or int, the width of the shared expert
+            (None: none). It has the routed experts' `activation` and no
+            biases (`expert_bias` is refused with it).
+        shared_expert_gate: bool, scale the shared expert's output by
+            `sigmoid(x w_g)` (needs `shared_expert_dim`).
         router_jitter_noise: float in [0, 1), Mixtral's training-time
             noise: the inputs (of the router and the experts) are
             multiplied by `uniform(1 - noise, 1 + noise)`.
@@ -153,6 +168,8 @@ class MixtureOfExperts(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        shared_expert_dim=None,
+        shared_expert_gate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -186,6 +203,9 @@ class MixtureOfExperts(keras.layers.Layer):
         self.router_aux_loss_coef = _check_coef(router_aux_loss_coef)
         self.router_jitter_noise = validation.check_rate(
             "router_jitter_noise", router_jitter_noise
+        )
+        self.shared_expert_dim, self.shared_expert_gate = _check_shared(
+            shared_expert_dim, shared_expert_gate, self.expert_bias
         )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -251,7 +271,25 @@ class MixtureOfExperts(keras.layers.Layer):
         self.down_bias = None
         if self.expert_bias:
             self.down_bias = self._weight("down_bias", (e, hidden), bias)
+        self._build_shared_expert(hidden)
         self.built = True
+
+    def _build_shared_expert(self, hidden):
+        s, kernel = self.shared_expert_dim, self.kernel_initializer
+        self.shared_gate_up_kernel = self.shared_down_kernel = None
+        self.shared_gate_kernel = None
+        if s is None:
+            return
+        self.shared_gate_up_kernel = self._weight(
+            "shared_gate_up_kernel", (hidden, 2 * s), kernel
+        )
+        self.shared_down_kernel = self._weight(
+            "shared_down_kernel", (s, hidden), kernel
+        )
+        if self.shared_expert_gate:
+            self.shared_gate_kernel = self._weight(
+                "shared_gate_kernel", (hidden, 1), kernel
+            )
 
     def call(self, inputs, mask=None, training=None):
         mask = attention_checks.as_tensor("mask", mask)
@@ -276,6 +314,8 @@ class MixtureOfExperts(keras.layers.Layer):
             logits, self.top_k, self.routing, self.normalize_top_k
         )
         outputs = self._experts(flat, weights)
+        if self.shared_expert_dim is not None:
+            outputs = outputs + self._shared_expert(flat)
         if training and self.router_aux_loss_coef:
             token_mask = None
             if mask is not None:
@@ -319,6 +359,27 @@ class MixtureOfExperts(keras.layers.Layer):
             outputs = outputs + ops.einsum("ne,ed->nd", weights, self.down_bias)
         return outputs
 
+    def _shared_expert(self, flat):
+        """The shared expert's output for every token (gated with
+        `shared_expert_gate`)."""
+        # Einsums: Keras's torch `matmul` computes float64 in float32.
+        hidden = ops.einsum("nd,dm->nm", flat, self.shared_gate_up_kernel)
+        gate, up = ops.split(hidden, 2, axis=-1)
+        dtype = softmax_dtype(self.compute_dtype)
+        hidden = _moe_routing.gated_activation(
+            ops.cast(gate, dtype),
+            ops.cast(up, dtype),
+            self.activation,
+            self.glu_alpha,
+            self.glu_limit,
+        )
+        hidden = ops.cast(hidden, self.compute_dtype)
+        outputs = ops.einsum("nm,md->nd", hidden, self.shared_down_kernel)
+        if self.shared_expert_gate:
+            logit = ops.einsum("nd,do->no", flat, self.shared_gate_kernel)
+            outputs = outputs * ops.sigmoid(logit)
+        return outputs
+
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
 
@@ -345,6 +406,8 @@ class MixtureOfExperts(keras.layers.Layer):
                     self.bias_initializer
                 ),
                 "seed": self.seed,
+                "shared_expert_dim": self.shared_expert_dim,
+                "shared_expert_gate": self.shared_expert_gate,
             }
         )
         return config
@@ -356,6 +419,28 @@ def _choice(name, value, choices):
             f"`{name}` must be one of {choices!r}. Received: {name}={value!r}"
         )
     return value
+
+
+def _check_shared(dim, gate, expert_bias):
+    """`(shared_expert_dim, shared_expert_gate)` checked: None or an int
+    > 0, a bool needing a width; no shared expert with `expert_bias`."""
+    dim = validation.check_positive_int(
+        "shared_expert_dim", dim, allow_none=True
+    )
+    gate = validation.check_bool("shared_expert_gate", gate)
+    if gate and dim is None:
+        raise ValueError(
+            "`shared_expert_gate` gates a shared expert: set "
+            "`shared_expert_dim` too. Received: shared_expert_gate=True, "
+            "shared_expert_dim=None"
+        )
+    if dim is not None and expert_bias:
+        raise ValueError(
+            "The shared expert has no biases: `expert_bias` cannot apply "
+            "with `shared_expert_dim`. Received: expert_bias=True, "
+            f"shared_expert_dim={dim!r}"
+        )
+    return dim, gate
 
 
 def _check_coef(value):
