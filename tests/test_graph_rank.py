@@ -477,6 +477,18 @@ CASES = [
         {"x": X, "m": VALID},
     ),
     (
+        "token-pooling",
+        lambda: L.TokenPooling("last"),
+        lambda layer, x, m: layer(x, padding_mask=m),
+        {"x": X, "m": VALID},
+    ),
+    (
+        "contrastive-logits",
+        lambda: L.ContrastiveLogits(use_bias=True),
+        lambda layer, v, t: layer(v, t),
+        {"v": X[:, 0], "t": X[:, 1]},
+    ),
+    (
         "bahdanau-step",
         lambda: L.BahdanauAttention(6, normalize=True, dropout=0.1),
         lambda layer, q, m, vm: layer(

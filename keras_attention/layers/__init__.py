@@ -1,9 +1,11 @@
 """Public Keras layers of `keras_attention`."""
 
 from keras_attention.layers.activations import gelu_approximate
+from keras_attention.layers.activations import quick_gelu
 from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
+from keras_attention.layers.contrastive_logits import ContrastiveLogits
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
@@ -31,11 +33,13 @@ from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attention.layers.token_mixer import TokenMixer
+from keras_attention.layers.token_pooling import TokenPooling
 
 __all__ = [
     "AttentionPooling",
     "AttentionRNNDecoder",
     "BahdanauAttention",
+    "ContrastiveLogits",
     "CrossAttention",
     "EncoderBridge",
     "FeedForward",
@@ -57,5 +61,7 @@ __all__ = [
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
     "TokenMixer",
+    "TokenPooling",
     "gelu_approximate",
+    "quick_gelu",
 ]

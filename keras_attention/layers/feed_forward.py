@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.utils import keras_utils
@@ -133,7 +134,9 @@ class FeedForward(keras.layers.Layer):
             self.layer_scale_weight = self.add_weight(
                 name="layer_scale",
                 shape=(inputs_shape[-1],),
-                initializer=keras.initializers.Constant(self.layer_scale),
+                initializer=keras.initializers.Constant(
+                    np.float64(self.layer_scale)
+                ),
             )
         self.built = True
 

@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.layers import recording
@@ -106,7 +107,9 @@ class SelfAttention(MultiHeadAttention):
             self.layer_scale_weight = self.add_weight(
                 name="layer_scale",
                 shape=tuple(features),
-                initializer=keras.initializers.Constant(self.layer_scale),
+                initializer=keras.initializers.Constant(
+                    np.float64(self.layer_scale)
+                ),
             )
 
     def _scaled(self, outputs):

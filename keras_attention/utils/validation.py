@@ -136,6 +136,17 @@ def check_positive_number(name, value, allow_none=False, minimum=None):
     return _plain(value)
 
 
+def check_finite_number(name, value):
+    """Raises `ValueError` naming `name` unless `value` is a finite real
+    number (Python or NumPy, any sign; not a bool). Returns it as a
+    Python float."""
+    if not (_is_real(value) and _finite(value)):
+        raise ValueError(
+            f"`{name}` must be a finite number. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
 def check_window_size(name, value):
     """Raises `ValueError` naming `name` unless `value` is a non-negative
     integer or a pair `(left, right)` of them (Python or NumPy integers).

@@ -221,6 +221,22 @@ CASES = [
         ("m",),
     ),
     (
+        "token-pooling-last",
+        "TokenPooling",
+        lambda: L.TokenPooling("last"),
+        lambda layer, x, m: layer(x, padding_mask=m),
+        {"x": X, "m": VALID},
+        ("m",),
+    ),
+    (
+        "token-pooling-eos",
+        "TokenPooling",
+        lambda: L.TokenPooling("eos", eos_token_id=1),
+        lambda layer, x, ids: layer(x, token_ids=ids),
+        {"x": X, "ids": IDS},
+        ("ids",),
+    ),
+    (
         "bahdanau",
         "BahdanauAttention",
         lambda: L.BahdanauAttention(6),
@@ -367,7 +383,7 @@ CASES = [
 
 # Public layers with no argument but their float inputs (which Keras
 # itself refuses as lists): nothing here to take an array-like.
-NO_ARRAY_LIKE_ARGUMENTS = {"FeedForward", "EncoderBridge"}
+NO_ARRAY_LIKE_ARGUMENTS = {"FeedForward", "EncoderBridge", "ContrastiveLogits"}
 
 
 def _numpy(outputs):

@@ -36,6 +36,10 @@ def _call(layer):
         out = layer(IDS)
     elif isinstance(layer, ka.EncoderBridge):
         out = layer(H, H)
+    elif isinstance(layer, ka.ContrastiveLogits):
+        out = layer(H, H[:1])
+    elif isinstance(layer, ka.TokenPooling) and layer.position == "eos":
+        out = layer(X, token_ids=IDS)
     elif isinstance(layer, ka.RotaryEmbedding):
         out = layer(X[:, :, None, :])
     elif isinstance(layer, ka.GroupQueryAttention):
@@ -288,6 +292,20 @@ NUMPY_SCALARS = [
         ),
     ),
     (ka.AttentionPooling, dict(units=i64(3)), dict(units=3)),
+    (
+        ka.TokenPooling,
+        dict(position="eos", eos_token_id=i64(2)),
+        dict(position="eos", eos_token_id=2),
+    ),
+    (
+        ka.ContrastiveLogits,
+        dict(
+            logit_scale=np.float32(0.5),
+            use_bias=np.bool_(True),
+            logit_bias=np.float64(-1.0),
+        ),
+        dict(logit_scale=0.5, use_bias=True, logit_bias=-1.0),
+    ),
     (
         ka.BahdanauAttention,
         dict(units=i64(3), seed=np.uint32(4)),
@@ -686,7 +704,12 @@ def test_plain_function_initializer(cls, kwargs, argument):
 
 
 # Layers with no initializer argument (no weights, or fixed tables).
-WITHOUT_INITIALIZERS = {"RotaryEmbedding", "SinusoidalPositionEncoding"}
+WITHOUT_INITIALIZERS = {
+    "RotaryEmbedding",
+    "SinusoidalPositionEncoding",
+    "TokenPooling",  # no weights
+    "ContrastiveLogits",  # scalars initialised from its arguments
+}
 
 
 def test_every_public_layer_and_block_has_cases():

@@ -4,6 +4,7 @@ equals the unscaled layer's times the learned vector (NumPy references),
 the attention weights and a decoding cache are unchanged, the option
 saves and reloads, and bad values are refused by name."""
 
+import contextlib
 import re
 
 import keras
@@ -20,6 +21,18 @@ RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 5, 6)).astype("float32")
 SCALE = RNG.normal(size=(6,)).astype("float32")
 VALID = np.array([[True] * 3 + [False] * 2, [True] * 5])
+
+
+@contextlib.contextmanager
+def x64():
+    """JAX computes in float64 only with x64 enabled."""
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    import jax
+
+    with jax.enable_x64(True):
+        yield
 
 
 def with_scale(layer, values=SCALE):
@@ -111,3 +124,14 @@ def test_harness_feed_forward_with_layer_scale():
         expected_num_trainable_weights=5,
         run_saved_model=False,
     )
+
+
+@pytest.mark.parametrize("cls", [FeedForward, SelfAttention])
+def test_float64_initial_value_is_exact(cls):
+    with x64():
+        args = (8,) if cls is FeedForward else (2, 3)
+        layer = cls(*args, layer_scale=0.1, dtype="float64")
+        layer.build(X.shape)
+        values = to_numpy(layer.layer_scale_weight)
+        assert values.dtype == np.float64
+        np.testing.assert_array_equal(values, np.float64(0.1))

@@ -1569,6 +1569,8 @@ def test_layers_are_all_covered():
         "AttentionPooling",
         "AttentionRNNDecoder",
         "BahdanauAttention",
+        # Its properties: tests/properties/test_pooling_head_properties.py
+        "ContrastiveLogits",
         "CrossAttention",
         "EncoderBridge",
         "FeedForward",
@@ -1591,6 +1593,8 @@ def test_layers_are_all_covered():
         "SelfAttention",
         "SinusoidalPositionEncoding",
         "TokenAndPositionEmbedding",
+        # Its properties: tests/properties/test_pooling_head_properties.py
+        "TokenPooling",
     }
     # Every layer class (the blocks have properties of their own, in
     # tests/blocks); no name here that is not a public layer.
