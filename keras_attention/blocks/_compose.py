@@ -4,9 +4,10 @@ self-attention's call as each kind of layer takes it.
 
 A block has three sublayers: its self-attention (any token mixer:
 `MultiHeadAttention` and its subclasses, `MultiHeadLatentAttention`,
-`LinearAttention`, `GatedDeltaNet`, a user's `TokenMixer`), its
-feed-forward (`FeedForward`, `MixtureOfExperts`, any Keras layer) and, in
-a decoder block, its cross-attention (`CrossAttention`). Each is either
+`LinearAttention`, `GatedDeltaNet`, `KimiDeltaAttention`, a user's
+`TokenMixer`), its feed-forward (`FeedForward`, `MixtureOfExperts`, any
+Keras layer) and, in a decoder block, its cross-attention
+(`CrossAttention`). Each is either
 given as a layer or built by the block from its options. An option that
 configures only sublayers given as layers cannot apply, and is refused
 naming it and the layer; an option that configures none that are built
@@ -18,8 +19,6 @@ import keras
 from keras_attention.blocks import _latent
 from keras_attention.blocks import _mixer
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.gated_delta_net import GatedDeltaNet
-from keras_attention.layers.linear_attention import LinearAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.multi_head_latent_attention import (
     MultiHeadLatentAttention,
@@ -182,13 +181,14 @@ def build_layer(layer, inputs_shape):
 def kind(layer):
     """The self-attention's kind for the block's call: `"attention"`
     (`MultiHeadAttention` and its subclasses), `"latent"`
-    (`MultiHeadLatentAttention`), `"mixer"` (`LinearAttention`,
-    `GatedDeltaNet`) or `"protocol"` (any other token mixer)."""
+    (`MultiHeadLatentAttention`), `"mixer"` (the layers of
+    `_mixer.MIXERS`: `LinearAttention`, `GatedDeltaNet`,
+    `KimiDeltaAttention`) or `"protocol"` (any other token mixer)."""
     if isinstance(layer, MultiHeadAttention):
         return "attention"
     if isinstance(layer, MultiHeadLatentAttention):
         return "latent"
-    if isinstance(layer, (LinearAttention, GatedDeltaNet)):
+    if _mixer.is_mixer(layer):
         return "mixer"
     return "protocol"
 

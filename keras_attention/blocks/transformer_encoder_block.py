@@ -134,9 +134,12 @@ class TransformerEncoderBlock(TransformerBlock):
             `"attention"` (default: softmax attention, as the other
             arguments say), `"linear"` (`keras_attention.layers.
             LinearAttention`: linear attention, retention, gated linear
-            attention) or `"gated_delta"` (`keras_attention.layers.
-            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule):
-            linear in the length, with a recurrent cache of constant
+            attention), `"gated_delta"` (`keras_attention.layers.
+            GatedDeltaNet`, Qwen3-Next / Qwen 3.5's gated delta rule) or
+            `"kda"` (`keras_attention.layers.KimiDeltaAttention`, Kimi
+            Linear's delta rule with a decay per channel, `num_heads`
+            heads of `key_dim` or `features // num_heads`): linear in the
+            length, with a recurrent cache of constant
             size (the block's `self_attention_cache` is then the
             mixer's cache, and `keras_attention.generation` keeps it
             per layer). The mixer has no window, score or mask objects,
@@ -159,8 +162,10 @@ class TransformerEncoderBlock(TransformerBlock):
             none: by default one key and one value head per block head,
             each of size `features // num_heads`; and
             `linear_conv_kernel_dim`, ...; `hidden_size` is the block's
-            width). The initializers, dtype and name come from the block
-            (refused in the dict). Default None.
+            width) or `KimiDeltaAttention`'s (`conv_kernel_size`,
+            `chunk_size`, ...; `hidden_size`, `num_heads` and `head_dim`
+            are the block's). The initializers, dtype and name come
+            from the block (refused in the dict). Default None.
         attention_output_gate: bool, gated attention in the
             self-attention (Qwen3-Next and Qwen 3.5's full-attention
             layers; Qiu et al., 2025): each head's attention result is
