@@ -20,6 +20,7 @@ from keras_attention.ops.sliding_window import banded_to_dense
 from keras_attention.ops.sliding_window import dense_to_banded
 from keras_attention.ops.sliding_window import effective_window
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.ops.topk_attention import topk_attention
 
 __all__ = [
     "additive_scores",
@@ -42,4 +43,5 @@ __all__ = [
     "merge_attention",
     "scan_carry",
     "segment_softmax",
+    "topk_attention",
 ]

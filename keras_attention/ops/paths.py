@@ -13,6 +13,7 @@ they can do:
 | "flex" | `flex.py` | PyTorch's FlexAttention: score and mask functions fused |
 | "banded" | `sliding_window.py` | a sliding window in O(T * window) |
 | "global_local" | `global_local.py` | a window plus global tokens |
+| "topk" | `topk_attention.py` | each query on its top-k keys, O(T * k) |
 
 A path runs one `AttentionRequest` (`path.run(request, **options)`, the
 shared signature); `path.can_run(request)` returns None when it can, else
@@ -21,7 +22,8 @@ chooses among the paths marked `op_level` (`choose`); the attention
 layers ask the table for the banded path (`MultiHeadAttention` with a
 `sliding_window`). "global_local" takes inputs no request carries (the
 global tokens): `LocalSelfAttention` calls its `op` directly, and the
-table lists it for lookup and documentation (`run` is None).
+table lists it for lookup and documentation (`run` is None). So does
+"topk", whose inputs name each query's keys (`indices`).
 
 `implementation_scope` forces a path and its tuning options for the
 calls made inside it, through a context variable (`current_scope()`),
@@ -49,6 +51,7 @@ from keras_attention.ops.global_local import global_local_attention
 from keras_attention.ops.log_sum_exp import apply_sinks
 from keras_attention.ops.masking import as_4d_mask
 from keras_attention.ops.sliding_window import local_attention
+from keras_attention.ops.topk_attention import topk_attention
 from keras_attention.utils import keras_utils
 
 
@@ -636,6 +639,19 @@ register_path(
         global_local_attention,
         None,
         _global_local_can_run,
+    )
+)
+register_path(
+    AttentionPath(
+        "topk",
+        topk_attention,
+        None,
+        lambda request: (
+            "The top-k path needs each query's key indices, which an "
+            "attention request does not carry: call "
+            "`keras_attention.ops.topk_attention` (`MultiHeadLatentAttention` "
+            "with an `indexer` does)."
+        ),
     )
 )
 

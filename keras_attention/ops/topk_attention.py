@@ -1,0 +1,422 @@
+"""Top-k sparse attention: each query attends only to the keys it names,
+the attention step of DeepSeek Sparse Attention (DeepSeek-V3.2), whose
+`layers.LightningIndexer` names them.
+
+    o_i = sum_{j in S_i} softmax_j(scale * q_i . k_j) v_j,
+    S_i = {indices[i, 0], ..., indices[i, k - 1]} (valid entries)
+
+The keys and values of a tile of queries are gathered (`(b, tile, k, g,
+d)`), scored and normalized tile by tile in a loop (`keras.ops.scan`): no
+`(Tq, Tk)` tensor is formed, nor one gather of every query's keys; memory
+is O(Tq * k) plus one tile. The backward pass is hand-written (custom
+gradient on TensorFlow and JAX): it recomputes each tile's probabilities
+from the saved log-sum-exp and scatters the keys' and values' gradients
+into their rows (`segment_sum`), so nothing of the tiles is kept between
+the passes. PyTorch differentiates the forward loop as it is (it keeps
+the gathered tiles).
+
+Backward, per tile (P the probabilities, dO the output's gradient, dl
+the log-sum-exp's): `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP -
+rowsum(dO * O) + dl)`, `dQ = dS K`, `dK = dS^T Q`.
+
+Axes in comments: b - batch, n - tiles, q - queries of a tile, k - the
+selected keys (slots) of a query, g - key/value heads, r - query heads
+per key/value head (h = g r), d/e - key/value head dims, s - key
+positions.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.ops import _backend
+from keras_attention.ops import scoring
+from keras_attention.ops.log_sum_exp import lse_dtype
+from keras_attention.ops.log_sum_exp import row_log_sum_exp
+from keras_attention.utils import attention_checks
+from keras_attention.utils import keras_utils
+from keras_attention.utils import validation
+
+# Gathered key and value elements of one tile, per batch element (32 MiB
+# in float32): the query tile is the largest power of two (at most
+# `MAX_QUERY_BLOCK`) within it.
+TILE_ELEMENTS = 2**23
+MAX_QUERY_BLOCK = 512
+
+
+def query_block_size(length, top_k, kv_heads, width):
+    """The rows of a query tile: the largest power of two, at most
+    `MAX_QUERY_BLOCK`, whose gathered keys and values (`rows * top_k *
+    kv_heads * width` elements, `width` the key and value dims together)
+    fit in `TILE_ELEMENTS`, and no larger than `length` rounded up to a
+    power of two (None: unknown, one tile)."""
+    rows = MAX_QUERY_BLOCK
+    while rows > 1 and rows * top_k * kv_heads * width > TILE_ELEMENTS:
+        rows //= 2
+    if length is not None:
+        rows = min(rows, 2 ** math.ceil(math.log2(max(length, 1))))
+    return rows
+
+
+def _check(query, key, value, indices):
+    shapes = [tuple(x.shape) for x in (query, key, value)]
+    if any(len(s) != 4 for s in shapes) or len(indices.shape) != 3:
+        raise ValueError(
+            "`topk_attention` takes query (batch, Tq, heads, dim), key and "
+            "value (batch, Tk, kv_heads, dim) and indices (batch, Tq, k). "
+            f"Received: query.shape={shapes[0]}, key.shape={shapes[1]}, "
+            f"value.shape={shapes[2]}, indices.shape={tuple(indices.shape)}"
+        )
+    heads, groups = shapes[0][2], shapes[1][2]
+    if groups != shapes[2][2] or heads % groups or shapes[0][3] != shapes[1][3]:
+        raise ValueError(
+            "`key` and `value` must have the same number of heads, which "
+            "divides the query's, and `key` the query's head dim. "
+            f"Received: query.shape={shapes[0]}, key.shape={shapes[1]}, "
+            f"value.shape={shapes[2]}"
+        )
+    known = [s for s in (shapes[1][1], shapes[2][1]) if s is not None]
+    if len(set(known)) > 1:
+        raise ValueError(
+            "`key` and `value` must have one length. Received: "
+            f"key.shape={shapes[1]}, value.shape={shapes[2]}"
+        )
+    pairs = zip(shapes[0][:2], tuple(indices.shape)[:2])
+    if any(a is not None and c is not None and a != c for a, c in pairs):
+        raise ValueError(
+            "`indices` must have one row per query of each example "
+            "(batch, Tq, k). "
+            f"Received: indices.shape={tuple(indices.shape)}, "
+            f"query.shape={shapes[0]}"
+        )
+    if "int" not in keras.backend.standardize_dtype(indices.dtype):
+        raise TypeError(
+            "`indices` must be integers (key positions; negative: none). "
+            f"Received: indices.dtype={indices.dtype!r}"
+        )
+
+
+def _slots(indices, key, causal, query_offset, query_mask, key_mask, mask):
+    """`(rows, valid)` `(b, Tq, k)`: each slot's row in the flattened keys
+    `(b * Tk, ...)` (0 of its example where invalid) and whether it may be
+    attended to (an index in `[0, Tk)`, causal, on a real key and query,
+    `mask`)."""
+    b, tk = ops.shape(key)[0], ops.shape(key)[1]
+    idx = ops.cast(indices, "int32")
+    valid = ops.logical_and(idx >= 0, idx < tk)
+    if causal:
+        tq = ops.shape(idx)[1]
+        offset = ops.cast(query_offset, "int32")
+        positions = ops.arange(tq, dtype="int32") + offset
+        valid = ops.logical_and(valid, idx <= positions[None, :, None])
+    base = ops.arange(b, dtype="int32")[:, None, None] * ops.cast(tk, "int32")
+    rows = ops.where(valid, idx, ops.zeros_like(idx)) + base
+    if key_mask is not None:
+        flat = ops.reshape(ops.cast(key_mask, "bool"), (-1,))
+        valid = ops.logical_and(valid, ops.take(flat, rows, axis=0))
+    if query_mask is not None:
+        valid = ops.logical_and(valid, ops.cast(query_mask, "bool")[..., None])
+    if mask is not None:
+        valid = ops.logical_and(valid, ops.cast(mask, "bool"))
+    return rows, valid
+
+
+def _tiles(x, n, rows):
+    """`(b, n * rows, ...)` -> `(n, b, rows, ...)`."""
+    shape = tuple(x.shape[2:])
+    x = ops.reshape(x, (ops.shape(x)[0], n, rows) + shape)
+    return ops.moveaxis(x, 1, 0)
+
+
+def _untile(x):
+    """`(n, b, rows, ...)` -> `(b, n * rows, ...)`."""
+    x = ops.moveaxis(x, 0, 1)
+    shape = ops.shape(x)
+    return ops.reshape(x, (shape[0], -1) + tuple(x.shape[3:]))
+
+
+def _pad(x, extra):
+    """`x` `(b, T, ...)` with `extra` zero (False) rows appended."""
+    if not extra:
+        return x
+    shape = (ops.shape(x)[0], extra) + tuple(x.shape[2:])
+    return ops.concatenate([x, ops.zeros(shape, x.dtype)], axis=1)
+
+
+def _gather(x, rows):
+    """Rows `(b, q, k)` of `x` `(b, s, g, d)` flattened: `(b, q, k, g,
+    d)`."""
+    flat = ops.reshape(x, (-1,) + tuple(x.shape[2:]))
+    out = ops.take(flat, ops.reshape(rows, (-1,)), axis=0)
+    shape = ops.shape(rows)
+    return ops.reshape(out, (shape[0], shape[1], shape[2]) + tuple(x.shape[2:]))
+
+
+def _scores(q, kt, valid, scale):
+    """Masked scores `(b, q, g, r, k)` in the softmax dtype of a tile's
+    queries `(b, q, h, d)` on its gathered keys `(b, q, k, g, d)`, and
+    the mask `(b, q, 1, 1, k)`."""
+    groups, heads = kt.shape[3], q.shape[2]
+    dtype = scoring.score_dtype(q.dtype)
+    q = ops.multiply(ops.cast(q, dtype), keras_utils.constant(scale, dtype))
+    shape = ops.shape(q)
+    q = ops.reshape(
+        q, (shape[0], shape[1], groups, heads // groups, q.shape[3])
+    )
+    s = ops.einsum("bqgrd,bqkgd->bqgrk", q, ops.cast(kt, dtype))
+    s = ops.cast(s, scoring.softmax_dtype(dtype))
+    mask = valid[:, :, None, None, :]
+    fill = ops.zeros((), s.dtype) + scoring.mask_fill_value(s.dtype)
+    return ops.where(mask, s, fill), mask, q
+
+
+def _probabilities(s, mask, lse):
+    """`exp(s - lse)` on the mask, 0 elsewhere and on empty rows (`lse`
+    `-inf`)."""
+    finite = lse > float("-inf")
+    p = ops.exp(s - ops.where(finite, lse, ops.zeros_like(lse)))
+    return p * ops.cast(mask, s.dtype)
+
+
+def _forward_tile(q, key, value, rows, valid, scale):
+    """The output `(b, q, h, e)` and log-sum-exp `(b, q, h)` of a tile."""
+    kt, vt = _gather(key, rows), _gather(value, rows)
+    s, mask, _ = _scores(q, kt, valid, scale)
+    lse = row_log_sum_exp(s, ops.any(mask, axis=-1, keepdims=True))
+    p = _probabilities(s, mask, lse)
+    out = ops.einsum("bqgrk,bqkge->bqgre", ops.cast(p, value.dtype), vt)
+    shape = ops.shape(out)
+    out = ops.reshape(out, (shape[0], shape[1], q.shape[2], value.shape[-1]))
+    return ops.cast(out, q.dtype), ops.reshape(lse, ops.shape(out)[:3])
+
+
+def _backward_tile(q, key, value, rows, valid, scale, grads):
+    """`(dq (b, q, h, d), dk and dv contributions (b q k, g d|e))` of a
+    tile; `grads`: `(dO (b, q, h, e), rowsum(dO * O), lse, dlse)`, the
+    last three `(b, q, h)`."""
+    d_out, dd, lse, d_lse = grads
+    kt, vt = _gather(key, rows), _gather(value, rows)
+    s, mask, qg = _scores(q, kt, valid, scale)
+    dtype = s.dtype
+    shape5 = ops.shape(s)[:4] + (1,)
+    p = _probabilities(s, mask, ops.reshape(lse, shape5))
+    do = ops.cast(d_out, dtype)
+    shape = ops.shape(qg)
+    do = ops.reshape(do, (shape[0], shape[1], shape[2], shape[3], -1))
+    dp = ops.einsum("bqgre,bqkge->bqgrk", do, ops.cast(vt, dtype))
+    ds = p * (dp - ops.reshape(dd - d_lse, shape5))
+    scale_t = keras_utils.constant(scale, dtype)
+    dq = ops.einsum("bqgrk,bqkgd->bqgrd", ds, ops.cast(kt, dtype))
+    dq = ops.reshape(dq * scale_t, ops.shape(q))
+    # `qg` is scaled already: dK = dS^T (scale Q).
+    dk = ops.einsum("bqgrk,bqgrd->bqkgd", ds, ops.cast(qg, dtype))
+    dv = ops.einsum("bqgrk,bqgre->bqkge", p, do)
+    flat = (-1, kt.shape[3] * kt.shape[4])
+    flat_v = (-1, vt.shape[3] * vt.shape[4])
+    return dq, ops.reshape(dk, flat), ops.reshape(dv, flat_v)
+
+
+def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
+    """The tiled kernel on padded inputs (`Tq` a multiple of
+    `query_block`; -1: one tile of unknown length): the output, and the
+    log-sum-exp `(b, Tq, h)` when `return_lse`."""
+    n = 1 if query_block == -1 else q.shape[1] // query_block
+
+    def forward(q, k, v, aux):
+        rows, valid = aux
+        xs = tuple(_tiles(x, n, query_block) for x in (q, rows, valid))
+        shape = ops.shape(xs[0])[1:4]
+        init = (
+            ops.zeros(shape + (v.shape[-1],), q.dtype),
+            ops.zeros(shape, lse_dtype(q.dtype)),
+        )
+
+        def body(carry, x):
+            del carry
+            result = _forward_tile(x[0], k, v, x[1], x[2], scale)
+            return result, result
+
+        _, (out, lse) = _backend.scan_carry(body, init, xs)
+        out, lse = _untile(out), _untile(lse)
+        result = (out, lse) if return_lse else out
+        return result, (q, k, v, rows, valid, out, lse)
+
+    def backward(residuals, d_output):
+        q, k, v, rows, valid, out, lse = residuals
+        d_out, d_lse = d_output if return_lse else (d_output, None)
+        dtype = lse.dtype
+        d_lse = ops.zeros_like(lse) if d_lse is None else ops.cast(d_lse, dtype)
+        dd = ops.sum(ops.cast(d_out, dtype) * ops.cast(out, dtype), axis=-1)
+        xs = tuple(
+            _tiles(x, n, query_block)
+            for x in (q, rows, valid, d_out, dd, lse, d_lse)
+        )
+        segments = ops.shape(k)[0] * ops.shape(k)[1]
+
+        def body(i, carry):
+            dq_tiles, dk_acc, dv_acc = carry
+            x = [t[i] for t in xs]
+            dq, dk, dv = _backward_tile(x[0], k, v, x[1], x[2], scale, x[3:])
+            ids = ops.reshape(x[1], (-1,))
+            dk_acc = dk_acc + _backend.segment_sum(dk, ids, segments)
+            dv_acc = dv_acc + _backend.segment_sum(dv, ids, segments)
+            start = (i,) + (0,) * 4
+            dq_tiles = ops.slice_update(dq_tiles, start, dq[None])
+            return dq_tiles, dk_acc, dv_acc
+
+        init = (
+            ops.zeros(ops.shape(xs[0]), dtype),
+            ops.zeros((segments, k.shape[2] * k.shape[3]), dtype),
+            ops.zeros((segments, v.shape[2] * v.shape[3]), dtype),
+        )
+        dq, dk, dv = ops.fori_loop(0, ops.shape(xs[0])[0], body, init)
+        dq = ops.cast(_untile(dq), q.dtype)
+        dk = ops.cast(ops.reshape(dk, ops.shape(k)), k.dtype)
+        dv = ops.cast(ops.reshape(dv, ops.shape(v)), v.dtype)
+        return dq, dk, dv
+
+    return _backend.custom_vjp(forward, backward)(q, k, v, (rows, valid))
+
+
+_attend_compiled = _backend.compiled_kernel(
+    _attend, static_argnames=("scale", "query_block", "return_lse")
+)
+
+
+def _empty(query, value, return_lse):
+    b, tq, heads = ops.shape(query)[0], ops.shape(query)[1], query.shape[2]
+    out = ops.zeros((b, tq, heads, value.shape[-1]), query.dtype)
+    if not return_lse:
+        return out
+    lse = ops.full((b, heads, tq), float("-inf"), lse_dtype(query.dtype))
+    return out, lse
+
+
+def topk_attention(
+    query,
+    key,
+    value,
+    indices,
+    *,
+    scale=None,
+    causal=False,
+    query_offset=0,
+    query_mask=None,
+    key_mask=None,
+    index_mask=None,
+    return_lse=False,
+    query_block=None,
+):
+    """Attention of each query on the keys `indices` names (top-k sparse
+    attention), in tiles of queries: memory O(Tq * k), never O(Tq * Tk).
+
+    `o_i = sum_{j in S_i} softmax_j(scale * q_i . k_j) v_j` over the
+    valid entries `S_i` of `indices[:, i]`: the same as
+    `dot_product_attention` under the mask "key `j` is in `indices[:,
+    i]`" (and-ed with the masks below), up to float rounding, with
+    gradients for the query, key and value. The package's rules: masks
+    are True where a query may attend; scores and softmax run in at least
+    float32 (float64 stays float64); a query with no valid entry gets a
+    zero output (log-sum-exp `-inf`) and zero gradients, never NaN.
+
+    Args:
+        query: `(b, Tq, h, d)`.
+        key: `(b, Tk, g, d)` with `h % g == 0` (grouped-query: query head
+            `n` reads key/value head `n // (h // g)`).
+        value: `(b, Tk, g, e)`.
+        indices: integer `(b, Tq, k)`, the key positions each query
+            attends to. An entry outside `[0, Tk)` (-1, as
+            `LightningIndexer` pads a query with fewer than `k` keys)
+            selects nothing. Entries of a row should be distinct: a
+            repeated one is a key counted twice.
+        scale: float; defaults to `1 / sqrt(d)`.
+        causal: bool, an entry `j > i + query_offset` selects nothing.
+        query_offset: int or scalar int tensor, the position of the
+            first query (a cache offset), for `causal`.
+        query_mask: optional bool `(b, Tq)`, True on real queries; the
+            others get zeros.
+        key_mask: optional bool `(b, Tk)`, True on real keys; entries on
+            the others select nothing.
+        index_mask: optional bool `(b, Tq, k)`, True where an entry of
+            `indices` may be attended to.
+        return_lse: also return the log-sum-exp `(b, h, Tq)` (float32;
+            float64 for float64 inputs), `-inf` on rows with no valid
+            entry, differentiable (`merge_attention` combines it).
+        query_block: queries per tile (None: `query_block_size`); the
+            results do not depend on it. A query length unknown at trace
+            time runs in one tile.
+
+    Returns:
+        `(b, Tq, h, e)` in the query's dtype, then the log-sum-exp when
+        `return_lse`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_attention
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.normal(size=(1, 4, 2, 8)).astype("float32")
+    >>> kv = rng.normal(size=(1, 6, 1, 8)).astype("float32")
+    >>> indices = np.array([[[0, -1], [1, 0], [2, 0], [3, 1]]])
+    >>> out = keras_attention.ops.topk_attention(q, kv, kv, indices)
+    >>> tuple(out.shape)
+    (1, 4, 2, 8)
+    >>> np.allclose(np.asarray(out)[0, 0], kv[0, 0])  # only key 0
+    True
+    """
+    query, key, value, indices = attention_checks.as_tensors(
+        query=query, key=key, value=value, indices=indices
+    )
+    query_mask, key_mask, index_mask = attention_checks.as_tensors(
+        query_mask=query_mask, key_mask=key_mask, index_mask=index_mask
+    )
+    _check(query, key, value, indices)
+    causal = validation.check_bool("causal", causal)
+    return_lse = validation.check_bool("return_lse", return_lse)
+    query_block = validation.check_positive_int(
+        "query_block", query_block, allow_none=True
+    )
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scale = float(validation.check_finite_number("scale", scale))
+    for name, mask, length in (
+        ("query_mask", query_mask, query.shape[1]),
+        ("key_mask", key_mask, key.shape[1]),
+    ):
+        if mask is not None and tuple(mask.shape)[1:] not in (
+            (length,),
+            (None,),
+        ):
+            raise ValueError(
+                f"`{name}` must have shape (batch, {length}). Received: "
+                f"{name}.shape={tuple(mask.shape)}"
+            )
+    if index_mask is not None and len(index_mask.shape) != 3:
+        raise ValueError(
+            "`index_mask` must have the shape of `indices` (batch, Tq, k). "
+            f"Received: index_mask.shape={tuple(index_mask.shape)}"
+        )
+    if 0 in (query.shape[1], key.shape[1], indices.shape[2]):
+        return _empty(query, value, return_lse)
+    rows, valid = _slots(
+        indices, key, causal, query_offset, query_mask, key_mask, index_mask
+    )
+    tq = query.shape[1]
+    width = key.shape[-1] + value.shape[-1]
+    block = query_block or query_block_size(
+        tq, indices.shape[2], key.shape[2], width
+    )
+    extra = 0 if tq is None else -tq % block
+    if tq is None:
+        block = -1  # One tile of unknown length.
+    q, rows, valid = (_pad(x, extra) for x in (query, rows, valid))
+    result = _attend_compiled(
+        q, key, value, rows, valid, scale, block, return_lse
+    )
+    if not return_lse:
+        return result[:, :tq] if extra else result
+    out, lse = result
+    if extra:
+        out, lse = out[:, :tq], lse[:, :tq]
+    return out, ops.transpose(lse, (0, 2, 1))
