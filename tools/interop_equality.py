@@ -224,6 +224,29 @@ def backbones():
         "BART": models.BartBackbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),
+        # T5Gemma: Gemma 2's blocks in both stacks, a window of 16 on the
+        # decoder's even layers, soft-caps, query scaling, untied logits.
+        "T5Gemma": models.T5GemmaBackbone(
+            vocabulary_size=VOCAB,
+            sliding_window=16,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            query_pre_attn_scalar=16.0,
+            tie_word_embeddings=False,
+            **{
+                f"{stack}_{key}": value
+                for stack in ("encoder", "decoder")
+                for key, value in dict(
+                    hidden_dim=64,
+                    intermediate_dim=128,
+                    num_layers=4,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    head_dim=16,
+                    layer_types=["sliding_attention", "full_attention"] * 2,
+                ).items()
+            },
+        ),
         # Whisper: 128 log-mel frames of 8 bins -> 64 encoder positions.
         "Whisper": models.WhisperBackbone(
             num_heads=4,

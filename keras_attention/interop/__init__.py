@@ -7,14 +7,15 @@ library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter
 per family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`,
 `electra`, `gpt2`, `opt`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
-`bart`, `whisper`,
+`bart`, `whisper`, `t5gemma`,
 `bloom`, `phi3`, `qwen`, `qwen3`, `qwen3_5`, `smollm3`, `mixtral`, `qwen3_moe`,
 `gpt_oss`, `vit`, `deit`, `dinov2`, `roformer_v2`, `esm`), each with its table of
 weight paths.
 `causal_lm_generator(model)` decodes a converted GPT-2, Llama, Mistral,
 Mixtral, Gemma (1, 2, 3), BLOOM, Phi-3, Qwen 3, Qwen 3.5, Qwen3-MoE,
 SmolLM3 or gpt-oss with the library's cached generator,
-`seq2seq_generator(model)` a converted encoder-decoder (T5, BART, Whisper).
+`seq2seq_generator(model)` a converted encoder-decoder (T5, BART, Whisper,
+T5Gemma).
 keras-hub is imported only when a backbone is converted.
 
 `from_huggingface(path)` loads a Hugging Face safetensors checkpoint

@@ -24,6 +24,7 @@ from keras_attention.interop.roberta import convert_roberta
 from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
+from keras_attention.interop.t5gemma import convert_t5gemma
 from keras_attention.interop.vit import convert_vit
 from keras_attention.interop.whisper import convert_whisper
 
@@ -55,6 +56,7 @@ CONVERTERS = {
     "RoformerV2Backbone": convert_roformer_v2,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
+    "T5GemmaBackbone": convert_t5gemma,
     "ViTBackbone": convert_vit,
     "WhisperBackbone": convert_whisper,
     "XLMRobertaBackbone": convert_roberta,
