@@ -136,6 +136,7 @@ def cached_call(block, inputs, cache, index, padding_mask, training, given):
     x = inputs
     if not keras.backend.is_float_dtype(x.dtype):
         x = ops.cast(x, block.compute_dtype)
+    block_inputs = x  # the feed-forward's, with `parallel_residual`
 
     def attend(y):
         return _compose.protocol_call(
@@ -159,5 +160,5 @@ def cached_call(block, inputs, cache, index, padding_mask, training, given):
             context_mask=cache[2],
             cache=cache[1],
         )
-    x = block._feed_forward_residual(x, training, padding_mask)
+    x = block._feed_forward_residual(x, training, padding_mask, block_inputs)
     return x, (self_cache,) + tuple(cache[1:])

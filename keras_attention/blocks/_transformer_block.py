@@ -37,8 +37,10 @@ class TransformerBlock(keras.layers.Layer):
 
     Post-norm (`norm_first=False`): `x = LayerNorm(x + Dropout(f(x)))`;
     pre-norm (`norm_first=True`): `x = x + Dropout(f(LayerNorm(x)))`, for
-    each sublayer `f`. Subclasses set `causal` (an attribute read when the
-    self-attention is made) and write `call`, combining
+    each sublayer `f`; `parallel_residual` (pre-norm): the feed-forward
+    reads the block's input, not the self-attention's output, `x + a(x) +
+    f(x)` with their own norms. Subclasses set `causal` (an attribute read
+    when the self-attention is made) and write `call`, combining
     `_self_attention_residual`, their own sublayers (through `_residual`)
     and `_feed_forward_residual`.
 
@@ -85,6 +87,7 @@ class TransformerBlock(keras.layers.Layer):
         mixer_options=None,
         latent_attention=None,
         attention_output_gate=False,
+        parallel_residual=False,
         self_attention=None,
         feed_forward=None,
         cross_attention=False,
@@ -122,7 +125,6 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon = validation.check_positive_number(
             "layer_norm_epsilon", layer_norm_epsilon
         )
-        norm_first = validation.check_bool("norm_first", norm_first)
         rotary_max_wavelength = validation.check_positive_number(
             "rotary_max_wavelength",
             rotary_max_wavelength,
@@ -137,19 +139,12 @@ class TransformerBlock(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
         self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"`normalization` must be one of {NORMALIZATIONS!r}. "
-                f"Received: normalization={normalization!r}"
-            )
-        self.normalization = normalization
+        self._set_residual_options(
+            norm_first, normalization, sandwich_norm, parallel_residual
+        )
         self.use_bias = validation.check_bool("use_bias", use_bias)
         self.gated_feed_forward = validation.check_bool(
             "gated_feed_forward", gated_feed_forward
-        )
-        self.sandwich_norm = validation.check_bool(
-            "sandwich_norm", sandwich_norm
         )
         self.layer_norm_epsilon = layer_norm_epsilon
         self.rotary_max_wavelength = rotary_max_wavelength
@@ -174,6 +169,39 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
+
+    def _set_residual_options(
+        self, norm_first, normalization, sandwich_norm, parallel_residual
+    ):
+        """The block's norms and residual wiring, checked: a parallel
+        residual is pre-norm, with no cross-attention between."""
+        self.norm_first = validation.check_bool("norm_first", norm_first)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"`normalization` must be one of {NORMALIZATIONS!r}. "
+                f"Received: normalization={normalization!r}"
+            )
+        self.normalization = normalization
+        self.sandwich_norm = validation.check_bool(
+            "sandwich_norm", sandwich_norm
+        )
+        self.parallel_residual = validation.check_bool(
+            "parallel_residual", parallel_residual
+        )
+        if self.parallel_residual and not self.norm_first:
+            raise ValueError(
+                "`parallel_residual` runs both sublayers on the block's "
+                "input, each through its own norm: it needs "
+                "norm_first=True. Received: parallel_residual=True, "
+                f"norm_first={norm_first!r}"
+            )
+        if self.parallel_residual and _compose.CROSS in self._present:
+            raise ValueError(
+                "`parallel_residual` runs the self-attention and the "
+                "feed-forward side by side: a cross-attention between "
+                "them cannot apply. Received: parallel_residual=True, "
+                "cross_attention=True"
+            )
 
     def _set_attention_options(
         self, attention_scale, qk_norm, qk_norm_epsilon, learned_sinks
@@ -397,15 +425,28 @@ class TransformerBlock(keras.layers.Layer):
 
     # Residual wiring.
 
-    def _residual(self, x, sublayer, norm, dropout, training, post_norm=None):
+    def _residual(
+        self,
+        x,
+        sublayer,
+        norm,
+        dropout,
+        training,
+        post_norm=None,
+        sublayer_input=None,
+    ):
         """Runs `sublayer` with residual + norm; returns (x, extra outputs).
 
         Post-norm: `norm(x + dropout(sublayer(x)))`; pre-norm:
-        `x + dropout(sublayer(norm(x)))`; `post_norm` (`sandwich_norm`)
-        normalizes the sublayer's output first. A sublayer returning a
-        tuple gives its first item to the residual and the rest as extras.
+        `x + dropout(sublayer(norm(x)))`, or with `sublayer_input` (a
+        parallel residual's block input) `x + dropout(sublayer(
+        norm(sublayer_input)))`; `post_norm` (`sandwich_norm`) normalizes
+        the sublayer's output first. A sublayer returning a tuple gives
+        its first item to the residual and the rest as extras.
         """
-        y = norm(x) if self.norm_first else x
+        if sublayer_input is None:
+            sublayer_input = x
+        y = norm(sublayer_input) if self.norm_first else x
         outputs = sublayer(y)
         if isinstance(outputs, tuple):
             y, extra = outputs[0], outputs[1:]
@@ -444,10 +485,21 @@ class TransformerBlock(keras.layers.Layer):
             post_norm=self.self_attention_post_norm,
         )
 
-    def _feed_forward_residual(self, x, training, padding_mask=None):
-        """The feed-forward sublayer with its residual. A mixture of
+    def _feed_forward_residual(
+        self, x, training, padding_mask=None, block_inputs=None
+    ):
+        """The feed-forward sublayer with its residual: on `x` (the output
+        of the sublayers before), or with `parallel_residual` on
+        `block_inputs` (the block's input), added to `x`. A mixture of
         experts (`moe`) is given the block's `padding_mask`, so that its
         load-balancing loss leaves padded tokens out."""
+        sublayer_input = None
+        if self.parallel_residual:
+            sublayer_input = block_inputs
+            if not keras.backend.is_float_dtype(sublayer_input.dtype):
+                sublayer_input = keras.ops.cast(
+                    sublayer_input, self.compute_dtype
+                )
         extra = {}
         if padding_mask is not None and isinstance(
             self.feed_forward, MixtureOfExperts
@@ -460,6 +512,7 @@ class TransformerBlock(keras.layers.Layer):
             self.feed_forward_dropout,
             training,
             post_norm=self.feed_forward_post_norm,
+            sublayer_input=sublayer_input,
         )
         return x
 
@@ -493,6 +546,7 @@ class TransformerBlock(keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "gated_feed_forward": self.gated_feed_forward,
                 "sandwich_norm": self.sandwich_norm,
+                "parallel_residual": self.parallel_residual,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
                 "rotary_scaling": self.rotary_scaling,
                 "attention_scale": self.attention_scale,

@@ -85,6 +85,10 @@ class TransformerEncoderBlock(TransformerBlock):
             the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
             post-attention and post-feed-forward norms, CogView's sandwich
             layer norm; sublayers `*_post_norm`); default False.
+        parallel_residual: bool, the self-attention and the feed-forward
+            side by side on the block's input, `x + Dropout(a(Norm(x))) +
+            Dropout(f(Norm'(x)))` (GPT-J, GPT-NeoX, PaLM); needs
+            `norm_first=True`. Default False.
         rotary_scaling: optional dict of `RotaryEmbedding`'s
             context-extension arguments for the rotary positions of the
             self-attention (`scaling_factor`, `rope_type` `"linear"`,
@@ -293,6 +297,7 @@ class TransformerEncoderBlock(TransformerBlock):
         mixer_options=None,
         latent_attention=None,
         attention_output_gate=False,
+        parallel_residual=False,
         self_attention=None,
         feed_forward=None,
         **kwargs,
@@ -327,6 +332,7 @@ class TransformerEncoderBlock(TransformerBlock):
             mixer_options=mixer_options,
             latent_attention=latent_attention,
             attention_output_gate=attention_output_gate,
+            parallel_residual=parallel_residual,
             self_attention=self_attention,
             feed_forward=feed_forward,
             **kwargs,
@@ -405,7 +411,7 @@ class TransformerEncoderBlock(TransformerBlock):
             return_attention_scores=return_attention_scores,
             **extra_kwargs,
         )
-        x = self._feed_forward_residual(x, training, padding_mask)
+        x = self._feed_forward_residual(x, training, padding_mask, inputs)
         if return_attention_scores:
             return (x,) + extra
         return x

@@ -459,6 +459,7 @@ def _all_options(
     mixer_options,
     latent_attention,
     attention_output_gate,
+    parallel_residual,
     self_attention,
     feed_forward,
 ):
