@@ -16,8 +16,10 @@ gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
 Qwen 3.5 with gated delta nets on layers 0-2 and gated attention on
 layer 3, windowed (16) on TensorFlow only; ALBERT with embeddings of 32
 projected to 64 and 4 layers as 2 groups of 2 shared layers (8 layer
-calls of 4 blocks); ELECTRA with embeddings of 32 projected to 64; noise
-added to every weight, so that norms are not the identity):
+calls of 4 blocks); ELECTRA with embeddings of 32 projected to 64; Qwen
+2 with its q, k, v biases and RoPE scaling 2; Qwen-MoE and Qwen 3.5-MoE
+with 4 experts, top 2, and the gated shared expert; Falcon's ALiBi;
+noise added to every weight, so that norms are not the identity):
 
 - hidden states: a batch of 4 sequences of 64 tokens with padding
   (right-padded rows, and a left-padded one for the causal models and
@@ -34,9 +36,10 @@ added to every weight, so that norms are not the identity):
 - greedy generation (causal families, T5): 4 right-padded prompts of 8,
   5, 3 and 6 tokens completed to 32 tokens by our
   `causal_lm_generator(model).generate(..., sampler="greedy")` and by
-  keras-hub's `CausalLM.generate` (greedy; Qwen 3.5: greedy decoding
-  driven by keras-hub's forward pass, as its `generate` prefills the
-  gated delta rule over the padded buffer), the number of generated
+  keras-hub's `CausalLM.generate` (greedy; Qwen 3.5, Qwen 3.5-MoE and
+  GPT-NeoX: greedy decoding driven by keras-hub's forward pass, as their
+  `generate` prefills the gated delta rule over the padded buffer, or
+  rotates a cached step's query at position 0), the number of generated
   tokens that are equal (T5: the prompts as sources, targets of 1 to 3
   tokens from the start token 0 completed to 32).
 
@@ -51,6 +54,14 @@ docs/guides/pretrained.md includes:
     python tools/interop_equality.py --markdown PATH
 
 with PATH docs/_generated/interop_equality.md.
+
+`from_huggingface` against transformers (tools/hf_equality.py, on the
+cases of tests/interop/hf_cases.py, this backend), into the table that
+docs/guides/checkpoints.md includes:
+
+    python tools/interop_equality.py --huggingface PATH
+
+with PATH docs/_generated/hf_equality.md.
 """
 
 import argparse
@@ -125,6 +136,9 @@ def backbones():
         "GPT-2": models.GPT2Backbone(
             num_heads=4, max_sequence_length=LENGTH, **common
         ),
+        "OPT": models.OPTBackbone(
+            num_heads=4, max_sequence_length=LENGTH, **common
+        ),
         "Llama": models.LlamaBackbone(**llama_style),
         "Mistral": models.MistralBackbone(sliding_window=16, **llama_style),
         "Gemma": models.GemmaBackbone(head_dim=16, **llama_style),
@@ -154,6 +168,10 @@ def backbones():
             )
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        # ALiBi added before the 1 / sqrt(head_dim) scaling.
+        "Falcon (ALiBi)": models.FalconBackbone(
+            num_attention_heads=4, **common
+        ),
         "Phi-3 (LongRoPE)": models.Phi3Backbone(
             rope_scaling_type="su",
             rope_scaling_short_factor=[1.0 + 0.1 * k for k in range(8)],
@@ -188,6 +206,11 @@ def backbones():
                 **llama_style,
             )
         ),
+        # Qwen 2: biases on q, k, v (none on the output); no window
+        # (keras-hub 0.32's generate fails with one on TensorFlow).
+        "Qwen 2 (q, k, v biases; RoPE scaling 2)": models.Qwen2Backbone(
+            rope_scaling_factor=2.0, tie_word_embeddings=False, **llama_style
+        ),
         # keras-hub 0.32's Qwen3Attention drops its window where Keras
         # has a fused attention op (JAX, PyTorch): windowed on TF only.
         "Qwen 3": models.Qwen3Backbone(
@@ -208,6 +231,40 @@ def backbones():
             mlp_only_layers=[0],
             sliding_window_size=None,
             **llama_style,
+        ),
+        # Every layer sparse, with the sigmoid-gated shared expert.
+        "Qwen-MoE (4 experts, top 2, shared expert)": models.QwenMoeBackbone(
+            moe_intermediate_dim=64,
+            shared_expert_intermediate_dim=96,
+            num_experts=4,
+            top_k=2,
+            norm_top_k_prob=True,
+            **llama_style,
+        ),
+        # Qwen 3.5's layers (3 gated delta : 1 gated attention), each with
+        # 4 experts, top 2, and the gated shared expert; windowed (16) on
+        # TensorFlow only, as Qwen 3.5.
+        "Qwen 3.5-MoE (3 gated delta : 1 gated attention)": (
+            models.Qwen3_5MoeBackbone(
+                head_dim=16,
+                partial_rotary_factor=0.5,
+                sliding_window_size=(
+                    16 if keras.backend.backend() == "tensorflow" else None
+                ),
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                moe_intermediate_dim=64,
+                shared_expert_intermediate_size=96,
+                num_experts=4,
+                top_k=2,
+                vocabulary_size=VOCAB,
+                num_layers=4,
+                hidden_dim=64,
+                num_query_heads=4,
+                num_key_value_heads=2,
+            )
         ),
         # Learned sinks, a window of 16 on layers 1 and 3, YaRN.
         "gpt-oss (window 16 on odd layers, YaRN 32)": models.GptOssBackbone(
@@ -282,6 +339,14 @@ def backbones():
             num_register_tokens=4,
             image_shape=(32, 32, 3),
             position_embedding_shape=(64, 64, 3),
+        ),
+        # Quick GELU; the text tower causal, pooled at its largest id.
+        "CLIP": models.CLIPBackbone(
+            models.CLIPVisionEncoder(4, 64, 4, 4, 128, image_shape=(32, 32, 3)),
+            models.CLIPTextEncoder(
+                VOCAB, 64, 64, 4, 4, 128, max_sequence_length=16
+            ),
+            projection_dim=32,
         ),
         # ESM-2: rotary, the layer norm before the blocks, padding id 1.
         "ESM-2": models.ESM2Backbone(
@@ -386,6 +451,8 @@ def perturb(backbone, rng):
     for weight in backbone.weights:
         if weight.path.endswith("inv_freq"):
             continue  # SmolLM3's stored RoPE frequencies (of rope_theta)
+        if not keras.backend.is_float_dtype(weight.dtype):
+            continue  # CLIP's and SigLIP's stored position ids
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
         weight.assign(to_numpy(weight) + noise)
 
@@ -498,6 +565,14 @@ def forward_greedy(backbone, ids, lengths):
     return tokens
 
 
+# keras-hub tasks whose `generate` is not greedy decoding of their own
+# forward pass (compared with the latter).
+FORWARD_GREEDY = tuple(
+    getattr(keras_hub.models, name)
+    for name in ("Qwen3_5CausalLM", "Qwen3_5MoeCausalLM", "GPTNeoXCausalLM")
+)
+
+
 def greedy_agreement(model, theirs, rng):
     """`(equal, generated)`: how many of the generated tokens of our
     greedy `causal_lm_generator(...).generate` equal keras-hub's
@@ -506,10 +581,12 @@ def greedy_agreement(model, theirs, rng):
     mask = ids != 0
     theirs.compile(sampler="greedy")
     data = {"token_ids": ids, "padding_mask": mask}
-    if isinstance(theirs, keras_hub.models.Qwen3_5CausalLM):
-        # Its generate prefills the gated delta rule over the padded
-        # buffer (docs/pretrained/qwen3_5.md): greedy decoding driven by
-        # its forward pass instead.
+    if isinstance(theirs, FORWARD_GREEDY):
+        # Their generate differs from their forward pass: Qwen 3.5's
+        # (and 3.5-MoE's) prefills the gated delta rule over the padded
+        # buffer (docs/pretrained/qwen3_5.md), GPT-NeoX's rotates a cached
+        # step's query at position 0 (docs/pretrained/gpt_neox.md):
+        # greedy decoding driven by their forward pass instead.
         want = forward_greedy(theirs.backbone, ids, mask.sum(-1))
     elif isinstance(theirs, keras_hub.models.Gemma3CausalLM):
         # keras-hub 0.32's Gemma3CausalLM.generate needs a preprocessor:
@@ -643,7 +720,19 @@ def main():
     parser.add_argument(
         "--only", help="the families whose name contains this text"
     )
+    parser.add_argument(
+        "--huggingface",
+        metavar="PATH",
+        help="from_huggingface against transformers on the cases of "
+        "tests/interop/hf_cases.py (this backend; tools/hf_equality.py), "
+        "write the table",
+    )
     args = parser.parse_args()
+    if args.huggingface:
+        import hf_equality  # tools/hf_equality.py, beside this script
+
+        hf_equality.run(args.huggingface)
+        return
     if args.markdown:
         run_all(args.markdown)
         return

@@ -204,14 +204,33 @@ class Checkpoint:
     def read(self, name):
         """Tensor `name` as a new NumPy array of its stored dtype."""
         info = self.tensors[name]
-        buffer = np.empty(info.nbytes, np.uint8)
+        if not info.shape:
+            return self._read_bytes(info, 0, info.nbytes).reshape(())
+        return self.read_rows(name, 0, info.shape[0])
+
+    def read_rows(self, name, start, stop):
+        """Rows `start .. stop - 1` (along the first axis) of tensor
+        `name`, as a new NumPy array of its stored dtype."""
+        info = self.tensors[name]
+        if not info.shape or not 0 <= start <= stop <= info.shape[0]:
+            raise ValueError(
+                f"Rows {start}..{stop} are not rows of tensor {name!r} of "
+                f"shape {info.shape!r}."
+            )
+        row = info.nbytes // info.shape[0] if info.shape[0] else 0
+        values = self._read_bytes(info, start * row, (stop - start) * row)
+        return values.reshape((stop - start,) + info.shape[1:])
+
+    @staticmethod
+    def _read_bytes(info, begin, count):
+        buffer = np.empty(count, np.uint8)
         with open(info.file, "rb") as f:
-            f.seek(info.offset)
-            if f.readinto(memoryview(buffer)) != info.nbytes:
+            f.seek(info.offset + begin)
+            if f.readinto(memoryview(buffer)) != count:
                 raise ValueError(
-                    f"Tensor {name!r} of {info.file!r} ends past the file."
+                    f"Tensor {info.name!r} of {info.file!r} ends past the file."
                 )
-        return buffer.view(info.dtype).reshape(info.shape)
+        return buffer.view(info.dtype)
 
     def floating_dtype(self):
         """The dtype name most of the floating tensors' bytes are stored

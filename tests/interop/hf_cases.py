@@ -27,7 +27,8 @@ PROMPTS = ((5, 7, 9), (3, 4, 11, 12, 13))
 # `noise` (the std of the noise `hf_reference.py` adds to every weight;
 # default `NOISE`: Gemma 2 and 3, whose post-norms leave the residual to
 # the scaled embedding, take smaller weights for varied greedy tokens)
-# and `greedy` (False: greedy tokens not compared, the case says why).
+# and `greedy` (False: greedy tokens not compared, the case says why);
+# `about`: its distinctive options, for the docs' table.
 NOISE = 0.1
 
 # The fields most tiny configs share: 2 layers, hidden size 16, 4 query
@@ -75,6 +76,8 @@ CASES = {
     # the attention and feed-forward projections, an untied head.
     "llama": dict(
         model_type="llama",
+        about="Llama 3.1 RoPE scaling, attention and MLP biases, "
+        "head_dim 8, untied head",
         config=dict(
             COMMON,
             rms_norm_eps=1e-5,
@@ -94,6 +97,7 @@ CASES = {
     # Sliding window 3 on every layer (our rolling cache), tied head.
     "mistral": dict(
         model_type="mistral",
+        about="sliding window 3 (rolling cache), tied head",
         config=dict(
             COMMON, sliding_window=3, tie_word_embeddings=True, rope_theta=1e4
         ),
@@ -102,6 +106,8 @@ CASES = {
     # 1 windowed (max_window_layers=1), linear RoPE scaling, tied head.
     "qwen3": dict(
         model_type="qwen3",
+        about="per-head QK-norm, attention biases, layer 1 windowed (3), "
+        "linear RoPE 2, tied head",
         config=dict(
             COMMON,
             attention_bias=True,
@@ -115,11 +121,17 @@ CASES = {
         ),
     ),
     # Gemma 1: embedding scale, norms 1 + w, GeGLU (tanh), tied head.
-    "gemma": dict(model_type="gemma", config=dict(COMMON)),
+    "gemma": dict(
+        model_type="gemma",
+        about="embedding scale, norms 1 + w, GeGLU (tanh), tied head",
+        config=dict(COMMON),
+    ),
     # Gemma 2: soft-caps that bite, windows on layer 0, post-norms,
     # query scaling by query_pre_attn_scalar (6, not head_dim 8).
     "gemma2": dict(
         model_type="gemma2",
+        about="soft-caps 1 and 2, window 3 on layer 0, post-norms, "
+        "query_pre_attn_scalar 6",
         config=dict(
             COMMON,
             sliding_window=3,
@@ -134,6 +146,8 @@ CASES = {
     # layer (global: 1e6 with linear scaling 2; windowed: 1e4).
     "gemma3_text": dict(
         model_type="gemma3_text",
+        about="QK-norm, windowed + global layer, RoPE per layer type "
+        "(global 1e6, linear 2)",
         config=dict(
             COMMON,
             sliding_window=3,
@@ -153,7 +167,12 @@ CASES = {
     # within a pretraining length of 16, which the forward and the
     # generation stay within; the attention factor of 64 / 16), partial
     # rotary (half of each head), sliding window 4.
-    "phi3": dict(model_type="phi3", config=PHI3),
+    "phi3": dict(
+        model_type="phi3",
+        about="fused qkv/gate_up, LongRoPE (short), partial rotary 0.5, "
+        "window 4",
+        config=PHI3,
+    ),
     # The same past its pretraining length (2): the forward takes the long
     # factors. Greedy tokens are not compared: transformers' Phi-3
     # recomputes its cache with the long factors when a generation
@@ -161,6 +180,8 @@ CASES = {
     # (docs/guides/checkpoints.md).
     "phi3_long": dict(
         model_type="phi3",
+        about="LongRoPE past its pretraining length (long factors); "
+        "greedy not compared (see the guide)",
         config=dict(PHI3, original_max_position_embeddings=2),
         greedy=False,
     ),
@@ -168,6 +189,7 @@ CASES = {
     # biases, tied head.
     "smollm3": dict(
         model_type="smollm3",
+        about="layer 1 NoPE and windowed (3), attention biases, tied head",
         config=dict(
             NO_HEAD_DIM,
             no_rope_layers=[1, 0],

@@ -8,11 +8,13 @@ fails this test. Backend-neutral text checks: TensorFlow part only."""
 import pathlib
 import re
 
+import hf_cases
 import keras_hub
 import pytest
 
 import keras_attention
 from keras_attention.interop import convert
+from keras_attention.interop import huggingface
 
 pytestmark = pytest.mark.tf_only("text checks: one backend is enough")
 
@@ -138,3 +140,47 @@ def test_generated_equality_table_has_a_row_per_backbone():
         if hasattr(keras_hub.models, task):
             cells = [row.split("|")[3:5] for row in covering]
             assert all("—" not in "".join(c) for c in cells), (name, cells)
+
+
+# `from_huggingface`'s model types: the registry `huggingface.MODEL_TYPES`.
+MODEL_TYPES = tuple(sorted(huggingface.MODEL_TYPES))
+
+
+def _model_types(text):
+    return set(re.findall(r"`([a-z0-9_]+)`", text))
+
+
+def test_supported_model_types_is_the_registry():
+    assert keras_attention.interop.supported_model_types() == list(MODEL_TYPES)
+
+
+def test_checkpoint_guide_lists_exactly_the_model_types():
+    """One row per model type in the guide's "Supported model types"
+    table, naming its converter; the README's table names them too."""
+    text = _read("docs/guides/checkpoints.md")
+    section = text.split("## Supported model types", 1)[1].split("\n## ")[0]
+    rows = {
+        row.split("|")[1].strip().strip("`"): row
+        for row in section.splitlines()
+        if row.startswith("| `") and not row.startswith("| `model_type`")
+    }
+    assert sorted(rows) == list(MODEL_TYPES)
+    for model_type, converter in huggingface.MODEL_TYPES.items():
+        assert converter.__name__ in rows[model_type], model_type
+    readme = _read("README.md").split("## Pretrained checkpoints", 1)[1]
+    readme = readme.split("\n## ")[0]
+    table = "".join(r.split("|")[1] for r in readme.splitlines() if "| `" in r)
+    assert _model_types(table) - {"model_type"} == set(MODEL_TYPES)
+
+
+def test_every_model_type_has_a_case_and_a_measured_row():
+    """`tests/interop/hf_cases.py` has a case of every model type (the
+    tests and the equality tool run them all), and the generated table
+    the guide includes has a row for each."""
+    assert {c["model_type"] for c in hf_cases.CASES.values()} == set(
+        MODEL_TYPES
+    )
+    path = "docs/_generated/hf_equality.md"
+    assert f'--8<-- "{path}"' in _read("docs/guides/checkpoints.md")
+    rows = [r for r in _read(path).splitlines() if r.startswith("| `")]
+    assert {r.split("`")[1] for r in rows} == set(MODEL_TYPES)

@@ -35,7 +35,18 @@ of the checkpoint's files, cast to the weight's dtype and assigned.
 
 import fnmatch
 
+import ml_dtypes
 import numpy as np
+
+# Rows of a stored tensor read (and cast) at a time: a tensor is filled
+# into its final array chunk by chunk, never held twice.
+CHUNK_BYTES = 16 * 2**20
+
+
+def _chunks(rows, row_bytes):
+    """`(start, stop)` ranges of at most `CHUNK_BYTES` over `rows`."""
+    step = max(1, CHUNK_BYTES // max(1, row_bytes))
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)]
 
 
 def _expected_copy(shape):
@@ -48,22 +59,50 @@ def _expected_linear(shape, inputs=1):
     return (outer, inner)
 
 
-def _linear(value, shape):
-    return np.transpose(value).reshape(shape)
+def _fill_copy(read, shape, dtype, plus_one=False):
+    """The stored tensor (of `shape`, or flattened) into a new array of
+    `shape` and `dtype`; `plus_one`: `1 + w` in float32 first."""
+    out = np.empty(shape, dtype)
+    flat = out.reshape(shape[0] if len(shape) else 1, -1)
+    for a, b in _chunks(flat.shape[0], flat[:1].nbytes):
+        rows = read(a, b).reshape(b - a, -1)
+        if plus_one:
+            rows = rows.astype("float32") + np.float32(1)
+        flat[a:b] = rows
+    return out
 
 
-# name -> (stored shape for our weight's shape, stored value -> ours).
+def _fill_flat(read, shape, dtype):
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1)
+    for a, b in _chunks(flat.shape[0], flat.itemsize):
+        flat[a:b] = read(a, b)
+    return out
+
+
+def _fill_linear(read, shape, dtype, inputs=1):
+    """A torch `Linear` weight `(out, in)`, read by rows, transposed into a
+    new Keras kernel of `shape` (its first `inputs` axes the input)."""
+    outer, inner = _expected_linear(shape, inputs)
+    out = np.empty((inner, outer), dtype)
+    for a, b in _chunks(outer, inner * out.itemsize):
+        out[:, a:b] = read(a, b).T
+    return out.reshape(shape)
+
+
+# name -> (stored shape for our weight's shape, `fill(read, shape, dtype)`
+# -> our value: `read(a, b)` gives the stored rows `a .. b - 1`).
 TRANSFORMS = {
-    "copy": (_expected_copy, lambda value, shape: value),
-    "linear": (_expected_linear, _linear),
-    "linear_in2": (lambda shape: _expected_linear(shape, 2), _linear),
-    "flat": (
-        lambda shape: (int(np.prod(shape, dtype=np.int64)),),
-        lambda value, shape: value.reshape(shape),
+    "copy": (_expected_copy, _fill_copy),
+    "linear": (_expected_linear, _fill_linear),
+    "linear_in2": (
+        lambda shape: _expected_linear(shape, 2),
+        lambda read, shape, dtype: _fill_linear(read, shape, dtype, 2),
     ),
+    "flat": (lambda shape: (int(np.prod(shape, dtype=np.int64)),), _fill_flat),
     "norm_plus_one": (
         _expected_copy,
-        lambda value, shape: value.astype("float32") + np.float32(1),
+        lambda read, shape, dtype: _fill_copy(read, shape, dtype, True),
     ),
 }
 
@@ -179,16 +218,22 @@ def load_weights(model, checkpoint, table, num_layers, ignored=()):
     """
     rows = concrete_rows(table, num_layers)
     for name, weights, transform in _plan(model, checkpoint, rows, ignored):
-        value = checkpoint.read(name)
-        pieces = [value]
-        if len(weights) > 1:
-            sizes = [
-                TRANSFORMS[transform][0](tuple(w.shape))[0] for w in weights
-            ]
-            pieces = np.split(value, np.cumsum(sizes)[:-1], axis=0)
-        del value
-        apply = TRANSFORMS[transform][1]
-        for weight, piece in zip(weights, pieces):
-            ours = apply(piece, tuple(weight.shape))
-            weight.assign(np.asarray(ours).astype(weight.dtype, copy=False))
-        del pieces
+        expect, fill = TRANSFORMS[transform]
+        first = 0
+        for weight in weights:  # a fused tensor: one row range each
+            count = expect(tuple(weight.shape))[0]
+
+            def read(a, b, first=first):
+                return checkpoint.read_rows(name, first + a, first + b)
+
+            value = fill(read, tuple(weight.shape), _numpy_dtype(weight))
+            weight.assign(value)
+            del value
+            first += count
+
+
+def _numpy_dtype(weight):
+    """The NumPy dtype of a Keras variable (bfloat16 through
+    `ml_dtypes`)."""
+    name = weight.dtype
+    return np.dtype(getattr(ml_dtypes, name, None) or name)
