@@ -13,6 +13,7 @@ from keras_attention.interop.hf.gemma import convert_gemma
 from keras_attention.interop.hf.llama import convert_llama
 from keras_attention.interop.hf.mistral import convert_mistral
 from keras_attention.interop.hf.phi3 import convert_phi3
+from keras_attention.interop.hf.qwen2 import convert_qwen2
 from keras_attention.interop.hf.qwen3 import convert_qwen3
 from keras_attention.interop.hf.smollm3 import convert_smollm3
 
@@ -25,6 +26,7 @@ MODEL_TYPES = {
     "llama": convert_llama,
     "mistral": convert_mistral,
     "phi3": convert_phi3,
+    "qwen2": convert_qwen2,
     "qwen3": convert_qwen3,
     "smollm3": convert_smollm3,
 }

@@ -120,6 +120,19 @@ CASES = {
             ),
         ),
     ),
+    # Biases on q, k, v (not o), layer 1 windowed, untied head.
+    "qwen2": dict(
+        model_type="qwen2",
+        about="biases on q, k, v but not o, layer 1 windowed (3), untied head",
+        config=dict(
+            NO_HEAD_DIM,
+            use_sliding_window=True,
+            sliding_window=3,
+            max_window_layers=1,
+            tie_word_embeddings=False,
+            rope_theta=1e4,
+        ),
+    ),
     # Gemma 1: embedding scale, norms 1 + w, GeGLU (tanh), tied head.
     "gemma": dict(
         model_type="gemma",
