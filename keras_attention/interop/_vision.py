@@ -32,10 +32,12 @@ def image_input(image_shape):
     return keras.Input(shape=tuple(image_shape), name="images")
 
 
-def patch_embedding(images, hidden_dim, patch_size, use_bias, dtype):
+def patch_embedding(
+    images, hidden_dim, patch_size, use_bias, dtype, name="patch_embedding"
+):
     """The patches of `images` as `(batch, patches, hidden_dim)`: a
-    `Conv2D` of stride `patch_size` (named `patch_embedding`), flattened
-    row by row."""
+    `Conv2D` of stride `patch_size` (named `name`), flattened row by
+    row."""
     patch = (patch_size,) * 2 if isinstance(patch_size, int) else patch_size
     x = keras.layers.Conv2D(
         hidden_dim,
@@ -44,7 +46,7 @@ def patch_embedding(images, hidden_dim, patch_size, use_bias, dtype):
         padding="valid",
         use_bias=use_bias,
         dtype=dtype,
-        name="patch_embedding",
+        name=name,
     )(images)
     patches = x.shape[1] * x.shape[2]
     return keras.layers.Reshape((patches, hidden_dim), dtype=dtype)(x)

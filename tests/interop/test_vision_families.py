@@ -45,6 +45,22 @@ def max_difference(ours, theirs):
     return float(np.abs(ours - theirs).max())
 
 
+def max_tower_difference(model, backbone, data):
+    """The largest difference of the two towers' hidden states (before
+    pooling): our `vision_layer_norm` and `text_layer_norm` outputs
+    against the backbone's `vision_encoder` and `text_encoder`."""
+    towers = keras.Model(
+        model.input,
+        [model.get_layer(f"{t}_layer_norm").output for t in ("vision", "text")],
+    )
+    vision, text = towers(data)
+    theirs_vision = backbone.vision_encoder({"images": data["images"]})
+    theirs_text = backbone.text_encoder({"token_ids": data["token_ids"]})
+    return max(
+        max_difference(vision, theirs_vision), max_difference(text, theirs_text)
+    )
+
+
 def check_round_trip(model, data, tmp_path):
     path = str(tmp_path / f"{model.name}.keras")
     model.save(path)
@@ -161,3 +177,69 @@ def test_dinov2_swiglu_without_registers():
 def test_dinov2_drop_path_is_refused():
     with pytest.raises(ValueError, match="drop_path_rate"):
         from_keras_hub(dinov2(drop_path_rate=0.1))
+
+
+# CLIP: both towers (the text one causal, pooled at its end token, the
+# largest id), quick GELU, the projections and the head. Token ids
+# right- and left-padded with 0 (CLIP takes no padding mask).
+
+TOKEN_IDS = np.array(
+    [[5, 7, 3, 19, 0, 0, 0, 0], [0, 0, 0, 4, 2, 8, 6, 19]], "int32"
+)
+
+
+def clip():
+    m = keras_hub.models
+    return m.CLIPBackbone(
+        m.CLIPVisionEncoder(
+            8, 8, 2, 2, 16, image_shape=(16, 16, 3), name="vision"
+        ),
+        m.CLIPTextEncoder(20, 8, 8, 2, 2, 16, max_sequence_length=8),
+        projection_dim=6,
+    )
+
+
+@pytest.fixture(scope="module")
+def clip_converted():
+    keras.utils.set_random_seed(5)
+    backbone = perturbed(clip())
+    ids = backbone.vision_encoder.embedding.position_ids
+    ids.assign(np.arange(ids.shape[1])[None])  # as in the presets
+    return backbone, from_keras_hub(backbone)
+
+
+def test_clip_equal_outputs_and_attention_of_both_towers(clip_converted):
+    backbone, model = clip_converted
+    data = {"images": IMAGES, "token_ids": TOKEN_IDS}
+    ours, theirs = model(data), backbone(data)
+    assert max_difference(ours, theirs) <= 1e-5
+    assert to_numpy(ours["text_logits"]).shape == (2, 2)
+    assert max_tower_difference(model, backbone, data) <= 1e-5
+    maps = keras_attention.visualization.collect_attention(model, data)
+    assert {name: tuple(w.shape) for name, w in maps.items()} == {
+        **{
+            f"vision_transformer_layer_{i}/self_attention": (2, 2, 5, 5)
+            for i in (0, 1)
+        },
+        **{
+            f"text_transformer_layer_{i}/self_attention": (2, 2, 8, 8)
+            for i in (0, 1)
+        },
+    }
+
+
+def test_clip_keras_round_trip_safe_mode(clip_converted, tmp_path):
+    data = {"images": IMAGES, "token_ids": TOKEN_IDS}
+    check_round_trip(clip_converted[1], data, tmp_path)
+
+
+def test_clip_intermediate_output_is_refused():
+    m = keras_hub.models
+    backbone = m.CLIPBackbone(
+        m.CLIPVisionEncoder(8, 8, 2, 2, 16, image_shape=(16, 16, 3)),
+        m.CLIPTextEncoder(20, 8, 8, 2, 2, 16, max_sequence_length=8),
+        projection_dim=6,
+    )
+    backbone.text_encoder.intermediate_output_index = 0
+    with pytest.raises(ValueError, match="intermediate_output_index"):
+        from_keras_hub(backbone)
