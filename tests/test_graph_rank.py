@@ -471,6 +471,23 @@ CASES = [
         {"x": X10},
     ),
     (
+        # DeBERTa's relative terms: 4 buckets saturate at distance 8 < 10.
+        "disentangled-gqa",
+        lambda: L.DisentangledSelfAttention(
+            4,
+            2,
+            score_mod=keras_attention.scores.DisentangledRelativeBias(
+                8, bucket_size=4, max_distance=8
+            ),
+            num_key_value_heads=2,
+            dropout=0.1,
+        ),
+        lambda layer, x, m: layer(
+            x, mask=m, return_attention_scores=True, training=True
+        ),
+        {"x": X10, "m": VALID10},
+    ),
+    (
         "pooling",
         lambda: L.AttentionPooling(units=8),
         lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),

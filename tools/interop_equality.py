@@ -348,6 +348,10 @@ def backbones():
             ),
             projection_dim=32,
         ),
+        # DeBERTa-v3: log buckets of 16 up to 32, saturated within 64.
+        "DeBERTa-v3 (16 buckets up to 32)": models.DebertaV3Backbone(
+            num_heads=4, max_sequence_length=32, bucket_size=16, **common
+        ),
         # ESM-2: rotary, the layer norm before the blocks, padding id 1.
         "ESM-2": models.ESM2Backbone(
             num_heads=4, use_pre_layer_norm=True, pad_token_id=1, **common

@@ -5,6 +5,7 @@ from keras_attention.interop.bart import convert_bart
 from keras_attention.interop.bert import convert_bert
 from keras_attention.interop.bloom import convert_bloom
 from keras_attention.interop.clip import convert_clip
+from keras_attention.interop.deberta_v3 import convert_deberta_v3
 from keras_attention.interop.deit import convert_deit
 from keras_attention.interop.dinov2 import convert_dinov2
 from keras_attention.interop.distil_bert import convert_distil_bert
@@ -38,6 +39,7 @@ CONVERTERS = {
     "BertBackbone": convert_bert,
     "BloomBackbone": convert_bloom,
     "CLIPBackbone": convert_clip,
+    "DebertaV3Backbone": convert_deberta_v3,
     "DeiTBackbone": convert_deit,
     "DINOV2Backbone": convert_dinov2,
     "DistilBertBackbone": convert_distil_bert,

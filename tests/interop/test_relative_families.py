@@ -1,10 +1,13 @@
 """`from_keras_hub` on tiny random keras-hub encoders whose positions are
-relative: RoFormer-v2 (interleaved rotary, scale-only RMS norms,
-post-norm; with and without biases), ESM-2 (rotary, pre-norm, the layer
-norm before the blocks, padding id 1) and ESM-1 (learned positions read
-from row `pad_token_id`, no biases, ReLU). Equal outputs, copied weights,
-the attention of every layer, `.keras` round trip with
-`safe_mode=True`, the options refused by name. Backend-neutral.
+relative: DeBERTa-v3 (disentangled attention: log buckets of 6 up to
+distance 16, on sequences of 20, so that the exact, log-spaced and
+clipped rows are read; one relative table shared by the layers),
+RoFormer-v2 (interleaved rotary, scale-only RMS norms, post-norm; with
+and without biases), ESM-2 (rotary, pre-norm, the layer norm before the
+blocks, padding id 1) and ESM-1 (learned positions read from row
+`pad_token_id`, no biases, ReLU). Equal outputs, copied weights, the
+attention of every layer, `.keras` round trip with `safe_mode=True`, the
+options refused by name. Backend-neutral.
 
 keras-hub 0.32's RoFormer-v2 and ESM mask padded *queries* instead of
 padded keys on TensorFlow and JAX (their real tokens attend to the
@@ -37,6 +40,10 @@ def tiny(name, **kwargs):
         hidden_dim=HIDDEN,
         intermediate_dim=24,
     )
+    if name == "deberta_v3":
+        return models.DebertaV3Backbone(
+            max_sequence_length=16, bucket_size=6, **common, **kwargs
+        )
     if name == "roformer_v2":
         arguments = dict(head_size=8, max_wavelength=100, use_bias=False)
         arguments.update(kwargs)
@@ -66,6 +73,10 @@ def tiny(name, **kwargs):
 
 FAMILIES = ("roformer_v2", "roformer_v2_bias", "esm2", "esm1")
 PAD = {"roformer_v2": 0, "roformer_v2_bias": 0, "esm2": 1, "esm1": 1}
+# DeBERTa-v3: past the saturation (16) of 6 buckets up to distance 16; a
+# right-padded row, a left-padded one.
+DEBERTA_LENGTH = 20
+DEBERTA_PADDING = np.array([[1] * 13 + [0] * 7, [0] * 6 + [1] * 14], "int32")
 
 
 def perturbed(backbone):
@@ -91,6 +102,58 @@ def converted():
         return cache[name]
 
     return get
+
+
+def deberta_inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCAB, DEBERTA_PADDING.shape).astype("int32")
+    return {"token_ids": ids * DEBERTA_PADDING, "padding_mask": DEBERTA_PADDING}
+
+
+def test_deberta_v3_equal_outputs_with_padding(converted):
+    backbone, model = converted("deberta_v3")
+    inputs = deberta_inputs()
+    ours, theirs = to_numpy(model(inputs)), to_numpy(backbone(inputs))
+    assert ours.shape == theirs.shape == (2, DEBERTA_LENGTH, HIDDEN)
+    real = DEBERTA_PADDING == 1
+    assert np.abs(ours - theirs).max(-1)[real].max() <= TOLERANCE
+
+
+def test_deberta_v3_one_relative_table_and_attention_of_every_layer(
+    converted,
+):
+    backbone, model = converted("deberta_v3")
+    blocks = [model.get_layer(f"transformer_layer_{i}") for i in range(2)]
+    bias = blocks[0].self_attention.score_mod
+    assert blocks[1].self_attention.score_mod is bias
+    assert sum(w.path.endswith("embeddings") for w in model.weights) == 2
+    np.testing.assert_array_equal(
+        to_numpy(bias.embeddings),
+        to_numpy(backbone.relative_embeddings.rel_embeddings),
+    )
+    assert not {id(w) for w in backbone.weights} & {
+        id(w) for w in model.weights
+    }
+    maps = keras_attention.visualization.collect_attention(
+        model, deberta_inputs()
+    )
+    shape = (2, HEADS, DEBERTA_LENGTH, DEBERTA_LENGTH)
+    assert [w.shape for w in maps.values()] == [shape] * 2
+
+
+def test_deberta_v3_keras_round_trip_safe_mode(converted, tmp_path):
+    _, model = converted("deberta_v3")
+    path = str(tmp_path / "deberta_v3.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    blocks = [reloaded.get_layer(f"transformer_layer_{i}") for i in range(2)]
+    assert blocks[0].self_attention.score_mod is (
+        blocks[1].self_attention.score_mod
+    )
+    inputs = deberta_inputs(seed=1)
+    np.testing.assert_allclose(
+        to_numpy(reloaded(inputs)), to_numpy(model(inputs)), atol=1e-6
+    )
 
 
 def make_inputs(name, padded=False, seed=0):

@@ -15,6 +15,7 @@ import pytest
 
 from keras_attention import blocks
 from keras_attention import layers
+from keras_attention import scores
 
 L = layers
 RNG = np.random.default_rng(0)
@@ -122,6 +123,22 @@ CASES = [
         ),
         {"x": X, "m": VALID, "am": ATTENTION, "pos": POSITIONS},
         ("m", "am", "pos"),
+    ),
+    (
+        "disentangled-self-attention",
+        "DisentangledSelfAttention",
+        lambda: L.DisentangledSelfAttention(
+            2,
+            4,
+            score_mod=scores.DisentangledRelativeBias(
+                8, bucket_size=4, max_distance=5
+            ),
+        ),
+        lambda layer, x, m, am, ids: layer(
+            x, mask=m, attention_mask=am, segment_ids=ids
+        ),
+        {"x": X, "m": VALID, "am": ATTENTION, "ids": IDS},
+        ("m", "am", "ids"),
     ),
     (
         "cross-attention",

@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_attention import layers as ka
 from keras_attention import masks
+from keras_attention import scores
 from keras_attention.blocks import TransformerDecoderBlock
 from keras_attention.blocks import TransformerEncoderBlock
 
@@ -240,6 +241,31 @@ NUMPY_SCALARS = [
         ka.CrossAttention,
         dict(num_heads=i64(2), key_dim=i64(4)),
         dict(num_heads=2, key_dim=4),
+    ),
+    (
+        ka.DisentangledSelfAttention,
+        dict(
+            num_heads=i64(2),
+            key_dim=i64(4),
+            score_mod=scores.DisentangledRelativeBias(
+                i64(8),
+                bucket_size=np.int32(4),
+                max_distance=i64(10),
+                layer_norm_epsilon=np.float64(1e-7),
+                name="relative",
+            ),
+        ),
+        dict(
+            num_heads=2,
+            key_dim=4,
+            score_mod=scores.DisentangledRelativeBias(
+                8,
+                bucket_size=4,
+                max_distance=10,
+                layer_norm_epsilon=1e-7,
+                name="relative",
+            ),
+        ),
     ),
     (
         ka.LocalSelfAttention,
@@ -624,6 +650,15 @@ INITIALIZED = [
     (ka.MultiHeadAttention, dict(num_heads=2, key_dim=4), "bias_initializer"),
     (ka.SelfAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),
     (ka.CrossAttention, dict(num_heads=2, key_dim=4), "kernel_initializer"),
+    (
+        ka.DisentangledSelfAttention,
+        dict(
+            num_heads=2,
+            key_dim=4,
+            score_mod=scores.DisentangledRelativeBias(8, bucket_size=4),
+        ),
+        "kernel_initializer",
+    ),
     (
         ka.LocalSelfAttention,
         dict(num_heads=2, key_dim=4, window_size=1),

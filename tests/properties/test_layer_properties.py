@@ -1572,6 +1572,8 @@ def test_layers_are_all_covered():
         # Its properties: tests/properties/test_pooling_head_properties.py
         "ContrastiveLogits",
         "CrossAttention",
+        # Its properties: tests/properties/test_disentangled_property.py
+        "DisentangledSelfAttention",
         "EncoderBridge",
         "FeedForward",
         # Its properties: tests/properties/test_gated_delta_rule_property.py
