@@ -182,9 +182,24 @@ class TransformerBlock(keras.layers.Layer):
                 f"Received: normalization={normalization!r}"
             )
         self.normalization = normalization
-        self.sandwich_norm = validation.check_bool(
-            "sandwich_norm", sandwich_norm
-        )
+        if isinstance(sandwich_norm, str) and sandwich_norm == "post":
+            if not self.norm_first:
+                raise ValueError(
+                    '`sandwich_norm="post"` normalizes each sublayer\'s '
+                    "output inside its residual, with no norm before the "
+                    "sublayer: it needs norm_first=True. Received: "
+                    f"sandwich_norm='post', norm_first={norm_first!r}"
+                )
+            self.sandwich_norm = "post"
+        elif isinstance(sandwich_norm, str):
+            raise ValueError(
+                '`sandwich_norm` must be a bool or "post". Received: '
+                f"sandwich_norm={sandwich_norm!r}"
+            )
+        else:
+            self.sandwich_norm = validation.check_bool(
+                "sandwich_norm", sandwich_norm
+            )
         self.parallel_residual = validation.check_bool(
             "parallel_residual", parallel_residual
         )
@@ -352,6 +367,16 @@ class TransformerBlock(keras.layers.Layer):
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 
+    def _make_pre_norm(self, name, inputs_shape):
+        """A built norm of a sublayer's input, or None with
+        `sandwich_norm="post"` (only the sublayers' outputs are
+        normalized)."""
+        if self.sandwich_norm == "post":
+            return None
+        norm = self._make_norm(name)
+        norm.build(inputs_shape)
+        return norm
+
     def _make_post_norm(self, name, inputs_shape):
         """A built norm of a sublayer's output (`sandwich_norm`), or None."""
         if not self.sandwich_norm:
@@ -402,8 +427,9 @@ class TransformerBlock(keras.layers.Layer):
         else:
             self.self_attention = self._make_self_attention(hidden_dim)
             self.self_attention.build(inputs_shape)
-        self.self_attention_norm = self._make_norm("self_attention_norm")
-        self.self_attention_norm.build(inputs_shape)
+        self.self_attention_norm = self._make_pre_norm(
+            "self_attention_norm", inputs_shape
+        )
         self.self_attention_dropout = self._make_dropout(
             "self_attention_dropout"
         )
@@ -412,8 +438,9 @@ class TransformerBlock(keras.layers.Layer):
         else:
             self.feed_forward = self._make_feed_forward()
             self.feed_forward.build(inputs_shape)
-        self.feed_forward_norm = self._make_norm("feed_forward_norm")
-        self.feed_forward_norm.build(inputs_shape)
+        self.feed_forward_norm = self._make_pre_norm(
+            "feed_forward_norm", inputs_shape
+        )
         self.feed_forward_dropout = self._make_dropout("feed_forward_dropout")
         self.self_attention_post_norm = self._make_post_norm(
             "self_attention_post_norm", inputs_shape
@@ -441,12 +468,16 @@ class TransformerBlock(keras.layers.Layer):
         `x + dropout(sublayer(norm(x)))`, or with `sublayer_input` (a
         parallel residual's block input) `x + dropout(sublayer(
         norm(sublayer_input)))`; `post_norm` (`sandwich_norm`) normalizes
-        the sublayer's output first. A sublayer returning a tuple gives
-        its first item to the residual and the rest as extras.
+        the sublayer's output first; a pre-norm `norm` of None
+        (`sandwich_norm="post"`) leaves the sublayer's input as it is. A
+        sublayer returning a tuple gives its first item to the residual
+        and the rest as extras.
         """
         if sublayer_input is None:
             sublayer_input = x
-        y = norm(sublayer_input) if self.norm_first else x
+        y = x
+        if self.norm_first:
+            y = sublayer_input if norm is None else norm(sublayer_input)
         outputs = sublayer(y)
         if isinstance(outputs, tuple):
             y, extra = outputs[0], outputs[1:]

@@ -84,7 +84,10 @@ class TransformerEncoderBlock(TransformerBlock):
         sandwich_norm: bool, also normalize each sublayer's output before
             the residual sum, `x + Dropout(Norm'(f(...)))` (Gemma 2's
             post-attention and post-feed-forward norms, CogView's sandwich
-            layer norm; sublayers `*_post_norm`); default False.
+            layer norm; sublayers `*_post_norm`); or `"post"`: only those
+            norms, none before the sublayer, `x + Dropout(Norm'(f(x)))`
+            (OLMo 2's reordered norm; needs `norm_first=True`; no
+            `*_norm` sublayers). Default False.
         parallel_residual: bool, the self-attention and the feed-forward
             side by side on the block's input, `x + Dropout(a(Norm(x))) +
             Dropout(f(Norm'(x)))` (GPT-J, GPT-NeoX, PaLM); needs
