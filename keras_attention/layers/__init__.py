@@ -7,15 +7,13 @@ from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.contrastive_logits import ContrastiveLogits
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.disentangled_self_attention import (
-    DisentangledSelfAttention,
-)
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.gated_delta_net import GatedDeltaNet
 from keras_attention.layers.graph_attention import GraphAttention
 from keras_attention.layers.group_query_attention import GroupQueryAttention
 from keras_attention.layers.kimi_delta_attention import KimiDeltaAttention
+from keras_attention.layers.lightning_indexer import LightningIndexer
 from keras_attention.layers.linear_attention import LinearAttention
 from keras_attention.layers.local_self_attention import LocalSelfAttention
 from keras_attention.layers.luong_attention import LuongAttention
@@ -44,13 +42,13 @@ __all__ = [
     "BahdanauAttention",
     "ContrastiveLogits",
     "CrossAttention",
-    "DisentangledSelfAttention",
     "EncoderBridge",
     "FeedForward",
     "GatedDeltaNet",
     "GraphAttention",
     "GroupQueryAttention",
     "KimiDeltaAttention",
+    "LightningIndexer",
     "LinearAttention",
     "LocalSelfAttention",
     "LuongAttention",

@@ -15,13 +15,13 @@ from keras import ops
 
 from keras_attention import masks as masks_lib
 from keras_attention.layers import _kv_cache
+from keras_attention.layers import _latent_indexer
 from keras_attention.layers import _latent_rotary
 from keras_attention.layers import recording
 from keras_attention.layers import token_mixer
 from keras_attention.layers._qk_norm import HeadRMSNorm
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.token_mixer import TokenMixer
-from keras_attention.ops.attention import dot_product_attention
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
@@ -56,6 +56,7 @@ def _with_weights(result, options):
 class MultiHeadLatentAttention(
     recording.AttentionRecording,
     _kv_cache.SlotPerPosition,
+    _latent_indexer.IndexedLatent,
     TokenMixer,
     keras.layers.Layer,
 ):
@@ -149,6 +150,13 @@ class MultiHeadLatentAttention(
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: optional int, seed of the dropout.
+        indexer: optional dict, DeepSeek Sparse Attention (DeepSeek-V3.2):
+            a `LightningIndexer` of these arguments (`num_heads`,
+            `head_dim`, `top_k`; `layer_norm_epsilon`,
+            `kernel_initializer`), as the sublayer `indexer`, names each
+            query's `top_k` keys and attention reads only those
+            (`ops.topk_attention`); needs `q_lora_rank`. Its keys join
+            the cache (`_latent_indexer.py`). Defaults to None (dense).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -239,6 +247,7 @@ class MultiHeadLatentAttention(
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        indexer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -284,6 +293,7 @@ class MultiHeadLatentAttention(
         self._dropout_layer = keras.layers.Dropout(
             rate=self.dropout, seed=self.seed, dtype=self.dtype_policy
         )
+        self.indexer = self._make_indexer(indexer)
 
     @property
     def qk_head_dim(self):
@@ -349,6 +359,7 @@ class MultiHeadLatentAttention(
         self.o_proj = self._dense(
             hidden, "o_proj", bias, self.num_heads * self.v_head_dim
         )
+        self._build_indexer(hidden)
         self.built = True
 
     # Pieces --------------------------------------------------------------
@@ -376,12 +387,16 @@ class MultiHeadLatentAttention(
             )
         return x
 
-    def _queries(self, query, start, positions=None):
-        """`(q_nope (b, t, h, n), q_rope (b, t, h, p))`, rope rotated."""
+    def _queries(self, query, start, positions=None, latent=None):
+        """`(q_nope (b, t, h, n), q_rope (b, t, h, p))`, rope rotated;
+        `latent`: the query latent `q_a_layernorm(q_a_proj(query))` when
+        computed already."""
         if self.q_proj is not None:
             q = self.q_proj(query)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(query)))
+            if latent is None:
+                latent = self.q_a_layernorm(self.q_a_proj(query))
+            q = self.q_b_proj(latent)
         q = self._heads(q, self.qk_head_dim)
         n = self.qk_nope_head_dim
         return q[..., :n], self._rope(q[..., n:], start, positions)
@@ -436,7 +451,7 @@ class MultiHeadLatentAttention(
             q_latent = ops.einsum("bthn,rhn->bthr", q_nope, w_uk)
             query = ops.concatenate([q_latent, q_rope], axis=-1)
             # One key/value head shared by every query head (MQA).
-            result = dot_product_attention(
+            result = _latent_indexer.attend(
                 query, latent[:, :, None], c[:, :, None], **options
             )
             result, weights = _with_weights(result, options)
@@ -455,7 +470,7 @@ class MultiHeadLatentAttention(
         )
         key = ops.concatenate([k_nope, k_rope], axis=-1)
         query = ops.concatenate([q_nope, q_rope], axis=-1)
-        result = dot_product_attention(query, key, value, **options)
+        result = _latent_indexer.attend(query, key, value, **options)
         return _with_weights(result, options)
 
     # Call ----------------------------------------------------------------
@@ -520,19 +535,23 @@ class MultiHeadLatentAttention(
                 query_mask=query_mask,
                 attention_mask=attention_mask,
                 use_causal_mask=True,
-                cache=latent,
+                cache=self._bare_cache(cache, latent),
                 cache_update_index=cache_update_index,
                 training=training,
                 return_attention_scores=return_attention_scores,
                 positions=positions,
             )
-            return outputs[:-1] + (close(outputs[-1]),)
+            return outputs[:-1] + (self._close_cache(close, outputs[-1]),)
+        cache, index_keys = self._split_cache(cache)
         self._check_call(query, query_mask, cache, cache_update_index)
         start = 0 if cache is None else cache_update_index
         if positions is not None:
             validation.check_numeric_input("positions", positions)
             positions = ops.convert_to_tensor(positions)
-        q_nope, q_rope = self._queries(query, start, positions)
+        q_latent = None  # The indexer's queries read it too.
+        if self.indexer is not None:
+            q_latent = self.q_a_layernorm(self.q_a_proj(query))
+        q_nope, q_rope = self._queries(query, start, positions, q_latent)
         latent = self.latents(query, start, positions)
         key_mask = query_mask
         if cache is not None:
@@ -552,6 +571,10 @@ class MultiHeadLatentAttention(
             key_mask=masks_lib.combine_masks(key_mask),
             return_weights=bool(return_attention_scores),
         )
+        if self.indexer is not None:
+            masks, index_keys = self._select(
+                query, q_latent, start, positions, masks, index_keys
+            )
         absorb = self.absorb
         if absorb is None:
             absorb = cache is not None
@@ -568,7 +591,7 @@ class MultiHeadLatentAttention(
         if return_attention_scores:
             outputs += (weights,)
         if cache is not None:
-            outputs += (cache,)
+            outputs += (self._cache_out(cache, index_keys),)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def init_cache(self, batch_size, max_length, dtype=None, sink_tokens=None):
@@ -579,9 +602,10 @@ class MultiHeadLatentAttention(
         mask goes into the key mask, and it returns the updated dict.
         `dtype`: the compute dtype when None. `sink_tokens` (a ring of
         slots) is refused: MLA has no window."""
-        return _kv_cache.init_latent_cache(
+        cache = _kv_cache.init_latent_cache(
             self, batch_size, max_length, dtype, sink_tokens
         )
+        return self._init_index_cache(cache, batch_size, max_length, dtype)
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
@@ -593,11 +617,17 @@ class MultiHeadLatentAttention(
         dtype = self.compute_dtype
         outputs = (keras.KerasTensor(tuple(query.shape), dtype=dtype),)
         if return_attention_scores:
-            keys = query.shape[1] if cache is None else cache.shape[1]
+            slots = None if cache is None else keras.tree.flatten(cache)[0]
+            keys = query.shape[1] if cache is None else slots.shape[1]
             shape = (query.shape[0], self.num_heads, query.shape[1], keys)
             outputs += (keras.KerasTensor(shape, dtype=dtype),)
         if cache is not None:
-            outputs += (keras.KerasTensor(tuple(cache.shape), dtype=dtype),)
+            outputs += (
+                keras.tree.map_structure(
+                    lambda c: keras.KerasTensor(tuple(c.shape), dtype=dtype),
+                    cache,
+                ),
+            )
         return outputs[0] if len(outputs) == 1 else outputs
 
     def describe_attention(self, arguments, scores, options):
@@ -639,5 +669,6 @@ class MultiHeadLatentAttention(
                 self.bias_initializer
             ),
             seed=self.seed,
+            indexer=self._indexer_config,
         )
         return config
