@@ -7,6 +7,9 @@ from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.contrastive_logits import ContrastiveLogits
 from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.disentangled_self_attention import (
+    DisentangledSelfAttention,
+)
 from keras_attention.layers.encoder_bridge import EncoderBridge
 from keras_attention.layers.feed_forward import FeedForward
 from keras_attention.layers.gated_delta_net import GatedDeltaNet
@@ -42,6 +45,7 @@ __all__ = [
     "BahdanauAttention",
     "ContrastiveLogits",
     "CrossAttention",
+    "DisentangledSelfAttention",
     "EncoderBridge",
     "FeedForward",
     "GatedDeltaNet",
