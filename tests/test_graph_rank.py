@@ -500,6 +500,15 @@ CASES = [
         {"x": X, "m": VALID},
     ),
     (
+        "convolution-padding-mask",
+        lambda: L.ConvolutionPaddingMask([3, 2], [2, 1]),
+        # Its boolean mask weighs the frames (a float output to trace).
+        lambda layer, x, m: keras.ops.where(
+            layer(x[:, :2], padding_mask=m)[..., None], x[:, :2], 0.0
+        ),
+        {"x": X, "m": VALID},
+    ),
+    (
         "contrastive-logits",
         lambda: L.ContrastiveLogits(use_bias=True),
         lambda layer, v, t: layer(v, t),

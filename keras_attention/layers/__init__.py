@@ -6,6 +6,9 @@ from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.attention_rnn_decoder import AttentionRNNDecoder
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.contrastive_logits import ContrastiveLogits
+from keras_attention.layers.convolution_padding_mask import (
+    ConvolutionPaddingMask,
+)
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.disentangled_self_attention import (
     DisentangledSelfAttention,
@@ -44,6 +47,7 @@ __all__ = [
     "AttentionRNNDecoder",
     "BahdanauAttention",
     "ContrastiveLogits",
+    "ConvolutionPaddingMask",
     "CrossAttention",
     "DisentangledSelfAttention",
     "EncoderBridge",

@@ -246,6 +246,14 @@ CASES = [
         ("m",),
     ),
     (
+        "convolution-padding-mask",
+        "ConvolutionPaddingMask",
+        lambda: L.ConvolutionPaddingMask([2], [2]),
+        lambda layer, x, m: layer(x[:, :3], padding_mask=m),
+        {"x": X, "m": VALID},
+        ("m",),
+    ),
+    (
         "token-pooling-eos",
         "TokenPooling",
         lambda: L.TokenPooling("eos", eos_token_id=1),

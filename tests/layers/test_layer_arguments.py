@@ -39,6 +39,8 @@ def _call(layer):
         out = layer(H, H)
     elif isinstance(layer, ka.ContrastiveLogits):
         out = layer(H, H[:1])
+    elif isinstance(layer, ka.ConvolutionPaddingMask):
+        out = layer(X, padding_mask=IDS != 0)
     elif isinstance(layer, ka.TokenPooling) and layer.position == "eos":
         out = layer(X, token_ids=IDS)
     elif isinstance(layer, ka.RotaryEmbedding):
@@ -357,6 +359,11 @@ NUMPY_SCALARS = [
         dict(units=4, attention=ka.BahdanauAttention(3, name="a"), seed=1),
     ),
     (ka.EncoderBridge, dict(units=i64(3)), dict(units=3)),
+    (
+        ka.ConvolutionPaddingMask,
+        dict(kernel_sizes=[i64(2), np.int32(1)], strides=(i64(1), i64(1))),
+        dict(kernel_sizes=[2, 1], strides=[1, 1]),
+    ),
     (
         ka.PositionEmbedding,
         dict(sequence_length=i64(6)),
@@ -743,6 +750,7 @@ WITHOUT_INITIALIZERS = {
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenPooling",  # no weights
+    "ConvolutionPaddingMask",  # no weights
     "ContrastiveLogits",  # scalars initialised from its arguments
 }
 

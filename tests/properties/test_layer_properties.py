@@ -1571,6 +1571,8 @@ def test_layers_are_all_covered():
         "BahdanauAttention",
         # Its properties: tests/properties/test_pooling_head_properties.py
         "ContrastiveLogits",
+        # Its properties: test_convolution_padding_mask_property.py
+        "ConvolutionPaddingMask",
         "CrossAttention",
         # Its properties: tests/properties/test_disentangled_property.py
         "DisentangledSelfAttention",
