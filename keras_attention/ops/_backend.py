@@ -323,33 +323,24 @@ def fused_attention_upcasts(dtype):
     )
 
 
-# The dtypes cuDNN's flash attention takes (through JAX).
-CUDNN_DTYPES = ("float16", "bfloat16")
+CUDNN_DTYPES = ("float16", "bfloat16")  # What cuDNN's flash kernel takes.
 
 
 def cudnn_available(dtype):
     """Whether `jax.nn.dot_product_attention(implementation="cudnn")` may
     run inputs of `dtype`: the JAX backend on a GPU, `CUDNN_DTYPES`."""
     dtype = keras.backend.standardize_dtype(dtype)
-    return (
-        keras.backend.backend() == "jax"
-        and has_gpu()
-        and (dtype in CUDNN_DTYPES)
-    )
+    jax = keras.backend.backend() == "jax"
+    return jax and has_gpu() and dtype in CUDNN_DTYPES
 
 
-def cudnn_traces(query, key, value, arguments):
-    """Whether cuDNN's kernel takes these shapes and `arguments` (its
-    checks run while tracing: `jax.eval_shape`, nothing computed)."""
+def cudnn_attention(query, key, value, arguments, probe=False):
+    """`jax.nn.dot_product_attention(..., implementation="cudnn",
+    **arguments)` on `(b, T, h, d)` inputs; with `probe`, whether cuDNN
+    takes them (its checks run while tracing: `jax.eval_shape`)."""
     import jax
 
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (query, key)]
-    specs.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
-    lengths = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype)
-        for k, v in arguments.items()
-        if k.endswith("seq_lengths")
-    }
+    lengths = {k: v for k, v in arguments.items() if k.endswith("lengths")}
     static = {k: v for k, v in arguments.items() if k not in lengths}
 
     def attend(q, k, v, lengths):
@@ -357,21 +348,17 @@ def cudnn_traces(query, key, value, arguments):
             q, k, v, implementation="cudnn", **static, **lengths
         )
 
+    if not probe:
+        return attend(query, key, value, lengths)
+    specs = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        (query, key, value, lengths),
+    )
     try:
-        jax.eval_shape(attend, *specs, lengths)
+        jax.eval_shape(attend, *specs)
     except Exception:  # noqa: BLE001 - cuDNN refuses these inputs.
         return False
     return True
-
-
-def cudnn_attention(query, key, value, arguments):
-    """`jax.nn.dot_product_attention(..., implementation="cudnn",
-    **arguments)` on `(b, T, h, d)` inputs."""
-    import jax
-
-    return jax.nn.dot_product_attention(
-        query, key, value, implementation="cudnn", **arguments
-    )
 
 
 def fused_mask_broadcasts():
@@ -552,11 +539,12 @@ def flex_unavailable():
 
 
 def flex_on_gpu(x):
-    """`(on CUDA, torch's version)` of the tensor `x` (FlexAttention has
-    a backward pass and returns the log-sum-exp only on CUDA)."""
+    """`(x on CUDA, torch's version)`: FlexAttention's backward pass and
+    log-sum-exp are CUDA's only."""
     import torch
 
-    return getattr(x, "device", None).type == "cuda", torch.__version__
+    device = getattr(x, "device", None)  # NumPy's: "cpu".
+    return getattr(device, "type", device) == "cuda", torch.__version__
 
 
 def flex_needs_gradient(tensors, reads_other=False):
@@ -606,7 +594,9 @@ def _build_block_mask(evaluate, shape, device, chunk):
     (q_len, kv_len), block = shape, FLEX_BLOCK
     nk = -(-kv_len // block)
     rows = chunk or max(block, (2**22 // (nk * block)) // block * block)
-    seen, full, table, slots, count = [], [], [], [], 0
+    # Table blocks: 0 masks all, 1 none, then the partial ones (eager
+    # FlexAttention reads `mask_mod` on every block).
+    seen, full, table, slots, count = [], [], [], [], 2
     for start in range(0, q_len, rows):
         m = torch.as_tensor(evaluate(start, min(start + rows, q_len)))
         m = m.to(device=device, dtype=torch.bool)
@@ -621,16 +611,19 @@ def _build_block_mask(evaluate, shape, device, chunk):
         partial = seen[-1] & ~full[-1]
         table.append(m[partial])  # The partial blocks' entries, in order.
         slot = torch.cumsum(partial.flatten(), 0).view(partial.shape)
-        slots.append(slot + (count - 1))
+        slot = torch.where(partial, slot + (count - 1), full[-1].long())
+        slots.append(slot)
         count += table[-1].shape[0]
     b, h = seen[0].shape[:2]
     seen, full = torch.cat(seen, dim=2), torch.cat(full, dim=2)
     partial = seen & ~full
     density = float(seen.float().mean())
-    size = 1 << max(count - 1, 0).bit_length()  # A power of two >= 1.
+    size = 1 << (count - 1).bit_length()  # A power of two >= count.
+    ends = torch.zeros((2, block, block), dtype=torch.bool, device=device)
+    ends[1] = True
     padding = torch.zeros((size - count, block, block), dtype=torch.bool)
-    table = torch.cat(table + [padding.to(device)], dim=0)
-    slots = torch.cat(slots, dim=2).clamp(min=0).to(torch.int32)
+    table = torch.cat([ends] + table + [padding.to(device)], dim=0)
+    slots = torch.cat(slots, dim=2).to(torch.int32)
     bb, hh = int(b > 1), int(h > 1)
 
     def mask_mod(batch, head, q_idx, kv_idx):
@@ -654,6 +647,12 @@ def _build_block_mask(evaluate, shape, device, chunk):
     return block_mask, density
 
 
+def _flex_kernel(query, key, value, **kwargs):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(query, key, value, **kwargs)
+
+
 class FlexCompileError(RuntimeError):
     """`torch.compile` could not compile a FlexAttention kernel (the
     message says why); the caller runs another path."""
@@ -669,9 +668,9 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
     import torch._dynamo
 
     if _FLEX["kernel"] is None:
-        from torch.nn.attention.flex_attention import flex_attention as fa
-
-        _FLEX["kernel"] = torch.compile(fa, dynamic=False)
+        # Our own function: its kernels (and their limit) are apart from
+        # another `torch.compile(flex_attention)`'s in the program.
+        _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
     patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
     try:
         with patch, warnings.catch_warnings():

@@ -289,7 +289,7 @@ def _cudnn_core(query, key, value, key_padding, query_padding, scale, args):
         return ops.where(valid, out, ops.zeros_like(out))
 
     arguments = dict(args, scale=float(scale), **lengths)
-    if not _backend.cudnn_traces(query, key, value, arguments):
+    if not _backend.cudnn_attention(query, key, value, arguments, True):
         return others(), None
 
     def cudnn():

@@ -222,6 +222,38 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
     assert built == [1]
 
 
+@torch_only
+def test_block_mask_function_is_the_mask_on_every_block():
+    """The kernel reads the block mask's `mask_mod` on partial blocks
+    only, eager FlexAttention (where `torch.compile` gives up) on all of
+    them: it must be the mask everywhere (it read another block's
+    entries on the full ones: T5's bias off by 1.7 at T = 1,024)."""
+    import torch
+
+    t = 300  # Blocks of 128: full, partial and empty ones.
+    ids = np.stack([np.arange(t) // 70, np.arange(t) // 200])
+    mask_mod = mods.and_masks(
+        mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
+    )
+    q = ops.zeros((2, t, 2, 8))
+    request = paths.AttentionRequest(
+        q, q, q, scale=0.35, mask_mod=mask_mod, sink_logits=[0.0, 1.0]
+    )
+    block_mask = flex._block_mask(request, 0, True)[0]
+    b, h, i, j = (torch.arange(n) for n in (2, 2, t, t + 1))
+    got = block_mask.mask_mod(
+        b[:, None, None, None], h[None, :, None, None], i[:, None], j
+    )
+    i, j = np.arange(t)[:, None], np.arange(t + 1)[None, :]
+    jj = np.minimum(j, t - 1)
+    keys = ids[:, jj[0]][:, None, None, :]  # (b, 1, 1, t + 1)
+    expected = (jj <= i) & (ids[:, None, :, None] == keys)
+    expected = expected | (j == t)  # The sink's key.
+    np.testing.assert_array_equal(
+        got.numpy(), np.broadcast_to(expected, got.shape)
+    )
+
+
 def _request(t=2048, mask_mod=None, causal=False, **kwargs):
     q = np.zeros((1, t, 2, 8), "float32")
     q = ops.convert_to_tensor(q)
@@ -437,6 +469,43 @@ def test_half_precision_scores_accumulate_in_float32(dtype):
     got = ops.convert_to_numpy(ops.cast(got, "float32"))
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, reference, atol=0.05, rtol=0.05)
+
+
+@torch_only
+@pytest.mark.slow("compiles FlexAttention nine times")
+def test_another_compiled_flex_attention_leaves_ours_compiled():
+    """A program's own `torch.compile(flex_attention)` past its recompile
+    limit (8) runs eagerly from then on; ours is another function, whose
+    kernels stay compiled."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = _inputs(t=16)
+    theirs = torch.compile(flex_attention, dynamic=False)
+    qt = torch.as_tensor(q).transpose(1, 2)
+    with torch.no_grad():
+        for n in range(9):
+            theirs(qt, qt, qt, score_mod=lambda s, b, h, i, j, n=n: s * n)
+    monkeypatch = pytest.MonkeyPatch()
+    eager = []
+    monkeypatch.setattr(
+        torch.nn.attention.flex_attention,
+        "_warn_once",
+        lambda *args, **kwargs: eager.append(args),
+    )
+    try:
+        with _no_grad():
+            dot_product_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                score_mod=scores.SoftCap(3.0),
+                implementation="flex",
+            )
+    finally:
+        monkeypatch.undo()
+    assert eager == []  # No "flex_attention called without torch.compile".
 
 
 def _cuda():
