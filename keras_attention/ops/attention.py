@@ -154,7 +154,11 @@ def dot_product_attention(
             (True = may attend), and-ed with the other masks. Written with
             elementwise operators on the indices alone, it is evaluated on
             NumPy tiles while tracing and fully masked tiles are skipped.
-        implementation: None (automatic), "dense", "blockwise" or "fused".
+        implementation: None (automatic), "dense", "blockwise", "fused"
+            or "flex" (PyTorch's FlexAttention kernels for score and mask
+            functions, `ops/flex.py`: chosen on PyTorch for a score
+            function or a sparse mask from 1,024 queries and keys, on a
+            CPU for calls without gradients only).
         return_lse: also return the softmax's log-sum-exp `lse` `(b, h,
             i)` (float32; float64 for float64 inputs), `-inf` on rows that
             attend to nothing, differentiable on every path (the fused
