@@ -15,6 +15,9 @@ Gemma 3's `RMSNormalization` stores `scale - 1`: its converter adds 1);
 "layer": `keras.layers.LayerNormalization` over the head dimension. One
 scale (and for "layer" one bias) of `key_dim` per projection, shared by
 the heads, computed in at least float32 (float64 in float64).
+"rms_across_heads" (OLMo 2): one RMS norm over all heads' features at
+once (`AcrossHeadsRMSNorm`), a scale of `(heads, key_dim)` per
+projection.
 
 `QKNormAndSinks` is a mixin of `MultiHeadAttention` (it reads `qk_norm`,
 `qk_norm_epsilon`, `learned_sinks`, `num_heads`, `key_dim`).
@@ -76,6 +79,43 @@ class HeadRMSNorm(keras.layers.Layer):
         return config
 
 
+class AcrossHeadsRMSNorm(HeadRMSNorm):
+    """RMS normalization over the last two axes `(heads, head_dim)` at
+    once, with a scale per head and feature, `x / sqrt(mean over heads
+    and features of x^2 + eps) * scale`: OLMo 2's QK-norm, one
+    `Olmo2RMSNorm` over all heads' projected queries (or keys).
+
+    Args:
+        epsilon: float > 0 added to the mean square.
+        **kwargs: base layer arguments.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_attention.layers._qk_norm import AcrossHeadsRMSNorm
+    >>> x = np.array([[[[3.0, 3.0], [0.0, 0.0]]]], "float32")
+    >>> y = AcrossHeadsRMSNorm()(x)  # one RMS over both heads: 3 / sqrt(2)
+    >>> np.round(ops.convert_to_numpy(y)[0, 0].astype("float64"), 4).tolist()
+    [[1.4142, 1.4142], [0.0, 0.0]]
+    """
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(
+            name="scale", shape=tuple(input_shape[-2:]), initializer="ones"
+        )
+        self.built = True
+
+    def call(self, x):
+        dtype = softmax_dtype(x.dtype)
+        y = ops.cast(x, dtype)
+        square_sum = ops.sum(ops.square(y), axis=(-2, -1), keepdims=True)
+        mean_square = square_sum / (y.shape[-2] * y.shape[-1])
+        epsilon = keras_utils.constant(self.epsilon, dtype)
+        y = y * ops.rsqrt(mean_square + epsilon)
+        return ops.cast(y * ops.cast(self.scale, dtype), x.dtype)
+
+
 class QKNormAndSinks:
     """The QK-norm layers and the sink logits of `MultiHeadAttention`
     (a mixin)."""
@@ -97,7 +137,13 @@ class QKNormAndSinks:
             )
 
     def _head_norm(self, name, heads):
-        if self.qk_norm == "rms":
+        if self.qk_norm == "rms_across_heads":
+            norm = AcrossHeadsRMSNorm(
+                epsilon=self.qk_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+        elif self.qk_norm == "rms":
             norm = HeadRMSNorm(
                 epsilon=self.qk_norm_epsilon,
                 dtype=self.dtype_policy,

@@ -171,11 +171,12 @@ class MultiHeadAttention(
             `2 * floor(key_dim * rotary_fraction / 2)` features, the
             frequencies computed over them; the rest pass unrotated).
             Needs `rotary_max_wavelength` when below 1. Defaults to 1.0.
-        qk_norm: keyword-only None, "rms" or "layer": QK-norm, each head's
-            projected queries and keys normalized over `key_dim` before
-            the rotary positions (Gemma 3, Qwen 3; `_qk_norm.py` has the
-            formula). Weights `query_norm` and `key_norm` (a `key_dim`
-            scale each, and a bias for "layer"). Defaults to None.
+        qk_norm: keyword-only None, "rms", "layer" (each head's queries
+            and keys normalized over `key_dim` before the rotary positions:
+            Gemma 3, Qwen 3) or "rms_across_heads" (over all heads at once:
+            OLMo 2); `_qk_norm.py` has the formulas. Weights `query_norm`
+            and `key_norm` (a `key_dim` scale each, a bias for "layer";
+            `(heads, key_dim)` across heads). Defaults to None.
         qk_norm_epsilon: keyword-only float > 0, the norms' epsilon.
             Defaults to 1e-6.
         learned_sinks: keyword-only bool, learned attention sinks

@@ -445,7 +445,7 @@ of shape (2,)
     )
 
 
-QK_NORMS = ("rms", "layer")
+QK_NORMS = ("rms", "layer", "rms_across_heads")
 
 
 def check_qk_norm(qk_norm, qk_norm_epsilon):
