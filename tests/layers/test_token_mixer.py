@@ -10,6 +10,7 @@ import pytest
 from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attention.layers import GatedDeltaNet
+from keras_attention.layers import KimiDeltaAttention
 from keras_attention.layers import LinearAttention
 from keras_attention.layers import LocalSelfAttention
 from keras_attention.layers import MultiHeadLatentAttention
@@ -32,6 +33,9 @@ def make(kind):
         return layer, lambda x, mask: layer(
             x, query_mask=mask, use_causal_mask=True
         )
+    if kind == "kda":
+        layer = KimiDeltaAttention(FEATURES, 2, 4, chunk_size=4)
+        return layer, lambda x, mask: layer(x, mask=mask)
     if kind == "linear":
         layer = LinearAttention(2, 4, decay="retention")
         return layer, lambda x, mask: layer(
@@ -57,7 +61,8 @@ def inputs():
 
 
 @pytest.mark.parametrize(
-    "kind", ["attention", "window", "ring", "latent", "linear", "gated_delta"]
+    "kind",
+    ["attention", "window", "ring", "latent", "linear", "gated_delta", "kda"],
 )
 def test_cached_chunks_equal_the_uncached_call(kind):
     keras.utils.set_random_seed(1)
