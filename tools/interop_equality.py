@@ -348,6 +348,16 @@ def backbones():
             ),
             projection_dim=32,
         ),
+        # Attention pooling (a probe), gelu_approximate; the text pooled
+        # at its last token (16 tokens: its full length).
+        "SigLIP": models.SigLIPBackbone(
+            models.SigLIPVisionEncoder(
+                4, 64, 4, 4, 128, image_shape=(32, 32, 3)
+            ),
+            models.SigLIPTextEncoder(
+                VOCAB, 64, 64, 4, 4, 128, max_sequence_length=16
+            ),
+        ),
         # DeBERTa-v3: log buckets of 16 up to 32, saturated within 64.
         "DeBERTa-v3 (16 buckets up to 32)": models.DebertaV3Backbone(
             num_heads=4, max_sequence_length=32, bucket_size=16, **common

@@ -7,6 +7,17 @@ position tables read through their stored `position_ids`."""
 import numpy as np
 
 from keras_attention.interop import _common
+from keras_attention.layers.activations import gelu_approximate
+from keras_attention.layers.activations import quick_gelu
+
+# keras-hub's activation names that are functions of ours (registered:
+# they reload under `safe_mode=True`); other names are Keras's.
+_ACTIVATIONS = {"quick_gelu": quick_gelu, "gelu_approximate": gelu_approximate}
+
+
+def activation(name):
+    """A keras-hub `intermediate_activation` as ours."""
+    return _ACTIVATIONS.get(name, name)
 
 
 def stack(x, name, config, causal, activation, epsilon, dtype):

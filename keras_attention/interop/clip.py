@@ -6,7 +6,6 @@ import numpy as np
 from keras_attention.interop import _common
 from keras_attention.interop import _image_text
 from keras_attention.interop import _vision
-from keras_attention.layers.activations import quick_gelu
 from keras_attention.layers.contrastive_logits import ContrastiveLogits
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
@@ -68,12 +67,6 @@ _TEXT = (
 )
 
 
-def activation(name):
-    """A keras-hub `intermediate_activation` as ours (`"quick_gelu"`:
-    `keras_attention.layers.quick_gelu`; Keras's names as they are)."""
-    return quick_gelu if name == "quick_gelu" else name
-
-
 def _check(backbone):
     for encoder in (backbone.vision_encoder, backbone.text_encoder):
         _vision.check_options(
@@ -105,7 +98,7 @@ def _vision_tower(images, config, dtype):
         "vision",
         config,
         causal=False,
-        activation=activation(config["intermediate_activation"]),
+        activation=_image_text.activation(config["intermediate_activation"]),
         epsilon=1e-5,
         dtype=dtype,
     )
@@ -128,7 +121,7 @@ def _text_tower(token_ids, config, dtype):
         "text",
         config,
         causal=True,
-        activation=activation(config["intermediate_activation"]),
+        activation=_image_text.activation(config["intermediate_activation"]),
         epsilon=1e-5,
         dtype=dtype,
     )

@@ -24,6 +24,7 @@ from keras_attention.interop.qwen3_5 import convert_qwen3_5
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
 from keras_attention.interop.roberta import convert_roberta
 from keras_attention.interop.roformer_v2 import convert_roformer_v2
+from keras_attention.interop.siglip import convert_siglip
 from keras_attention.interop.smollm3 import convert_smollm3
 from keras_attention.interop.t5 import convert_t5
 from keras_attention.interop.t5gemma import convert_t5gemma
@@ -58,6 +59,7 @@ CONVERTERS = {
     "Qwen3MoeBackbone": convert_qwen3_moe,
     "RobertaBackbone": convert_roberta,
     "RoformerV2Backbone": convert_roformer_v2,
+    "SigLIPBackbone": convert_siglip,
     "SmolLM3Backbone": convert_smollm3,
     "T5Backbone": convert_t5,
     "T5GemmaBackbone": convert_t5gemma,

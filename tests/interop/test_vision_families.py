@@ -45,13 +45,13 @@ def max_difference(ours, theirs):
     return float(np.abs(ours - theirs).max())
 
 
-def max_tower_difference(model, backbone, data):
-    """The largest difference of the two towers' hidden states (before
-    pooling): our `vision_layer_norm` and `text_layer_norm` outputs
+def max_tower_difference(model, backbone, data, outputs=("layer_norm",) * 2):
+    """The largest difference of the two towers' outputs: ours (the
+    outputs of the layers `vision_{outputs[0]}`, `text_{outputs[1]}`)
     against the backbone's `vision_encoder` and `text_encoder`."""
+    names = [f"{t}_{o}" for t, o in zip(("vision", "text"), outputs)]
     towers = keras.Model(
-        model.input,
-        [model.get_layer(f"{t}_layer_norm").output for t in ("vision", "text")],
+        model.input, [model.get_layer(name).output for name in names]
     )
     vision, text = towers(data)
     theirs_vision = backbone.vision_encoder({"images": data["images"]})
@@ -243,3 +243,59 @@ def test_clip_intermediate_output_is_refused():
     backbone.text_encoder.intermediate_output_index = 0
     with pytest.raises(ValueError, match="intermediate_output_index"):
         from_keras_hub(backbone)
+
+
+# SigLIP: attention pooling (a probe attending to the patches), patch
+# biases, no class token, gelu_approximate, the text pooled at its last
+# token (its full length), the head's learned bias.
+
+
+def siglip():
+    m = keras_hub.models
+    return m.SigLIPBackbone(
+        m.SigLIPVisionEncoder(8, 8, 2, 2, 16, image_shape=(16, 16, 3)),
+        m.SigLIPTextEncoder(
+            20,
+            8,
+            8,
+            2,
+            2,
+            16,
+            max_sequence_length=8,
+            projection_dim=8,
+            name="text",
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def siglip_converted():
+    keras.utils.set_random_seed(6)
+    backbone = perturbed(siglip())
+    return backbone, from_keras_hub(backbone)
+
+
+def test_siglip_equal_outputs_and_attention_of_both_towers(siglip_converted):
+    backbone, model = siglip_converted
+    data = {"images": IMAGES, "token_ids": TOKEN_IDS}
+    assert max_difference(model(data), backbone(data)) <= 1e-5
+    outputs = ("pooling", "projection")
+    assert max_tower_difference(model, backbone, data, outputs) <= 1e-5
+    maps = keras_attention.visualization.collect_attention(model, data)
+    assert {name: tuple(w.shape) for name, w in maps.items()} == {
+        **{
+            f"vision_transformer_layer_{i}/self_attention": (2, 2, 4, 4)
+            for i in (0, 1)
+        },
+        "vision_head_attention": (2, 2, 1, 4),
+        **{
+            f"text_transformer_layer_{i}/self_attention": (2, 2, 8, 8)
+            for i in (0, 1)
+        },
+    }
+
+
+@reload_tier("CLIP")
+def test_siglip_keras_round_trip_safe_mode(siglip_converted, tmp_path):
+    data = {"images": IMAGES, "token_ids": TOKEN_IDS}
+    check_round_trip(siglip_converted[1], data, tmp_path)
