@@ -129,7 +129,11 @@ def from_keras_hub(backbone):
     `GatedDeltaNet`s, gated attention layers as a `SelfAttention` with
     `use_gate=True`), `SmolLM3Backbone` (no rotary positions on its NoPE
     layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their mixtures of experts
-    as `MixtureOfExperts`), `ViTBackbone` (input `images`) and their subclasses
+    as `MixtureOfExperts`), `ViTBackbone` (input `images`), `DeiTBackbone`,
+    `DINOV2Backbone` (layer scale as the layers' `layer_scale`, registers, a
+    fixed image size), `CLIPBackbone` and `SigLIPBackbone` (inputs `images`
+    and `token_ids`, outputs `vision_logits` and `text_logits`; both towers,
+    `TokenPooling`, `ContrastiveLogits`) and their subclasses
     (`supported_backbones()`); one converter per family in
     `keras_attention.interop.<family>`, where the table of weight paths (theirs
     -> ours) is `WEIGHT_TABLE`. Each block is composed of its layers, built by
