@@ -326,6 +326,53 @@ def test_chunked_recurrent_and_numpy_agree(dtype):
         assert np.all(out[~PADDING] == 0.0)
 
 
+def _gradients(chunk_size, args, cotangent):
+    """Gradients of `sum(out * cotangent) + sum(state)` w.r.t. `args` (q,
+    k, v, g, beta, initial state)."""
+
+    def loss(*a):
+        out, state = ka.ops.gated_delta_rule(
+            *a[:5],
+            chunk_size=chunk_size,
+            initial_state=a[5],
+            return_state=True,
+            segment_ids=SEGMENTS,
+            key_mask=PADDING,
+        )
+        return ops.sum(out * cotangent) + ops.sum(state)
+
+    if BACKEND == "jax":
+        import jax
+
+        grad = jax.grad(loss, argnums=tuple(range(len(args))))
+        return [np.asarray(g) for g in jax.jit(grad)(*args)]
+    if BACKEND == "torch":
+        import torch
+
+        args = [ops.convert_to_tensor(a).requires_grad_(True) for a in args]
+        return [np_(g) for g in torch.autograd.grad(loss(*args), args)]
+    import tensorflow as tf
+
+    args = [tf.Variable(a) for a in args]
+    with tf.GradientTape() as tape:
+        value = loss(*args)
+    return [g.numpy() for g in tape.gradient(value, args)]
+
+
+def test_gradients_are_finite_and_equal_in_both_forms():
+    # Training runs the chunked form: its gradients are the recurrence's,
+    # decays of -1e4 included (no NaN through the masked exponentials).
+    args = _rule_inputs()
+    cotangent = RNG.normal(size=args[2].shape).astype("float32")
+    chunked = _gradients(4, args, ops.convert_to_tensor(cotangent))
+    recurrent = _gradients(None, args, ops.convert_to_tensor(cotangent))
+    for name, a, b in zip("q k v g beta state".split(), chunked, recurrent):
+        assert np.all(np.isfinite(a)), name
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+    for grad in chunked[:5]:  # padded tokens take no part
+        assert np.all(grad[~PADDING] == 0.0)
+
+
 def test_a_decay_equal_over_channels_is_the_per_head_rule():
     q, k, v, g, beta, state = _rule_inputs()
     per_head = g[..., 0]
