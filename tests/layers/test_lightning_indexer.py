@@ -20,6 +20,7 @@ from keras import ops
 from keras_attention.layers import LightningIndexer
 from keras_attention.layers import MultiHeadLatentAttention
 
+BACKEND = keras.backend.backend()
 RNG = np.random.default_rng(0)
 HIDDEN = 16
 X = RNG.normal(size=(2, 9, HIDDEN)).astype("float32")
@@ -153,6 +154,111 @@ def test_cached_calls_equal_the_whole_sequence():
     )
     np.testing.assert_array_equal(np.concatenate(got_indices, 1), indices)
     np.testing.assert_allclose(np_(cache)[:, :9], np_(layer.keys(X)), 1e-6)
+
+
+def _indexed_mla(**kwargs):
+    layer = MultiHeadLatentAttention(
+        **SIZES,
+        rope_theta=500.0,
+        indexer=dict(num_heads=2, head_dim=8, top_k=3),
+        **kwargs,
+    )
+    layer.build(X.shape)
+    rng = np.random.default_rng(2)
+    for w in layer.weights:
+        if len(w.shape) == 1:
+            w.assign((1 + 0.3 * rng.normal(size=w.shape)).astype(w.dtype))
+    # Clear gaps between the index scores (as in the transformers cases).
+    ix = layer.indexer
+    ix.weights_proj.kernel.assign(np.abs(np_(ix.weights_proj.kernel)) + 0.2)
+    ix.k_norm.beta.assign(np_(ix.k_norm.beta) + np.repeat([0.0, 2.0], 4))
+    return layer
+
+
+def _slow_on_jax(test):
+    if BACKEND != "jax":
+        return test
+    return pytest.mark.slow(
+        reason="eager JAX compiles every op of each call shape (~30 s); "
+        "TensorFlow and PyTorch run this backend-neutral wiring, "
+        "tests/ops/test_topk_attention.py its op on JAX"
+    )(test)
+
+
+@_slow_on_jax
+def test_indexed_mla_cached_equals_uncached_with_padding():
+    layer = _indexed_mla()
+    padding = np.ones((2, 9), bool)
+    padding[1, :2] = False
+    full, weights = layer(
+        X,
+        padding_mask=padding,
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    # Each query attends to its top-3 keys only (dense weights path).
+    kept = np_(weights) > 0
+    assert kept.sum(-1).max() == 3 and kept[0, :, 8].sum(-1).max() == 3
+    rows = np.nonzero(padding)
+    sparse = layer(X, padding_mask=padding, use_causal_mask=True)
+    np.testing.assert_allclose(np_(sparse)[rows], np_(full)[rows], atol=1e-5)
+    cache = layer.init_cache(2, 12)
+    outs = []
+    for t0, t1 in [(0, 5), (5, 6), (6, 9)]:
+        out, cache = layer(
+            X[:, t0:t1],
+            cache=cache,
+            cache_update_index=t0,
+            padding_mask=padding[:, t0:t1],
+        )
+        outs.append(np_(out))
+    np.testing.assert_allclose(
+        np.concatenate(outs, 1)[rows], np_(full)[rows], atol=1e-5
+    )
+    # A bare cache is the pair (latent, index_keys).
+    latent = np.zeros((2, 12, layer.cache_dim), "float32")
+    keys = np.zeros((2, 12, 8), "float32")
+    out, (latent, keys) = layer(
+        X, cache=(latent, keys), cache_update_index=0, use_causal_mask=True
+    )
+    assert tuple(keys.shape) == (2, 12, 8)
+    with pytest.raises(ValueError, match="pair"):
+        layer(X, cache=latent, cache_update_index=0)
+
+
+@pytest.mark.parametrize(
+    "indexer,error,match",
+    [
+        ("yes", TypeError, "indexer='yes'"),
+        (dict(num_heads=2, head_dim=8), ValueError, "top_k"),
+        (
+            dict(num_heads=2, head_dim=8, top_k=3, rope_theta=9),
+            ValueError,
+            "rope_theta",
+        ),
+    ],
+)
+def test_indexer_option_errors(indexer, error, match):
+    with pytest.raises(error, match=match):
+        MultiHeadLatentAttention(**SIZES, indexer=indexer)
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        MultiHeadLatentAttention(
+            **dict(SIZES, q_lora_rank=None),
+            indexer=dict(num_heads=2, head_dim=8, top_k=3),
+        )
+
+
+def test_indexed_mla_config_round_trip():
+    layer = _indexed_mla(absorb=True)
+    clone = MultiHeadLatentAttention.from_config(layer.get_config())
+    clone.build(X.shape)
+    clone.set_weights(layer.get_weights())
+    assert clone.indexer.top_k == 3
+    np.testing.assert_allclose(
+        np_(clone(X, use_causal_mask=True)),
+        np_(layer(X, use_causal_mask=True)),
+        atol=1e-6,
+    )
 
 
 def test_config_round_trip_and_saving(tmp_path):
@@ -386,6 +492,17 @@ CASES = [
 CASES[0]["rope"] = {"rope_type": "default"}
 CASES[1]["rope"] = YARN
 IDS = ["plain", "padded-yarn"]
+# The layers are backend-neutral code over `ops.topk_attention`, which
+# tests/ops/test_topk_attention.py checks on every backend: the fast tier
+# compares them with transformers on TensorFlow (one subprocess, ~20 s).
+transformers_tier = (
+    (lambda test: test)
+    if BACKEND == "tensorflow"
+    else pytest.mark.slow(
+        reason="equality with transformers: TensorFlow's fast tier covers "
+        "it, the op's own tests cover this backend"
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -457,6 +574,7 @@ def _mla(case, weights, c, **kwargs):
     return layer
 
 
+@transformers_tier
 @pytest.mark.parametrize("c", range(len(CASES)), ids=IDS)
 def test_indexer_matches_transformers(transformers_outputs, c):
     case, ref = CASES[c], transformers_outputs
@@ -492,6 +610,7 @@ def test_indexer_matches_transformers(transformers_outputs, c):
             assert ours <= set(theirs[n, i])
 
 
+@transformers_tier
 @pytest.mark.parametrize("c", range(len(CASES)), ids=IDS)
 def test_sparse_attention_matches_transformers(transformers_outputs, c):
     case, ref = CASES[c], transformers_outputs
@@ -522,6 +641,7 @@ def test_sparse_attention_matches_transformers(transformers_outputs, c):
     )
 
 
+@transformers_tier
 @pytest.mark.parametrize("c", range(len(CASES)), ids=IDS)
 def test_cached_decoding_matches_transformers(transformers_outputs, c):
     case, ref = CASES[c], transformers_outputs
