@@ -12,6 +12,7 @@ from keras_attention.interop.hf import weights
 from keras_attention.interop.hf.gemma import convert_gemma
 from keras_attention.interop.hf.llama import convert_llama
 from keras_attention.interop.hf.mistral import convert_mistral
+from keras_attention.interop.hf.olmo2 import convert_olmo2
 from keras_attention.interop.hf.phi3 import convert_phi3
 from keras_attention.interop.hf.qwen2 import convert_qwen2
 from keras_attention.interop.hf.qwen3 import convert_qwen3
@@ -25,6 +26,7 @@ MODEL_TYPES = {
     "gemma3_text": convert_gemma,
     "llama": convert_llama,
     "mistral": convert_mistral,
+    "olmo2": convert_olmo2,
     "phi3": convert_phi3,
     "qwen2": convert_qwen2,
     "qwen3": convert_qwen3,

@@ -192,6 +192,7 @@ def llama_style_model(
     qk_norm_epsilon=None,
     layer_attention=None,
     layer_feed_forward=None,
+    sandwich_norm=False,
 ):
     """The Llama-style model, of its config alone (the builder that the
     keras-hub converters and `from_huggingface` share): a token embedding
@@ -232,6 +233,8 @@ def llama_style_model(
         layer_feed_forward: optional `layer_feed_forward(i)` -> the
             feed-forward layer of layer `i` (a `MixtureOfExperts`), or
             None for the gated `FeedForward`.
+        sandwich_norm: the blocks' `sandwich_norm` (OLMo 2's `"post"`:
+            the sublayers' outputs normalized, not their inputs).
 
     Returns:
         A `keras.Model` with inputs `token_ids`, `padding_mask` and the
@@ -284,6 +287,7 @@ def llama_style_model(
             norm_first=True,
             layer_norm_epsilon=config["layer_norm_epsilon"],
             normalization="rms_norm",
+            sandwich_norm=sandwich_norm,
             dtype=dtype,
         )(x, padding_mask=inputs["padding_mask"])
     x = keras.layers.RMSNormalization(

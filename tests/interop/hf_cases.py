@@ -176,6 +176,14 @@ CASES = {
         ),
         noise=0.05,
     ),
+    # OLMo 2: norms after the sublayers only, QK-norm over all heads,
+    # attention biases, untied head.
+    "olmo2": dict(
+        model_type="olmo2",
+        about="norms after each sublayer only, QK-norm over all heads, "
+        "attention biases, untied head",
+        config=dict(NO_HEAD_DIM, attention_bias=True, rope_theta=1e4),
+    ),
     # Phi-3: fused qkv and gate/up projections, LongRoPE (short factors
     # within a pretraining length of 16, which the forward and the
     # generation stay within; the attention factor of 64 / 16), partial
