@@ -239,6 +239,7 @@ def jax_rows(args):
 
 def torch_rows(args):
     import torch
+    import torch._dynamo
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
     from torch.nn.attention import sdpa_kernel
@@ -250,6 +251,7 @@ def torch_rows(args):
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     backward = cuda  # FlexAttention has no backward pass on a CPU.
+    torch._dynamo.config.recompile_limit = 64  # A kernel per case.
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for length in args.lengths:

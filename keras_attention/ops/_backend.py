@@ -494,7 +494,7 @@ def compile_step(step, jit_compile, autograph=True):
 
 _FLEX = {"kernel": None, "failure": None}
 _FLEX_BLOCK_MASKS = {}
-FLEX_BLOCK_MASK_CACHE = 32  # Block masks kept (least recently used out).
+FLEX_BLOCK_MASK_CACHE = 32  # Block masks kept (least recently used out)
 # Kernels kept (`torch.compile`'s default, 8, runs slow eager code after).
 FLEX_RECOMPILE_LIMIT = 128
 FLEX_BLOCK = 128  # The blocks of a block mask (queries x keys).
@@ -523,6 +523,12 @@ def flex_unavailable():
         )
     if torch.cuda.is_available():
         return None
+    if "cpu" not in _FLEX:  # Asked once: a compiler search, ~1 ms.
+        _FLEX["cpu"] = _flex_cpu_unavailable()
+    return _FLEX["cpu"]
+
+
+def _flex_cpu_unavailable():
     try:
         from torch._inductor import cpp_builder
         from torch._inductor.kernel.flex import flex_cpu
@@ -548,9 +554,8 @@ def flex_on_gpu(x):
 
 
 def flex_needs_gradient(tensors, reads_other=False):
-    """Whether a call is recorded for a gradient: `torch.is_grad_enabled()`
-    and one of `tensors` (Keras variables too) requires grad, or
-    `reads_other` (a function reads tensors that may)."""
+    """Whether a call needs a gradient: grad mode, and one of `tensors`
+    (variables too) requires grad, or `reads_other`."""
     import torch
 
     if not torch.is_grad_enabled():
@@ -647,10 +652,12 @@ def _build_block_mask(evaluate, shape, device, chunk):
     return block_mask, density
 
 
-def _flex_kernel(query, key, value, **kwargs):
+def _flex_kernel(q, k, v, score_mod, block_mask, scale, gqa, lse):
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(query, key, value, **kwargs)
+    return flex_attention(
+        q, k, v, score_mod, block_mask, scale, enable_gqa=gqa, return_lse=lse
+    )
 
 
 class FlexCompileError(RuntimeError):
@@ -668,8 +675,7 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
     import torch._dynamo
 
     if _FLEX["kernel"] is None:
-        # Our own function: its kernels (and their limit) are apart from
-        # another `torch.compile(flex_attention)`'s in the program.
+        # Our own function: kernels apart from the program's other ones.
         _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
     patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
     try:
@@ -678,15 +684,9 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
             # score function (Keras's builtins and caches) are not ours.
             warnings.filterwarnings("ignore", "Dynamo does not know how")
             warnings.filterwarnings("ignore", "Dynamo detected a call to")
+            gqa = query.shape[1] != key.shape[1]
             return _FLEX["kernel"](
-                query,
-                key,
-                value,
-                score_mod=score_fn,
-                block_mask=block_mask,
-                scale=scale,
-                enable_gqa=query.shape[1] != key.shape[1],
-                return_lse=lse,
+                query, key, value, score_fn, block_mask, scale, gqa, lse
             )
     except torch._dynamo.exc.TorchDynamoException as error:
         reason = str(error).strip().splitlines()[0][:300]
