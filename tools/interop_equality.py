@@ -348,6 +348,17 @@ def backbones():
             ),
             projection_dim=32,
         ),
+        # CLIP with its final vision norm on the pooled class token and
+        # the text pooled at its first end token (id 2).
+        "MetaCLIP 2": models.MetaCLIP2Backbone(
+            models.MetaCLIP2VisionEncoder(
+                4, 64, 4, 4, 128, image_shape=(32, 32, 3)
+            ),
+            models.MetaCLIP2TextEncoder(
+                VOCAB, 64, 64, 4, 4, 128, max_sequence_length=16
+            ),
+            projection_dim=32,
+        ),
         # Attention pooling (a probe), gelu_approximate; the text pooled
         # at its last token (16 tokens: its full length).
         "SigLIP": models.SigLIPBackbone(

@@ -9,7 +9,7 @@ per family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`,
 `electra`, `gpt2`, `opt`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
 `bart`, `whisper`, `t5gemma`,
 `bloom`, `phi3`, `qwen`, `qwen3`, `qwen3_5`, `smollm3`, `mixtral`, `qwen3_moe`,
-`gpt_oss`, `vit`, `deit`, `dinov2`, `clip`, `siglip`, `deberta_v3`,
+`gpt_oss`, `vit`, `deit`, `dinov2`, `clip`, `siglip`, `metaclip_2`, `deberta_v3`,
 `roformer_v2`, `esm`), each with its table of weight paths.
 `causal_lm_generator(model)` decodes a converted GPT-2, Llama, Mistral,
 Mixtral, Gemma (1, 2, 3), BLOOM, Phi-3, Qwen 3, Qwen 3.5, Qwen3-MoE,

@@ -15,7 +15,7 @@ from keras_attention.layers.token_pooling import TokenPooling
 # Their weight path prefix within a tower -> ours; `{i}`: the layer index
 # (both from 0). The towers name their layers alike: each is matched on
 # its own (`_image_text.tower_pairs`).
-_BLOCK = (
+BLOCK_TABLE = (
     ("encoder_block_{i}/layer_norm_1", "self_attention_norm"),
     ("encoder_block_{i}/attention", "self_attention"),
     ("encoder_block_{i}/layer_norm_2", "feed_forward_norm"),
@@ -30,13 +30,13 @@ VISION_TABLE = (
         "vision_position_embedding/embeddings",
     ),
     ("pre_layer_norm", "vision_pre_layer_norm"),
-    *((t, f"vision_transformer_layer_{{i}}/{o}") for t, o in _BLOCK),
+    *((t, f"vision_transformer_layer_{{i}}/{o}") for t, o in BLOCK_TABLE),
     ("layer_norm", "vision_layer_norm"),
 )
 TEXT_TABLE = (
     ("embedding/token_embedding", "text_embedding/token_embedding"),
     ("embedding/position_embedding", "text_embedding/position_embedding"),
-    *((t, f"text_transformer_layer_{{i}}/{o}") for t, o in _BLOCK),
+    *((t, f"text_transformer_layer_{{i}}/{o}") for t, o in BLOCK_TABLE),
     ("layer_norm", "text_layer_norm"),
 )
 # The backbone's own weights (outside its towers): theirs -> ours.
@@ -46,7 +46,7 @@ HEAD_TABLE = (
     ("clip_head/logit_scale", "clip_head/logit_scale"),
 )
 
-_VISION = (
+VISION_CONFIG = (
     "patch_size",
     "hidden_dim",
     "num_layers",
@@ -55,7 +55,7 @@ _VISION = (
     "intermediate_activation",
     "image_shape",
 )
-_TEXT = (
+TEXT_CONFIG = (
     "vocabulary_size",
     "embedding_dim",
     "hidden_dim",
@@ -67,7 +67,7 @@ _TEXT = (
 )
 
 
-def _check(backbone):
+def check(backbone):
     for encoder in (backbone.vision_encoder, backbone.text_encoder):
         _vision.check_options(
             encoder,
@@ -75,7 +75,10 @@ def _check(backbone):
         )
 
 
-def _vision_tower(images, config, dtype):
+def _vision_tower(images, config, dtype, pooled_norm=False):
+    """CLIP's vision tower; `pooled_norm` (MetaCLIP 2): the final layer
+    norm on the pooled class token (`vision_post_layer_norm`) instead of
+    on the sequence (`vision_layer_norm`), the same values."""
     hidden = config["hidden_dim"]
     patches = _vision.patch_embedding(
         images,
@@ -102,13 +105,15 @@ def _vision_tower(images, config, dtype):
         epsilon=1e-5,
         dtype=dtype,
     )
-    x = keras.layers.LayerNormalization(
-        epsilon=1e-5, dtype=dtype, name="vision_layer_norm"
-    )(x)
-    return TokenPooling("first", dtype=dtype, name="vision_pooling")(x)
+    name = "vision_post_layer_norm" if pooled_norm else "vision_layer_norm"
+    norm = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name=name)
+    pooling = TokenPooling("first", dtype=dtype, name="vision_pooling")
+    return norm(pooling(x)) if pooled_norm else pooling(norm(x))
 
 
-def _text_tower(token_ids, config, dtype):
+def _text_tower(token_ids, config, dtype, epsilon=1e-6, eos_token_id=None):
+    """CLIP's text tower, its final norm of `epsilon`, pooled at the first
+    `eos_token_id` (None: at the largest id)."""
     x = TokenAndPositionEmbedding(
         config["vocabulary_size"],
         config["max_sequence_length"],
@@ -126,15 +131,25 @@ def _text_tower(token_ids, config, dtype):
         dtype=dtype,
     )
     x = keras.layers.LayerNormalization(
-        epsilon=1e-6, dtype=dtype, name="text_layer_norm"
+        epsilon=epsilon, dtype=dtype, name="text_layer_norm"
     )(x)
-    pooling = TokenPooling("eos", dtype=dtype, name="text_pooling")
+    pooling = TokenPooling(
+        "eos", eos_token_id=eos_token_id, dtype=dtype, name="text_pooling"
+    )
     return pooling(x, token_ids=token_ids)
 
 
-def _copy(backbone, model, vision, text):
+def copy_weights(backbone, model, tables, vision, text, position_ids=True):
+    """Copies `backbone`'s weights into `model` by `tables` (vision, text,
+    head); `position_ids`: the vision tower stores them (CLIP; MetaCLIP 2
+    computes `0, 1, ...`)."""
+    vision_table, text_table, head_table = tables
     ours = {w.path: w for w in model.weights}
-    vision_transform = _image_text.positions_transform(backbone.vision_encoder)
+    vision_transform = (
+        _image_text.positions_transform(backbone.vision_encoder)
+        if position_ids
+        else (lambda path, value: value)
+    )
 
     def transform(path, value):
         if path == "embedding/class_embedding":
@@ -144,26 +159,58 @@ def _copy(backbone, model, vision, text):
     pairs = _image_text.tower_pairs(
         backbone.vision_encoder,
         model,
-        VISION_TABLE,
+        vision_table,
         vision["num_layers"],
         transform,
     )
     pairs += _image_text.tower_pairs(
-        backbone.text_encoder, model, TEXT_TABLE, text["num_layers"]
+        backbone.text_encoder, model, text_table, text["num_layers"]
     )
     towers = {
         id(w)
         for w in backbone.vision_encoder.weights + backbone.text_encoder.weights
     }
-    head = dict(HEAD_TABLE)
+    head = dict(head_table)
     for weight in backbone.weights:
         if id(weight) in towers:
             continue
         target = ours.get(_common.our_path(weight.path, head))
         if target is not None:
             pairs.append((weight, target, None))
-    _, ids = _image_text.position_ids(backbone.vision_encoder)
-    _common.copy_pairs(backbone, model, pairs, recomputed=[ids])
+    recomputed = []
+    if position_ids:
+        recomputed = [_image_text.position_ids(backbone.vision_encoder)[1]]
+    _common.copy_pairs(backbone, model, pairs, recomputed=recomputed)
+
+
+def build(backbone, vision, text, head, **options):
+    """The converted model of a CLIP-style backbone (CLIP, MetaCLIP 2):
+    both towers (`options`: `pooled_norm` for the vision tower,
+    `epsilon` and `eos_token_id` for the text tower), the projections
+    and `head` (a `ContrastiveLogits`)."""
+    dtype = backbone.dtype_policy
+    images = _vision.image_input(vision["image_shape"])
+    token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    projection = _common.config_value(backbone, "projection_dim")
+    pooled_norm = options.pop("pooled_norm", False)
+    embeddings = []
+    for tower, name in (
+        (
+            _vision_tower(images, vision, dtype, pooled_norm),
+            "vision_projection",
+        ),
+        (_text_tower(token_ids, text, dtype, **options), "text_projection"),
+    ):
+        dense = keras.layers.Dense(
+            projection, use_bias=False, dtype=dtype, name=name
+        )
+        embeddings.append(dense(tower))
+    vision_logits, text_logits = head(*embeddings)
+    return keras.Model(
+        inputs={"images": images, "token_ids": token_ids},
+        outputs={"vision_logits": vision_logits, "text_logits": text_logits},
+        name=backbone.name,
+    )
 
 
 def convert_clip(backbone):
@@ -216,28 +263,13 @@ def convert_clip(backbone):
         - Radford et al., 2021, "Learning Transferable Visual Models From
           Natural Language Supervision".
     """
-    _check(backbone)
-    vision = _image_text.tower_config(backbone.vision_encoder, _VISION)
-    text = _image_text.tower_config(backbone.text_encoder, _TEXT)
-    dtype = backbone.dtype_policy
-    images = _vision.image_input(vision["image_shape"])
-    token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    projection = _common.config_value(backbone, "projection_dim")
-    embeddings = []
-    for tower, name in (
-        (_vision_tower(images, vision, dtype), "vision_projection"),
-        (_text_tower(token_ids, text, dtype), "text_projection"),
-    ):
-        dense = keras.layers.Dense(
-            projection, use_bias=False, dtype=dtype, name=name
-        )
-        embeddings.append(dense(tower))
-    head = ContrastiveLogits(np.log(1 / 0.07), dtype=dtype, name="clip_head")
-    vision_logits, text_logits = head(*embeddings)
-    model = keras.Model(
-        inputs={"images": images, "token_ids": token_ids},
-        outputs={"vision_logits": vision_logits, "text_logits": text_logits},
-        name=backbone.name,
+    check(backbone)
+    vision = _image_text.tower_config(backbone.vision_encoder, VISION_CONFIG)
+    text = _image_text.tower_config(backbone.text_encoder, TEXT_CONFIG)
+    head = ContrastiveLogits(
+        np.log(1 / 0.07), dtype=backbone.dtype_policy, name="clip_head"
     )
-    _copy(backbone, model, vision, text)
+    model = build(backbone, vision, text, head)
+    tables = (VISION_TABLE, TEXT_TABLE, HEAD_TABLE)
+    copy_weights(backbone, model, tables, vision, text)
     return model

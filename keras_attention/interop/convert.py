@@ -16,6 +16,7 @@ from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.gpt_oss import convert_gpt_oss
 from keras_attention.interop.llama import convert_llama
+from keras_attention.interop.metaclip_2 import convert_metaclip_2
 from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.mixtral import convert_mixtral
 from keras_attention.interop.phi3 import convert_phi3
@@ -51,6 +52,7 @@ CONVERTERS = {
     "GemmaBackbone": convert_gemma,
     "Gemma3Backbone": convert_gemma3,
     "LlamaBackbone": convert_llama,
+    "MetaCLIP2Backbone": convert_metaclip_2,
     "MistralBackbone": convert_mistral,
     "MixtralBackbone": convert_mixtral,
     "Phi3Backbone": convert_phi3,
@@ -131,7 +133,8 @@ def from_keras_hub(backbone):
     layers), `MixtralBackbone` and `Qwen3MoeBackbone` (their mixtures of experts
     as `MixtureOfExperts`), `ViTBackbone` (input `images`), `DeiTBackbone`,
     `DINOV2Backbone` (layer scale as the layers' `layer_scale`, registers, a
-    fixed image size), `CLIPBackbone` and `SigLIPBackbone` (inputs `images`
+    fixed image size), `CLIPBackbone`, `MetaCLIP2Backbone` and
+    `SigLIPBackbone` (inputs `images`
     and `token_ids`, outputs `vision_logits` and `text_logits`; both towers,
     `TokenPooling`, `ContrastiveLogits`) and their subclasses
     (`supported_backbones()`); one converter per family in

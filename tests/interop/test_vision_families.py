@@ -298,3 +298,39 @@ def test_siglip_equal_outputs_and_attention_of_both_towers(siglip_converted):
 def test_siglip_keras_round_trip_safe_mode(siglip_converted, tmp_path):
     data = {"images": IMAGES, "token_ids": TOKEN_IDS}
     check_round_trip(siglip_converted[1], data, tmp_path)
+
+
+# MetaCLIP 2: CLIP with the vision tower's final norm on the pooled class
+# token and the text pooled at its first end token (id 2; none in the
+# second text: position 0, as keras-hub).
+
+META_TOKEN_IDS = np.array(
+    [[5, 7, 3, 2, 0, 0, 0, 0], [0, 0, 4, 6, 8, 9, 7, 5]], "int32"
+)
+
+
+@pytest.fixture(scope="module")
+def metaclip_2_converted():
+    m = keras_hub.models
+    keras.utils.set_random_seed(7)
+    backbone = m.MetaCLIP2Backbone(
+        m.MetaCLIP2VisionEncoder(8, 8, 2, 2, 16, image_shape=(16, 16, 3)),
+        m.MetaCLIP2TextEncoder(20, 8, 8, 2, 2, 16, max_sequence_length=8),
+        projection_dim=6,
+    )
+    return perturbed(backbone), from_keras_hub(backbone)
+
+
+def test_metaclip_2_equal_outputs_and_attention(metaclip_2_converted):
+    backbone, model = metaclip_2_converted
+    data = {"images": IMAGES, "token_ids": META_TOKEN_IDS}
+    assert max_difference(model(data), backbone(data)) <= 1e-5
+    outputs = ("transformer_layer_1", "layer_norm")
+    assert max_tower_difference(model, backbone, data, outputs) <= 1e-5
+    assert len(attention_maps(model, data)) == 4
+
+
+@reload_tier("CLIP")
+def test_metaclip_2_keras_round_trip_safe_mode(metaclip_2_converted, tmp_path):
+    data = {"images": IMAGES, "token_ids": META_TOKEN_IDS}
+    check_round_trip(metaclip_2_converted[1], data, tmp_path)
