@@ -168,6 +168,10 @@ def backbones():
             )
         ),
         "BLOOM": models.BloomBackbone(num_heads=4, **common),
+        # Parallel residual; 25 % of each head's 16 features rotated.
+        "GPT-NeoX (parallel residual, 25 % rotary)": models.GPTNeoXBackbone(
+            num_heads=4, rotary_percentage=0.25, **common
+        ),
         # ALiBi added before the 1 / sqrt(head_dim) scaling.
         "Falcon (ALiBi)": models.FalconBackbone(
             num_attention_heads=4, **common

@@ -11,18 +11,24 @@ from keras_attention.interop.dinov2 import convert_dinov2
 from keras_attention.interop.distil_bert import convert_distil_bert
 from keras_attention.interop.electra import convert_electra
 from keras_attention.interop.esm import convert_esm
+from keras_attention.interop.falcon import convert_falcon
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
 from keras_attention.interop.gpt2 import convert_gpt2
+from keras_attention.interop.gpt_neox import convert_gpt_neox
 from keras_attention.interop.gpt_oss import convert_gpt_oss
 from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.metaclip_2 import convert_metaclip_2
 from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.mixtral import convert_mixtral
+from keras_attention.interop.opt import convert_opt
 from keras_attention.interop.phi3 import convert_phi3
+from keras_attention.interop.qwen import convert_qwen
 from keras_attention.interop.qwen3 import convert_qwen3
 from keras_attention.interop.qwen3_5 import convert_qwen3_5
+from keras_attention.interop.qwen3_5_moe import convert_qwen3_5_moe
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
+from keras_attention.interop.qwen_moe import convert_qwen_moe
 from keras_attention.interop.roberta import convert_roberta
 from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.siglip import convert_siglip
@@ -47,7 +53,9 @@ CONVERTERS = {
     "DistilBertBackbone": convert_distil_bert,
     "ElectraBackbone": convert_electra,
     "ESMBackbone": convert_esm,
+    "FalconBackbone": convert_falcon,
     "GPT2Backbone": convert_gpt2,
+    "GPTNeoXBackbone": convert_gpt_neox,
     "GptOssBackbone": convert_gpt_oss,
     "GemmaBackbone": convert_gemma,
     "Gemma3Backbone": convert_gemma3,
@@ -55,9 +63,13 @@ CONVERTERS = {
     "MetaCLIP2Backbone": convert_metaclip_2,
     "MistralBackbone": convert_mistral,
     "MixtralBackbone": convert_mixtral,
+    "OPTBackbone": convert_opt,
     "Phi3Backbone": convert_phi3,
+    "QwenBackbone": convert_qwen,
+    "QwenMoeBackbone": convert_qwen_moe,
     "Qwen3Backbone": convert_qwen3,
     "Qwen3_5Backbone": convert_qwen3_5,
+    "Qwen3_5MoeBackbone": convert_qwen3_5_moe,
     "Qwen3MoeBackbone": convert_qwen3_moe,
     "RobertaBackbone": convert_roberta,
     "RoformerV2Backbone": convert_roformer_v2,

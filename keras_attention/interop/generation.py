@@ -57,7 +57,8 @@ class _ReverseEmbedding:
 def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     """A `CausalLMGenerator` on a decoder-only model converted by
     `from_keras_hub` (GPT-2, Llama, Mistral, Mixtral, Gemma, BLOOM, Phi-3,
-    Qwen 3, Qwen 3.5, Qwen3-MoE, SmolLM3, gpt-oss), with
+    Qwen 3, Qwen 3.5, Qwen3-MoE, SmolLM3, gpt-oss; Qwen 2, Qwen-MoE,
+    Qwen 3.5-MoE, Falcon, OPT, GPT-NeoX), with
     keras-hub's `CausalLM` head: the logits are the final norm's output
     through the
     token embedding's reverse projection (the tied table, or Llama's and
