@@ -89,6 +89,7 @@ LENGTH, BATCH, VOCAB = 64, 4, 100
 REAL_LENGTHS = (64, 40, 17, 50)
 PROMPT_LENGTHS, PROMPT_LENGTH, NEW_TOKENS = (8, 5, 3, 6), 8, 24
 TARGET_PROMPT_LENGTHS = (1, 3, 1, 2)  # T5: the start token, maybe more
+AUDIO_SAMPLES, AUDIO_LENGTHS = 16000, (16000, 10000, 6000, 12000)  # Moonshine
 BACKENDS = ("tensorflow", "jax", "torch")
 LABELS = {"tensorflow": "TF", "jax": "JAX", "torch": "torch"}
 
@@ -308,6 +309,18 @@ def backbones():
                 ).items()
             },
         ),
+        # Moonshine: raw audio (1 s: 40 frames), 0.62 of each head rotated.
+        "Moonshine": models.MoonshineBackbone(
+            vocabulary_size=VOCAB,
+            filter_dim=64,
+            encoder_num_layers=4,
+            decoder_num_layers=4,
+            hidden_dim=64,
+            intermediate_dim=128,
+            encoder_num_heads=4,
+            decoder_num_heads=4,
+            partial_rotary_factor=0.62,
+        ),
         # Whisper: 128 log-mel frames of 8 bins -> 64 encoder positions.
         "Whisper": models.WhisperBackbone(
             num_heads=4,
@@ -440,6 +453,19 @@ def inputs(backbone, rng):
         return rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     if "images" in backbone.input:  # DINOv2; CLIP, SigLIP: and text
         return image_inputs(backbone, rng)
+    if "encoder_input_values" in backbone.input:  # Moonshine: raw audio
+        samples = (
+            np.arange(AUDIO_SAMPLES)[None] < np.array(AUDIO_LENGTHS)[:, None]
+        )
+        padding = _padding(causal=False)
+        ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32")
+        audio = rng.normal(size=(BATCH, AUDIO_SAMPLES, 1)) * samples[..., None]
+        return {
+            "encoder_input_values": audio.astype("float32"),
+            "encoder_padding_mask": samples,
+            "decoder_token_ids": ids * padding,
+            "decoder_padding_mask": padding.astype(bool),
+        }
     if "encoder_features" in backbone.input:  # Whisper: log-mel frames
         frames = rng.normal(size=(BATCH, 2 * LENGTH, 8)).astype("float32")
         padding = _padding(causal=False)
@@ -495,9 +521,16 @@ def hidden_errors(ours, theirs, data):
         theirs = to_numpy(theirs["sequence_output"])
         return {"sequence_output": float(np.abs(ours - theirs).max())}
     out = {}
+    frames = theirs.get("encoder_attention_mask")  # Moonshine's real frames
     for key in sorted(theirs):
         stack = key.split("_")[0]  # T5's `encoder_...` / `decoder_...`
         mask = data.get(f"{stack}_padding_mask", data.get("padding_mask"))
+        if frames is not None and stack == "encoder":
+            if key == "encoder_attention_mask":  # how many differ
+                differ = to_numpy(ours[key]) != to_numpy(frames).astype(bool)
+                out[key] = float(differ.sum())
+                continue
+            mask = to_numpy(frames)
         diff = np.abs(to_numpy(ours[key]) - to_numpy(theirs[key]))
         if mask is None:  # RoFormer-v2, ESM: no padding
             mask = np.ones(diff.shape[:2], bool)

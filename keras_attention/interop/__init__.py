@@ -8,7 +8,7 @@ blockwise path, layout maps) works on a pretrained model. One converter
 per family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`,
 `electra`, `gpt2`, `opt`, `gpt_neox`, `llama`, `mistral`, `gemma`,
 `gemma3`, `t5`,
-`bart`, `whisper`, `t5gemma`,
+`bart`, `whisper`, `t5gemma`, `moonshine`,
 `bloom`, `falcon`, `phi3`, `qwen`, `qwen_moe`, `qwen3`, `qwen3_5`,
 `qwen3_5_moe`, `smollm3`, `mixtral`, `qwen3_moe`,
 `gpt_oss`, `vit`, `deit`, `dinov2`, `clip`, `siglip`, `metaclip_2`, `deberta_v3`,
@@ -18,7 +18,7 @@ Mixtral, Gemma (1, 2, 3), BLOOM, Falcon, OPT, Phi-3, Qwen 2, Qwen-MoE,
 Qwen 3, Qwen 3.5, Qwen 3.5-MoE, Qwen3-MoE, SmolLM3 or gpt-oss with the
 library's cached generator,
 `seq2seq_generator(model)` a converted encoder-decoder (T5, BART, Whisper,
-T5Gemma).
+T5Gemma, Moonshine).
 keras-hub is imported only when a backbone is converted.
 
 `from_huggingface(path)` loads a Hugging Face safetensors checkpoint

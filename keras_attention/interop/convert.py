@@ -21,6 +21,7 @@ from keras_attention.interop.llama import convert_llama
 from keras_attention.interop.metaclip_2 import convert_metaclip_2
 from keras_attention.interop.mistral import convert_mistral
 from keras_attention.interop.mixtral import convert_mixtral
+from keras_attention.interop.moonshine import convert_moonshine
 from keras_attention.interop.opt import convert_opt
 from keras_attention.interop.phi3 import convert_phi3
 from keras_attention.interop.qwen import convert_qwen
@@ -63,6 +64,7 @@ CONVERTERS = {
     "MetaCLIP2Backbone": convert_metaclip_2,
     "MistralBackbone": convert_mistral,
     "MixtralBackbone": convert_mixtral,
+    "MoonshineBackbone": convert_moonshine,
     "OPTBackbone": convert_opt,
     "Phi3Backbone": convert_phi3,
     "QwenBackbone": convert_qwen,

@@ -1,10 +1,17 @@
 """`from_keras_hub` on tiny random keras-hub encoder-decoder backbones:
 BART (a token table shared by both stacks, learned positions per stack,
-post-norm, `layernorm_embedding`). Each: equal outputs of both stacks at
-the real positions with right and left padding, the attention of every
-layer (self- and cross-), `.keras` round trip with `safe_mode=True`,
-and `seq2seq_generator`'s greedy tokens equal to keras-hub's
-`Seq2SeqLM.generate`. Backend-neutral."""
+post-norm, `layernorm_embedding`), Whisper (log-mel frames through its
+convolutions, a fixed encoder position table, no key biases), T5Gemma
+(Gemma 2's blocks, windows, soft-caps, a decoder narrower than the
+encoder) and Moonshine (raw audio through its convolutions, the mask of
+its frames, partial interleaved rotary, padded heads, SwiGLU). Each:
+equal outputs of both stacks at the real positions with right and left
+padding of the targets (of token sources too; audio right-padded), the
+attention of every layer (self- and cross-), `.keras` round trip with
+`safe_mode=True`, and `seq2seq_generator`'s greedy tokens equal to
+keras-hub's `Seq2SeqLM.generate` / `MoonshineAudioToText.generate`
+(Whisper, which has no keras-hub task: to greedy decoding driven by its
+forward pass). Backend-neutral."""
 
 import keras
 import numpy as np
@@ -37,6 +44,8 @@ def randomized(backbone, scale=0.2):
     vary."""
     rng = np.random.default_rng(7)
     for weight in backbone.weights:
+        if weight.path.endswith("inv_freq"):
+            continue  # Moonshine's stored RoPE frequencies (of rope_theta)
         noise = rng.normal(size=weight.shape)
         if weight.path.endswith(("gamma", "scale")):
             value = 1 + 0.1 * noise
@@ -105,6 +114,51 @@ def t5gemma():
     )
 
 
+def moonshine():
+    # Partial rotary (0.62 of heads padded from 8 to 12 features: 6
+    # rotated), biases, a GELU encoder and a SwiGLU decoder.
+    return keras_hub.models.MoonshineBackbone(
+        vocabulary_size=VOCAB,
+        filter_dim=HIDDEN,
+        encoder_num_layers=2,
+        decoder_num_layers=2,
+        hidden_dim=HIDDEN,
+        intermediate_dim=32,
+        encoder_num_heads=HEADS,
+        decoder_num_heads=HEADS,
+        feedforward_expansion_factor=2,
+        pad_head_dim_to_multiple_of=6,
+        partial_rotary_factor=0.62,
+        attention_bias=True,
+    )
+
+
+# Moonshine's frontend turns 2,560 samples into 5 frames, 1,800 into 3.
+SAMPLES = 2560
+AUDIO_LENGTHS = np.array([[SAMPLES], [1800]])
+
+
+def audio_sources(seed=11):
+    """Two clips of raw audio, the second right-padded, and their mask."""
+    rng = np.random.default_rng(seed)
+    mask = np.arange(SAMPLES)[None] < AUDIO_LENGTHS
+    values = rng.normal(size=(2, SAMPLES, 1)) * mask[..., None]
+    return {
+        "encoder_input_values": values.astype("float32"),
+        "encoder_padding_mask": mask,
+    }
+
+
+def audio_inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    targets = target_inputs(rng)
+    return {
+        **audio_sources(seed),
+        "decoder_token_ids": targets["decoder_token_ids"],
+        "decoder_padding_mask": targets["decoder_padding_mask"].astype(bool),
+    }
+
+
 def token_inputs(seed=0):
     rng = np.random.default_rng(seed)
     ids = rng.integers(2, VOCAB, (2, LENGTH)).astype("int32")
@@ -140,13 +194,22 @@ def prompts(pad):
     return tokens, start
 
 
-def task_greedy(task_name, pad):
+def task_greedy(task_name, pad, make_sources=None):
     """Greedy tokens of keras-hub's task `keras_hub.models.<task_name>` on
-    two sources (right-padded with `pad`) and `prompts(pad)`."""
+    two sources and `prompts(pad)`: token ids right-padded with `pad`, or
+    `make_sources()` (a dict of the encoder's inputs)."""
 
     def generate(backbone):
-        sources = np.array([[5, 7, 9, 4, pad, pad], [3, 4, 11, 12, 13, 8]])
-        sources = sources.astype("int32")
+        if make_sources is None:
+            ids = np.array([[5, 7, 9, 4, pad, pad], [3, 4, 11, 12, 13, 8]])
+            ids = ids.astype("int32")
+            sources = ids
+            inputs = {
+                "encoder_token_ids": ids,
+                "encoder_padding_mask": ids != pad,
+            }
+        else:
+            sources = inputs = make_sources()
         tokens, start = prompts(pad)
         task = getattr(keras_hub.models, task_name)(
             backbone=backbone, preprocessor=None
@@ -154,8 +217,7 @@ def task_greedy(task_name, pad):
         task.compile(sampler="greedy", jit_compile=False)
         want = task.generate(
             {
-                "encoder_token_ids": sources,
-                "encoder_padding_mask": sources != pad,
+                **inputs,
                 "decoder_token_ids": tokens,
                 "decoder_padding_mask": start,
             },
@@ -214,6 +276,14 @@ FAMILIES = {
         pad=1,
         attention=6,
     ),
+    "moonshine": dict(
+        make=moonshine,
+        inputs=audio_inputs,
+        greedy=task_greedy("MoonshineAudioToText", 0, audio_sources),
+        pad=0,
+        attention=6,
+        scale=0.5,  # varied greedy tokens
+    ),
     "t5gemma": dict(
         make=t5gemma,
         inputs=token_inputs,
@@ -234,6 +304,10 @@ RELOAD_COVERED = {
     # Gemma 2's reload covers sandwich norms, soft-caps, windows, grouped
     # queries; T5's cross-attention.
     "t5gemma": "gemma",
+    # Whisper's reload covers audio frontends of Keras layers; Qwen 3.5's
+    # the partial rotary (`rotary_fraction`); ConvolutionPaddingMask's
+    # round trip is in its own tests.
+    "moonshine": "whisper",
     # T5's reload covers decoder blocks with cross-attention; GPT-2's and
     # BERT's the learned position tables, layer norms and dropouts.
     "bart": "t5",
@@ -248,18 +322,23 @@ def converted():
     def get(name):
         if name not in cache:
             keras.utils.set_random_seed(1)
-            backbone = randomized(FAMILIES[name]["make"]())
+            family = FAMILIES[name]
+            backbone = randomized(family["make"](), family.get("scale", 0.2))
             cache[name] = backbone, from_keras_hub(backbone)
         return cache[name]
 
     return get
 
 
-def masks(inputs, backbone):
-    """The real positions of each output: the padding masks of the inputs
-    (an encoder without one: every position)."""
+def masks(inputs, theirs):
+    """The real positions of each output: the padding masks of the inputs,
+    or the encoder's frames that keras-hub marks real (Moonshine's
+    `encoder_attention_mask`); an encoder without either: every position."""
+    encoder = inputs.get("encoder_padding_mask")
+    if "encoder_attention_mask" in theirs:
+        encoder = to_numpy(theirs["encoder_attention_mask"])
     return {
-        "encoder_sequence_output": inputs.get("encoder_padding_mask"),
+        "encoder_sequence_output": encoder,
         "decoder_sequence_output": inputs["decoder_padding_mask"],
     }
 
@@ -283,10 +362,14 @@ def test_equal_outputs_with_padding(converted, name):
     inputs = FAMILIES[name]["inputs"]()
     assert sorted(model.input) == sorted(backbone.input)
     assert sorted(model.output) == sorted(backbone.output)
-    error = real_positions_error(
-        model(inputs), backbone(inputs), masks(inputs, backbone)
-    )
+    ours, theirs = model(inputs), backbone(inputs)
+    error = real_positions_error(ours, theirs, masks(inputs, theirs))
     assert error <= TOLERANCE, error
+    if "encoder_attention_mask" in theirs:  # Moonshine's frames
+        np.testing.assert_array_equal(
+            to_numpy(ours["encoder_attention_mask"]),
+            to_numpy(theirs["encoder_attention_mask"]).astype(bool),
+        )
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
