@@ -226,6 +226,63 @@ def test_indexed_mla_cached_equals_uncached_with_padding():
         layer(X, cache=latent, cache_update_index=0)
 
 
+@(
+    (lambda test: test)
+    if BACKEND == "torch"
+    else pytest.mark.slow(
+        reason="compiling the decoding loop costs ~16 s on TensorFlow and "
+        "JAX; the backend-neutral cache wiring runs on PyTorch in the "
+        "fast tier"
+    )
+)
+def test_generation_with_indexed_latent_blocks_equals_uncached():
+    """Greedy decoding through `CausalLMGenerator` over blocks whose MLA
+    has an indexer (the index keys in each block's cache) gives the
+    argmax of the uncached model's logits at every position."""
+    from keras_attention.blocks import TransformerDecoderBlock
+    from keras_attention.generation import CausalLMGenerator
+
+    keras.utils.set_random_seed(56)
+    vocab = 24
+    latent = dict(
+        kv_lora_rank=6,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=2,
+        v_head_dim=3,
+        q_lora_rank=5,
+        rope_theta=100.0,
+        indexer=dict(num_heads=2, head_dim=4, top_k=3),
+    )
+    embedding = keras.layers.Embedding(vocab, 16, mask_zero=True)
+    blocks = [
+        TransformerDecoderBlock(
+            num_heads=2,
+            intermediate_dim=16,
+            cross_attention=False,
+            norm_first=True,
+            latent_attention=latent,
+        )
+        for _ in range(2)
+    ]
+    head = keras.layers.Dense(vocab)
+    ids = keras.Input((None,), dtype="int32")
+    x = embedding(ids)
+    for block in blocks:
+        x = block(x)
+    model = keras.Model(ids, head(x))
+    prompt = np.array([[3, 5, 7, 2, 9], [4, 8, 6, 0, 0]], "int32")
+    lm = CausalLMGenerator(embedding, blocks, head)
+    tokens, _ = lm.generate(prompt, max_length=12, sampler="greedy")
+    tokens = np_(tokens)
+    logits = np_(model(tokens))
+    for row, prefix in enumerate(prompt):
+        length = int(np.sum(prefix != 0))
+        np.testing.assert_array_equal(tokens[row, :length], prefix[:length])
+        np.testing.assert_array_equal(
+            tokens[row, length:], logits[row, length - 1 : -1].argmax(-1)
+        )
+
+
 @pytest.mark.parametrize(
     "indexer,error,match",
     [
