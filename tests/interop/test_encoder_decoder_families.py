@@ -194,22 +194,40 @@ def prompts(pad):
     return tokens, start
 
 
+def token_sources(pad):
+    """`make_sources()` of two token sources, one right-padded with `pad`:
+    `(the generator's sources, keras-hub's encoder inputs)`."""
+
+    def make():
+        ids = np.array([[5, 7, 9, 4, pad, pad], [3, 4, 11, 12, 13, 8]])
+        ids = ids.astype("int32")
+        return ids, {
+            "encoder_token_ids": ids,
+            "encoder_padding_mask": ids != pad,
+        }
+
+    return make
+
+
+def encoder_inputs(make):
+    """`make_sources()` of encoder inputs that are the sources too."""
+
+    def sources():
+        inputs = make()
+        return inputs, inputs
+
+    return sources
+
+
 def task_greedy(task_name, pad, make_sources=None):
     """Greedy tokens of keras-hub's task `keras_hub.models.<task_name>` on
-    two sources and `prompts(pad)`: token ids right-padded with `pad`, or
-    `make_sources()` (a dict of the encoder's inputs)."""
+    two sources (`make_sources()`; default: `token_sources(pad)`) and
+    `prompts(pad)`. The returned function's `sources()` gives the
+    generator's sources."""
+    make_sources = make_sources or token_sources(pad)
 
     def generate(backbone):
-        if make_sources is None:
-            ids = np.array([[5, 7, 9, 4, pad, pad], [3, 4, 11, 12, 13, 8]])
-            ids = ids.astype("int32")
-            sources = ids
-            inputs = {
-                "encoder_token_ids": ids,
-                "encoder_padding_mask": ids != pad,
-            }
-        else:
-            sources = inputs = make_sources()
+        sources, inputs = make_sources()
         tokens, start = prompts(pad)
         task = getattr(keras_hub.models, task_name)(
             backbone=backbone, preprocessor=None
@@ -225,6 +243,7 @@ def task_greedy(task_name, pad, make_sources=None):
         )["decoder_token_ids"]
         return (sources, tokens, start), to_numpy(want)
 
+    generate.sources = lambda: make_sources()[0]
     return generate
 
 
@@ -253,6 +272,7 @@ def forward_greedy(make_sources, pad=0):
             tokens[free, position] = chosen[free]
         return (sources, prompts(pad)[0], start), tokens
 
+    generate.sources = make_sources
     return generate
 
 
@@ -279,7 +299,9 @@ FAMILIES = {
     "moonshine": dict(
         make=moonshine,
         inputs=audio_inputs,
-        greedy=task_greedy("MoonshineAudioToText", 0, audio_sources),
+        greedy=task_greedy(
+            "MoonshineAudioToText", 0, encoder_inputs(audio_sources)
+        ),
         pad=0,
         attention=6,
         scale=0.5,  # varied greedy tokens
@@ -418,6 +440,17 @@ def test_keras_round_trip(converted, name, tmp_path):
             to_numpy(got[key]), to_numpy(expected[key]), atol=1e-6
         )
     assert len(reloaded.weights) == len(model.weights)
+    # The generator reads the reloaded graph as the converted one.
+    family = FAMILIES[name]
+    sources = family["greedy"].sources()
+    tokens, start = prompts(family["pad"])
+    outputs = [
+        seq2seq_generator(
+            m, pad_token_id=family["pad"], jit_compile=False
+        ).generate(sources, tokens, padding_mask=start)[0]
+        for m in (model, reloaded)
+    ]
+    np.testing.assert_array_equal(*map(to_numpy, outputs))
 
 
 def test_bart_shares_one_token_table(converted):
