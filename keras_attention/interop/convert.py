@@ -139,6 +139,10 @@ def from_keras_hub(backbone):
     (learned sinks, a window on every other layer, YaRN, its mixture of experts
     as a `MixtureOfExperts`), `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
+    the encoder-decoders `BartBackbone`, `T5GemmaBackbone`,
+    `WhisperBackbone` (input `encoder_features`: its convolutions as Keras
+    layers) and `MoonshineBackbone` (raw audio `encoder_input_values`: its
+    frontend as Keras layers, its frames' mask a `ConvolutionPaddingMask`),
     `BloomBackbone` (ALiBi), `Phi3Backbone` (LongRoPE as the self-attention's
     `rotary_scaling`), `Qwen3Backbone` (QK-norm as the self-attention's
     `qk_norm="rms"`), `Qwen3_5Backbone` (text: gated delta net layers as
