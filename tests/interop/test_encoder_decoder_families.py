@@ -472,3 +472,21 @@ def test_whisper_key_biases_hold_zeros(converted):
     assert len(model.weights) == len(backbone.weights) + len(biases)
     table = model.get_layer("encoder_position_embedding")
     assert not table.trainable  # the fixed sinusoids, as keras-hub's
+
+
+def test_encoder_inputs_generator_refuses_wrong_sources(converted):
+    """Sources of an audio encoder: its inputs by name, one row per
+    prompt; the decoder's learned positions bound the outputs' length."""
+    _, model = converted("whisper")
+    generator = seq2seq_generator(model, jit_compile=False)
+    assert generator.source_names == ("encoder_features",)
+    frames = whisper_sources()["encoder_features"]
+    tokens, start = prompts(0)
+    with pytest.raises(ValueError, match="encoder's inputs"):
+        generator.generate({"features": frames}, tokens, padding_mask=start)
+    with pytest.raises(ValueError, match="one row per prompt"):
+        generator.generate(frames[:1], tokens, padding_mask=start)
+    with pytest.raises(ValueError, match="max_length"):
+        generator.generate(frames, tokens, max_length=LENGTH + 1)
+    with pytest.raises(ValueError, match=r"\(batch, T\)"):
+        generator.generate(frames, tokens[0], padding_mask=start[0])
