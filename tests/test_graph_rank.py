@@ -305,6 +305,26 @@ CASES = [
         {"x": X[:, :1], "cache": np.zeros((2, 6, 6), "float32")},
     ),
     (
+        "lightning-indexer",
+        lambda: L.LightningIndexer(2, 4, 3),
+        lambda layer, x, m: layer(x, padding_mask=m),
+        {"x": X, "m": VALID},
+    ),
+    (
+        "multi-head-latent-attention-indexer",  # top-k attention
+        lambda: L.MultiHeadLatentAttention(
+            2,
+            4,
+            2,
+            2,
+            3,
+            q_lora_rank=4,
+            indexer=dict(num_heads=2, head_dim=4, top_k=3),
+        ),
+        lambda layer, x, m: layer(x, query_mask=m, use_causal_mask=True),
+        {"x": X, "m": VALID},
+    ),
+    (
         "linear-attention-gated-packed",
         lambda: L.LinearAttention(2, 4, decay="gated", chunk_size=4),
         lambda layer, x, m, ids: layer(

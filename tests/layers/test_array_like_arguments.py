@@ -195,6 +195,16 @@ CASES = [
         ("m", "am", "pos"),
     ),
     (
+        "lightning-indexer",
+        "LightningIndexer",
+        lambda: L.LightningIndexer(2, 4, 3),
+        lambda layer, x, m, am, pos: layer(
+            x, padding_mask=m, attention_mask=am, positions=pos
+        ),
+        {"x": X, "m": VALID, "am": ATTENTION, "pos": POSITIONS},
+        ("m", "am", "pos"),
+    ),
+    (
         "linear-attention",
         "LinearAttention",
         lambda: L.LinearAttention(2, 4, decay="gated", chunk_size=4),

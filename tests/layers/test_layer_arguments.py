@@ -45,6 +45,8 @@ def _call(layer):
         out = layer(X, token_ids=IDS)
     elif isinstance(layer, ka.RotaryEmbedding):
         out = layer(X[:, :, None, :])
+    elif isinstance(layer, ka.LightningIndexer):
+        out = layer(X, use_causal_mask=False)  # every score finite
     elif isinstance(layer, ka.GroupQueryAttention):
         out = layer(X, X)  # Keras's contract: equal feature sizes
     elif isinstance(layer, ka.GraphAttention):
@@ -73,6 +75,25 @@ def i64(n):
 
 # (class, arguments with NumPy scalars, the same with Python ones).
 NUMPY_SCALARS = [
+    (
+        ka.LightningIndexer,
+        dict(
+            num_heads=i64(2),
+            head_dim=np.int32(4),
+            top_k=i64(3),
+            rope_head_dim=i64(2),
+            rope_theta=np.float32(100.0),
+            layer_norm_epsilon=np.float32(1e-5),
+        ),
+        dict(
+            num_heads=2,
+            head_dim=4,
+            top_k=3,
+            rope_head_dim=2,
+            rope_theta=100.0,
+            layer_norm_epsilon=float(np.float32(1e-5)),
+        ),
+    ),
     (
         ka.GatedDeltaNet,
         dict(
@@ -610,6 +631,11 @@ def halves(shape, dtype=None):
 
 
 INITIALIZED = [
+    (
+        ka.LightningIndexer,
+        dict(num_heads=2, head_dim=4, top_k=3),
+        "kernel_initializer",
+    ),
     (
         ka.GatedDeltaNet,
         dict(

@@ -1584,6 +1584,8 @@ def test_layers_are_all_covered():
         "GroupQueryAttention",
         # Its properties: tests/properties/test_kimi_delta_rule_property.py
         "KimiDeltaAttention",
+        # Its properties: tests/properties/test_topk_attention_property.py
+        "LightningIndexer",
         # Its properties: tests/properties/test_linear_attention_property.py
         "LinearAttention",
         "LocalSelfAttention",

@@ -9,7 +9,9 @@ with none), `causal` with an offset, query and key padding, an index
 mask, the query tile and the scale.
 
 Properties: the outputs and log-sum-exps agree (`-inf` on the same rows),
-rows with nothing to attend to are zero, and nothing is NaN.
+rows with nothing to attend to are zero, and nothing is NaN. And
+`LightningIndexer`'s choice (`select_top_k`) on scores with many exact
+ties: the best allowed keys, equal scores lowest position first.
 """
 
 import keras
@@ -130,3 +132,37 @@ def test_topk_equals_dense_under_the_index_mask(p):
     np.testing.assert_allclose(out, want, atol=2e-5)
     empty = ~allowed.any(-1)
     assert np.all(out[empty] == 0)
+
+
+@st.composite
+def selections(draw):
+    """Index scores with many exact ties (small integers) and the keys
+    each query may select, some queries with fewer than `top_k`."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    scores = rng.integers(0, draw(st.sampled_from([2, 4, 50])), (B, TQ, TK))
+    allowed = rng.random((B, TQ, TK)) < draw(st.sampled_from([0.3, 0.9]))
+    return scores.astype("float32"), allowed, draw(st.integers(1, TK + 2))
+
+
+@DRAWS
+@given(selections())
+def test_the_indexer_keeps_the_best_keys_lowest_position_first(problem):
+    """`LightningIndexer`'s choice: the `top_k` best allowed keys, equal
+    scores the lowest positions first, every allowed key when there are
+    fewer; positions in increasing order, -1 after them."""
+    from keras_attention.layers.lightning_indexer import select_top_k
+
+    scores, allowed, top_k = problem
+    indices, kept = select_top_k(
+        ops.convert_to_tensor(scores), ops.convert_to_tensor(allowed), top_k
+    )
+    indices, kept = np_(indices), np_(kept)
+    for n in range(B):
+        for i in range(TQ):
+            keys = np.flatnonzero(allowed[n, i])
+            best = sorted(keys, key=lambda s: (-scores[n, i, s], s))[:top_k]
+            want = sorted(best) + [-1] * (top_k - len(best))
+            np.testing.assert_array_equal(indices[n, i], want)
+            np.testing.assert_array_equal(
+                np.flatnonzero(kept[n, i]), sorted(best)
+            )
