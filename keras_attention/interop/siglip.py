@@ -156,15 +156,23 @@ def _copy(backbone, model, vision, text):
     ours = {w.path: w for w in model.weights}
     vision_positions = _image_text.positions_transform(backbone.vision_encoder)
 
+    # The probe is an unnamed weight: its path ("head/variable",
+    # "head/variable_1", ...) counts the process's unnamed variables.
+    probe = backbone.vision_encoder.head.probe.path
+    table = tuple(
+        (probe if theirs == "head/variable" else theirs, ours)
+        for theirs, ours in VISION_TABLE
+    )
+
     def vision_transform(path, value):
-        if path == "head/variable":
+        if path == probe:
             return np.reshape(value, value.shape[1:])  # the probe (1, d)
         return vision_positions(path, value)
 
     pairs = _image_text.tower_pairs(
         backbone.vision_encoder,
         model,
-        VISION_TABLE,
+        table,
         vision["num_layers"],
         vision_transform,
     )

@@ -14,6 +14,10 @@ family") says how to add one.
 
 import collections
 
+# The families are modules of this package, imported by name from
+# `interop.huggingface`; it re-exports nothing.
+__all__ = []
+
 # What a family's converter returns: the model (weights not yet
 # loaded), its weight table, the number of layers the table's `{i}`
 # rows run over, and `fnmatch` patterns of tensors left unread on
