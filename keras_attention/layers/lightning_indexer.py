@@ -93,9 +93,10 @@ class LightningIndexer(keras.layers.Layer):
     `nn.Linear` weight transposed): `wq_b` (`num_heads * head_dim` units,
     no bias), `wk` (`head_dim`, no bias), `k_norm` (a `LayerNormalization`
     of epsilon `layer_norm_epsilon`, its gamma and beta the torch
-    weight and bias), `weights_proj` (`num_heads`, no bias; computed in
-    float32 at least, as `transformers` keeps it). The scores are
-    float32 (float64 for float64 inputs).
+    weight and bias), `weights_proj` (`num_heads`, no bias; applied in
+    float32 at least under every dtype policy, as `transformers` keeps
+    it in float32). The scores are float32 (float64 for float64
+    inputs).
 
     Selection: a query keeps the `top_k` largest `I[t, s]` among the keys
     it may select (earlier or equal positions with `use_causal_mask`, real
@@ -214,14 +215,14 @@ class LightningIndexer(keras.layers.Layer):
             name="rotary_embedding",
         )
 
-    def _dense(self, units, name, input_dim, dtype=None):
+    def _dense(self, units, name, input_dim):
         dense = keras.layers.Dense(
             units,
             use_bias=False,
             kernel_initializer=keras_utils.clone_initializer(
                 self.kernel_initializer
             ),
-            dtype=dtype or self.dtype_policy,
+            dtype=self.dtype_policy,
             name=name,
         )
         dense.build((None, None, input_dim))
@@ -246,11 +247,9 @@ class LightningIndexer(keras.layers.Layer):
             name="k_norm",
         )
         self.k_norm.build((None, None, self.head_dim))
-        # In float32 at least (`transformers` keeps it in float32).
-        wide = scoring.softmax_dtype(self.compute_dtype)
-        self.weights_proj = self._dense(
-            self.num_heads, "weights_proj", hidden, wide
-        )
+        # Applied in float32 at least (`index_scores`), as `transformers`
+        # keeps it in float32.
+        self.weights_proj = self._dense(self.num_heads, "weights_proj", hidden)
         self.built = True
 
     # Pieces (`MultiHeadLatentAttention` calls them too) -------------------
@@ -292,7 +291,9 @@ class LightningIndexer(keras.layers.Layer):
         dots = ops.einsum("bthd,bsd->bths", q, k)
         scale = keras_utils.constant(1.0 / math.sqrt(self.head_dim), dtype)
         dots = ops.relu(dots * scale)
-        w = ops.cast(self.weights_proj(ops.cast(inputs, dtype)), dtype)
+        with scoring.full_precision_variables():  # the float32 kernel
+            kernel = ops.cast(self.weights_proj.kernel, dtype)
+        w = ops.matmul(ops.cast(inputs, dtype), kernel)
         w = w * keras_utils.constant(1.0 / math.sqrt(self.num_heads), dtype)
         scores = ops.einsum("bths,bth->bts", dots, w)
         return ops.where(allowed, scores, ops.full_like(scores, NEG_INF))

@@ -305,6 +305,24 @@ def test_indexer_option_errors(indexer, error, match):
         )
 
 
+def test_indexed_mla_passes_the_shared_harness():
+    """Config, state, `.keras` and SavedModel round trips, `fit` (the
+    top-k path's gradients; the indexer gets none, it learns from
+    `distillation_loss`) and mixed precision, with the indexer inside.
+    The indexer alone returns float32 scores under every policy (they
+    decide the top-k), which the harness's mixed-precision check refuses:
+    its config and `.keras` file are tested below."""
+    from harness import run_layer_test
+
+    run_layer_test(
+        MultiHeadLatentAttention,
+        dict(SIZES, indexer=dict(num_heads=2, head_dim=4, top_k=3)),
+        {"query": X[:, :6]},
+        call_kwargs={"use_causal_mask": True},
+        expected_output_shape=(2, 6, HIDDEN),
+    )
+
+
 def test_indexed_mla_config_round_trip():
     layer = _indexed_mla(absorb=True)
     clone = MultiHeadLatentAttention.from_config(layer.get_config())
