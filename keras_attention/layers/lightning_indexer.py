@@ -134,7 +134,8 @@ class LightningIndexer(keras.layers.Layer):
         query_inputs: optional `(batch, T, features)`, what the queries
             are projected from (`inputs` when None).
         padding_mask: optional bool `(batch, T)`: a False token is never
-            selected and, as a query, selects nothing.
+            selected and, as a query, selects nothing; read from the
+            inputs' Keras mask when omitted.
         attention_mask: optional bool `(T, S)` or `(batch, T, S)`, True
             where a key may be selected.
         use_causal_mask: bool, query `t` selects among keys `s <= t`
@@ -214,6 +215,7 @@ class LightningIndexer(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="rotary_embedding",
         )
+        self.supports_masking = True  # the Keras mask is the padding
 
     def _dense(self, units, name, input_dim):
         dense = keras.layers.Dense(
@@ -336,6 +338,8 @@ class LightningIndexer(keras.layers.Layer):
             attention_mask=attention_mask,
             positions=positions,
         )
+        if padding_mask is None:
+            padding_mask = keras_utils.keras_mask(inputs)
         validation.check_call_input("inputs", inputs, self._hidden, (3,))
         if query_inputs is not None:
             validation.check_call_input(
@@ -392,6 +396,9 @@ class LightningIndexer(keras.layers.Layer):
         if cache is None:
             return scores, indices
         return scores, indices, cache
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None  # scores and positions: no sequence of the inputs'
 
     def compute_output_spec(self, inputs, cache=None, **kwargs):
         b, t = inputs.shape[0], inputs.shape[1]

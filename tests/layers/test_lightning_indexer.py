@@ -119,6 +119,20 @@ def test_matches_numpy_reference_with_padding():
     np.testing.assert_array_equal(np_(indices)[1, :2], -1)
 
 
+def test_the_keras_mask_is_the_default_padding_mask():
+    ids = np.array([[0, 0, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    embedding = keras.layers.Embedding(10, HIDDEN, mask_zero=True)
+    layer = _indexer(top_k=3)
+    want = layer(embedding(ids), padding_mask=ids != 0)
+    got = layer(embedding(ids))
+    inputs = keras.Input((None,), dtype="int32")
+    model = keras.Model(inputs, layer(embedding(inputs)))
+    for outputs in (got, model(ids)):
+        np.testing.assert_array_equal(np_(outputs[1]), np_(want[1]))
+        np.testing.assert_allclose(np_(outputs[0]), np_(want[0]))
+    assert np.all(np_(got[1])[0, :2] == -1)
+
+
 def test_ties_keep_the_lowest_positions():
     # Zero head weights: every score is 0, every allowed key ties.
     layer = _indexer(top_k=4)
