@@ -427,7 +427,9 @@ class Generator(StreamingMixin):
         The buffer's length may be unknown while tracing (a `tf.function`
         taking prompts of any length): only the chunks are static.
         """
-        if self._overwrites_positions(cache):
+        # At once needs the buffer's length while tracing (a cached call
+        # of an unknown number of tokens does not trace).
+        if token_ids.shape[1] is not None and self._overwrites_positions(cache):
             return self._prefill_at_once(token_ids, padding_mask, cache, hidden)
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
         chunk = max((self._window() or 0) + 1, 32)
