@@ -96,6 +96,12 @@ CASES = {
         {},
         {},
     ),
+    "topk_attention": (
+        ka.ops.topk_attention,
+        (Q, K, V, np.array([[[0, 1], [0, 1], [1, 2], [2, 3], [3, 4]]] * B)),
+        {"query_mask": MASK, "key_mask": MASK},
+        {"causal": True},
+    ),
     "merge_attention": (
         lambda outputs, lses: ka.ops.merge_attention([outputs], [lses]),
         tuple(np.asarray(p) for p in _lse_parts()),
