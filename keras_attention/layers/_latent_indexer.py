@@ -22,7 +22,7 @@ only those (`ops.topk_attention`), in the naive or the absorbed form.
 from keras import ops
 
 from keras_attention.layers.lightning_indexer import LightningIndexer
-from keras_attention.layers.lightning_indexer import select_top_k
+from keras_attention.layers.lightning_indexer import selection_mask
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.topk_attention import topk_attention
 
@@ -75,15 +75,16 @@ def _plain_mask(attention_mask):
     return attention_mask[:, 0]
 
 
-def attend(query, key, value, indices=None, selection=None, **options):
+def attend(query, key, value, indices=None, **options):
     """`dot_product_attention(query, key, value, **options)`, or, with
     `indices` (an indexed layer's), top-k attention over them: on the
-    top-k path, or on the dense one under `selection` (the kept keys'
-    mask) when the weights are returned or dropped out."""
+    top-k path, or on the dense one under the kept keys' mask when the
+    weights are returned or dropped out."""
     if indices is None:
         return dot_product_attention(query, key, value, **options)
     if options["return_weights"] or options["dropout_fn"] is not None:
-        options = dict(options, attention_mask=selection[:, None])
+        kept = selection_mask(indices, ops.shape(key)[1])
+        options = dict(options, attention_mask=kept[:, None])
         return dot_product_attention(query, key, value, **options)
     return topk_attention(
         query,
@@ -158,8 +159,9 @@ class IndexedLatent:
 
     def _select(self, query, q_latent, start, positions, masks, keys):
         """`(masks, keys)`: the call's `masks` with the kept keys
-        (`indices` and their mask `selection`), and the indexer's keys,
-        this call's written into the cache `keys` (None: uncached)."""
+        (`indices`), and the indexer's keys, this call's written into the
+        cache `keys` (None: uncached). The scores are formed a tile of
+        queries at a time (`LightningIndexer.top_k_indices`)."""
         indexer = self.indexer
         new = indexer.keys(query, start, positions)
         if keys is not None:
@@ -179,8 +181,7 @@ class IndexedLatent:
         # Integers and a bool mask: the choice carries no gradient (the
         # indexer learns from `LightningIndexer.distillation_loss`).
         queries = indexer.queries(q_latent, start, positions)
-        scores = indexer.index_scores(
+        indices = indexer.top_k_indices(
             query, queries, new if keys is None else keys, allowed
         )
-        indices, kept = select_top_k(scores, allowed, indexer.top_k)
-        return dict(masks, indices=indices, selection=kept), keys
+        return dict(masks, indices=indices), keys

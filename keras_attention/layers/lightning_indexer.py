@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_attention.layers import _latent_rotary
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.ops import scan_carry
 from keras_attention.ops import scoring
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
@@ -21,6 +22,9 @@ from keras_attention.utils import validation
 _LAYOUT = "(batch, steps, features)"
 NEG_INF = float("-inf")
 REDUCTIONS = ("mean", "sum", "none")
+# `top_k_indices`: per-head scores `(tile, heads, S)` of one query tile,
+# at most this many per batch element (64 MiB in float32).
+TILE_ELEMENTS = 2**24
 
 
 def _check_rope_head_dim(value, head_dim):
@@ -71,6 +75,25 @@ def select_top_k(scores, allowed, top_k):
     positions = ops.cast(positions, "int32")
     indices = ops.where(values > 0, positions, ops.full_like(positions, -1))
     return indices, kept[..., :length] if pad else kept
+
+
+def selection_mask(indices, length):
+    """Bool `(b, t, length)`, True at the positions `indices` `(b, t, k)`
+    names (-1: none), by one scatter: O(b t length) memory, nothing of
+    `(b, t, k, length)`."""
+    indices = ops.cast(indices, "int32")
+    b, t, k = ops.shape(indices)
+    column = ops.where(indices >= 0, indices, ops.full_like(indices, length))
+    rows = ops.broadcast_to(
+        ops.arange(b, dtype="int32")[:, None, None], (b, t, k)
+    )
+    steps = ops.broadcast_to(
+        ops.arange(t, dtype="int32")[None, :, None], (b, t, k)
+    )
+    coordinates = ops.reshape(ops.stack([rows, steps, column], -1), (-1, 3))
+    ones = ops.ones((b * t * k,), "int32")
+    hits = ops.scatter(coordinates, ones, (b, t, length + 1))
+    return hits[..., :length] > 0
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -299,6 +322,45 @@ class LightningIndexer(keras.layers.Layer):
         w = w * keras_utils.constant(1.0 / math.sqrt(self.num_heads), dtype)
         scores = ops.einsum("bths,bth->bts", dots, w)
         return ops.where(allowed, scores, ops.full_like(scores, NEG_INF))
+
+    def top_k_indices(self, inputs, queries, keys, allowed, query_block=None):
+        """`select_top_k` of `index_scores` computed a tile of queries at a
+        time (no gradient: positions), so that the per-head scores `(b,
+        tile, heads, S)` of one tile are alive at once, not those of every
+        query: `(b, t, top_k)`. `query_block`: queries per tile (None:
+        the largest power of two within `TILE_ELEMENTS`); the results do
+        not depend on it. A length unknown when tracing runs whole."""
+        t, s = queries.shape[1], keys.shape[1]
+        if query_block is None and None not in (t, s):
+            query_block, per_row = 1, self.num_heads * max(s, 1)
+            while (
+                query_block < t and 2 * query_block * per_row <= TILE_ELEMENTS
+            ):
+                query_block *= 2
+        if t is None or query_block is None or query_block >= t:
+            scores = self.index_scores(inputs, queries, keys, allowed)
+            return select_top_k(scores, allowed, self.top_k)[0]
+        n = -(-t // query_block)
+        xs = []
+        for x in (inputs, queries, allowed):
+            pad = (ops.shape(x)[0], n * query_block - t) + tuple(x.shape[2:])
+            x = ops.concatenate([x, ops.zeros(pad, x.dtype)], axis=1)
+            shape = (ops.shape(x)[0], n, query_block) + tuple(x.shape[2:])
+            xs.append(ops.moveaxis(ops.reshape(x, shape), 1, 0))
+
+        def body(carry, x):
+            del carry
+            scores = self.index_scores(x[0], x[1], keys, x[2])
+            indices = select_top_k(scores, x[2], self.top_k)[0]
+            return indices, indices
+
+        init = ops.zeros(
+            (ops.shape(queries)[0], query_block, self.top_k), "int32"
+        )
+        _, tiles = scan_carry(body, init, tuple(xs))
+        tiles = ops.moveaxis(tiles, 0, 1)
+        shape = (ops.shape(tiles)[0], n * query_block, self.top_k)
+        return ops.reshape(tiles, shape)[:, :t]
 
     # Call -----------------------------------------------------------------
 

@@ -145,6 +145,22 @@ def test_ties_keep_the_lowest_positions():
     np.testing.assert_array_equal(np_(indices)[0, 8], [0, 2, 3, 4])
 
 
+def test_tiles_of_queries_give_the_same_choice():
+    from keras_attention.layers.lightning_indexer import selection_mask
+
+    layer = _indexer(top_k=3)
+    scores, indices = layer(X)
+    queries, keys = layer.queries(X), layer.keys(X)
+    allowed = np.isfinite(np_(scores))
+    for block in (1, 4, None):
+        got = layer.top_k_indices(X, queries, keys, allowed, block)
+        np.testing.assert_array_equal(np_(got), np_(indices))
+    kept = np.zeros((2, 9, 9), bool)
+    for n, i, j in zip(*np.nonzero(np_(indices) >= 0)):
+        kept[n, i, np_(indices)[n, i, j]] = True
+    np.testing.assert_array_equal(np_(selection_mask(indices, 9)), kept)
+
+
 def test_more_keys_kept_than_the_sequence_has():
     layer = _indexer(top_k=12, rope_head_dim=0)
     scores, indices = layer(X[:, :5], use_causal_mask=False)
