@@ -155,8 +155,9 @@ def _gather(x, rows):
 
 def _scores(q, kt, valid, scale):
     """Masked scores `(b, q, g, r, k)` in the softmax dtype of a tile's
-    queries `(b, q, h, d)` on its gathered keys `(b, q, k, g, d)`, and
-    the mask `(b, q, 1, 1, k)`."""
+    queries `(b, q, h, d)` on its gathered keys `(b, q, k, g, d)`
+    (`scoring.modify_scores`), the mask `(b, q, 1, 1, k)` and the scaled
+    queries `(b, q, g, r, d)`."""
     groups, heads = kt.shape[3], q.shape[2]
     dtype = scoring.score_dtype(q.dtype)
     q = ops.multiply(ops.cast(q, dtype), keras_utils.constant(scale, dtype))
@@ -165,10 +166,9 @@ def _scores(q, kt, valid, scale):
         q, (shape[0], shape[1], groups, heads // groups, q.shape[3])
     )
     s = ops.einsum("bqgrd,bqkgd->bqgrk", q, ops.cast(kt, dtype))
-    s = ops.cast(s, scoring.softmax_dtype(dtype))
     mask = valid[:, :, None, None, :]
-    fill = ops.zeros((), s.dtype) + scoring.mask_fill_value(s.dtype)
-    return ops.where(mask, s, fill), mask, q
+    s, _ = scoring.modify_scores(s, None, mask=mask)
+    return s, mask, q
 
 
 def _probabilities(s, mask, lse):
