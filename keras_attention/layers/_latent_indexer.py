@@ -124,8 +124,18 @@ class IndexedLatent:
         """`(latent, index_keys)` of a call's bare cache: the pair with an
         indexer, the latent alone (keys None) without."""
         pair = isinstance(cache, (tuple, list))
-        if cache is None or (pair == (self.indexer is not None)):
-            return (cache, None) if not pair else tuple(cache)
+        if cache is None or not pair and self.indexer is None:
+            return cache, None
+        if pair and self.indexer is not None and len(cache) == 2:
+            shape = tuple(getattr(cache[1], "shape", ()))
+            width = self.indexer.head_dim
+            if len(shape) != 3 or shape[-1] not in (None, width):
+                raise ValueError(
+                    "The indexer's key cache must have shape (batch, "
+                    f"max_length, head_dim) = (batch, max_length, {width}). "
+                    f"Received: index_keys.shape={shape!r}"
+                )
+            return tuple(cache)
         raise ValueError(
             "A layer with an `indexer` takes the pair (latent, index_keys) "
             "as a bare cache (or `init_cache`'s dict), and one without a "

@@ -254,6 +254,8 @@ def test_indexed_mla_cached_equals_uncached_with_padding():
     assert tuple(keys.shape) == (2, 12, 8)
     with pytest.raises(ValueError, match="pair"):
         layer(X, cache=latent, cache_update_index=0)
+    with pytest.raises(ValueError, match=r"index_keys.shape=\(2, 12, 5\)"):
+        layer(X, cache=(latent, keys[..., :5]), cache_update_index=0)
 
 
 @(
