@@ -384,9 +384,11 @@ def topk_attention(
         ("query_mask", query_mask, query.shape[1]),
         ("key_mask", key_mask, key.shape[1]),
     ):
-        if mask is not None and tuple(mask.shape)[1:] not in (
-            (length,),
-            (None,),
+        shape = None if mask is None else tuple(mask.shape)
+        if shape is not None and (
+            len(shape) != 2
+            or None not in (length, shape[1])
+            and shape[1] != length
         ):
             raise ValueError(
                 f"`{name}` must have shape (batch, {length}). Received: "

@@ -332,6 +332,16 @@ def test_graphs_with_gradients_equal_eager_and_stay_rank_5():
     for run in runs:
         for got, want in zip(run(*args), eager):
             np.testing.assert_allclose(np_(got), np_(want), atol=1e-5)
+    # A mask of known length beside a query of unknown length.
+    mask = np.ones((2, 9), bool)
+    masked = tf.function(
+        lambda q, k, i: topk_attention(q, k, k, i, query_mask=mask),
+        input_signature=[dynamic[0], dynamic[1], dynamic[3]],
+    )
+    want = topk_attention(q, k, k, indices, query_mask=mask)
+    np.testing.assert_allclose(
+        np_(masked(args[0], args[1], args[3])), np_(want), atol=1e-6
+    )
     graph = tf.function(f).get_concrete_function(*args).graph
     assert high_rank_tensors(graph) == []
 
