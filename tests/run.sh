@@ -54,6 +54,14 @@
 # PyTorch 72 s, whole CI 1,324 s; JAX's costliest new test, the composed
 # blocks' generation (68 s), then moved to tests/generation, which the JAX
 # part does not run (TensorFlow and PyTorch do).
+# 2026-12-06, 48c5b70 (issues 55-57: 22 keras-hub families, the Hugging
+# Face loader, the flex path, KDA, DeepSeek sparse attention), clean
+# clone, NOT idle (a helper's tests ran beside it, load 3-4): TF 1,468 s
+# (4,389 passed, 2 failed, mended in 498f940 and 08d4f6b); the examples
+# ran about 2x their idle time, so about 750 s idle; then on 08d4f6b in
+# the same clone and load, JAX 861 s (2,404 passed; about 500 s idle).
+# The converted families run on TensorFlow only in the fast tier
+# (tests/interop/tiers.py). Measure the whole CI idle next.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
