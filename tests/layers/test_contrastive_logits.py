@@ -44,7 +44,8 @@ def test_clip_defaults():
     want = reference(IMAGES, TEXTS, math.log(1 / 0.07))
     np.testing.assert_allclose(to_numpy(image_logits), want[0], rtol=1e-5)
     np.testing.assert_allclose(to_numpy(text_logits), want[1], rtol=1e-5)
-    assert [w.path for w in head.weights] == ["contrastive_logits/logit_scale"]
+    # The layer's name is numbered by how many came before it.
+    assert [w.path for w in head.weights] == [f"{head.name}/logit_scale"]
 
 
 def test_siglip_scale_and_bias_are_learned_weights():
