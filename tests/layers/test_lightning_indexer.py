@@ -15,6 +15,7 @@ import tempfile
 import keras
 import numpy as np
 import pytest
+from harness import run_layer_test
 from keras import ops
 
 from keras_attention.layers import LightningIndexer
@@ -344,8 +345,6 @@ def test_indexed_mla_passes_the_shared_harness():
     The indexer alone returns float32 scores under every policy (they
     decide the top-k), which the harness's mixed-precision check refuses:
     its config and `.keras` file are tested below."""
-    from harness import run_layer_test
-
     run_layer_test(
         MultiHeadLatentAttention,
         dict(SIZES, indexer=dict(num_heads=2, head_dim=4, top_k=3)),

@@ -88,7 +88,7 @@ def _harness_configurations():
         )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        for name, function in vars(module).items():
+        for name, function in list(vars(module).items()):
             if not name.startswith("test_") or not callable(function):
                 continue
             if "run_layer_test(" not in inspect.getsource(function):
