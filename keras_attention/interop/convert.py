@@ -14,6 +14,7 @@ from keras_attention.interop.esm import convert_esm
 from keras_attention.interop.falcon import convert_falcon
 from keras_attention.interop.gemma import convert_gemma
 from keras_attention.interop.gemma3 import convert_gemma3
+from keras_attention.interop.gemma4 import convert_gemma4
 from keras_attention.interop.gpt2 import convert_gpt2
 from keras_attention.interop.gpt_neox import convert_gpt_neox
 from keras_attention.interop.gpt_oss import convert_gpt_oss
@@ -30,6 +31,7 @@ from keras_attention.interop.qwen3_5 import convert_qwen3_5
 from keras_attention.interop.qwen3_5_moe import convert_qwen3_5_moe
 from keras_attention.interop.qwen3_moe import convert_qwen3_moe
 from keras_attention.interop.qwen_moe import convert_qwen_moe
+from keras_attention.interop.refused import refusal_reason
 from keras_attention.interop.roberta import convert_roberta
 from keras_attention.interop.roformer_v2 import convert_roformer_v2
 from keras_attention.interop.siglip import convert_siglip
@@ -60,6 +62,7 @@ CONVERTERS = {
     "GptOssBackbone": convert_gpt_oss,
     "GemmaBackbone": convert_gemma,
     "Gemma3Backbone": convert_gemma3,
+    "Gemma4Backbone": convert_gemma4,
     "LlamaBackbone": convert_llama,
     "MetaCLIP2Backbone": convert_metaclip_2,
     "MistralBackbone": convert_mistral,
@@ -230,8 +233,9 @@ def from_keras_hub(backbone):
     for cls in type(backbone).__mro__:
         if cls in registry:
             return registry[cls](backbone)
+    reason = refusal_reason(c.__name__ for c in type(backbone).__mro__)
     raise ValueError(
-        f"No converter for {type(backbone).__name__}. Supported keras-hub "
-        f"backbones: {', '.join(supported_backbones())}. Received: "
+        f"No converter for {type(backbone).__name__}.{reason} Supported "
+        f"keras-hub backbones: {', '.join(supported_backbones())}. Received: "
         f"backbone={backbone.name!r} of type {type(backbone).__name__}"
     )
