@@ -12,6 +12,8 @@ same here. A RoPE type or key this module does not know is refused
 (`ValueError` naming it), never ignored.
 """
 
+import math
+
 from keras_attention.layers.activations import gelu_approximate
 
 # transformers' `hidden_act` names -> our activation. "gelu" is the exact
@@ -42,6 +44,16 @@ ROPE_KEYS = {
         "long_factor",
         "factor",
         "original_max_position_embeddings",
+    ),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+        "truncate",
+        "mscale",
+        "mscale_all_dim",
     ),
 }
 _ROPE_COMMON = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
@@ -158,9 +170,11 @@ def rope_arguments(config, layer_type=None, default_theta=10000.0):
     Types: "default", "linear" (position interpolation), "llama3" (Llama
     3.1's frequency adjustment), "longrope" (Phi-3's LongRoPE; the
     config's top-level `original_max_position_embeddings` takes
-    precedence, as transformers'). Others ("dynamic", "yarn", ...: add
-    one with a family test that checks it against transformers) and
-    keys not read for the type are refused (`ValueError` naming them).
+    precedence, as transformers'), "yarn" (YaRN as transformers'
+    `_compute_yarn_parameters`, with DeepSeek's `mscale` and
+    `mscale_all_dim`: `yarn_scaling`). Others ("dynamic", ...: add one
+    with a family test that checks it against transformers) and keys not
+    read for the type are refused (`ValueError` naming them).
 
     Example:
 
@@ -241,9 +255,88 @@ def _linear(config, params):
     return None if factor == 1.0 else {"scaling_factor": factor}
 
 
+def _yarn_mscale(factor, mscale=1.0):
+    """transformers' `yarn_get_mscale`: `0.1 * mscale * ln(factor) + 1`
+    (1 for `factor <= 1`)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_scaling(config, params):
+    """The `rotary_scaling` of a "yarn" RoPE dict `params` (`rope_dict`),
+    equal to transformers' `_compute_yarn_parameters`: `factor` (None:
+    `max_position_embeddings / original_max_position_embeddings`; at
+    least 1: a factor of 1 is plain RoPE, None here),
+    `original_max_position_embeddings` (the config's top-level one
+    first, then the dict's, then `max_position_embeddings`),
+    `beta_fast` / `beta_slow` (32 / 1 when absent or 0), `truncate`
+    (default True; read, as transformers reads it, from a flat RoPE
+    dict only: with RoPE dicts per layer type it is True, and the
+    length is the layer type's own), and DeepSeek's
+    `mscale` and `mscale_all_dim` (kept when `mscale_all_dim` is
+    non-zero, as `MultiHeadLatentAttention` reads them: cos and sin scaled by
+    `m(factor, mscale) / m(factor, mscale_all_dim)` when both are given,
+    the softmax scale by `m(factor, mscale_all_dim) ** 2`; a
+    `MultiHeadAttention` refuses them).
+
+    cos and sin are scaled by transformers' `attention_factor`, whose
+    default our layers compute (`0.1 ln(factor) + 1`, or DeepSeek's ratio
+    above); a config's explicit `attention_factor` is read when it is
+    that default (within 1e-6) and refused (`ValueError` naming it)
+    otherwise.
+    """
+    flat = config.get("rope_parameters", config.get("rope_scaling")) or {}
+    nested = any(key in LAYER_TYPES for key in flat)
+    original = _original_length(config, params)
+    if nested:  # transformers reads the top-level length for flat ones only
+        original = int(
+            params.get(
+                "original_max_position_embeddings",
+                config.require("max_position_embeddings"),
+            )
+        )
+    factor = params.get("factor")
+    if factor is None:
+        factor = config.require("max_position_embeddings") / original
+    factor = float(factor)
+    if factor < 1:
+        raise ValueError(
+            f"config.json of model_type {config.model_type!r}: YaRN "
+            f"factor={factor!r} is not supported (supported: >= 1)."
+        )
+    mscales = {}
+    if params.get("mscale_all_dim"):  # a lone `mscale` changes nothing
+        mscales = {k: float(params[k]) for k in _MSCALES if params.get(k)}
+    default = _yarn_mscale(factor)
+    if len(mscales) == 2:
+        default = _yarn_mscale(factor, mscales["mscale"]) / _yarn_mscale(
+            factor, mscales["mscale_all_dim"]
+        )
+    given = params.get("attention_factor")
+    if given is not None and abs(float(given) - default) > 1e-6 * default:
+        raise ValueError(
+            f"config.json of model_type {config.model_type!r}: YaRN "
+            f"attention_factor={given!r} is not supported (supported: "
+            f"its default from factor and mscale, {default!r})."
+        )
+    if factor == 1.0:
+        return None  # YaRN of factor 1: plain RoPE, cos and sin unscaled
+    return {
+        "rope_type": "yarn",
+        "scaling_factor": factor,
+        "beta_fast": float(params.get("beta_fast") or 32.0),
+        "beta_slow": float(params.get("beta_slow") or 1.0),
+        "original_max_position_embeddings": original,
+        "truncate": True if nested else bool(params.get("truncate", True)),
+        **mscales,
+    }
+
+
+_MSCALES = ("mscale", "mscale_all_dim")
+
 _SCALINGS = {
     "default": lambda config, params: None,
     "linear": _linear,
     "llama3": _llama3,
     "longrope": _longrope,
+    "yarn": yarn_scaling,
 }
