@@ -11,7 +11,9 @@ import keras
 import numpy as np
 from keras import ops
 
-ROUTINGS = ("softmax_topk", "topk_softmax")
+from keras_attention.utils.keras_utils import constant
+
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 ACTIVATIONS = ("swiglu", "gpt_oss_glu")
 
 
@@ -56,6 +58,61 @@ def route(logits, top_k, routing, normalize_top_k):
     one_hot = ops.cast(ops.one_hot(indices, num_experts), logits.dtype)
     weights = ops.sum(one_hot * values[..., None], axis=1)
     return weights, ops.sum(one_hot, axis=1)
+
+
+def route_sigmoid(
+    logits, top_k, normalize_top_k, correction=None, groups=(1, 1)
+):
+    """DeepSeek-V3's routing weights of every token over every expert
+    (`transformers`' `DeepseekV3TopkRouter`): the scores are
+    `sigmoid(logits)`; the experts are chosen by `scores + correction`
+    (the score-correction bias, which steers the choice but not the
+    weights), among those of the `top_k_groups` groups whose two best
+    corrected scores sum highest (`groups = (num_groups, top_k_groups)`,
+    `num_experts / num_groups` consecutive experts a group; one group:
+    no limit); the chosen experts' weights are their scores, divided by
+    their sum (plus 1e-20) when `normalize_top_k`.
+
+    Args:
+        logits: `(tokens, num_experts)`, the router's logits, in the
+            routing dtype.
+        top_k: int, experts per token.
+        normalize_top_k: bool.
+        correction: None or `(num_experts,)`, the score-correction bias.
+        groups: `(num_groups, top_k_groups)`.
+
+    Returns:
+        `(weights, selected)`, as `route`'s.
+    """
+    num_experts = logits.shape[-1]
+    scores = ops.sigmoid(logits)
+    choice = scores
+    if correction is not None:
+        choice = scores + ops.cast(correction, scores.dtype)
+    num_groups, top_k_groups = groups
+    if num_groups > 1:
+        choice = _in_top_groups(choice, num_groups, top_k_groups)
+    indices = ops.top_k(choice, k=top_k)[1]
+    one_hot = ops.cast(ops.one_hot(indices, num_experts), logits.dtype)
+    selected = ops.sum(one_hot, axis=1)
+    weights = selected * scores
+    if normalize_top_k:
+        total = ops.sum(weights, axis=-1, keepdims=True)
+        weights = weights / (total + constant(1e-20, weights.dtype))
+    return weights, selected
+
+
+def _in_top_groups(choice, num_groups, top_k_groups):
+    """`choice` `(tokens, num_experts)` with `-inf` outside each token's
+    `top_k_groups` best groups (a group's score: the sum of its two best
+    choices)."""
+    size = choice.shape[-1] // num_groups
+    grouped = ops.reshape(choice, (-1, num_groups, size))
+    group_scores = ops.sum(ops.top_k(grouped, k=2)[0], axis=-1)
+    best = ops.top_k(group_scores, k=top_k_groups)[1]
+    kept = ops.sum(ops.one_hot(best, num_groups), axis=1)  # (tokens, groups)
+    kept = ops.repeat(kept, size, axis=-1) > 0
+    return ops.where(kept, choice, ops.full_like(choice, float("-inf")))
 
 
 def load_balancing_loss(logits, selected, top_k, token_mask=None):

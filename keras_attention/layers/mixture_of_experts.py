@@ -24,7 +24,7 @@ _LAYOUT = "(batch, ..., features)"
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MixtureOfExperts(keras.layers.Layer):
     """Sparse mixture-of-experts feed-forward layer (Mixtral, Qwen3-MoE,
-    gpt-oss), computed densely.
+    gpt-oss, DeepSeek-V3), computed densely.
 
     A router (`x W_r (+ b_r)`) scores `num_experts` gated feed-forward
     experts for every token; each token's output is the weighted sum of its
@@ -35,7 +35,16 @@ class MixtureOfExperts(keras.layers.Layer):
 
     Routing (`routing`): `"softmax_topk"` takes the `top_k` largest of the
     softmax over all experts, renormalized to sum 1 when `normalize_top_k`;
-    `"topk_softmax"` takes a softmax over the `top_k` largest logits. The
+    `"topk_softmax"` takes a softmax over the `top_k` largest logits;
+    `"sigmoid_topk"` (DeepSeek-V3) scores each expert `sigmoid(logit)`,
+    chooses the `top_k` largest of the scores plus a score-correction
+    bias (`score_correction_bias`: a non-trainable weight, DeepSeek's
+    load balancing without a loss, which steers the choice and not the
+    weights), among the experts of the `top_k_groups` best of
+    `num_groups` groups of consecutive experts (a group's score: its two
+    best corrected scores summed), and weights them by their scores,
+    divided by their sum (plus 1e-20) with `normalize_top_k`. Every
+    routing's weights are then multiplied by `routed_scaling_factor`. The
     router, its softmax and the load-balancing loss run in float32 for
     float16/bfloat16 computations (under `mixed_*` policies the router's
     float32 weights are read as they are, not cast to half precision), in
@@ -60,7 +69,9 @@ class MixtureOfExperts(keras.layers.Layer):
     (num_experts, hidden)`], then with a shared expert
     `shared_gate_up_kernel (hidden, 2 * shared_expert_dim)` (gate columns
     first), `shared_down_kernel (shared_expert_dim, hidden)` and
-    [`shared_gate_kernel (hidden, 1)`]. `MixtureOfExperts.from_keras_hub(block)`
+    [`shared_gate_kernel (hidden, 1)`], and last the non-trainable
+    [`score_correction_bias (num_experts,)`] (float32 under mixed
+    policies). `MixtureOfExperts.from_keras_hub(block)`
     copies a keras-hub block (Mixtral: gate and up kernels concatenated;
     gpt-oss: its interleaved gate/up columns de-interleaved).
 
@@ -79,6 +90,12 @@ class MixtureOfExperts(keras.layers.Layer):
     |                      |                |                 | keras-hub)    |
     | router_jitter_noise  | its argument   | 0.0             | 0.0           |
 
+    DeepSeek-V3 (`transformers`' `DeepseekV3MoE`): `routing=
+    "sigmoid_topk"`, `score_correction_bias=True`, `num_groups=n_group`,
+    `top_k_groups=topk_group`, `normalize_top_k=norm_topk_prob`,
+    `routed_scaling_factor`, `shared_expert_dim = n_shared_experts *
+    moe_intermediate_size` (ungated), `activation="swiglu"`.
+
     Load balancing: with `router_aux_loss_coef` (not None or 0), a call
     with `training=True` adds `router_aux_loss_coef * num_experts * sum_e
     f_e P_e` with `self.add_loss` (`f_e` the share of the top-k choices
@@ -92,21 +109,38 @@ class MixtureOfExperts(keras.layers.Layer):
         num_experts: int, the number of experts.
         top_k: int in `[1, num_experts]`, experts per token.
         intermediate_dim: int, each expert's hidden width.
-        routing: `"softmax_topk"` or `"topk_softmax"` (above).
+        routing: `"softmax_topk"`, `"topk_softmax"` or `"sigmoid_topk"`
+            (above).
         normalize_top_k: bool, renormalize the top-k probabilities
-            (`"softmax_topk"`).
+            (`"softmax_topk"`, `"sigmoid_topk"`).
         router_bias: bool, a bias on the router's logits (gpt-oss).
         activation: `"swiglu"` or `"gpt_oss_glu"` (above).
         expert_bias: bool, biases on the experts' projections (gpt-oss).
         glu_alpha: float > 0, `"gpt_oss_glu"`'s sigmoid factor.
         glu_limit: float > 0, `"gpt_oss_glu"`'s clamp.
         router_aux_loss_coef: None or a float >= 0, the load-balancing
-            loss's factor (None or 0: no loss).
+            loss's factor (None or 0: no loss; not with `"sigmoid_topk"`,
+            whose balance is the score-correction bias).
         shared_expert_dim: None or int, the width of the shared expert
             (None: none). It has the routed experts' `activation` and no
             biases (`expert_bias` is refused with it).
         shared_expert_gate: bool, scale the shared expert's output by
             `sigmoid(x w_g)` (needs `shared_expert_dim`).
+        num_groups: int dividing `num_experts`, the expert groups of
+            `"sigmoid_topk"` (1: no group limit; more: at least 2
+            experts a group). Defaults to 1.
+        top_k_groups: int in `[1, num_groups]`, the groups a token's
+            experts are chosen from (enough for `top_k` experts).
+            Defaults to 1.
+        score_correction_bias: bool, `"sigmoid_topk"`'s score-correction
+            bias weight (zeros until set). Defaults to False.
+        routed_scaling_factor: number > 0, the factor on the routing
+            weights (DeepSeek-V3: 2.5). Defaults to 1.
+        scale_expert_inputs: bool, each chosen expert takes the token
+            times its routing weight, `expert_e(w_e x)`, rather than
+            weighting its output, `w_e expert_e(x)` (Llama 4); not with
+            `expert_bias` (an unchosen expert, fed zeros, would give its
+            biases). Defaults to False.
         router_jitter_noise: float in [0, 1), Mixtral's training-time
             noise: the inputs (of the router and the experts) are
             multiplied by `uniform(1 - noise, 1 + noise)`.
@@ -149,6 +183,8 @@ class MixtureOfExperts(keras.layers.Layer):
         - Jiang et al., 2024, "Mixtral of Experts".
         - Qwen Team, 2025, "Qwen3 Technical Report".
         - OpenAI, 2025, "gpt-oss-120b & gpt-oss-20b Model Card".
+        - DeepSeek-AI, 2024, "DeepSeek-V3 Technical Report" (arXiv
+          2412.19437), section 2.1.2.
     """
 
     def __init__(
@@ -170,6 +206,11 @@ class MixtureOfExperts(keras.layers.Layer):
         seed=None,
         shared_expert_dim=None,
         shared_expert_gate=False,
+        num_groups=1,
+        top_k_groups=1,
+        score_correction_bias=False,
+        routed_scaling_factor=1.0,
+        scale_expert_inputs=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -207,6 +248,26 @@ class MixtureOfExperts(keras.layers.Layer):
         self.shared_expert_dim, self.shared_expert_gate = _check_shared(
             shared_expert_dim, shared_expert_gate, self.expert_bias
         )
+        (
+            self.num_groups,
+            self.top_k_groups,
+            self.score_correction_bias,
+        ) = _check_sigmoid_routing(
+            self, num_groups, top_k_groups, score_correction_bias
+        )
+        self.routed_scaling_factor = validation.check_positive_number(
+            "routed_scaling_factor", routed_scaling_factor
+        )
+        self.scale_expert_inputs = validation.check_bool(
+            "scale_expert_inputs", scale_expert_inputs
+        )
+        if self.scale_expert_inputs and self.expert_bias:
+            raise ValueError(
+                "`scale_expert_inputs` feeds unchosen experts zeros, which "
+                "their biases would turn into outputs: not with "
+                "`expert_bias`. Received: scale_expert_inputs=True, "
+                "expert_bias=True"
+            )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = validation.check_seed("seed", seed)
@@ -237,12 +298,13 @@ class MixtureOfExperts(keras.layers.Layer):
         layer.set_weights(weights)
         return layer
 
-    def _weight(self, name, shape, initializer, autocast=True):
+    def _weight(self, name, shape, initializer, autocast=True, **kwargs):
         return self.add_weight(
             name=name,
             shape=shape,
             initializer=keras_utils.clone_initializer(initializer),
             autocast=autocast,
+            **kwargs,
         )
 
     def build(self, inputs_shape):
@@ -272,6 +334,15 @@ class MixtureOfExperts(keras.layers.Layer):
         if self.expert_bias:
             self.down_bias = self._weight("down_bias", (e, hidden), bias)
         self._build_shared_expert(hidden)
+        self.score_correction = None
+        if self.score_correction_bias:  # set, not trained
+            self.score_correction = self._weight(
+                "score_correction_bias",
+                (e,),
+                "zeros",
+                autocast=False,
+                trainable=False,
+            )
         self.built = True
 
     def _build_shared_expert(self, hidden):
@@ -310,9 +381,7 @@ class MixtureOfExperts(keras.layers.Layer):
             )
         flat = ops.reshape(x, (-1, self._features))
         logits = self._router_logits(flat)
-        weights, selected = _moe_routing.route(
-            logits, self.top_k, self.routing, self.normalize_top_k
-        )
+        weights, selected = self._route(logits)
         outputs = self._experts(flat, weights)
         if self.shared_expert_dim is not None:
             outputs = outputs + self._shared_expert(flat)
@@ -325,6 +394,28 @@ class MixtureOfExperts(keras.layers.Layer):
             )
             self.add_loss(self.router_aux_loss_coef * loss)
         return ops.reshape(outputs, ops.shape(inputs))
+
+    def _route(self, logits):
+        """`(weights, selected)` of the routing (`_moe_routing`), the
+        weights times `routed_scaling_factor`."""
+        if self.routing == "sigmoid_topk":
+            weights, selected = _moe_routing.route_sigmoid(
+                logits,
+                self.top_k,
+                self.normalize_top_k,
+                self.score_correction,
+                (self.num_groups, self.top_k_groups),
+            )
+        else:
+            weights, selected = _moe_routing.route(
+                logits, self.top_k, self.routing, self.normalize_top_k
+            )
+        if self.routed_scaling_factor != 1:
+            factor = keras_utils.constant(
+                self.routed_scaling_factor, weights.dtype
+            )
+            weights = weights * factor
+        return weights, selected
 
     def _router_logits(self, flat):
         dtype = softmax_dtype(self.compute_dtype)
@@ -339,8 +430,13 @@ class MixtureOfExperts(keras.layers.Layer):
         return logits
 
     def _experts(self, flat, weights):
-        """`sum_e weights[:, e] * expert_e(flat)`, all experts computed."""
+        """`sum_e weights[:, e] * expert_e(flat)` (`sum_e
+        expert_e(weights[:, e] * flat)` with `scale_expert_inputs`), all
+        experts computed."""
         hidden = ops.einsum("nd,edm->nem", flat, self.gate_up_kernel)
+        weights = ops.cast(weights, self.compute_dtype)
+        if self.scale_expert_inputs:  # (w x) W = w (x W): no bias here
+            hidden = hidden * weights[..., None]
         if self.expert_bias:
             hidden = hidden + self.gate_up_bias
         gate, up = ops.split(hidden, 2, axis=-1)
@@ -352,8 +448,9 @@ class MixtureOfExperts(keras.layers.Layer):
             self.glu_alpha,
             self.glu_limit,
         )
-        weights = ops.cast(weights, self.compute_dtype)
-        hidden = ops.cast(hidden, self.compute_dtype) * weights[..., None]
+        hidden = ops.cast(hidden, self.compute_dtype)
+        if not self.scale_expert_inputs:
+            hidden = hidden * weights[..., None]
         outputs = ops.einsum("nem,emd->nd", hidden, self.down_kernel)
         if self.expert_bias:
             outputs = outputs + ops.einsum("ne,ed->nd", weights, self.down_bias)
@@ -408,8 +505,14 @@ class MixtureOfExperts(keras.layers.Layer):
                 "seed": self.seed,
                 "shared_expert_dim": self.shared_expert_dim,
                 "shared_expert_gate": self.shared_expert_gate,
+                "num_groups": self.num_groups,
+                "top_k_groups": self.top_k_groups,
+                "score_correction_bias": self.score_correction_bias,
+                "routed_scaling_factor": self.routed_scaling_factor,
             }
         )
+        if self.scale_expert_inputs:  # earlier configs stay as they were
+            config["scale_expert_inputs"] = True
         return config
 
 
@@ -441,6 +544,52 @@ def _check_shared(dim, gate, expert_bias):
             f"shared_expert_dim={dim!r}"
         )
     return dim, gate
+
+
+def _check_sigmoid_routing(layer, num_groups, top_k_groups, correction):
+    """`(num_groups, top_k_groups, score_correction_bias)` checked against
+    `layer`'s routing, experts and `top_k`: groups dividing the experts
+    (at least 2 a group when more than one), enough chosen groups for
+    `top_k` experts, and the groups, the correction bias (and no
+    load-balancing loss) with `"sigmoid_topk"` only."""
+    num_groups = validation.check_positive_int("num_groups", num_groups)
+    top_k_groups = validation.check_positive_int("top_k_groups", top_k_groups)
+    correction = validation.check_bool("score_correction_bias", correction)
+    experts, sigmoid = layer.num_experts, layer.routing == "sigmoid_topk"
+    if not sigmoid:
+        for name, value, unset in (
+            ("num_groups", num_groups, 1),
+            ("top_k_groups", top_k_groups, 1),
+            ("score_correction_bias", correction, False),
+        ):
+            if value != unset:
+                raise ValueError(
+                    f"`{name}` applies to `routing='sigmoid_topk'` only "
+                    f"(DeepSeek-V3's). Received: {name}={value!r}, "
+                    f"routing={layer.routing!r}"
+                )
+    elif layer.router_aux_loss_coef:
+        raise ValueError(
+            "`router_aux_loss_coef` cannot apply to `routing="
+            "'sigmoid_topk'` (its loss reads softmax probabilities; the "
+            "sigmoid routing balances by `score_correction_bias`). "
+            f"Received: router_aux_loss_coef={layer.router_aux_loss_coef!r}"
+        )
+    size = experts // num_groups
+    if experts % num_groups or (num_groups > 1 and size < 2):
+        raise ValueError(
+            "`num_groups` must divide `num_experts` "
+            f"({experts}) into groups of at least 2 experts. Received: "
+            f"num_groups={num_groups!r}"
+        )
+    if top_k_groups > num_groups or top_k_groups * size < layer.top_k:
+        raise ValueError(
+            "`top_k_groups` must be at most `num_groups` "
+            f"({num_groups}) and its groups hold `top_k` ({layer.top_k}) "
+            f"experts ({size} a group). Received: "
+            f"top_k_groups={top_k_groups!r}"
+        )
+    return num_groups, top_k_groups, correction
 
 
 def _check_coef(value):
