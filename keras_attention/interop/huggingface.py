@@ -9,27 +9,33 @@ import keras
 from keras_attention.interop.checkpoint import Checkpoint
 from keras_attention.interop.hf import configs
 from keras_attention.interop.hf import weights
+from keras_attention.interop.hf.bert import convert_bert
 from keras_attention.interop.hf.gemma import convert_gemma
 from keras_attention.interop.hf.llama import convert_llama
 from keras_attention.interop.hf.mistral import convert_mistral
+from keras_attention.interop.hf.modernbert import convert_modernbert
 from keras_attention.interop.hf.olmo2 import convert_olmo2
 from keras_attention.interop.hf.phi3 import convert_phi3
 from keras_attention.interop.hf.qwen2 import convert_qwen2
 from keras_attention.interop.hf.qwen3 import convert_qwen3
+from keras_attention.interop.hf.roberta import convert_roberta
 from keras_attention.interop.hf.smollm3 import convert_smollm3
 
 # `model_type` (of `config.json`) -> its family's converter
 # (`converter(config, dtype)` -> `hf.Conversion`). One line per family.
 MODEL_TYPES = {
+    "bert": convert_bert,
     "gemma": convert_gemma,
     "gemma2": convert_gemma,
     "gemma3_text": convert_gemma,
     "llama": convert_llama,
     "mistral": convert_mistral,
+    "modernbert": convert_modernbert,
     "olmo2": convert_olmo2,
     "phi3": convert_phi3,
     "qwen2": convert_qwen2,
     "qwen3": convert_qwen3,
+    "roberta": convert_roberta,
     "smollm3": convert_smollm3,
 }
 
@@ -137,9 +143,10 @@ def from_huggingface(path, dtype=None):
     `benchmarks/checkpoint_memory.py`).
 
     The model has inputs `token_ids` and `padding_mask` (int `(batch,
-    T)`) and outputs the final hidden states, equal to transformers'
-    base model's `last_hidden_state` at the real (not padded) positions,
-    left or right padding. It keeps the LM head (the tied token table or
+    T)`; BERT-style encoders with token types also `segment_ids`) and
+    outputs the final hidden states, equal to transformers' base model's
+    `last_hidden_state` at the real (not padded) positions, left or
+    right padding. A decoder LM keeps the LM head (the tied token table or
     the separate `lm_head`): `keras_attention.interop.causal_lm_generator
     (model)` decodes it, giving the greedy tokens of transformers'
     `generate(do_sample=False)`.

@@ -22,6 +22,16 @@ PADDING_MASK = (
 # Prompts of the greedy comparison (unpadded; our generator pads them
 # on the right, transformers generates each alone).
 PROMPTS = ((5, 7, 9), (3, 4, 11, 12, 13))
+# Token types (BERT's `token_type_ids`, our `segment_ids`) of the
+# encoders whose config has more than one type; the others get none.
+SEGMENT_IDS = (
+    (0, 0, 1, 1, 1, 0, 0, 0),
+    (0, 0, 0, 0, 1, 1, 1, 1),
+)
+# The encoders' model types: `hf_reference.py` builds them with
+# `AutoModel` (the base model, no LM head) and generates nothing; their
+# cases say `greedy=False`.
+ENCODERS = ("bert", "modernbert", "roberta")
 
 # A case: `model_type`, `config` (config.json's fields) and optionally
 # `noise` (the std of the noise `hf_reference.py` adds to every weight;
@@ -70,7 +80,76 @@ PHI3 = dict(
     ),
 )
 
+# The encoders' tiny configs: 2 layers, hidden size 32, 4 heads of 8.
+ENCODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    initializer_range=0.5,
+    pad_token_id=0,
+)
+
 CASES = {
+    # BERT: token types, the exact (erf) GELU, layer norm epsilon 1e-6;
+    # positions from the first column, padding included.
+    "bert": dict(
+        model_type="bert",
+        about="token types (segment_ids), exact GELU, epsilon 1e-6; "
+        "encoder: no greedy",
+        config=dict(
+            ENCODER, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-6
+        ),
+        greedy=False,
+    ),
+    # Kimi Linear: a Kimi delta attention layer (2 heads of 4, short
+    # convolutions of 3) then an MLA layer without positions (NoPE; key
+    # and value latent of 8, no query latent); layer 0 a dense MLP, layer
+    # 1 DeepSeek-V3's MoE: 4 experts in 2 groups of which 1 is kept, the
+    # top 2 by sigmoid score plus a (noised) correction bias,
+    # renormalized and scaled by 2.446, a shared expert; untied head.
+    "kimi_linear": dict(
+        model_type="kimi_linear",
+        about="KDA layer + NoPE MLA layer; dense layer 0, MoE layer 1 (4 "
+        "experts in 2 groups, 1 kept, top 2 by sigmoid + correction bias, "
+        "scaled 2.446, a shared expert); untied head",
+        config=dict(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=8,
+            qk_nope_head_dim=4,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            linear_num_heads=2,
+            linear_head_dim=4,
+            linear_conv_kernel_dim=3,
+            layer_types=["linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"],
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            moe_intermediate_size=8,
+            n_shared_experts=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.446,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            max_position_embeddings=64,
+            initializer_range=0.5,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=None,
+        ),
+        noise_buffers=("e_score_correction_bias",),
+    ),
     # Llama 3.1's RoPE scaling over a pretraining length of 8 (both of
     # its frequency bands and the smoothed one for head_dim 8), biases on
     # the attention and feed-forward projections, an untied head.
@@ -176,6 +255,28 @@ CASES = {
         ),
         noise=0.05,
     ),
+    # ModernBERT: layer 0 global (theta 1000), layer 1 local (window 4:
+    # 2 each side, less than the 8 positions; theta 10), GeGLU (exact
+    # GELU), no biases, no attention norm on layer 0.
+    "modernbert": dict(
+        model_type="modernbert",
+        about="global layer 0 + local layer 1 (window 4: 2 each side), "
+        "RoPE theta 1000 / 10, GeGLU, no biases; encoder: no greedy",
+        config=dict(
+            ENCODER,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            global_rope_theta=1000.0,
+            local_rope_theta=10.0,
+            hidden_activation="gelu",
+            initializer_range=0.2,
+            bos_token_id=None,
+            eos_token_id=None,
+            cls_token_id=None,
+            sep_token_id=None,
+        ),
+        greedy=False,
+    ),
     # OLMo 2: norms after the sublayers only, QK-norm over all heads,
     # attention biases, untied head.
     "olmo2": dict(
@@ -204,6 +305,16 @@ CASES = {
         about="LongRoPE past its pretraining length (long factors); "
         "greedy not compared (see the guide)",
         config=dict(PHI3, original_max_position_embeddings=2),
+        greedy=False,
+    ),
+    # RoBERTa: position ids from the token ids (pads at pad_token_id,
+    # real tokens from pad_token_id + 1, left padding included), one
+    # token type (no segment_ids), tanh GELU.
+    "roberta": dict(
+        model_type="roberta",
+        about="positions from the non-pad token ids (offset pad + 1), one "
+        "token type, tanh GELU; encoder: no greedy",
+        config=dict(ENCODER, type_vocab_size=1, hidden_act="gelu_new"),
         greedy=False,
     ),
     # SmolLM3: layer 1 without RoPE (NoPE) and windowed (3), attention

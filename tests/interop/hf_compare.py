@@ -37,10 +37,14 @@ def write_references(out_dir, cases=()):
 
 def hidden_difference(model, reference):
     """The largest |difference| of the model's hidden states and the
-    reference's `last_hidden_state` over the real positions."""
+    reference's `last_hidden_state` over the real positions (an encoder
+    with a `segment_ids` input given `hf_cases.SEGMENT_IDS`)."""
     ids = np.array(hf_cases.TOKEN_IDS, "int32")
     mask = np.array(hf_cases.PADDING_MASK, "int32")
-    ours = to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+    inputs = {"token_ids": ids, "padding_mask": mask}
+    if isinstance(model.input, dict) and "segment_ids" in model.input:
+        inputs["segment_ids"] = np.array(hf_cases.SEGMENT_IDS, "int32")
+    ours = to_numpy(model(inputs))
     difference = np.abs(ours.astype("float32") - reference["hidden"])
     return float(difference.max(axis=-1)[mask == 1].max())
 

@@ -5,14 +5,17 @@ must not share a process with TensorFlow).
     python tests/interop/hf_reference.py OUT_DIR [CASE ...]
 
 For each case (all when none is named): the transformers model
-(`AutoModelForCausalLM.from_config`, eager attention, seeded with
+(`AutoModelForCausalLM.from_config`, or `AutoModel.from_config` for the
+encoders of `hf_cases.ENCODERS`; eager attention, seeded with
 `torch.manual_seed`, noise added to every weight so that norm scales and
 biases are not their initial ones) saved with
 `save_pretrained(safe_serialization=True)` into `OUT_DIR/CASE`, and
 `OUT_DIR/CASE/reference.npz` with `hidden` (the base model's
-`last_hidden_state` on `hf_cases.TOKEN_IDS` / `PADDING_MASK`, float32)
-and `tokens` (`generate(do_sample=False)`'s `NEW_TOKENS` greedy tokens
-after each of `PROMPTS`, each prompt alone).
+`last_hidden_state` on `hf_cases.TOKEN_IDS` / `PADDING_MASK`, and
+`SEGMENT_IDS` as `token_type_ids` where the config has more than one
+type; float32) and, for the causal LMs, `tokens`
+(`generate(do_sample=False)`'s `NEW_TOKENS` greedy tokens after each of
+`PROMPTS`, each prompt alone).
 """
 
 import os
@@ -28,13 +31,17 @@ import hf_cases  # noqa: E402
 
 
 def build(case, seed=0):
-    """The transformers causal LM of `case` (random, seeded)."""
+    """The transformers causal LM (an encoder's base model) of `case`
+    (random, seeded)."""
     spec = hf_cases.CASES[case]
     config = transformers.AutoConfig.for_model(
         spec["model_type"], **spec["config"]
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(
+    auto = transformers.AutoModelForCausalLM
+    if spec["model_type"] in hf_cases.ENCODERS:
+        auto = transformers.AutoModel
+    model = auto.from_config(
         config, attn_implementation="eager", dtype=torch.float32
     )
     with torch.no_grad():
@@ -67,12 +74,22 @@ def write(case, out_dir):
     model.save_pretrained(directory, safe_serialization=True)
     ids = torch.tensor(hf_cases.TOKEN_IDS)
     mask = torch.tensor(hf_cases.PADDING_MASK)
-    with torch.no_grad():
-        hidden = model.model(input_ids=ids, attention_mask=mask)
+    if hf_cases.CASES[case]["model_type"] in hf_cases.ENCODERS:
+        types = getattr(model.config, "type_vocab_size", 1)
+        extra = {}
+        if types > 1:
+            extra["token_type_ids"] = torch.tensor(hf_cases.SEGMENT_IDS)
+        with torch.no_grad():
+            hidden = model(input_ids=ids, attention_mask=mask, **extra)
+        outputs = {}
+    else:
+        with torch.no_grad():
+            hidden = model.model(input_ids=ids, attention_mask=mask)
+        outputs = {"tokens": greedy(model)}
     np.savez(
         directory / "reference.npz",
         hidden=hidden.last_hidden_state.float().numpy(),
-        tokens=greedy(model),
+        **outputs,
     )
 
 
