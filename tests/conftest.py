@@ -98,12 +98,15 @@ def _reason(item, name):
 # (cheap: eager), and each sampled test keeps one case on TensorFlow.
 SAMPLED = {
     "jax": (
+        "tests/blocks/test_block_composition.py",
         "tests/layers/test_array_like_arguments.py",
+        "tests/layers/test_cache_batch.py",
         "tests/layers/test_graph_attention.py",
         "tests/layers/test_layer_arguments.py",
         "tests/layers/test_mha_keras_contract.py",
         "tests/layers/test_multi_head_latent_attention.py",
         "tests/layers/test_self_attention.py",
+        "tests/layers/test_token_mixer.py",
         "tests/ops/test_inf_scores_float64.py",
         "tests/ops/test_local.py",
         "tests/ops/test_log_sum_exp.py",
@@ -131,6 +134,15 @@ def _sample(items):
     )
     seen = set()
     for item in items:
+        if BACKEND == "jax" and item.get_closest_marker("slow_on_jax"):
+            because = _reason(item, "slow_on_jax")
+            if not because:
+                raise pytest.UsageError(f"{item.nodeid}: slow_on_jax(reason)")
+            item.add_marker(
+                pytest.mark.slow(
+                    f"on JAX (TensorFlow and PyTorch run it): {because}"
+                )
+            )
         path = item.nodeid.split("::")[0]
         if (
             path not in files
@@ -187,6 +199,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "slow(reason): the slow tier, run only with SLOW=1 (see above)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow_on_jax(reason): in the slow tier on JAX only (a test whose "
+        "compilations dominate the JAX part; TensorFlow and PyTorch run it)",
     )
 
 

@@ -55,6 +55,9 @@ def test_equals_debertas_attention(kv_heads):
     )
 
 
+@pytest.mark.slow_on_jax(
+    "18 s of JAX compilations (fit, export, mixed precision)"
+)
 def test_harness():
     run_layer_test(
         DisentangledSelfAttention,

@@ -228,6 +228,9 @@ def test_cached_decoding_equals_transformers_cache(transformers_outputs):
 # --- The shared harness ------------------------------------------------------
 
 
+@pytest.mark.slow_on_jax(
+    "31 s of JAX compilations (fit, export, mixed precision)"
+)
 def test_harness():
     run_layer_test(
         KimiDeltaAttention,
@@ -401,6 +404,9 @@ def test_a_decay_of_the_wrong_shape_is_refused():
 # --- Cached calls, padding, documents -----------------------------------------
 
 
+@pytest.mark.slow_on_jax(
+    "16 s of JAX compilations; other cases test the chunked rule on JAX"
+)
 def test_cached_pieces_with_padding_equal_the_uncached_call():
     # The state carried from call to call: pieces of 3, 1, 4 and 1
     # tokens, padded where the uncached call is, give its outputs at the

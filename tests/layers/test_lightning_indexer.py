@@ -171,6 +171,9 @@ def test_more_keys_kept_than_the_sequence_has():
     assert np.all(np.isfinite(np_(scores)))
 
 
+@pytest.mark.slow_on_jax(
+    "19 s of JAX compilations; other cases test the indexer on JAX"
+)
 def test_cached_calls_equal_the_whole_sequence():
     layer = _indexer(top_k=3)
     scores, indices = layer(X)
@@ -338,6 +341,9 @@ def test_indexer_option_errors(indexer, error, match):
         )
 
 
+@pytest.mark.slow_on_jax(
+    "65 s of JAX compilations (fit, export, mixed precision)"
+)
 def test_indexed_mla_passes_the_shared_harness():
     """Config, state, `.keras` and SavedModel round trips, `fit` (the
     top-k path's gradients; the indexer gets none, it learns from
