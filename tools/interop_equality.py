@@ -9,7 +9,10 @@ Gemma 2's windows 16, Gemma 2's attention soft-cap 5 and final soft-cap
 16 and Mistral's RoPE scaling factor 4; Gemma's query scaling by
 `(hidden / heads) ** -0.5` set on its attention layers; Phi-3's LongRoPE
 over a pretraining length of 32; Gemma 3 with 6 layers (5 windowed, 16,
-to 1 global with RoPE scaling 8); Qwen 3 windowed (16) on TensorFlow
+to 1 global with RoPE scaling 8); Gemma 4 with 6 layers (sliding and
+full alternating, window 16, heads of 16 and 32, K = V on the full
+layers, the last two sharing the keys and values of layers 2 and 3);
+Qwen 3 windowed (16) on TensorFlow
 only; Mixtral and Qwen3-MoE with 4 experts, top 2 (Qwen3-MoE's layer 0
 dense); T5 1.1 with heads of 16; SmolLM3 without RoPE on layer 3;
 gpt-oss with its window 16 on the odd layers and YaRN of factor 32;
@@ -193,6 +196,22 @@ def backbones():
             sliding_window_size=16,
             global_rope_scaling_factor=8.0,
             **dict(llama_style, num_layers=6),
+        ),
+        # Layers 4 and 5 (sliding, full) read the keys and values of
+        # layers 2 and 3; K = V on the full layers (1 key/value head of
+        # 32), heads of 16 on the sliding ones (window 16).
+        "Gemma 4 (2 layers sharing KV, K = V, two head sizes)": (
+            models.Gemma4Backbone(
+                head_dim=16,
+                global_head_dim=32,
+                num_global_key_value_heads=1,
+                image_size=None,
+                sliding_window_size=16,
+                sliding_window_pattern=2,
+                num_kv_shared_layers=2,
+                use_double_wide_mlp=True,
+                **dict(llama_style, num_layers=6),
+            )
         ),
         # Gated delta nets on layers 0-2, gated attention on layer 3
         # (keras-hub's default pattern), half of each head rotated;
@@ -496,6 +515,9 @@ def inputs(backbone, rng):
     padding = _padding(causal)
     ids = rng.integers(1, VOCAB, (BATCH, LENGTH)).astype("int32") * padding
     out = {"token_ids": ids, "padding_mask": padding}
+    if "position_ids" in backbone.input:  # Gemma 4: positions 0 .. T - 1
+        positions = np.broadcast_to(np.arange(LENGTH), ids.shape)
+        out["position_ids"] = positions.astype("int32")
     if not causal:
         segments = (np.arange(LENGTH)[None] >= 10).astype("int32")
         out["segment_ids"] = np.repeat(segments, BATCH, 0) * padding
@@ -506,6 +528,8 @@ def perturb(backbone, rng):
     for weight in backbone.weights:
         if weight.path.endswith("inv_freq"):
             continue  # SmolLM3's stored RoPE frequencies (of rope_theta)
+        if weight.path.endswith("layer_scalar"):
+            continue  # Gemma 4's block scales: converted only at 1
         if not keras.backend.is_float_dtype(weight.dtype):
             continue  # CLIP's and SigLIP's stored position ids
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
@@ -650,8 +674,12 @@ def greedy_agreement(model, theirs, rng):
         # step's query at position 0 (docs/pretrained/gpt_neox.md):
         # greedy decoding driven by their forward pass instead.
         want = forward_greedy(theirs.backbone, ids, mask.sum(-1))
-    elif isinstance(theirs, keras_hub.models.Gemma3CausalLM):
-        # keras-hub 0.32's Gemma3CausalLM.generate needs a preprocessor:
+    elif isinstance(
+        theirs,
+        (keras_hub.models.Gemma3CausalLM, keras_hub.models.Gemma4CausalLM),
+    ):
+        # keras-hub 0.32's Gemma3CausalLM.generate (and Gemma 4's) needs a
+        # preprocessor:
         # its generate function, called directly.
         want = theirs.make_generate_function()(data)["token_ids"]
     else:

@@ -6,8 +6,8 @@ inputs and outputs and a copy of its weights, so that every feature of the
 library (attention weights of every layer, score and mask objects, the
 blockwise path, layout maps) works on a pretrained model. One converter per
 family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`, `electra`,
-`gpt2`, `opt`, `gpt_neox`, `llama`, `mistral`, `gemma`, `gemma3`, `t5`,
-`bart`, `whisper`, `t5gemma`, `moonshine`, `bloom`, `falcon`, `phi3`,
+`gpt2`, `opt`, `gpt_neox`, `llama`, `mistral`, `gemma`, `gemma3`, `gemma4`,
+`t5`, `bart`, `whisper`, `t5gemma`, `moonshine`, `bloom`, `falcon`, `phi3`,
 `qwen`, `qwen_moe`, `qwen3`, `qwen3_5`, `qwen3_5_moe`, `smollm3`, `mixtral`,
 `qwen3_moe`, `gpt_oss`, `vit`, `deit`, `dinov2`, `clip`, `siglip`,
 `metaclip_2`, `deberta_v3`, `roformer_v2`, `esm`), each with its table of
