@@ -10,14 +10,22 @@ from keras_attention.interop.checkpoint import Checkpoint
 from keras_attention.interop.hf import configs
 from keras_attention.interop.hf import weights
 from keras_attention.interop.hf.bert import convert_bert
+from keras_attention.interop.hf.deepseek_v3 import convert_deepseek_v3
+from keras_attention.interop.hf.deepseek_v32 import convert_deepseek_v32
 from keras_attention.interop.hf.gemma import convert_gemma
+from keras_attention.interop.hf.gpt_oss import convert_gpt_oss
+from keras_attention.interop.hf.kimi_linear import convert_kimi_linear
 from keras_attention.interop.hf.llama import convert_llama
+from keras_attention.interop.hf.llama4 import convert_llama4_text
 from keras_attention.interop.hf.mistral import convert_mistral
+from keras_attention.interop.hf.mixtral import convert_mixtral
 from keras_attention.interop.hf.modernbert import convert_modernbert
 from keras_attention.interop.hf.olmo2 import convert_olmo2
 from keras_attention.interop.hf.phi3 import convert_phi3
 from keras_attention.interop.hf.qwen2 import convert_qwen2
 from keras_attention.interop.hf.qwen3 import convert_qwen3
+from keras_attention.interop.hf.qwen3_moe import convert_qwen3_moe
+from keras_attention.interop.hf.qwen3_next import convert_qwen3_next
 from keras_attention.interop.hf.roberta import convert_roberta
 from keras_attention.interop.hf.smollm3 import convert_smollm3
 
@@ -25,16 +33,24 @@ from keras_attention.interop.hf.smollm3 import convert_smollm3
 # (`converter(config, dtype)` -> `hf.Conversion`). One line per family.
 MODEL_TYPES = {
     "bert": convert_bert,
+    "deepseek_v3": convert_deepseek_v3,
+    "deepseek_v32": convert_deepseek_v32,
     "gemma": convert_gemma,
     "gemma2": convert_gemma,
     "gemma3_text": convert_gemma,
+    "gpt_oss": convert_gpt_oss,
+    "kimi_linear": convert_kimi_linear,
     "llama": convert_llama,
+    "llama4_text": convert_llama4_text,
     "mistral": convert_mistral,
+    "mixtral": convert_mixtral,
     "modernbert": convert_modernbert,
     "olmo2": convert_olmo2,
     "phi3": convert_phi3,
     "qwen2": convert_qwen2,
     "qwen3": convert_qwen3,
+    "qwen3_moe": convert_qwen3_moe,
+    "qwen3_next": convert_qwen3_next,
     "roberta": convert_roberta,
     "smollm3": convert_smollm3,
 }

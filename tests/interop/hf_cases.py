@@ -37,7 +37,12 @@ ENCODERS = ("bert", "modernbert", "roberta")
 # `noise` (the std of the noise `hf_reference.py` adds to every weight;
 # default `NOISE`: Gemma 2 and 3, whose post-norms leave the residual to
 # the scaled embedding, take smaller weights for varied greedy tokens)
-# and `greedy` (False: greedy tokens not compared, the case says why);
+# and `greedy` (False: greedy tokens not compared, the case says why)
+# and `noise_buffers` (suffixes of buffer names that get the noise too:
+# DeepSeek-style score-correction biases) and `sharpen_indexer` (True:
+# DeepSeek-V3.2's indexers get clear gaps, `hf_indexer.py`)
+# and `hidden_rows` (the rows of `TOKEN_IDS` whose hidden states are
+# compared, all by default: Llama 4 compares its unpadded row only);
 # `about`: its distinctive options, for the docs' table.
 NOISE = 0.1
 
@@ -92,6 +97,48 @@ ENCODER = dict(
     pad_token_id=0,
 )
 
+# DeepSeek-V3's sizes, tiny (`deepseek_v3`, `deepseek_v32`).
+DEEPSEEK_V3 = dict(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    intermediate_size=32,
+    moe_intermediate_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=8,
+    q_lora_rank=12,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    rope_interleave=True,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=1e4,
+        factor=4.0,
+        original_max_position_embeddings=16,
+        beta_fast=4.0,
+        beta_slow=1.0,
+        mscale=0.8,
+        mscale_all_dim=1.0,
+    ),
+    max_position_embeddings=64,
+    initializer_range=0.5,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=None,
+)
+
 CASES = {
     # BERT: token types, the exact (erf) GELU, layer norm epsilon 1e-6;
     # positions from the first column, padding included.
@@ -104,12 +151,46 @@ CASES = {
         ),
         greedy=False,
     ),
+    # DeepSeek-V3: latent attention (key/value latent 8, query latent 12,
+    # interleaved rope pairs of 4) with YaRN (factor 4 over 16 positions,
+    # mscale 0.8 / mscale_all_dim 1: cos, sin and the softmax scale);
+    # layer 0 dense, layer 1 the MoE: 8 experts in 4 groups of which 2
+    # are kept, the top 3 by sigmoid score plus a (noised) correction
+    # bias, renormalized and scaled by 2.5, a shared expert; untied head.
+    "deepseek_v3": dict(
+        model_type="deepseek_v3",
+        about="MLA (query latent, interleaved rope), YaRN with mscale; "
+        "dense layer 0, MoE layer 1 (8 experts in 4 groups, 2 kept, top 3 "
+        "by sigmoid + correction bias, scaled 2.5, a shared expert)",
+        config=DEEPSEEK_V3,
+        noise_buffers=("e_score_correction_bias",),
+    ),
+    # DeepSeek-V3.2: V3's with attention biases and the lightning indexer
+    # (2 heads of 8, each query reads its top 4 keys), its weights set for
+    # clear gaps between the index scores (`hf_indexer.py`,
+    # `sharpen_indexer`; the smallest gap is checked).
+    "deepseek_v32": dict(
+        model_type="deepseek_v32",
+        about="V3's with attention biases, plus the lightning indexer (2 "
+        "heads of 8, top 4 keys per query)",
+        config=dict(
+            {k: v for k, v in DEEPSEEK_V3.items() if k != "rope_interleave"},
+            attention_bias=True,
+            index_n_heads=2,
+            index_head_dim=8,
+            index_topk=4,
+        ),
+        noise_buffers=("e_score_correction_bias",),
+        sharpen_indexer=True,
+    ),
     # Kimi Linear: a Kimi delta attention layer (2 heads of 4, short
     # convolutions of 3) then an MLA layer without positions (NoPE; key
     # and value latent of 8, no query latent); layer 0 a dense MLP, layer
     # 1 DeepSeek-V3's MoE: 4 experts in 2 groups of which 1 is kept, the
     # top 2 by sigmoid score plus a (noised) correction bias,
     # renormalized and scaled by 2.446, a shared expert; untied head.
+    # Weights of 0.2 (not 0.5): the MoE's large activations would amplify
+    # float32 rounding of both sides' chunked delta rules to 1e-5.
     "kimi_linear": dict(
         model_type="kimi_linear",
         about="KDA layer + NoPE MLA layer; dense layer 0, MoE layer 1 (4 "
@@ -143,7 +224,7 @@ CASES = {
             rms_norm_eps=1e-5,
             tie_word_embeddings=False,
             max_position_embeddings=64,
-            initializer_range=0.5,
+            initializer_range=0.2,
             pad_token_id=0,
             bos_token_id=1,
             eos_token_id=None,
@@ -174,11 +255,59 @@ CASES = {
         ),
     ),
     # Sliding window 3 on every layer (our rolling cache), tied head.
+    # Llama 4: layer 0 rotary, L2 QK-norm, chunks of 3 (shorter than the
+    # test's 8 and 13 positions), a dense feed-forward of
+    # intermediate_size_mlp; layer 1 NoPE with temperature tuning (floor
+    # 2, scale 0.5: it varies within the test's positions) and a mixture
+    # of 4 experts, top 2 by sigmoid, plus a shared expert. The hidden
+    # states of the right-padded row only: transformers takes the
+    # temperature from the padded index and the chunks from the tokens'
+    # positions, so its left-padded row is neither the same tokens alone
+    # nor our index-based chunks (docs/guides/checkpoints.md).
+    "llama4_text": dict(
+        model_type="llama4_text",
+        about="chunked attention (3), NoPE + temperature tuning, L2 "
+        "QK-norm, MoE (sigmoid top 2, shared expert) on layer 1; "
+        "unpadded row compared",
+        config=dict(
+            COMMON,
+            intermediate_size_mlp=24,
+            no_rope_layers=[1, 0],
+            attention_chunk_size=3,
+            attn_temperature_tuning=True,
+            floor_scale=2,
+            attn_scale=0.5,
+            use_qk_norm=True,
+            interleave_moe_layer_step=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1e4),
+        ),
+        hidden_rows=(0,),
+    ),
     "mistral": dict(
         model_type="mistral",
         about="sliding window 3 (rolling cache), tied head",
         config=dict(
             COMMON, sliding_window=3, tie_word_embeddings=True, rope_theta=1e4
+        ),
+    ),
+    # Mixtral: 4 experts in every layer, top 2 (the softmax over all 4,
+    # the 2 largest renormalized), per-expert w1/w3/w2 tensors; sliding
+    # window 4 (less than the 8 positions and the generated lengths).
+    "mixtral": dict(
+        model_type="mixtral",
+        about="4 experts top-2 in every layer (softmax, renormalized), "
+        "sliding window 4, untied head",
+        config=dict(
+            COMMON,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            tie_word_embeddings=False,
+            rope_theta=1e4,
         ),
     ),
     # Per-head QK-norm, biases on the four attention projections, layer
@@ -197,6 +326,60 @@ CASES = {
             rope_parameters=dict(
                 rope_type="linear", factor=2.0, rope_theta=1e4
             ),
+        ),
+    ),
+    # Qwen3-MoE: per-head QK-norm; layer 1 sparse (6 experts of width 8,
+    # top 2, not renormalized), layer 0 dense by decoder_sparse_step 2
+    # (`mlp_only_layers`: test_hf_moe.py); sliding window 5 on every
+    # layer (use_sliding_window), untied head.
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        about="QK-norm, 6 experts top-2 (not renormalized) on layer 1, "
+        "layer 0 dense (decoder_sparse_step 2), window 5, untied head",
+        config=dict(
+            COMMON,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            use_sliding_window=True,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            rope_theta=1e4,
+        ),
+    ),
+    # Qwen3-Next: a gated delta net layer (2 key heads of 4, 4 value
+    # heads of 6: `in_proj_qkvz` interleaved per key head; convolution
+    # of 3) then a gated attention layer (output gate, QK-norm 1 + w,
+    # partial rotary 0.5); layer 0 a MoE (4 experts, top 2, renormalized,
+    # a shared expert gated by a sigmoid), layer 1 dense (mlp_only_layers);
+    # norms 1 + w, untied head. Weights of 0.2, as Kimi Linear's.
+    "qwen3_next": dict(
+        model_type="qwen3_next",
+        about="gated delta net layer (key heads 2, value heads 4, "
+        "interleaved qkvz) + gated attention layer (QK-norm 1 + w, partial "
+        "rotary 0.5); MoE layer 0 (4 experts top 2, sigmoid-gated shared "
+        "expert), dense layer 1; untied head",
+        config=dict(
+            COMMON,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=4,
+            linear_value_head_dim=6,
+            linear_conv_kernel_dim=3,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5
+            ),
+            initializer_range=0.2,
         ),
     ),
     # Biases on q, k, v (not o), layer 1 windowed, untied head.
@@ -254,6 +437,39 @@ CASES = {
             initializer_range=0.05,
         ),
         noise=0.05,
+    ),
+    # gpt-oss: learned sinks; layer 0 windowed (3), layer 1 full; 4
+    # experts, top 2 (a softmax over the 2 largest router logits), the
+    # clamped GLU with non-default alpha and a limit that bites, biases,
+    # the interleaved gate/up columns; YaRN of factor 4 over a
+    # pretraining length of 64 (head_dim 8: one frequency kept, one
+    # ramped without truncation, two interpolated; cos and sin scaled);
+    # attention biases, untied head.
+    "gpt_oss": dict(
+        model_type="gpt_oss",
+        about="sinks, window 3 on layer 0 + full layer 1, 4 experts top-2 "
+        "(clamped GLU alpha 1.5 / limit 2, biases, interleaved gate/up), "
+        "YaRN 4 (truncate off), attention biases, untied head",
+        config=dict(
+            COMMON,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            swiglu_alpha=1.5,
+            swiglu_limit=2.0,
+            sliding_window=3,
+            layer_types=["sliding_attention", "full_attention"],
+            attention_bias=True,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=1e4,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=64,
+            ),
+        ),
     ),
     # ModernBERT: layer 0 global (theta 1000), layer 1 local (window 4:
     # 2 each side, less than the 8 positions; theta 10), GeGLU (exact
