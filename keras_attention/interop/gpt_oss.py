@@ -1,8 +1,8 @@
 """keras-hub's `GptOssBackbone` rebuilt from `keras_attention` blocks."""
 
 from keras_attention.interop import _common
-from keras_attention.interop.llama import build_llama_style
 from keras_attention.interop.llama import llama_style_config
+from keras_attention.interop.llama import llama_style_model
 from keras_attention.layers import mixture_of_experts
 
 # Their weight path prefix -> ours (`{i}`: the layer index). The attention
@@ -101,6 +101,47 @@ def _deinterleave_gate_up(path, value):
     return value
 
 
+def gpt_oss_model(config, dtype, name, key_dim, rotary_scaling, windows, moe):
+    """The gpt-oss model of its config alone, shared by this keras-hub
+    converter and `from_huggingface`'s (`interop/hf/gpt_oss.py`):
+    `llama_style_model` (pre-norm RMS-norm blocks; grouped-query
+    attention with rotary positions and `config["attention_bias"]` on
+    its four projections) with learned attention sinks
+    (`learned_sinks=True`) on every layer, layer `i`'s causal
+    `window_size` `windows[i]` (None: full attention; else a
+    `LocalSelfAttention`) and, as every layer's feed-forward, a
+    `MixtureOfExperts` of the arguments `moe` (gpt-oss's routing and
+    clamped GLU experts with biases). Its weights are the layers'
+    initial ones: the caller fills them.
+
+    Args:
+        config: `llama_style_model`'s `config`.
+        dtype: the layers' dtype policy.
+        name: the model's name.
+        key_dim: the head size.
+        rotary_scaling: the self-attention's `rotary_scaling` (YaRN's
+            dict, or None).
+        windows: one `window_size` (or None) per layer.
+        moe: `MixtureOfExperts` arguments (without `dtype`).
+
+    Returns:
+        The `keras.Model` (inputs `token_ids`, `padding_mask`).
+    """
+
+    def layer_attention(i):
+        return dict(learned_sinks=True, window_size=windows[i])
+
+    return llama_style_model(
+        config,
+        dtype=dtype,
+        name=name,
+        key_dim=key_dim,
+        rotary_scaling=rotary_scaling,
+        layer_attention=layer_attention,
+        layer_feed_forward=lambda i: _common.mixture_of_experts(moe, dtype),
+    )
+
+
 def convert_gpt_oss(backbone):
     """A `keras.Model` of `keras_attention` blocks equal to a keras-hub
     `GptOssBackbone`, holding a copy of its weights.
@@ -169,25 +210,18 @@ def convert_gpt_oss(backbone):
         )
     window = get.get("sliding_window")
     window = int(window) if window else None  # keras-hub: 0 or None, off
-    moe = _moe_arguments(backbone)
-
-    def layer_attention(i):
-        return dict(
-            use_bias=True,
-            learned_sinks=True,
-            window_size=window if is_windowed(i) else None,
-        )
-
-    model = build_llama_style(
-        backbone,
+    config["attention_bias"] = True
+    model = gpt_oss_model(
         config,
+        backbone.dtype_policy,
+        backbone.name,
         key_dim=head_dim,
         rotary_scaling=yarn_rotary_scaling(backbone),
-        table=None,
-        layer_attention=layer_attention,
-        layer_feed_forward=lambda i: _common.mixture_of_experts(
-            moe, backbone.dtype_policy
-        ),
+        windows=[
+            window if is_windowed(i) else None
+            for i in range(config["num_layers"])
+        ],
+        moe=_moe_arguments(backbone),
     )
     prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
     _common.copy_weights(backbone, model, prefixes, _deinterleave_gate_up)

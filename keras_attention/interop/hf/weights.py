@@ -23,6 +23,10 @@ A table is a tuple of rows `(their name, our path, transform)`:
     to `(heads, head_dim)`);
   - "norm_plus_one": an RMS norm stored as `scale - 1` (Gemma's
     `x * (1 + w)`) to Keras's `x * scale`.
+  - "interleaved_gate_up": gate and up columns interleaved on the last
+    axis (gpt-oss's stacked experts' `gate_up_proj` `(experts, hidden,
+    2 * intermediate)` and its bias, `[g0, u0, g1, u1, ...]`) to ours,
+    gate columns first (`[g..., u...]`), read an expert at a time.
 
 Every row's tensor must be in the checkpoint with the expected shape
 (`ValueError` naming it and both shapes, before anything is read), and
@@ -90,6 +94,18 @@ def _fill_linear(read, shape, dtype, inputs=1):
     return out.reshape(shape)
 
 
+def _fill_interleaved_gate_up(read, shape, dtype):
+    """Stored rows whose last axis interleaves gate and up columns
+    `[g0, u0, g1, u1, ...]` into a new array of `shape` whose last axis
+    has the gate columns first, `[g..., u...]`."""
+    out = np.empty(shape, dtype)
+    pairs = tuple(shape[1:-1]) + (shape[-1] // 2, 2)
+    for a, b in _chunks(shape[0], out[:1].nbytes):
+        rows = read(a, b).reshape((b - a,) + pairs)
+        out[a:b] = np.swapaxes(rows, -1, -2).reshape((b - a,) + shape[1:])
+    return out
+
+
 # name -> (stored shape for our weight's shape, `fill(read, shape, dtype)`
 # -> our value: `read(a, b)` gives the stored rows `a .. b - 1`).
 TRANSFORMS = {
@@ -104,6 +120,7 @@ TRANSFORMS = {
         _expected_copy,
         lambda read, shape, dtype: _fill_copy(read, shape, dtype, True),
     ),
+    "interleaved_gate_up": (_expected_copy, _fill_interleaved_gate_up),
 }
 
 
