@@ -13,6 +13,15 @@ from keras import ops
 from keras_attention.layers.shared_kv_attention import KVShare
 from keras_attention.layers.shared_kv_attention import SharedKVSelfAttention
 
+# JAX compiles each eager op per shape: the tests calling the layers take
+# ~25 s there, so they run in its slow tier (TensorFlow
+# and PyTorch run them in the fast tier, tests/interop/test_gemma4.py
+# decodes the layers on TensorFlow).
+jax_slow = (
+    pytest.mark.slow(reason="JAX compiles each eager op per shape (~25 s)")
+    if keras.backend.backend() == "jax"
+    else (lambda test: test)
+)
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 6, 8)).astype("float32")
 WAVELENGTH = 100.0
@@ -81,6 +90,7 @@ def attend(q, k, v, out):
     return np.einsum("bthd,hde->bte", heads, out)
 
 
+@jax_slow
 def test_source_and_reader_equal_a_numpy_reference():
     source, reader = pair(values_from_keys=True, value_norm="rms")
     ws, wr = weights(source), weights(reader)
@@ -110,6 +120,7 @@ def test_source_and_reader_equal_a_numpy_reference():
     np.testing.assert_allclose(np_(got_reader), want_reader, atol=1e-5)
 
 
+@jax_slow
 def test_proportional_rotary_equals_a_numpy_reference():
     """Heads of 8, a quarter rotated: pair (0, 4) only, at the frequency
     of the whole head (plain `rotary_fraction` would rotate features 0
@@ -138,6 +149,7 @@ def test_proportional_rotary_equals_a_numpy_reference():
     np.testing.assert_allclose(np_(layer(X)), want, atol=1e-5)
 
 
+@jax_slow
 def test_cached_calls_equal_the_uncached_with_padding():
     source, reader = pair(value_norm="rms")
     mask = np.array([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]], bool)
@@ -162,6 +174,7 @@ def test_cached_calls_equal_the_uncached_with_padding():
         np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
 
 
+@jax_slow
 def test_a_reader_without_its_source_in_the_pass_is_refused():
     source, reader = pair()
     source(X)
