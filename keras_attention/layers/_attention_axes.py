@@ -5,12 +5,15 @@ sequence axis, attention on rank-3 tensors, and back.
 `AttentionAxesLayout` is a mixin of `MultiHeadAttention` (it reads
 `self.attention_axes`, `self.num_heads`, `self._output_shapes` and calls
 `self._call_3d`); kept apart so that the layer's own module holds the
-projections, the cache and the attention step only.
+projections, the cache and the attention step only. It also gives the
+layer's `describe_attention` (the recording hook), whose weights it puts
+back in `(batch, heads, Tq, Tk)`.
 """
 
 import numpy as np
 from keras import ops
 
+from keras_attention.layers import recording
 from keras_attention.utils import validation
 
 
@@ -212,3 +215,29 @@ class AttentionAxesLayout:
         lead = int(np.prod(shape[:heads_axis]))
         tq = int(np.prod(shape[heads_axis + 1 : heads_axis + 1 + axes]))
         return weights.reshape(lead, self.num_heads, tq, -1)
+
+    def describe_attention(self, arguments, scores, options):
+        """`collect_attention`'s hook (`layers/recording.py`): the
+        weights of one call as `(batch, heads, Tq, Tk)` and what they
+        are (self- or cross-attention, padding masks, causal)."""
+        query, value = arguments.get("query"), arguments.get("value")
+        key = arguments.get("key")
+        weights = self.weights_as_4d(
+            recording.numpy_weights(scores), len(query.shape)
+        )
+        is_self = value is query and (key is None or key is query)
+        meta = dict(
+            kind="self" if is_self else "cross",
+            query_mask=recording.padding_mask(
+                arguments.get("query_mask"), query
+            ),
+            key_mask=recording.all_masks(
+                recording.padding_mask(arguments.get("value_mask"), value),
+                recording.padding_mask(arguments.get("key_mask"), key),
+            ),
+            causal=bool(arguments.get("use_causal_mask")),
+            window=None,
+        )
+        if weights.shape[0] != query.shape[0]:  # attention_axes
+            meta["query_mask"] = meta["key_mask"] = None
+        return weights, meta

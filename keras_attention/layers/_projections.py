@@ -17,9 +17,38 @@ import keras
 from keras import ops
 
 from keras_attention.layers._einsum_dense import EinsumDense
+from keras_attention.ops.scoring import softmax_dtype
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
+
+
+def temperature_factors(positions, tuning, dtype):
+    """The query factors of attention temperature tuning (Llama 4's
+    `attn_temperature_tuning`), `1 + scale * log(1 + floor((p + 1) /
+    floor_scale))` at positions `p` (`(b, T)` or `(T,)` integers), as
+    `(b | 1, T, 1, 1)` in at least float32 (float64 for a float64
+    `dtype`). `tuning`: `{"floor_scale", "scale"}`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_attention.layers._projections import temperature_factors
+    >>> f = temperature_factors(
+    ...     np.array([0, 3, 7]), {"floor_scale": 4.0, "scale": 0.5}, "float32")
+    >>> [round(float(x), 4) for x in ops.convert_to_numpy(f)[0, :, 0, 0]]
+    [1.0, 1.3466, 1.5493]
+    """
+    dtype = softmax_dtype(dtype)
+    p = ops.cast(ops.convert_to_tensor(positions), dtype)
+    if len(p.shape) == 1:
+        p = p[None]
+    floor = keras_utils.constant(tuning["floor_scale"], dtype)
+    scale = keras_utils.constant(tuning["scale"], dtype)
+    steps = ops.floor((p + keras_utils.constant(1.0, dtype)) / floor)
+    factors = ops.log1p(steps) * scale + keras_utils.constant(1.0, dtype)
+    return factors[:, :, None, None]
 
 
 class Projections:
@@ -212,16 +241,38 @@ class Projections:
         )
         return ops.concatenate([rotated, x[..., dims:]], axis=-1)
 
-    def _scale_query(self, q):
+    def _set_query_scales(self, attention_scale, temperature_tuning):
+        """Checks and sets `attention_scale` and `temperature_tuning`, the
+        factors of the projected queries (`_scale_query`)."""
+        self.attention_scale = validation.check_positive_number(
+            "attention_scale", attention_scale, allow_none=True
+        )
+        self.temperature_tuning = validation.check_temperature_tuning(
+            temperature_tuning
+        )
+
+    def _scale_query(self, q, start_index=0, positions=None):
         """The projected queries multiplied by `attention_scale *
         sqrt(key_dim)`, so that the attention step's `1 / sqrt(key_dim)`
         gives scores `attention_scale * q.k` on every path (dense,
         blockwise, banded, fused, cached); unchanged when
-        `attention_scale` is None."""
-        if self.attention_scale is None:
+        `attention_scale` is None. Then, with `temperature_tuning`, each
+        query times its position's factor (`temperature_factors`): the
+        positions are `positions` `(b, T)` or `(T,)` when given, else
+        `start_index + arange(T)`."""
+        if self.attention_scale is not None:
+            factor = self.attention_scale * math.sqrt(self.key_dim)
+            q = ops.multiply(q, keras_utils.constant(factor, q.dtype))
+        tuning = getattr(self, "temperature_tuning", None)
+        if tuning is None:
             return q
-        factor = self.attention_scale * math.sqrt(self.key_dim)
-        return ops.multiply(q, keras_utils.constant(factor, q.dtype))
+        if positions is None:
+            start = ops.cast(start_index, "int32")
+            positions = start + ops.arange(ops.shape(q)[1], dtype="int32")
+        factors = temperature_factors(positions, tuning, q.dtype)
+        return ops.cast(
+            ops.multiply(ops.cast(q, factors.dtype), factors), q.dtype
+        )
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)

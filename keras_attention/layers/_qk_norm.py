@@ -17,7 +17,10 @@ scale (and for "layer" one bias) of `key_dim` per projection, shared by
 the heads, computed in at least float32 (float64 in float64).
 "rms_across_heads" (OLMo 2): one RMS norm over all heads' features at
 once (`AcrossHeadsRMSNorm`), a scale of `(heads, key_dim)` per
-projection.
+projection. "l2" (Llama 4's `Llama4TextL2Norm`): `x / sqrt(mean(x^2) +
+eps)` over each head, no weight (`WeightlessRMSNorm`); Llama 4 applies
+it after the rotary positions, here before, which is the same: a full
+rotary rotation keeps each head's mean square.
 
 `QKNormAndSinks` is a mixin of `MultiHeadAttention` (it reads `qk_norm`,
 `qk_norm_epsilon`, `learned_sinks`, `num_heads`, `key_dim`).
@@ -116,6 +119,40 @@ class AcrossHeadsRMSNorm(HeadRMSNorm):
         return ops.cast(y * ops.cast(self.scale, dtype), x.dtype)
 
 
+class WeightlessRMSNorm(HeadRMSNorm):
+    """RMS normalization over the last axis without a scale, `x /
+    sqrt(mean(x^2) + eps)` (Llama 4's QK-norm, `qk_norm="l2"`), in at
+    least float32. No weights.
+
+    Args:
+        epsilon: float > 0 added to the mean square.
+        **kwargs: base layer arguments.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_attention.layers._qk_norm import WeightlessRMSNorm
+    >>> norm = WeightlessRMSNorm()
+    >>> y = norm(np.array([[3.0, 4.0]], "float32"))
+    >>> np.round(ops.convert_to_numpy(y).astype("float64"), 4).tolist()
+    [[0.8485, 1.1314]]
+    >>> norm.weights
+    []
+    """
+
+    def build(self, input_shape):
+        self.built = True
+
+    def call(self, x):
+        dtype = softmax_dtype(x.dtype)
+        y = ops.cast(x, dtype)
+        square_sum = ops.sum(ops.square(y), axis=-1, keepdims=True)
+        epsilon = keras_utils.constant(self.epsilon, dtype)
+        y = y * ops.rsqrt(square_sum / y.shape[-1] + epsilon)
+        return ops.cast(y, x.dtype)
+
+
 class QKNormAndSinks:
     """The QK-norm layers and the sink logits of `MultiHeadAttention`
     (a mixin)."""
@@ -143,8 +180,9 @@ class QKNormAndSinks:
                 dtype=self.dtype_policy,
                 name=name,
             )
-        elif self.qk_norm == "rms":
-            norm = HeadRMSNorm(
+        elif self.qk_norm in ("rms", "l2"):
+            kind = HeadRMSNorm if self.qk_norm == "rms" else WeightlessRMSNorm
+            norm = kind(
                 epsilon=self.qk_norm_epsilon,
                 dtype=self.dtype_policy,
                 name=name,

@@ -173,10 +173,12 @@ class MultiHeadAttention(
             Needs `rotary_max_wavelength` when below 1. Defaults to 1.0.
         qk_norm: keyword-only None, "rms", "layer" (each head's queries
             and keys normalized over `key_dim` before the rotary positions:
-            Gemma 3, Qwen 3) or "rms_across_heads" (over all heads at once:
-            OLMo 2); `_qk_norm.py` has the formulas. Weights `query_norm`
-            and `key_norm` (a `key_dim` scale each, a bias for "layer";
-            `(heads, key_dim)` across heads). Defaults to None.
+            Gemma 3, Qwen 3), "rms_across_heads" (over all heads at once:
+            OLMo 2) or "l2" (`x / sqrt(mean(x^2) + eps)` per head, no
+            weight: Llama 4); `_qk_norm.py` has the formulas. Weights
+            `query_norm` and `key_norm` (a `key_dim` scale each, a bias for
+            "layer"; `(heads, key_dim)` across heads; none for "l2").
+            Defaults to None.
         qk_norm_epsilon: keyword-only float > 0, the norms' epsilon.
             Defaults to 1e-6.
         learned_sinks: keyword-only bool, learned attention sinks
@@ -187,6 +189,15 @@ class MultiHeadAttention(
             Unlike a rolling cache's `cache_sink_tokens` (real first
             tokens kept in the cache), nothing is stored. Defaults to
             False.
+        temperature_tuning: keyword-only optional dict `{"floor_scale":
+            f, "scale": s}` (defaults 8192 and 0.1, Llama 4's): attention
+            temperature tuning (Llama 4's NoPE layers): each query times
+            `1 + s * log(1 + floor((p + 1) / f))` at its position `p`, the
+            token's position as the rotary positions count it
+            (`positions` when given, else `cache_update_index + i`;
+            transformers counts the index in the padded sequence, so its
+            left-padded rows differ from the same tokens alone). Defaults
+            to None (off).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -315,9 +326,11 @@ class MultiHeadAttention(
         qk_norm_epsilon=1e-6,
         learned_sinks=False,
         rotary_fraction=1.0,
+        temperature_tuning=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self._set_query_scales(attention_scale, temperature_tuning)
         self.qk_norm, self.qk_norm_epsilon = validation.check_qk_norm(
             qk_norm, qk_norm_epsilon
         )
@@ -325,9 +338,6 @@ class MultiHeadAttention(
             "learned_sinks", learned_sinks
         )
         self._return_attention_scores = False
-        attention_scale = validation.check_positive_number(
-            "attention_scale", attention_scale, allow_none=True
-        )
         num_heads, key_dim, value_dim, num_key_value_heads = (
             attention_checks.check_heads(
                 num_heads, key_dim, value_dim, num_key_value_heads
@@ -389,7 +399,6 @@ class MultiHeadAttention(
         self.seed = validation.check_seed("seed", seed)
         self.rotary_max_wavelength = rotary_max_wavelength
         self.rotary_scaling = rotary_scaling
-        self.attention_scale = attention_scale
         self._rotary = None
         if rotary_max_wavelength is not None:
             self._rotary = RotaryEmbedding(
@@ -489,7 +498,10 @@ class MultiHeadAttention(
         self._check_call_inputs(query, value, key)
         if call.positions is not None:
             attention_checks.check_positions(
-                call.positions, call, self._rotary is not None, self.name
+                call.positions,
+                call,
+                (self._rotary, self.temperature_tuning) != (None, None),
+                self.name,
             )
         if call.segment_ids is not None:
             attention_checks.check_segment_ids(
@@ -544,13 +556,13 @@ class MultiHeadAttention(
         `LocalSelfAttention`'s global tokens)."""
         gate = self._gate_dense(call.query) if self.use_gate else None
         positions = call.positions
-        rotary = self._rotary is not None
+        rotary = self._rotary is not None or self.temperature_tuning
         if positions is None and call.segment_ids is not None and rotary:
             positions = masks_lib.segment_positions(call.segment_ids)
         q = self._rotate(
             self._project_query(call.query), call.offset, positions
         )
-        q = self._scale_query(q)
+        q = self._scale_query(q, call.offset, positions)
         if call.cache_sink_tokens is not None:
             result, scores, cache = _rolling_attention.attend_rolling_cache(
                 self, call, q
@@ -603,41 +615,18 @@ class MultiHeadAttention(
 
     def cache_window(self):
         """How many earlier positions a query sees in a causal cache: the
-        left bound of the sliding window (`sliding_window - 1`), or None
-        when attention is not windowed (every earlier position).
+        smaller of the sliding window's left bound (`sliding_window - 1`)
+        and the mask object's (`mask_mod.lookback()`: a
+        `ChunkedCausalMask`'s `chunk_size - 1`), or None when neither
+        bounds it (every earlier position).
 
         A rolling cache (`cache_sink_tokens`) needs a window: it holds
         `cache_window() + 1` recent positions (plus the sinks).
         """
-        if self.sliding_window is None:
-            return None
-        return self.sliding_window - 1
-
-    def describe_attention(self, arguments, scores, options):
-        """`collect_attention`'s hook (`layers/recording.py`): the
-        weights of one call as `(batch, heads, Tq, Tk)` and what they
-        are (self- or cross-attention, padding masks, causal)."""
-        query, value = arguments.get("query"), arguments.get("value")
-        key = arguments.get("key")
-        weights = self.weights_as_4d(
-            recording.numpy_weights(scores), len(query.shape)
-        )
-        is_self = value is query and (key is None or key is query)
-        meta = dict(
-            kind="self" if is_self else "cross",
-            query_mask=recording.padding_mask(
-                arguments.get("query_mask"), query
-            ),
-            key_mask=recording.all_masks(
-                recording.padding_mask(arguments.get("value_mask"), value),
-                recording.padding_mask(arguments.get("key_mask"), key),
-            ),
-            causal=bool(arguments.get("use_causal_mask")),
-            window=None,
-        )
-        if weights.shape[0] != query.shape[0]:  # attention_axes
-            meta["query_mask"] = meta["key_mask"] = None
-        return weights, meta
+        bounds = [mods_base.mask_lookback(self.mask_mod)]
+        if self.sliding_window is not None:
+            bounds.append(self.sliding_window - 1)
+        return min((b for b in bounds if b is not None), default=None)
 
     def get_config(self):
         config = super().get_config()
@@ -690,6 +679,8 @@ class MultiHeadAttention(
             config["learned_sinks"] = True
         if self.rotary_fraction != 1.0:
             config["rotary_fraction"] = self.rotary_fraction
+        if self.temperature_tuning is not None:
+            config["temperature_tuning"] = dict(self.temperature_tuning)
         config.update(mods_base.config_entries(self))
         return config
 

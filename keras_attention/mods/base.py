@@ -95,6 +95,14 @@ class MaskMod(_Bindable):
     # (cuDNN's `local_window_size`). Used only when the class defining it
     # also defines `__call__`.
     band_bounds = None
+    # Optional cache bound (`mask_lookback` reads it): `lookback()` -> the
+    # most earlier positions any query may see (an int: the mask allows
+    # no key `kv_idx < q_idx - lookback()`), else None. An attention
+    # layer holding such a mask decodes over a ring of `lookback() + 1`
+    # slots (`MultiHeadAttention.cache_window`): `ChunkedCausalMask`'s
+    # cache holds one chunk. Used only when the class defining it also
+    # defines `__call__`.
+    lookback = None
 
     def __call__(self, batch, head, q_idx, kv_idx):  # pragma: no cover
         raise NotImplementedError
@@ -260,6 +268,12 @@ class AndMask(_Composed):
         rights = [b[1] for b in bands if b[1] is not None]
         return (min(lefts, default=None), min(rights, default=None))
 
+    def lookback(self):
+        """The smallest of the parts' lookbacks (None when none has
+        one): a key must pass every part."""
+        bounds = [mask_lookback(m) for m in self.mods]
+        return min((b for b in bounds if b is not None), default=None)
+
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class OrMask(_Composed):
@@ -288,6 +302,30 @@ def and_masks(*mods):
            [0, 0, 1, 1]])
     """
     return AndMask(*mods)
+
+
+def mask_lookback(mask_mod):
+    """The most earlier positions a query of `mask_mod` may see, when the
+    mask says so (`MaskMod.lookback`: `ChunkedCausalMask`'s `chunk_size -
+    1`, the smallest of an `AndMask`'s parts), else None (also for a plain
+    function, or a subclass that overrides `__call__` but not
+    `lookback`).
+
+    Example:
+
+    >>> from keras_attention import mods
+    >>> from keras_attention.mods.base import mask_lookback
+    >>> mask_lookback(mods.ChunkedCausalMask(4)), mask_lookback(None)
+    (3, None)
+    """
+    method = getattr(mask_mod, "lookback", None)
+    if method is None or not callable(method):
+        return None
+    defining = [
+        next((c for c in type(mask_mod).__mro__ if name in vars(c)), None)
+        for name in ("lookback", "__call__")
+    ]
+    return method() if defining[0] is defining[1] else None
 
 
 def or_masks(*mods):

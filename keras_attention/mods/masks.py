@@ -111,8 +111,27 @@ class ChunkedCausalMask(MaskMod):
     query `i` may attend to keys `j <= i` with `j // chunk_size ==
     i // chunk_size` (Llama 4's chunked attention).
 
+    Given to an attention layer (`SelfAttention(..., causal=True,
+    mask_mod=ChunkedCausalMask(c))`), the blockwise path skips the tiles
+    between chunks, and the layer's generation cache holds one chunk:
+    its `lookback()` is `c - 1`, so `cache_window()` is too, and
+    `init_cache(..., sink_tokens=0)` (what generation's `cache="auto"`
+    asks) makes a ring of `c` slots, position `p` in slot `p % c`, the
+    keys of earlier chunks masked.
+
     Args:
         chunk_size: positive int.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attention import mods
+    >>> q, kv = np.arange(4)[:, None], np.arange(4)[None, :]
+    >>> mods.ChunkedCausalMask(2)(0, 0, q, kv).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 0, 1, 0],
+           [0, 0, 1, 1]])
     """
 
     def __init__(self, chunk_size):
@@ -122,6 +141,11 @@ class ChunkedCausalMask(MaskMod):
     def __call__(self, batch, head, q_idx, kv_idx):
         same = (q_idx // self.chunk_size) == (kv_idx // self.chunk_size)
         return scoring.causal(q_idx, kv_idx) & same
+
+    def lookback(self):
+        """A query sees at most the `chunk_size - 1` positions before it
+        in its chunk."""
+        return self.chunk_size - 1
 
     def get_config(self):
         return {"chunk_size": self.chunk_size}

@@ -445,7 +445,7 @@ of shape (2,)
     )
 
 
-QK_NORMS = ("rms", "layer", "rms_across_heads")
+QK_NORMS = ("rms", "layer", "rms_across_heads", "l2")
 
 
 def check_qk_norm(qk_norm, qk_norm_epsilon):
@@ -459,3 +459,32 @@ def check_qk_norm(qk_norm, qk_norm_epsilon):
         )
     epsilon = check_positive_number("qk_norm_epsilon", qk_norm_epsilon)
     return qk_norm, float(epsilon)
+
+
+# `MultiHeadAttention`'s `temperature_tuning` keys and their defaults
+# (Llama 4's `floor_scale` and `attn_scale`).
+TEMPERATURE_TUNING = {"floor_scale": 8192.0, "scale": 0.1}
+
+
+def check_temperature_tuning(value):
+    """`MultiHeadAttention`'s `temperature_tuning` checked: None, or a
+    dict of `TEMPERATURE_TUNING`'s keys (a missing one takes its
+    default): `floor_scale` a finite number > 0, `scale` a finite number
+    >= 0. Returns the full dict of floats (None stays None)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - set(TEMPERATURE_TUNING):
+        raise ValueError(
+            "`temperature_tuning` must be None or a dict with the keys "
+            f"{tuple(TEMPERATURE_TUNING)!r}. Received: "
+            f"temperature_tuning={value!r}"
+        )
+    out = {**TEMPERATURE_TUNING, **value}
+    floor = check_positive_number("floor_scale", out["floor_scale"])
+    scale = check_finite_number("scale", out["scale"])
+    if scale < 0:
+        raise ValueError(
+            "`temperature_tuning`'s `scale` must be >= 0. Received: "
+            f"temperature_tuning={value!r}"
+        )
+    return {"floor_scale": float(floor), "scale": float(scale)}
