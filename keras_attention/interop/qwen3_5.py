@@ -98,36 +98,126 @@ def _check_text_only(backbone, get):
         )
 
 
-def _self_attention(backbone, get, hidden_dim, i):
+def _self_attention(config, dtype, i):
     """The self-attention of layer `i`: a `GatedDeltaNet`, or gated
     attention with QK-norm and partial rotary positions."""
-    dtype = backbone.dtype_policy
-    if get["layer_types"][i] == "linear_attention":
-        options = {name: int(get[name]) for name in GATED_DELTA_OPTIONS}
+    hidden_dim = int(config["hidden_dim"])
+    if config["layer_types"][i] == "linear_attention":
+        options = {name: int(config[name]) for name in GATED_DELTA_OPTIONS}
         return _common.gated_delta_net(
             hidden_dim,
-            layer_norm_epsilon=float(get["layer_norm_epsilon"]),
+            hidden_activation=config.get("hidden_activation", "silu"),
+            layer_norm_epsilon=float(config["layer_norm_epsilon"]),
             dtype=dtype,
             **options,
         )
-    window = get.get("sliding_window_size")
+    window = config.get("sliding_window_size")
     return _common.self_attention(
-        int(get["num_query_heads"]),
-        int(get["head_dim"]),
+        int(config["num_query_heads"]),
+        int(config["head_dim"]),
         causal=True,
         window_size=None if not window else int(window) - 1,
-        num_key_value_heads=int(get["num_key_value_heads"]),
-        dropout=float(get.get("dropout", 0.0)),
+        num_key_value_heads=int(config["num_key_value_heads"]),
+        dropout=float(config.get("dropout", 0.0)),
         use_bias=False,
         use_gate=True,
-        rotary_max_wavelength=get["rope_max_wavelength"],
-        rotary_scaling=linear_rotary_scaling(get.get("rope_scaling_factor")),
-        rotary_fraction=float(get["partial_rotary_factor"]),
+        rotary_max_wavelength=config["rope_max_wavelength"],
+        rotary_scaling=config.get("rotary_scaling"),
+        rotary_fraction=float(config["partial_rotary_factor"]),
         qk_norm="rms",
+        qk_norm_epsilon=float(config["qk_norm_epsilon"]),
+        dtype=dtype,
+    )
+
+
+def qwen3_5_style_model(config, dtype, name, layer_feed_forward=None):
+    """The Qwen 3.5 model of its config alone (the builder that the
+    keras-hub converters `convert_qwen3_5`, `convert_qwen3_5_moe` and
+    `from_huggingface`'s `qwen3_next` share): a token embedding
+    (`ReversibleEmbedding`, tied or not), pre-norm
+    `TransformerDecoderBlock`s with RMS norms named
+    `transformer_layer_{i}`, whose self-attention is, as `layer_types`
+    says, a `GatedDeltaNet` ("linear_attention") or gated attention
+    ("full_attention": a `SelfAttention` with `use_gate=True`,
+    grouped-query, QK-norm, partial rotary positions, causal, windowed
+    with `sliding_window_size`), and whose feed-forward is a SwiGLU
+    `FeedForward` without biases or `layer_feed_forward(i)`; then a final
+    RMS norm `sequence_output_layernorm`. Its weights are the layers'
+    initial ones: the caller fills them.
+
+    Args:
+        config: dict of keras-hub's `Qwen3_5Backbone` names:
+            `vocabulary_size`, `num_layers`, `hidden_dim`,
+            `intermediate_dim`, `layer_norm_epsilon`, `layer_types`, the
+            `linear_*` sizes (`GATED_DELTA_OPTIONS`), `num_query_heads`,
+            `num_key_value_heads`, `head_dim`, `rope_max_wavelength`,
+            `partial_rotary_factor`; `qk_norm_epsilon` (the QK-norms');
+            optionally `dropout`, `tie_word_embeddings`,
+            `sliding_window_size`, `rotary_scaling` (the attention's
+            `rotary_scaling` dict) and `hidden_activation` (the gated
+            delta nets' activation after their convolution, "silu").
+        dtype: the layers' dtype policy.
+        name: the model's name.
+        layer_feed_forward: optional `layer_feed_forward(i)` -> the
+            feed-forward layer of layer `i` (a `MixtureOfExperts`), or
+            None for the SwiGLU `FeedForward` of `intermediate_dim`.
+
+    Returns:
+        A `keras.Model` with inputs `token_ids`, `padding_mask` and the
+        final norm's output.
+    """
+    epsilon = float(config["layer_norm_epsilon"])
+    dropout = float(config.get("dropout", 0.0))
+    inputs = _common.token_inputs("token_ids", "padding_mask")
+    x = keras.layers.ReversibleEmbedding(
+        int(config["vocabulary_size"]),
+        int(config["hidden_dim"]),
+        tie_weights=bool(config.get("tie_word_embeddings", False)),
+        dtype=dtype,
+        name="token_embedding",
+    )(inputs["token_ids"])
+    for i in range(int(config["num_layers"])):
+        ff = layer_feed_forward(i) if layer_feed_forward else None
+        if ff is None:
+            ff = _common.feed_forward(
+                int(config["intermediate_dim"]),
+                activation="silu",
+                dropout=dropout,
+                use_bias=False,
+                gated=True,
+                dtype=dtype,
+            )
+        x = _common.decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=_self_attention(config, dtype, i),
+            feed_forward=ff,
+            dropout=dropout,
+            norm_first=True,
+            layer_norm_epsilon=epsilon,
+            normalization="rms_norm",
+            dtype=dtype,
+        )(x, padding_mask=inputs["padding_mask"])
+    x = keras.layers.RMSNormalization(
+        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
+    )(x)
+    return keras.Model(inputs=inputs, outputs=x, name=name)
+
+
+def hub_config(backbone, get):
+    """`qwen3_5_style_model`'s `config` of a keras-hub Qwen 3.5 (or
+    Qwen 3.5-MoE) backbone whose `get_config()` is `get`."""
+    return dict(
+        get,
+        num_layers=int(_common.config_value(backbone, "num_layers")),
+        hidden_dim=int(_common.config_value(backbone, "hidden_dim")),
+        layer_norm_epsilon=float(
+            _common.config_value(backbone, "layer_norm_epsilon")
+        ),
         qk_norm_epsilon=attention_epsilon(
             backbone, {"layer_norm_epsilon": get["layer_norm_epsilon"]}
         ),
-        dtype=dtype,
+        rotary_scaling=linear_rotary_scaling(get.get("rope_scaling_factor")),
+        hidden_activation="silu",  # keras-hub's, whatever its argument
     )
 
 
@@ -225,40 +315,7 @@ def convert_qwen3_5(backbone):
     """
     get = backbone.get_config()
     _check_text_only(backbone, get)
-    num_layers = int(_common.config_value(backbone, "num_layers"))
-    hidden_dim = int(_common.config_value(backbone, "hidden_dim"))
-    epsilon = float(_common.config_value(backbone, "layer_norm_epsilon"))
-    dtype = backbone.dtype_policy
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        int(get["vocabulary_size"]),
-        hidden_dim,
-        tie_weights=bool(get.get("tie_word_embeddings", False)),
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    dropout = float(get.get("dropout", 0.0))
-    for i in range(num_layers):
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=_self_attention(backbone, get, hidden_dim, i),
-            feed_forward=_common.feed_forward(
-                int(get["intermediate_dim"]),
-                activation="silu",
-                dropout=dropout,
-                use_bias=False,
-                gated=True,
-                dtype=dtype,
-            ),
-            dropout=dropout,
-            norm_first=True,
-            layer_norm_epsilon=epsilon,
-            normalization="rms_norm",
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
-        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
-    )(x)
-    model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    _copy_weights(backbone, model, num_layers, int(get["head_dim"]))
+    config = hub_config(backbone, get)
+    model = qwen3_5_style_model(config, backbone.dtype_policy, backbone.name)
+    _copy_weights(backbone, model, config["num_layers"], int(get["head_dim"]))
     return model

@@ -2,7 +2,6 @@
 blocks: gated delta net and gated attention layers, each with a mixture
 of experts and its gated shared expert."""
 
-import keras
 import numpy as np
 
 from keras_attention.interop import _common
@@ -113,37 +112,16 @@ def convert_qwen3_5_moe(backbone):
     """
     get = backbone.get_config()
     qwen3_5._check_text_only(backbone, get)
-    num_layers = int(_common.config_value(backbone, "num_layers"))
-    hidden_dim = int(_common.config_value(backbone, "hidden_dim"))
-    epsilon = float(_common.config_value(backbone, "layer_norm_epsilon"))
+    config = qwen3_5.hub_config(backbone, get)
     dtype = backbone.dtype_policy
     blocks = [layer.mlp for layer in backbone.transformer_layers]
-    layer_feed_forward = moe_feed_forward(blocks, dtype)
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        int(get["vocabulary_size"]),
-        hidden_dim,
-        tie_weights=bool(get.get("tie_word_embeddings", False)),
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    dropout = float(get.get("dropout", 0.0))
-    for i in range(num_layers):
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=qwen3_5._self_attention(
-                backbone, get, hidden_dim, i
-            ),
-            feed_forward=layer_feed_forward(i),
-            dropout=dropout,
-            norm_first=True,
-            layer_norm_epsilon=epsilon,
-            normalization="rms_norm",
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
-        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
-    )(x)
-    model = keras.Model(inputs=inputs, outputs=x, name=backbone.name)
-    _copy_weights(backbone, model, num_layers, int(get["head_dim"]), blocks)
+    model = qwen3_5.qwen3_5_style_model(
+        config,
+        dtype,
+        backbone.name,
+        layer_feed_forward=moe_feed_forward(blocks, dtype),
+    )
+    _copy_weights(
+        backbone, model, config["num_layers"], int(get["head_dim"]), blocks
+    )
     return model

@@ -1,10 +1,19 @@
 """The weight-table walker: a Hugging Face checkpoint's tensors into a
 model's weights, by a family's table, written once for every family.
 
-A table is a tuple of rows `(their name, our path, transform)`:
+A table is a tuple of rows `(their name, our path, transform)`, or
+`(their name, our path, transform, order)`:
 
 - `their name`: a tensor name of the checkpoint; `{i}` stands for the
-  layer index (the row then holds for layers `0 .. num_layers - 1`);
+  layer index (the row then holds for layers `0 .. num_layers - 1`).
+  A tuple of names: tensors of one shape read as one, concatenated
+  along their first axis (a layer's experts' `gate_proj` and `up_proj`
+  into one stacked kernel, Kimi's three `q/k/v_conv1d`). A `OneOf` of
+  names: one tensor that checkpoints name in either way, the first the
+  checkpoint holds is read;
+- `order` (optional): the stored rows in our order, `order[r]` the
+  stored row (of the concatenation) that is our row `r`: a fused tensor
+  interleaved per head group (Qwen3-Next's `in_proj_qkvz`);
 - `our path`: the weight's `path` in our model (`{i}` likewise), or a
   tuple of paths: the tensor is then a fused one (Phi-3's `qkv_proj`,
   `gate_up_proj`), split along its first axis into one piece per path,
@@ -27,6 +36,14 @@ A table is a tuple of rows `(their name, our path, transform)`:
     axis (gpt-oss's stacked experts' `gate_up_proj` `(experts, hidden,
     2 * intermediate)` and its bias, `[g0, u0, g1, u1, ...]`) to ours,
     gate columns first (`[g..., u...]`), read an expert at a time.
+  - "depthwise_conv": a torch depthwise `Conv1d` weight `(channels, 1,
+    width)` to `(channels, width)`;
+  - "experts_linear": torch `Linear` weights `(out, in)` of each expert,
+    stacked along the first axis `(experts * out, in)` (a tuple of
+    names), to a kernel `(experts, in, out)`, transposed expert by
+    expert;
+
+  or a `Transform(expect, fill)` of the family's own.
 
 Every row's tensor must be in the checkpoint with the expected shape
 (`ValueError` naming it and both shapes, before anything is read), and
@@ -37,6 +54,7 @@ else they are refused too. Tensors are read one at a time, in the order
 of the checkpoint's files, cast to the weight's dtype and assigned.
 """
 
+import collections
 import fnmatch
 
 import ml_dtypes
@@ -106,6 +124,28 @@ def _fill_interleaved_gate_up(read, shape, dtype):
     return out
 
 
+def _expected_experts(shape):
+    outer = int(np.prod(shape[2:], dtype=np.int64))
+    return (shape[0] * outer, shape[1])
+
+
+def _fill_experts_linear(read, shape, dtype):
+    """Each expert's torch `Linear` weight `(out, in)` (stacked rows
+    `(experts * out, in)`) transposed into a kernel `(experts, in,
+    out)`."""
+    experts, inner = shape[0], shape[1]
+    outer = int(np.prod(shape[2:], dtype=np.int64))
+    out = np.empty((experts, inner, outer), dtype)
+    for e in range(experts):
+        for a, b in _chunks(outer, inner * out.itemsize):
+            out[e, :, a:b] = read(e * outer + a, e * outer + b).T
+    return out.reshape(shape)
+
+
+# A family's own transform: `expect(our shape)` -> the stored shape,
+# `fill(read, our shape, dtype)` -> our value.
+Transform = collections.namedtuple("Transform", ("expect", "fill"))
+
 # name -> (stored shape for our weight's shape, `fill(read, shape, dtype)`
 # -> our value: `read(a, b)` gives the stored rows `a .. b - 1`).
 TRANSFORMS = {
@@ -121,38 +161,93 @@ TRANSFORMS = {
         lambda read, shape, dtype: _fill_copy(read, shape, dtype, True),
     ),
     "interleaved_gate_up": (_expected_copy, _fill_interleaved_gate_up),
+    "depthwise_conv": (
+        lambda shape: (shape[0], 1) + tuple(shape[1:]),
+        _fill_copy,
+    ),
+    "experts_linear": (_expected_experts, _fill_experts_linear),
 }
 
 
 def concrete_rows(table, num_layers):
-    """The table's rows for layers `0 .. num_layers - 1`: `{their name:
-    (our paths (a tuple), transform)}`."""
+    """The table's rows for layers `0 .. num_layers - 1`: `{their name
+    (a tuple of names for tensors read as one): (our paths (a tuple),
+    transform, order or None)}`."""
     rows = {}
-    for theirs, ours, transform in table:
-        if transform not in TRANSFORMS:
+    for row in table:
+        theirs, ours, transform = row[:3]
+        order = row[3] if len(row) > 3 else None
+        if not isinstance(transform, Transform) and transform not in TRANSFORMS:
             raise ValueError(
                 f"Weight table row {theirs!r}: transform {transform!r} is "
                 f"not one of {sorted(TRANSFORMS)}."
             )
         paths = (ours,) if isinstance(ours, str) else tuple(ours)
-        layers = range(num_layers) if "{i}" in theirs else (None,)
-        for i in layers:
-            name = theirs if i is None else theirs.format(i=i)
-            rows[name] = (
+        names = (theirs,) if isinstance(theirs, str) else tuple(theirs)
+        layered = any("{i}" in name for name in names)
+        for i in range(num_layers) if layered else (None,):
+            key = tuple(n if i is None else n.format(i=i) for n in names)
+            if isinstance(theirs, OneOf):
+                key = (OneOf(key),)
+            rows[key[0] if len(key) == 1 else key] = (
                 tuple(p if i is None else p.format(i=i) for p in paths),
                 transform,
+                order,
             )
     return rows
+
+
+class OneOf(tuple):
+    """A row's alternative names of one tensor, the first that the
+    checkpoint holds is read (Kimi Linear's dense MLPs: `mlp.` in
+    Moonshot's files, `block_sparse_moe.` as transformers saves them)."""
+
+
+def _sources(key):
+    """The tensor names of a row's key (one name, a tuple, or all the
+    alternatives of a `OneOf`)."""
+    return (key,) if isinstance(key, str) else key
+
+
+def _resolve(checkpoint, key, expected, paths):
+    """The name a `OneOf` key reads (the first the checkpoint holds;
+    `ValueError` naming them all when none); other keys as they are."""
+    if not isinstance(key, OneOf):
+        return key
+    for name in key:
+        if name in checkpoint:
+            return name
+    raise ValueError(
+        f"The checkpoint has none of the tensors {list(key)!r} (one "
+        f"expected of shape {expected!r} for {paths[0]!r})."
+    )
+
+
+def _transform(transform):
+    """`(expect, fill)` of a row's transform (a name or a `Transform`)."""
+    if isinstance(transform, Transform):
+        return transform
+    return TRANSFORMS[transform]
 
 
 def _expected(weights, transform):
     """The stored shape that fills `weights` (one, or the pieces of a
     fused tensor, split along its first axis) by `transform`."""
-    expect = TRANSFORMS[transform][0]
+    expect = _transform(transform)[0]
     pieces = [expect(tuple(w.shape)) for w in weights]
     if len(pieces) == 1:
         return pieces[0]
     return (sum(p[0] for p in pieces),) + tuple(pieces[0][1:])
+
+
+def _each(shape, count):
+    """The shape of each of `count` tensors that make `shape` when
+    concatenated along their first axis (None: it does not divide)."""
+    if count == 1:
+        return tuple(shape)
+    if not shape or shape[0] % count:
+        return None
+    return (shape[0] // count,) + tuple(shape[1:])
 
 
 def expected_shapes(model, table, num_layers):
@@ -160,54 +255,78 @@ def expected_shapes(model, table, num_layers):
     checkpoint a family's converter expects (tests and benchmarks write
     random ones with it)."""
     ours = {w.path: w for w in model.weights}
-    return {
-        name: _expected([ours[p] for p in paths], transform)
-        for name, (paths, transform) in concrete_rows(table, num_layers).items()
-    }
+    shapes = {}
+    for key, (paths, transform, _) in concrete_rows(table, num_layers).items():
+        shape = _expected([ours[p] for p in paths], transform)
+        names = key[:1] if isinstance(key, OneOf) else _sources(key)
+        shapes.update({name: _each(shape, len(names)) for name in names})
+    return shapes
+
+
+def _check_row(checkpoint, key, paths, expected, order):
+    """`ValueError` for a row whose tensors are missing or of another
+    shape than `expected` (their concatenation's), or whose `order` is
+    not a permutation of its rows."""
+    names = _sources(key)
+    each = _each(expected, len(names))
+    if each is None or (
+        order is not None
+        and sorted(int(r) for r in order) != list(range(expected[0]))
+    ):
+        raise ValueError(
+            f"Weight table row {key!r}: {len(names)} tensors of one shape "
+            f"with rows ordered by {order!r} cannot make {expected!r} (a "
+            "converter error)."
+        )
+    for name in names:
+        if name not in checkpoint:
+            raise ValueError(
+                f"The checkpoint has no tensor {name!r} (expected of shape "
+                f"{each!r} for {paths[0]!r})."
+            )
+        stored = tuple(checkpoint.shape(name))
+        if stored != each:
+            raise ValueError(
+                f"Tensor {name!r} has shape {stored!r} in the checkpoint "
+                f"but {each!r} is expected (for {', '.join(paths)})."
+            )
 
 
 def _plan(model, checkpoint, rows, ignored):
-    """`[(their name, [our weights], transform)]` after every check."""
+    """`[(their name(s), [our weights], transform, order)]` after every
+    check."""
     ours = {w.path: w for w in model.weights}
     plan, used = [], {}
-    for name, (paths, transform) in rows.items():
+    for key, (paths, transform, order) in rows.items():
         missing = [p for p in paths if p not in ours]
         if missing:
             raise ValueError(
-                f"The weight table maps {name!r} to {missing!r}, which the "
+                f"The weight table maps {key!r} to {missing!r}, which the "
                 f"model {model.name!r} does not have (a converter error)."
             )
         weights = [ours[p] for p in paths]
         expected = _expected(weights, transform)
-        if name not in checkpoint:
-            raise ValueError(
-                f"The checkpoint has no tensor {name!r} (expected of shape "
-                f"{expected!r} for {paths[0]!r})."
-            )
-        stored = tuple(checkpoint.shape(name))
-        if stored != expected:
-            raise ValueError(
-                f"Tensor {name!r} has shape {stored!r} in the checkpoint "
-                f"but {expected!r} is expected (for {', '.join(paths)})."
-            )
+        key = _resolve(checkpoint, key, expected, paths)
+        _check_row(checkpoint, key, paths, expected, order)
         for path in paths:
             if path in used:
                 raise ValueError(
                     f"Two tensors map to {path!r}: {used[path]!r} and "
-                    f"{name!r} (a converter error)."
+                    f"{key!r} (a converter error)."
                 )
-            used[path] = name
-        plan.append((name, weights, transform))
+            used[path] = key
+        plan.append((key, weights, transform, order))
     left = sorted(set(ours) - set(used))
     if left:
         raise ValueError(
             f"No tensor of the weight table fills {left!r} of model "
             f"{model.name!r} (a converter error)."
         )
+    read = {name for key in rows for name in _sources(key)}
     unread = [
         name
         for name in checkpoint.names()
-        if name not in rows
+        if name not in read
         and not any(fnmatch.fnmatchcase(name, p) for p in ignored)
     ]
     if unread:
@@ -216,17 +335,45 @@ def _plan(model, checkpoint, rows, ignored):
             f"{unread[:10]!r}{' ...' if len(unread) > 10 else ''} (an "
             "unsupported variant of the architecture)."
         )
-    order = {name: k for k, name in enumerate(checkpoint.names())}
-    return sorted(plan, key=lambda row: order[row[0]])
+    position = {name: k for k, name in enumerate(checkpoint.names())}
+    return sorted(plan, key=lambda row: position[_sources(row[0])[0]])
+
+
+def _reader(checkpoint, key, order):
+    """`read(a, b)`: rows `a .. b - 1` of the row's tensors concatenated
+    along their first axis, our row `r` being their row `order[r]` when
+    an `order` is given; read as runs of consecutive stored rows."""
+    names = _sources(key)
+    if len(names) == 1 and order is None:
+        return lambda a, b: checkpoint.read_rows(names[0], a, b)
+    each = checkpoint.shape(names[0])[0]
+
+    def read(a, b):
+        index = np.arange(a, b) if order is None else np.asarray(order[a:b])
+        if not len(index):
+            return checkpoint.read_rows(names[0], 0, 0)
+        source, row = np.divmod(index, each)
+        breaks = np.flatnonzero((np.diff(index) != 1) | (np.diff(source) != 0))
+        starts = np.concatenate([[0], breaks + 1])
+        stops = np.concatenate([breaks + 1, [len(index)]])
+        parts = [
+            checkpoint.read_rows(
+                names[int(source[s])], int(row[s]), int(row[s] + e - s)
+            )
+            for s, e in zip(starts, stops)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    return read
 
 
 def load_weights(model, checkpoint, table, num_layers, ignored=()):
     """Assigns `model`'s weights from `checkpoint` (a
     `keras_attention.interop.checkpoint.Checkpoint`) by `table` (rows
-    `(their name, our path(s), transform)`, module docstring), for
-    layers `0 .. num_layers - 1`; `ignored`: `fnmatch` patterns of
-    tensors left unread on purpose. Every check runs before the first
-    tensor is read.
+    `(their name(s), our path(s), transform[, order])`, module
+    docstring), for layers `0 .. num_layers - 1`; `ignored`: `fnmatch`
+    patterns of tensors left unread on purpose. Every check runs before
+    the first tensor is read.
 
     Raises:
         ValueError: a missing tensor or one of another shape (naming it
@@ -234,14 +381,17 @@ def load_weights(model, checkpoint, table, num_layers, ignored=()):
             fills.
     """
     rows = concrete_rows(table, num_layers)
-    for name, weights, transform in _plan(model, checkpoint, rows, ignored):
-        expect, fill = TRANSFORMS[transform]
+    for key, weights, transform, order in _plan(
+        model, checkpoint, rows, ignored
+    ):
+        expect, fill = _transform(transform)
+        rows_of = _reader(checkpoint, key, order)
         first = 0
         for weight in weights:  # a fused tensor: one row range each
             count = expect(tuple(weight.shape))[0]
 
             def read(a, b, first=first):
-                return checkpoint.read_rows(name, first + a, first + b)
+                return rows_of(first + a, first + b)
 
             value = fill(read, tuple(weight.shape), _numpy_dtype(weight))
             weight.assign(value)
