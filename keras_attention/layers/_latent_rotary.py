@@ -34,13 +34,30 @@ def yarn_mscale(factor, mscale=1.0):
     return 0.1 * mscale * math.log(factor) + 1.0
 
 
+def check_rope_theta(rope_theta):
+    """`MultiHeadLatentAttention`'s `rope_theta`, checked: a number >= 1
+    (as a float), or None (no rotary positions: NoPE)."""
+    if rope_theta is None:
+        return None
+    return float(
+        validation.check_positive_number("rope_theta", rope_theta, minimum=1)
+    )
+
+
 def check_rotary_scaling(rotary_scaling, rope_theta):
     """`rotary_scaling` of `MultiHeadLatentAttention`, checked: None, or
     a dict of `RotaryEmbedding`'s scaling arguments plus `mscale` and
-    `mscale_all_dim` (positive numbers, with `rope_type="yarn"` only).
-    Returns a plain dict copy (or None)."""
+    `mscale_all_dim` (positive numbers, with `rope_type="yarn"` only;
+    refused without rotary positions, `rope_theta=None`). Returns a
+    plain dict copy (or None)."""
     if rotary_scaling is None:
         return None
+    if rope_theta is None:
+        raise ValueError(
+            "`rotary_scaling` scales rotary positions, which "
+            "`rope_theta=None` turns off. Received: rotary_scaling="
+            f"{rotary_scaling!r}, rope_theta=None"
+        )
     if not isinstance(rotary_scaling, dict):
         raise TypeError(
             "`rotary_scaling` must be None or a dict of RotaryEmbedding "

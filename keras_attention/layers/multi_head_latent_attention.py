@@ -125,8 +125,10 @@ class MultiHeadLatentAttention(
         q_lora_rank: optional int: queries through a low-rank bottleneck
             (`q_a_proj`, RMSNorm, `q_b_proj`, as DeepSeek-V2/V3); None
             (default): one projection `q_proj` (DeepSeek-V2-Lite).
-        rope_theta: finite number >= 1, the rotary base. Defaults to
-            10000.
+        rope_theta: finite number >= 1, the rotary base, or None: no
+            rotary positions (NoPE, Kimi Linear's MLA layers): the rope
+            features of queries and of the shared key stay as projected
+            (`positions` then changes nothing). Defaults to 10000.
         rope_interleave: bool, interleaved rope pairs (DeepSeek's layout,
             default True) or halves (False).
         attention_bias: bool, biases on `q_a_proj`, `kv_a_proj_with_mqa`
@@ -258,11 +260,7 @@ class MultiHeadLatentAttention(
         self.qk_rope_head_dim = _check_rope_head_dim(qk_rope_head_dim)
         self.v_head_dim = positive("v_head_dim", v_head_dim)
         self.q_lora_rank = positive("q_lora_rank", q_lora_rank, True)
-        self.rope_theta = float(
-            validation.check_positive_number(
-                "rope_theta", rope_theta, minimum=1
-            )
-        )
+        self.rope_theta = _latent_rotary.check_rope_theta(rope_theta)
         self.rope_interleave = validation.check_bool(
             "rope_interleave", rope_interleave
         )
@@ -284,12 +282,14 @@ class MultiHeadLatentAttention(
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
-        self._rotary = RotaryEmbedding(
-            max_wavelength=self.rope_theta,
-            **_latent_rotary.rotary_arguments(self.rotary_scaling),
-            dtype=self.dtype_policy,
-            name="rotary_embedding",
-        )
+        self._rotary = None  # NoPE
+        if self.rope_theta is not None:
+            self._rotary = RotaryEmbedding(
+                max_wavelength=self.rope_theta,
+                **_latent_rotary.rotary_arguments(self.rotary_scaling),
+                dtype=self.dtype_policy,
+                name="rotary_embedding",
+            )
         self._dropout_layer = keras.layers.Dropout(
             rate=self.dropout, seed=self.seed, dtype=self.dtype_policy
         )
@@ -375,7 +375,10 @@ class MultiHeadLatentAttention(
         gathered into halves (as `transformers`'
         `apply_rotary_pos_emb_interleave` returns them), so queries and
         cached keys share the halves layout. DeepSeek's YaRN factor
-        corrects `RotaryEmbedding`'s own (`_latent_rotary.py`)."""
+        corrects `RotaryEmbedding`'s own (`_latent_rotary.py`). NoPE
+        (`rope_theta=None`): `x` as it is."""
+        if self._rotary is None:
+            return x
         if self.rope_interleave:
             p = self.qk_rope_head_dim
             order = np.concatenate([np.arange(0, p, 2), np.arange(1, p, 2)])

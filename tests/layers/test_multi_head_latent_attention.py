@@ -112,7 +112,10 @@ def _dense(layer, x):
 
 def _rope(x, theta, interleave, start=0):
     """`(b, t, ..., p)`: DeepSeek's interleaved pairs `(x0, x1), (x2,
-    x3)`, rotated then laid out as halves (`transformers`), or halves."""
+    x3)`, rotated then laid out as halves (`transformers`), or halves;
+    `theta` None (NoPE): `x` as it is."""
+    if theta is None:
+        return x
     p, t = x.shape[-1], x.shape[1]
     if interleave:
         x = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
@@ -181,6 +184,29 @@ def test_matches_numpy_reference(kwargs):
     out = np_(layer(X, query_mask=valid, use_causal_mask=True))
     expected = mla_reference(layer, X.astype("float64"), valid)
     np.testing.assert_allclose(out[valid], expected[valid], atol=2e-5)
+
+
+def test_nope_rotates_nothing():
+    """`rope_theta=None` (Kimi Linear's MLA, NoPE): the rope features of
+    queries and of the shared key are used as projected (the NumPy
+    reference without rotation), so positions change nothing; cached
+    decoding equals the uncached call; the config round-trips."""
+    layer = _layer(q_lora_rank=4, rope_theta=None)
+    valid = np.array([[True] * 6, [True] * 4 + [False] * 2])
+    out = np_(layer(X, query_mask=valid, use_causal_mask=True))
+    expected = mla_reference(layer, X.astype("float64"), valid)
+    np.testing.assert_allclose(out[valid], expected[valid], atol=2e-5)
+    moved = layer(
+        X, query_mask=valid, use_causal_mask=True, positions=np.arange(6) + 7
+    )
+    np.testing.assert_allclose(np_(moved), out, atol=1e-6)
+    decoded, _ = _decode(layer, X, prefill=3, max_length=8)
+    full = np_(layer(X, use_causal_mask=True))
+    np.testing.assert_allclose(decoded, full, atol=2e-5)
+    config = layer.get_config()
+    assert MultiHeadLatentAttention.from_config(config).rope_theta is None
+    with pytest.raises(ValueError, match=re.escape("rope_theta=None")):
+        MultiHeadLatentAttention(**SIZES, rope_theta=None, rotary_scaling=YARN)
 
 
 @pytest.mark.parametrize("absorb", [False, True])
