@@ -48,6 +48,10 @@ def build(case, seed=0):
         for parameter in model.parameters():
             noise = spec.get("noise", hf_cases.NOISE)
             parameter.add_(torch.randn_like(parameter) * noise)
+        suffixes = tuple(spec.get("noise_buffers", ()))
+        for name, buffer in model.named_buffers():
+            if suffixes and name.endswith(suffixes):
+                buffer.add_(torch.randn_like(buffer) * noise)
     return model.eval()
 
 
