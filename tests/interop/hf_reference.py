@@ -90,6 +90,8 @@ def write(case, out_dir):
         with torch.no_grad():
             hidden = model.model(input_ids=ids, attention_mask=mask)
         outputs = {"tokens": greedy(model)}
+    if "hidden_rows" in hf_cases.CASES[case]:
+        outputs["rows"] = np.array(hf_cases.CASES[case]["hidden_rows"])
     np.savez(
         directory / "reference.npz",
         hidden=hidden.last_hidden_state.float().numpy(),
