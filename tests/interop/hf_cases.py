@@ -165,6 +165,31 @@ CASES = {
         config=DEEPSEEK_V3,
         noise_buffers=("e_score_correction_bias",),
     ),
+    # DeepSeek-V3's other options: one `q_proj` (no query latent), rope
+    # halves, attention biases, plain RoPE, every layer a MoE without
+    # group limit nor renormalization, a tied head. Greedy tokens are
+    # compared on "deepseek_v3" (the same cache and generator).
+    "deepseek_v3_q_proj": dict(
+        model_type="deepseek_v3",
+        about="no query latent (q_proj), rope halves, attention biases, "
+        "plain RoPE, all layers MoE (one group, not renormalized), tied "
+        "head; greedy compared on deepseek_v3",
+        config=dict(
+            DEEPSEEK_V3,
+            q_lora_rank=None,
+            rope_interleave=False,
+            attention_bias=True,
+            first_k_dense_replace=0,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.0,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1e4),
+        ),
+        noise_buffers=("e_score_correction_bias",),
+        greedy=False,
+    ),
     # DeepSeek-V3.2: V3's with attention biases and the lightning indexer
     # (2 heads of 8, each query reads its top 4 keys), its weights set for
     # clear gaps between the index scores (`hf_indexer.py`,
@@ -431,6 +456,40 @@ CASES = {
             rope_parameters=dict(
                 full_attention=dict(
                     rope_type="linear", factor=2.0, rope_theta=1e6
+                ),
+                sliding_attention=dict(rope_type="default", rope_theta=1e4),
+            ),
+            initializer_range=0.05,
+        ),
+        noise=0.05,
+    ),
+    # Gemma 4: layers 2 (sliding) and 3 (full) read the keys and values
+    # of layers 0 and 1; K = V on the full layers (1 key/value head of
+    # 16), heads of 8 on the sliding ones (window 3); proportional RoPE
+    # rotating a quarter of the full layers' heads (1e6), 1e4 on the
+    # sliding ones; wide feed-forwards on the shared layers; the final
+    # soft-cap. No per-layer inputs (refused).
+    "gemma4_text": dict(
+        model_type="gemma4_text",
+        about="KV shared across layers, K = V (1 key/value head), heads "
+        "of 8 and 16, windowed + full layers, proportional RoPE",
+        config=dict(
+            COMMON,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=3,
+            global_head_dim=16,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=0,
+            final_logit_softcapping=3.0,
+            rope_parameters=dict(
+                full_attention=dict(
+                    rope_type="proportional",
+                    partial_rotary_factor=0.25,
+                    rope_theta=1e6,
                 ),
                 sliding_attention=dict(rope_type="default", rope_theta=1e4),
             ),
