@@ -28,6 +28,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_cases  # noqa: E402
+import hf_indexer  # noqa: E402
 
 
 def build(case, seed=0):
@@ -52,6 +53,8 @@ def build(case, seed=0):
         for name, buffer in model.named_buffers():
             if suffixes and name.endswith(suffixes):
                 buffer.add_(torch.randn_like(buffer) * noise)
+    if spec.get("sharpen_indexer"):
+        hf_indexer.sharpen(model)
     return model.eval()
 
 
@@ -74,6 +77,9 @@ def greedy(model):
 
 def write(case, out_dir):
     model = build(case)
+    gaps = []  # DeepSeek-V3.2: the smallest gap of each top-k choice
+    if hf_cases.CASES[case].get("sharpen_indexer"):
+        gaps = hf_indexer.record_gaps(model)
     directory = pathlib.Path(out_dir) / case
     model.save_pretrained(directory, safe_serialization=True)
     ids = torch.tensor(hf_cases.TOKEN_IDS)
@@ -90,6 +96,8 @@ def write(case, out_dir):
         with torch.no_grad():
             hidden = model.model(input_ids=ids, attention_mask=mask)
         outputs = {"tokens": greedy(model)}
+    if gaps:
+        outputs["index_gap"] = np.array(min(gaps))
     if "hidden_rows" in hf_cases.CASES[case]:
         outputs["rows"] = np.array(hf_cases.CASES[case]["hidden_rows"])
     np.savez(

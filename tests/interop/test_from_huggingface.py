@@ -41,6 +41,8 @@ def test_equal_to_transformers(case, references):
     keras.utils.set_random_seed(0)
     directory = references / case
     want = np.load(directory / "reference.npz")
+    if "index_gap" in want.files:  # DeepSeek-V3.2: no near tie decides
+        assert want["index_gap"] > 1e-3, want["index_gap"]
     model = from_huggingface(directory)
     difference = hidden_difference(model, want)
     assert difference < TOLERANCE, difference
