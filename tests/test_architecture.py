@@ -9,8 +9,9 @@
   (`keras_attention.ops._backend` from `keras_attention.ops.*`).
 - No import inside a function (to dodge a cycle or hide a dependency),
   except of optional third-party packages where they belong: the backend
-  libraries in `ops/_backend.py`, matplotlib in `visualization`, keras-hub
-  (an optional extra) anywhere.
+  libraries in the backend dispatch modules (`ops/_backend.py` and its
+  `ops/_backend_<topic>.py` parts, `BACKEND_DISPATCH`), matplotlib in
+  `visualization`, keras-hub (an optional extra) anywhere.
 - No import cycle between the package's modules.
 - Imports by name (`importlib.import_module("keras_attention.x")`,
   `__import__(...)`) count as imports for all of the above; one whose
@@ -47,22 +48,29 @@ LEAVES = {
     "visualization": {"utils", "masks", "ops", "mods", "scores", "layers"}
 }
 
+# The backend dispatch: `ops/_backend.py` and the parts split from it (one
+# topic each), the only modules that import the backend libraries.
+BACKEND_DISPATCH = (
+    "keras_attention.ops._backend",
+    "keras_attention.ops._backend_flex",  # FlexAttention (PyTorch)
+)
+
 # Optional third-party packages a function may import lazily, and where.
 LAZY_IMPORTS = {
     # visualization: the TensorBoard callback's image writer only (importing
     # `keras_attention.visualization` must not load TensorFlow on JAX/torch)
     "tensorflow": (
-        "keras_attention.ops._backend",
+        *BACKEND_DISPATCH,
         "keras_attention.visualization.tensorboard",
     ),
     # distribution/_jax_ring: ring attention is JAX SPMD code throughout
     # (shard_map, ppermute, custom_vjp), not a backend switch (its
     # docstring says why it is not in ops/_backend.py)
     "jax": (
-        "keras_attention.ops._backend",
+        *BACKEND_DISPATCH,
         "keras_attention.distribution._jax_ring",
     ),
-    "torch": ("keras_attention.ops._backend",),
+    "torch": BACKEND_DISPATCH,
     "matplotlib": ("keras_attention.visualization",),
     "keras_hub": (PACKAGE,),
     # `from_huggingface("hf://...")`'s download: an optional extra
@@ -263,7 +271,8 @@ def test_no_imports_inside_functions():
     ]
     assert not violations, (
         "Imports inside functions (move them to the top of the module, or "
-        f"backend-specific code to ops/_backend.py):{_report(violations)}"
+        "backend-specific code to ops/_backend.py or an ops/_backend_<topic>"
+        f".py listed in BACKEND_DISPATCH):{_report(violations)}"
     )
 
 
@@ -482,6 +491,18 @@ def _violations_of(module, source):
             "def f():\n    import tensorflow as tf",
             "lazy",
             [],
+        ),
+        (
+            "keras_attention.ops._backend_flex",
+            "def f():\n    import torch",
+            "lazy",
+            [],
+        ),
+        (
+            "keras_attention.ops._backend_other",
+            "def f():\n    import torch",
+            "lazy",
+            ["import torch"],
         ),
         (
             "keras_attention.visualization.plot_attention",

@@ -1,5 +1,6 @@
 """Backend-agnostic attention maths (pure functions of tensors, no weights)."""
 
+from keras_attention.ops._backend import assign_slice
 from keras_attention.ops._backend import broadcast_add
 from keras_attention.ops._backend import compile_step
 from keras_attention.ops._backend import compiled_kernel
@@ -24,6 +25,7 @@ from keras_attention.ops.topk_attention import topk_attention
 
 __all__ = [
     "additive_scores",
+    "assign_slice",
     "broadcast_add",
     "compile_step",
     "compiled_kernel",

@@ -1,14 +1,16 @@
 """Tiny backend dispatch for what `keras.ops` does not cover.
 
-The one home of backend-specific code (the only module that imports
-TensorFlow, JAX or PyTorch, lazily, inside the function that needs it).
+The home of backend-specific code, with the `_backend_*` modules beside
+it (FlexAttention's kernel and block masks: `_backend_flex.py`): the only
+modules that import TensorFlow, JAX or PyTorch, lazily, inside the
+function that needs it.
 Layers and generation reach it through the names `keras_attention.ops`
 re-exports (`scan_carry`, `compile_step`).
 """
 
-import warnings
-
 import keras
+import ml_dtypes
+import numpy as np
 
 
 def broadcast_add(x, y):
@@ -488,209 +490,110 @@ def compile_step(step, jit_compile, autograph=True):
     return tf.function(step, jit_compile=jit_compile, autograph=autograph)
 
 
-# FlexAttention (PyTorch, for `ops/flex.py`) -----------------------------
-# State: the compiled function (its kernels cached per shape by
-# `torch.compile`), recent block masks, a compilation that failed.
-
-_FLEX = {"kernel": None, "failure": None}
-_FLEX_BLOCK_MASKS = {}
-FLEX_BLOCK_MASK_CACHE = 32  # Block masks kept (least recently used out)
-# Kernels kept (`torch.compile`'s default, 8, runs slow eager code after).
-FLEX_RECOMPILE_LIMIT = 128
-FLEX_BLOCK = 128  # The blocks of a block mask (queries x keys).
+# Compiled slice writers of the JAX backend, one per axis.
+_JAX_SLICE_WRITERS = {}
 
 
-def flex_unavailable():
-    """None when PyTorch can compile FlexAttention kernels here, else why
-    (another backend, an old torch, no C++ compiler or AVX2 for the CPU
-    kernels, an earlier compilation that failed)."""
+def assign_slice(variable, value, start, axis=0):
+    """Writes `value` into `variable` from index `start` along `axis`
+    (its other axes whole), in the variable's own buffer: no copy of the
+    whole variable is made, so a checkpoint's tensor can be loaded chunk
+    by chunk beside the model's weights
+    (`keras_attention.interop.from_huggingface`).
+
+    Args:
+        variable: a `keras.Variable`.
+        value: a NumPy array (or array-like) of the variable's shape but
+            along `axis`, where it has the written length; cast to the
+            variable's dtype.
+        start: int, the first index written along `axis`.
+        axis: int, the axis the slice runs along.
+
+    TensorFlow writes a strided-slice assignment into the variable's
+    buffer; PyTorch copies into a view of its parameter; JAX's arrays are
+    immutable: a compiled `dynamic_update_slice` that donates the
+    variable's array (XLA updates that buffer). Another backend assigns
+    the whole variable.
+
+    Raises:
+        ValueError: `value` does not fit the variable there.
+
+    Example:
+
+    >>> import keras
+    >>> import numpy as np
+    >>> from keras_attention.ops import assign_slice
+    >>> v = keras.Variable(np.zeros((2, 3), "float32"))
+    >>> assign_slice(v, [[1.0], [2.0]], start=1, axis=1)
+    >>> keras.ops.convert_to_numpy(v)
+    array([[0., 1., 0.],
+           [0., 2., 0.]], dtype=float32)
+    """
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    value = np.asarray(value, np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    shape = tuple(variable.shape)
+    axis = axis + len(shape) if axis < 0 else axis
+    fits = 0 <= axis < len(shape) and value.ndim == len(shape)
+    if fits:
+        want = shape[:axis] + (value.shape[axis],) + shape[axis + 1 :]
+        fits = value.shape == want and 0 <= start <= start + want[axis]
+        fits = fits and start + want[axis] <= shape[axis]
+    if not fits:
+        raise ValueError(
+            f"A value of shape {value.shape!r} at start={start!r} along "
+            f"axis={axis!r} does not fit variable {variable.path!r} of "
+            f"shape {shape!r}."
+        )
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(start, start + value.shape[axis])
     backend = keras.backend.backend()
-    if backend != "torch":
-        return (
-            "FlexAttention is PyTorch's kernel and the Keras backend is "
-            f"{backend!r}"
-        )
-    if _FLEX["failure"] is not None:
-        return _FLEX["failure"]
-    import torch
+    if backend == "tensorflow":
+        _tf_assign_slice(variable.value, value, start, axis)
+    elif backend == "torch":
+        _torch_assign_slice(variable.value, value, start, axis)
+    elif backend == "jax":
+        import jax
 
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return (
-            f"torch {torch.__version__} has no FlexAttention "
-            "(`torch.nn.attention.flex_attention`, torch >= 2.5)"
-        )
-    if torch.cuda.is_available():
-        return None
-    if "cpu" not in _FLEX:  # Asked once: a compiler search, ~1 ms.
-        _FLEX["cpu"] = _flex_cpu_unavailable()
-    return _FLEX["cpu"]
-
-
-def _flex_cpu_unavailable():
-    try:
-        from torch._inductor import cpp_builder
-        from torch._inductor.kernel.flex import flex_cpu
-
-        cpp_builder.get_cpp_compiler()
-    except Exception as error:  # noqa: BLE001 - no compiler, or no inductor.
-        return (
-            "torch.compile cannot build FlexAttention's CPU kernels here "
-            f"(no C++ compiler: {type(error).__name__}: {error})"
-        )
-    if not flex_cpu.check_cpu_supported():
-        return "FlexAttention's CPU kernels need an x86 CPU with AVX2"
-    return None
-
-
-def flex_on_gpu(x):
-    """`(x on CUDA, torch's version)`: FlexAttention's backward pass and
-    log-sum-exp are CUDA's only."""
-    import torch
-
-    device = getattr(x, "device", None)  # NumPy's: "cpu".
-    return getattr(device, "type", device) == "cuda", torch.__version__
-
-
-def flex_needs_gradient(tensors, reads_other=False):
-    """Whether a call needs a gradient: grad mode, and one of `tensors`
-    (variables too) requires grad, or `reads_other`."""
-    import torch
-
-    if not torch.is_grad_enabled():
-        return False
-    if reads_other:
-        return True
-    for x in tensors:
-        x = getattr(x, "value", x)  # A Keras variable: its parameter.
-        if getattr(x, "requires_grad", False):
-            return True
-    return False
-
-
-def flex_block_mask(evaluate, key, shape, like, chunk=None):
-    """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
-    once per `key` (what the mask depends on) and device (`like`'s).
-
-    `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
-    `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
-    entries). The mask is never traced into the kernel: its full blocks
-    need none, empty ones are skipped, the others' entries are a table
-    (`(n, block, block)`, `n` a power of two: few kernels) the kernel's
-    `mask_mod` looks up. One kernel serves every mask, and inductor's CPU
-    kernels computed some gathers in a `mask_mod` wrongly in torch 2.13
-    (`index_select`, Keras's `ops.take`). `density`: the share of blocks
-    visited."""
-    key = (key, tuple(shape), str(like.device))
-    cached = _FLEX_BLOCK_MASKS.pop(key, None)
-    if cached is None:
-        cached = _build_block_mask(evaluate, shape, like.device, chunk)
-    _FLEX_BLOCK_MASKS[key] = cached
-    while len(_FLEX_BLOCK_MASKS) > FLEX_BLOCK_MASK_CACHE:
-        _FLEX_BLOCK_MASKS.pop(next(iter(_FLEX_BLOCK_MASKS)))
-    return cached
-
-
-def _build_block_mask(evaluate, shape, device, chunk):
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
-
-    (q_len, kv_len), block = shape, FLEX_BLOCK
-    nk = -(-kv_len // block)
-    rows = chunk or max(block, (2**22 // (nk * block)) // block * block)
-    # Table blocks: 0 masks all, 1 none, then the partial ones (eager
-    # FlexAttention reads `mask_mod` on every block).
-    seen, full, table, slots, count = [], [], [], [], 2
-    for start in range(0, q_len, rows):
-        m = torch.as_tensor(evaluate(start, min(start + rows, q_len)))
-        m = m.to(device=device, dtype=torch.bool)
-        n = m.shape[2]
-        pad = (0, nk * block - kv_len, 0, -(-n // block) * block - n)
-        m = torch.nn.functional.pad(m, pad, value=False)
-        # (b|1, h|1, rows / block, nk, block, block)
-        m = m.unflatten(3, (nk, block)).unflatten(2, (-1, block))
-        m = m.transpose(3, 4)
-        seen.append(m.any(dim=(4, 5)))
-        full.append(m.all(dim=(4, 5)))
-        partial = seen[-1] & ~full[-1]
-        table.append(m[partial])  # The partial blocks' entries, in order.
-        slot = torch.cumsum(partial.flatten(), 0).view(partial.shape)
-        slot = torch.where(partial, slot + (count - 1), full[-1].long())
-        slots.append(slot)
-        count += table[-1].shape[0]
-    b, h = seen[0].shape[:2]
-    seen, full = torch.cat(seen, dim=2), torch.cat(full, dim=2)
-    partial = seen & ~full
-    density = float(seen.float().mean())
-    size = 1 << (count - 1).bit_length()  # A power of two >= count.
-    ends = torch.zeros((2, block, block), dtype=torch.bool, device=device)
-    ends[1] = True
-    padding = torch.zeros((size - count, block, block), dtype=torch.bool)
-    table = torch.cat([ends] + table + [padding.to(device)], dim=0)
-    slots = torch.cat(slots, dim=2).to(torch.int32)
-    bb, hh = int(b > 1), int(h > 1)
-
-    def mask_mod(batch, head, q_idx, kv_idx):
-        slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
-        return table[slot, q_idx % block, kv_idx % block]
-
-    def ordered(blocks):
-        counts = blocks.sum(-1, dtype=torch.int32)
-        order = torch.argsort(
-            blocks.to(torch.int8), dim=-1, descending=True, stable=True
-        )
-        return counts, order.to(torch.int32).contiguous()
-
-    block_mask = BlockMask.from_kv_blocks(
-        *ordered(partial),
-        *ordered(full),
-        BLOCK_SIZE=block,
-        mask_mod=mask_mod,
-        seq_lengths=shape,
-    )
-    return block_mask, density
-
-
-def _flex_kernel(q, k, v, score_mod, block_mask, scale, gqa, lse):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(
-        q, k, v, score_mod, block_mask, scale, enable_gqa=gqa, return_lse=lse
-    )
-
-
-class FlexCompileError(RuntimeError):
-    """`torch.compile` could not compile a FlexAttention kernel (the
-    message says why); the caller runs another path."""
-
-
-def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
-    """FlexAttention on `(b, h, T, d)` tensors (`g` key/value heads
-    divide `h`): the output, and with `lse` its log-sum-exp. One
-    `torch.compile` (static shapes): a kernel per shape, dtype and score
-    function, compiled at its first call and reused after;
-    `FlexCompileError` when compiling fails."""
-    import torch
-    import torch._dynamo
-
-    if _FLEX["kernel"] is None:
-        # Our own function: kernels apart from the program's other ones.
-        _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
-    patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
-    try:
-        with patch, warnings.catch_warnings():
-            # Dynamo's notes on what it steps around while tracing a
-            # score function (Keras's builtins and caches) are not ours.
-            warnings.filterwarnings("ignore", "Dynamo does not know how")
-            warnings.filterwarnings("ignore", "Dynamo detected a call to")
-            gqa = query.shape[1] != key.shape[1]
-            return _FLEX["kernel"](
-                query, key, value, score_fn, block_mask, scale, gqa, lse
+        if axis not in _JAX_SLICE_WRITERS:
+            _JAX_SLICE_WRITERS[axis] = jax.jit(
+                lambda x, piece, at: jax.lax.dynamic_update_slice_in_dim(
+                    x, piece, at, axis
+                ),
+                donate_argnums=0,
             )
-    except torch._dynamo.exc.TorchDynamoException as error:
-        reason = str(error).strip().splitlines()[0][:300]
-        reason = f"torch.compile failed ({type(error).__name__}: {reason})"
-        if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
-            _FLEX["failure"] = reason  # The toolchain: not again.
-        raise FlexCompileError(reason) from error
+        variable.assign(_JAX_SLICE_WRITERS[axis](variable.value, value, start))
+    else:
+        whole = keras.ops.convert_to_numpy(variable).copy()
+        whole[tuple(index)] = value
+        variable.assign(whole)
+
+
+def _tf_assign_slice(variable, value, start, axis):
+    """The strided-slice assignment op itself: slicing the `tf.Variable`
+    (`variable[...].assign`) reads it first, and the write then copies
+    the whole buffer that read still shares."""
+    import tensorflow as tf
+
+    begin = [0] * value.ndim
+    begin[axis] = start
+    end = list(variable.shape)
+    end[axis] = start + value.shape[axis]
+    tf.raw_ops.ResourceStridedSliceAssign(
+        ref=variable.handle,
+        begin=begin,
+        end=end,
+        strides=[1] * value.ndim,
+        value=tf.convert_to_tensor(value),
+    )
+
+
+def _torch_assign_slice(parameter, value, start, axis):
+    import torch
+
+    if value.dtype.name == "bfloat16":  # NumPy's (ml_dtypes) bfloat16
+        tensor = torch.from_numpy(np.ascontiguousarray(value).view(np.int16))
+        tensor = tensor.view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+    with torch.no_grad():
+        parameter.narrow(axis, start, value.shape[axis]).copy_(tensor)

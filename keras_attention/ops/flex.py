@@ -4,7 +4,7 @@ through inductor on a CPU, Triton on CUDA) run the package's score and
 mask functions fused, with block sparsity.
 
 What this module does (the torch calls themselves, the compiled kernel
-and the block-mask cache are in `_backend.py`):
+and the block-mask cache are in `_backend_flex.py`):
 
 - every mask source of a call (a `mask_mod`, `causal`, an attention
   mask, key and query padding) becomes one mask function on the kernel's
@@ -49,7 +49,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention.ops import _backend
+from keras_attention.ops import _backend_flex
 from keras_attention.ops import captured
 from keras_attention.ops import scoring
 
@@ -282,12 +282,12 @@ def _reads_gradient(request):
     reads = not isinstance(score_mod, keras.layers.Layer) and (
         captured.closes_over_tensors(score_mod)
     )
-    return _backend.flex_needs_gradient(tensors, reads)
+    return _backend_flex.flex_needs_gradient(tensors, reads)
 
 
 def can_run(request):
     """None when the flex path can run `request`, else the reason."""
-    reason = _backend.flex_unavailable()
+    reason = _backend_flex.flex_unavailable()
     dtype = keras.backend.standardize_dtype(request.query.dtype)
     dtypes = {
         keras.backend.standardize_dtype(x.dtype)
@@ -309,7 +309,7 @@ def can_run(request):
         reason = "it takes a sliding window as a mask function"
     elif reason is None and not request.static_lengths:
         reason = "it needs the lengths when called"
-    elif reason is None and not _backend.flex_on_gpu(request.query)[0]:
+    elif reason is None and not _backend_flex.flex_on_gpu(request.query)[0]:
         reason = _cpu_refusal(request)
     if reason is None:
         return None
@@ -324,7 +324,7 @@ def can_run(request):
 
 def _cpu_refusal(request):
     """What FlexAttention's CPU kernels cannot do for `request`."""
-    version = _backend.flex_on_gpu(request.query)[1]
+    version = _backend_flex.flex_on_gpu(request.query)[1]
     if request.return_lse:
         return (
             f"FlexAttention's CPU kernels return no log-sum-exp (torch "
@@ -342,14 +342,14 @@ def _cpu_refusal(request):
 
 def _block_mask(request, offset, sink):
     """The call's block mask (None when nothing masks) and the share of
-    its blocks the kernel visits, from `_backend`'s cache."""
+    its blocks the kernel visits, from `_backend_flex`'s cache."""
     query, kv_len = request.query, request.key.shape[1]
     mask = _KernelMask(request, offset, kv_len, sink)
     if not mask.masks:
         return None, 1.0
     b, h, q_len = ops.shape(query)[0], query.shape[2], query.shape[1]
     total = kv_len + int(sink)
-    return _backend.flex_block_mask(
+    return _backend_flex.flex_block_mask(
         lambda start, stop: mask.evaluate(b, h, start, stop, total),
         (b, h, mask.fingerprint()),
         (q_len, total),
@@ -372,7 +372,7 @@ def prefers_flex(request):
         return False
     if min(request.query.shape[1], request.key.shape[1]) < FLEX_MIN_LENGTH:
         return False
-    unavailable = _backend.flex_unavailable()
+    unavailable = _backend_flex.flex_unavailable()
     if unavailable is not None:
         warn_once(unavailable)
         return False
@@ -389,8 +389,8 @@ def flex_attention(request):
     """Runs `request` (an `AttentionRequest` the path can run: `can_run`)
     in FlexAttention's kernels: the output `(b, i, h, e)`, then the
     log-sum-exp `(b, h, i)` (float32) when `request.return_lse`; learned
-    sinks applied. `_backend.FlexCompileError` when the kernel cannot be
-    compiled (the table then runs another path)."""
+    sinks applied. `_backend_flex.FlexCompileError` when the kernel cannot
+    be compiled (the table then runs another path)."""
     query, key, value = request.query, request.key, request.value
     q_len, kv_len = query.shape[1], key.shape[1]
     offset = _offset(request)
@@ -402,7 +402,7 @@ def flex_attention(request):
         pad = [[0, 0], [0, 1], [0, 0], [0, 0]]
         key, value = ops.pad(key, pad), ops.pad(value, pad)
     q, k, v = (ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
-    result = _backend.flex_attention(
+    result = _backend_flex.flex_attention(
         q,
         k,
         v,

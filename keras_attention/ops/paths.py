@@ -38,6 +38,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.ops import _backend
+from keras_attention.ops import _backend_flex
 from keras_attention.ops import _scope
 from keras_attention.ops import captured
 from keras_attention.ops import flex
@@ -544,7 +545,7 @@ def _run_flex(request):
     them."""
     try:
         return flex.flex_attention(request)
-    except _backend.FlexCompileError as error:
+    except _backend_flex.FlexCompileError as error:
         flex.warn_once(str(error))
     return run_path(automatic(request, flex_ok=False), request)
 

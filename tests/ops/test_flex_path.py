@@ -29,7 +29,7 @@ from keras import ops
 import keras_attention
 from keras_attention import mods
 from keras_attention import scores
-from keras_attention.ops import _backend
+from keras_attention.ops import _backend_flex
 from keras_attention.ops import flex
 from keras_attention.ops import paths
 from keras_attention.ops.attention import dot_product_attention
@@ -194,9 +194,9 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
 
     inputs, kwargs, _, got = results["documents"]
     built = []
-    original = _backend._build_block_mask
+    original = _backend_flex._build_block_mask
     monkeypatch.setattr(
-        _backend,
+        _backend_flex,
         "_build_block_mask",
         lambda *a: built.append(1) or original(*a),
     )
@@ -327,7 +327,7 @@ def test_cpu_gradient_and_lse_are_refused_and_not_chosen(monkeypatch):
 def test_without_torch_compile_one_warning_and_another_path(monkeypatch):
     reason = "no C++ compiler here (a test)"
     monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 8)
-    monkeypatch.setattr(_backend, "flex_unavailable", lambda: reason)
+    monkeypatch.setattr(_backend_flex, "flex_unavailable", lambda: reason)
     monkeypatch.setattr(flex, "_WARNED", set())
     q, k, v = _inputs(t=16)
     mask_mod = mods.SlidingWindowMask(2, causal=True)
@@ -351,9 +351,9 @@ def test_without_torch_compile_one_warning_and_another_path(monkeypatch):
 @torch_only
 def test_failed_compilation_falls_back_with_one_warning(monkeypatch):
     def fail(*args):
-        raise _backend.FlexCompileError("torch.compile failed (a test)")
+        raise _backend_flex.FlexCompileError("torch.compile failed (a test)")
 
-    monkeypatch.setattr(_backend, "flex_attention", fail)
+    monkeypatch.setattr(_backend_flex, "flex_attention", fail)
     monkeypatch.setattr(flex, "_WARNED", set())
     q, k, v = _inputs(t=16)
     kwargs = dict(score_mod=scores.SoftCap(2.0), causal=True)

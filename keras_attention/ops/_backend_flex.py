@@ -1,0 +1,217 @@
+"""FlexAttention's backend side (PyTorch, for `ops/flex.py`): the
+compiled kernel, the block masks built for it and kept, whether it can
+run here.
+
+Part of the package's backend dispatch (with `_backend.py`, the only
+modules that import TensorFlow, JAX or PyTorch, lazily, inside the
+function that needs it). State: the compiled function (its kernels cached
+per shape by `torch.compile`), recent block masks, a compilation that
+failed.
+"""
+
+import warnings
+
+import keras
+
+_FLEX = {"kernel": None, "failure": None}
+_FLEX_BLOCK_MASKS = {}
+FLEX_BLOCK_MASK_CACHE = 32  # Block masks kept (least recently used out)
+# Kernels kept (`torch.compile`'s default, 8, runs slow eager code after).
+FLEX_RECOMPILE_LIMIT = 128
+FLEX_BLOCK = 128  # The blocks of a block mask (queries x keys).
+
+
+def flex_unavailable():
+    """None when PyTorch can compile FlexAttention kernels here, else why
+    (another backend, an old torch, no C++ compiler or AVX2 for the CPU
+    kernels, an earlier compilation that failed)."""
+    backend = keras.backend.backend()
+    if backend != "torch":
+        return (
+            "FlexAttention is PyTorch's kernel and the Keras backend is "
+            f"{backend!r}"
+        )
+    if _FLEX["failure"] is not None:
+        return _FLEX["failure"]
+    import torch
+
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return (
+            f"torch {torch.__version__} has no FlexAttention "
+            "(`torch.nn.attention.flex_attention`, torch >= 2.5)"
+        )
+    if torch.cuda.is_available():
+        return None
+    if "cpu" not in _FLEX:  # Asked once: a compiler search, ~1 ms.
+        _FLEX["cpu"] = _flex_cpu_unavailable()
+    return _FLEX["cpu"]
+
+
+def _flex_cpu_unavailable():
+    try:
+        from torch._inductor import cpp_builder
+        from torch._inductor.kernel.flex import flex_cpu
+
+        cpp_builder.get_cpp_compiler()
+    except Exception as error:  # noqa: BLE001 - no compiler, or no inductor.
+        return (
+            "torch.compile cannot build FlexAttention's CPU kernels here "
+            f"(no C++ compiler: {type(error).__name__}: {error})"
+        )
+    if not flex_cpu.check_cpu_supported():
+        return "FlexAttention's CPU kernels need an x86 CPU with AVX2"
+    return None
+
+
+def flex_on_gpu(x):
+    """`(x on CUDA, torch's version)`: FlexAttention's backward pass and
+    log-sum-exp are CUDA's only."""
+    import torch
+
+    device = getattr(x, "device", None)  # NumPy's: "cpu".
+    return getattr(device, "type", device) == "cuda", torch.__version__
+
+
+def flex_needs_gradient(tensors, reads_other=False):
+    """Whether a call needs a gradient: grad mode, and one of `tensors`
+    (variables too) requires grad, or `reads_other`."""
+    import torch
+
+    if not torch.is_grad_enabled():
+        return False
+    if reads_other:
+        return True
+    for x in tensors:
+        x = getattr(x, "value", x)  # A Keras variable: its parameter.
+        if getattr(x, "requires_grad", False):
+            return True
+    return False
+
+
+def flex_block_mask(evaluate, key, shape, like, chunk=None):
+    """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
+    once per `key` (what the mask depends on) and device (`like`'s).
+
+    `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
+    `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
+    entries). The mask is never traced into the kernel: its full blocks
+    need none, empty ones are skipped, the others' entries are a table
+    (`(n, block, block)`, `n` a power of two: few kernels) the kernel's
+    `mask_mod` looks up. One kernel serves every mask, and inductor's CPU
+    kernels computed some gathers in a `mask_mod` wrongly in torch 2.13
+    (`index_select`, Keras's `ops.take`). `density`: the share of blocks
+    visited."""
+    key = (key, tuple(shape), str(like.device))
+    cached = _FLEX_BLOCK_MASKS.pop(key, None)
+    if cached is None:
+        cached = _build_block_mask(evaluate, shape, like.device, chunk)
+    _FLEX_BLOCK_MASKS[key] = cached
+    while len(_FLEX_BLOCK_MASKS) > FLEX_BLOCK_MASK_CACHE:
+        _FLEX_BLOCK_MASKS.pop(next(iter(_FLEX_BLOCK_MASKS)))
+    return cached
+
+
+def _build_block_mask(evaluate, shape, device, chunk):
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    (q_len, kv_len), block = shape, FLEX_BLOCK
+    nk = -(-kv_len // block)
+    rows = chunk or max(block, (2**22 // (nk * block)) // block * block)
+    # Table blocks: 0 masks all, 1 none, then the partial ones (eager
+    # FlexAttention reads `mask_mod` on every block).
+    seen, full, table, slots, count = [], [], [], [], 2
+    for start in range(0, q_len, rows):
+        m = torch.as_tensor(evaluate(start, min(start + rows, q_len)))
+        m = m.to(device=device, dtype=torch.bool)
+        n = m.shape[2]
+        pad = (0, nk * block - kv_len, 0, -(-n // block) * block - n)
+        m = torch.nn.functional.pad(m, pad, value=False)
+        # (b|1, h|1, rows / block, nk, block, block)
+        m = m.unflatten(3, (nk, block)).unflatten(2, (-1, block))
+        m = m.transpose(3, 4)
+        seen.append(m.any(dim=(4, 5)))
+        full.append(m.all(dim=(4, 5)))
+        partial = seen[-1] & ~full[-1]
+        table.append(m[partial])  # The partial blocks' entries, in order.
+        slot = torch.cumsum(partial.flatten(), 0).view(partial.shape)
+        slot = torch.where(partial, slot + (count - 1), full[-1].long())
+        slots.append(slot)
+        count += table[-1].shape[0]
+    b, h = seen[0].shape[:2]
+    seen, full = torch.cat(seen, dim=2), torch.cat(full, dim=2)
+    partial = seen & ~full
+    density = float(seen.float().mean())
+    size = 1 << (count - 1).bit_length()  # A power of two >= count.
+    ends = torch.zeros((2, block, block), dtype=torch.bool, device=device)
+    ends[1] = True
+    padding = torch.zeros((size - count, block, block), dtype=torch.bool)
+    table = torch.cat([ends] + table + [padding.to(device)], dim=0)
+    slots = torch.cat(slots, dim=2).to(torch.int32)
+    bb, hh = int(b > 1), int(h > 1)
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
+        return table[slot, q_idx % block, kv_idx % block]
+
+    def ordered(blocks):
+        counts = blocks.sum(-1, dtype=torch.int32)
+        order = torch.argsort(
+            blocks.to(torch.int8), dim=-1, descending=True, stable=True
+        )
+        return counts, order.to(torch.int32).contiguous()
+
+    block_mask = BlockMask.from_kv_blocks(
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=shape,
+    )
+    return block_mask, density
+
+
+def _flex_kernel(q, k, v, score_mod, block_mask, scale, gqa, lse):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(
+        q, k, v, score_mod, block_mask, scale, enable_gqa=gqa, return_lse=lse
+    )
+
+
+class FlexCompileError(RuntimeError):
+    """`torch.compile` could not compile a FlexAttention kernel (the
+    message says why); the caller runs another path."""
+
+
+def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
+    """FlexAttention on `(b, h, T, d)` tensors (`g` key/value heads
+    divide `h`): the output, and with `lse` its log-sum-exp. One
+    `torch.compile` (static shapes): a kernel per shape, dtype and score
+    function, compiled at its first call and reused after;
+    `FlexCompileError` when compiling fails."""
+    import torch
+    import torch._dynamo
+
+    if _FLEX["kernel"] is None:
+        # Our own function: kernels apart from the program's other ones.
+        _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
+    patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
+    try:
+        with patch, warnings.catch_warnings():
+            # Dynamo's notes on what it steps around while tracing a
+            # score function (Keras's builtins and caches) are not ours.
+            warnings.filterwarnings("ignore", "Dynamo does not know how")
+            warnings.filterwarnings("ignore", "Dynamo detected a call to")
+            gqa = query.shape[1] != key.shape[1]
+            return _FLEX["kernel"](
+                query, key, value, score_fn, block_mask, scale, gqa, lse
+            )
+    except torch._dynamo.exc.TorchDynamoException as error:
+        reason = str(error).strip().splitlines()[0][:300]
+        reason = f"torch.compile failed ({type(error).__name__}: {reason})"
+        if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
+            _FLEX["failure"] = reason  # The toolchain: not again.
+        raise FlexCompileError(reason) from error
