@@ -13,6 +13,7 @@ from keras_attention.interop.hf.bert import convert_bert
 from keras_attention.interop.hf.deepseek_v3 import convert_deepseek_v3
 from keras_attention.interop.hf.deepseek_v32 import convert_deepseek_v32
 from keras_attention.interop.hf.gemma import convert_gemma
+from keras_attention.interop.hf.gemma4 import convert_gemma4
 from keras_attention.interop.hf.gpt_oss import convert_gpt_oss
 from keras_attention.interop.hf.kimi_linear import convert_kimi_linear
 from keras_attention.interop.hf.llama import convert_llama
@@ -38,6 +39,7 @@ MODEL_TYPES = {
     "gemma": convert_gemma,
     "gemma2": convert_gemma,
     "gemma3_text": convert_gemma,
+    "gemma4_text": convert_gemma4,
     "gpt_oss": convert_gpt_oss,
     "kimi_linear": convert_kimi_linear,
     "llama": convert_llama,
@@ -227,6 +229,8 @@ def from_huggingface(path, dtype=None):
     checkpoint = Checkpoint(directory)
     policy = _dtype_policy(dtype, checkpoint)
     conversion = MODEL_TYPES[config.model_type](config, policy)
+    if conversion.check is not None:
+        conversion.check(checkpoint)
     weights.load_weights(
         conversion.model,
         checkpoint,

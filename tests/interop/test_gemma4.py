@@ -9,16 +9,24 @@ decoding equal to a full pass with each shared entry cached once, the
 `.keras` reload keeping the sharing, one attention map per layer, and
 the options that do not convert refused by name."""
 
+import json
+
+import hf_cases
 import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from safetensors.numpy import save_file
 from tiers import family_tier
 
 import keras_attention
 from keras_attention.generation import init_cache
 from keras_attention.interop import causal_lm_generator
+from keras_attention.interop import from_huggingface
 from keras_attention.interop import from_keras_hub
+from keras_attention.interop.hf import gemma4 as hf_gemma4
+from keras_attention.interop.hf.weights import expected_shapes
+from keras_attention.interop.huggingface import read_config
 
 keras_hub = pytest.importorskip("keras_hub")
 pytestmark = family_tier()
@@ -221,3 +229,29 @@ def test_a_layer_scalar_other_than_one_is_refused(converted):
             from_keras_hub(backbone)
     finally:
         scalar.assign(1.0)
+
+
+def test_a_checkpoint_layer_scalar_other_than_one_is_refused(tmp_path):
+    """`from_huggingface` (`gemma4_text`): the blocks have no output
+    scale, so a stored `layer_scalar` other than 1 is refused by name
+    before any weight is read (random tensors of the expected shapes)."""
+    config = dict(hf_cases.CASES["gemma4_text"]["config"])
+    config["model_type"] = "gemma4_text"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    conversion = hf_gemma4.convert_gemma4(read_config(str(tmp_path)), "float32")
+    shapes = expected_shapes(
+        conversion.model, conversion.table, conversion.num_layers
+    )
+    rng = np.random.default_rng(0)
+    tensors = {
+        name: rng.normal(size=shape).astype("float32")
+        for name, shape in shapes.items()
+    }
+    for i in range(4):
+        tensors[f"model.layers.{i}.layer_scalar"] = np.ones(1, "float32")
+    tensors["model.layers.2.layer_scalar"] = np.full(1, 0.5, "float32")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"layers\.2\.layer_scalar"):
+        from_huggingface(str(tmp_path))
+    assert "model.layers.2.self_attn.k_proj.weight" not in shapes  # shared
+    assert "model.layers.1.self_attn.v_proj.weight" not in shapes  # K = V

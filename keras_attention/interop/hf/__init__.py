@@ -20,8 +20,12 @@ __all__ = []
 
 # What a family's converter returns: the model (weights not yet
 # loaded), its weight table, the number of layers the table's `{i}`
-# rows run over, and `fnmatch` patterns of tensors left unread on
-# purpose.
+# rows run over, `fnmatch` patterns of tensors left unread on purpose,
+# and optionally `check(checkpoint)`, run before loading: it refuses a
+# stored value the model cannot hold (Gemma 4's `layer_scalar` other
+# than 1), naming it.
 Conversion = collections.namedtuple(
-    "Conversion", ("model", "table", "num_layers", "ignored")
+    "Conversion",
+    ("model", "table", "num_layers", "ignored", "check"),
+    defaults=(None,),
 )
