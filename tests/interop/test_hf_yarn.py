@@ -5,7 +5,8 @@ transformers' `_compute_yarn_parameters` (its inverse frequencies and
 scale (`yarn_apply_mscale`), on configs of both layouts, with and without
 DeepSeek's `mscale` / `mscale_all_dim`, `truncate`, defaults, a derived
 factor and partial rotary. transformers runs in a subprocess (torch
-must not share a process with TensorFlow). Fast tier: TensorFlow."""
+must not share a process with TensorFlow): slow tier; the refusals run
+in the fast tier (TensorFlow)."""
 
 import importlib.util
 import json
@@ -23,6 +24,14 @@ from keras_attention.layers import _latent_rotary
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
 pytestmark = family_tier()
+# The comparisons need a transformers subprocess (~5 s): CI's fast tier
+# checks YaRN end to end instead, in the gpt_oss and deepseek_v3 cases of
+# test_from_huggingface.py; the edge cases here run in the slow tier.
+transformers_tier = pytest.mark.slow(
+    reason="YaRN's edge cases against transformers (a subprocess); the "
+    "gpt_oss and deepseek_v3 cases of test_from_huggingface.py check YaRN "
+    "in the fast tier"
+)
 
 _SCRIPT = r"""
 import json, sys
@@ -109,8 +118,9 @@ CASES = {
             ),
         ),
     ),
-    # A null factor, derived from the lengths (131072 / 8192), beta 32 / 1 and truncate by default; half of each
-    # head rotated; a lone `mscale` (no effect).
+    # A null factor, derived from the lengths (131072 / 8192), beta 32 / 1
+    # and truncate by default; half of each head rotated; a lone `mscale`
+    # (no effect).
     "defaults_partial": dict(
         config=dict(
             LLAMA,
@@ -192,6 +202,7 @@ def np_rope(x, inv_freq, factor, positions):
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
+@transformers_tier
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_yarn_equals_transformers(reference, name):
     case = CASES[name]
@@ -229,6 +240,7 @@ def test_yarn_equals_transformers(reference, name):
     )
 
 
+@transformers_tier
 def test_yarn_frequencies_equal_transformers(reference):
     """The frequencies themselves, to float32 rounding (all cases)."""
     from keras_attention.layers.rotary_embedding import inverse_frequencies
