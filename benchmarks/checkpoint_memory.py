@@ -12,10 +12,15 @@ loading holds besides) divided by the checkpoint's size. The model
 itself is the size of the checkpoint, so 1.0 is the floor; the loader
 reads one tensor at a time (no memory map). A second figure starts the
 backend's runtime first (a tiny checkpoint loaded in the same process),
-leaving out what any first Keras computation costs.
+leaving out what any first Keras computation costs. One row per backend
+(`--backends`, default: `KERAS_BACKEND`'s), each loaded in its own fresh
+processes; `--small` writes a checkpoint about 8 times smaller (4 layers,
+hidden size 512, vocabulary 16,000: a quick check, whose ratio the
+runtime's own start weighs on more).
 
     KERAS_BACKEND=tensorflow python benchmarks/checkpoint_memory.py \
-        [--dtype bfloat16|float32] [--shards N] [--markdown FILE]
+        [--dtype bfloat16|float32] [--shards N] [--small] \
+        [--backends tensorflow,jax,torch] [--markdown FILE]
 """
 
 import argparse
@@ -68,6 +73,16 @@ print(json.dumps({"before_mb": before, "peak_mb": peak, "seconds": seconds,
     "weights": len(model.weights)}))
 """
 
+
+SMALL = dict(
+    CONFIG,
+    vocab_size=16000,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
 
 TINY = dict(
     CONFIG,
@@ -141,42 +156,53 @@ def write_checkpoint(directory, dtype, shards, config=CONFIG):
     return total
 
 
-def _load(*directories):
+def _load(backend, *directories):
     result = subprocess.run(
         [sys.executable, "-c", CHILD, *map(str, directories)],
         check=True,
         capture_output=True,
         text=True,
+        env=dict(os.environ, KERAS_BACKEND=backend),
     )
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     return figures["peak_mb"] - figures["before_mb"], figures["seconds"]
 
 
-def measure(dtype="bfloat16", shards=1):
-    """The peak growth of a fresh process, and of one whose backend
-    runtime a tiny checkpoint's load started first."""
+def measure(dtype="bfloat16", shards=1, backends=None, config=CONFIG):
+    """Per backend (default: `KERAS_BACKEND`'s), the peak growth of a
+    fresh process, and of one whose backend runtime a tiny checkpoint's
+    load started first."""
+    backends = backends or [os.environ.get("KERAS_BACKEND", "tensorflow")]
+    rows = []
     with tempfile.TemporaryDirectory() as out:
         directory, tiny = pathlib.Path(out) / "big", pathlib.Path(out) / "tiny"
         directory.mkdir()
         tiny.mkdir()
-        size = write_checkpoint(directory, dtype, shards) / 2**20
+        size = write_checkpoint(directory, dtype, shards, config) / 2**20
         write_checkpoint(tiny, dtype, 1, TINY)
-        cold, seconds = _load(directory)
-        warm, _ = _load(directory, tiny)
-    return {
-        "dtype": dtype,
-        "shards": shards,
-        "checkpoint_mb": size,
-        "peak_growth_mb": cold,
-        "ratio": cold / size,
-        "warm_growth_mb": warm,
-        "warm_ratio": warm / size,
-        "seconds": seconds,
-    }
+        for backend in backends:
+            cold, seconds = _load(backend, directory)
+            warm, _ = _load(backend, directory, tiny)
+            rows.append(
+                {
+                    "backend": backend,
+                    "parameters": sum(
+                        int(np.prod(s)) for s in tensor_shapes(config).values()
+                    ),
+                    "dtype": dtype,
+                    "shards": shards,
+                    "checkpoint_mb": size,
+                    "peak_growth_mb": cold,
+                    "ratio": cold / size,
+                    "warm_growth_mb": warm,
+                    "warm_ratio": warm / size,
+                    "seconds": seconds,
+                }
+            )
+    return rows
 
 
 def markdown(rows):
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     lines = [
         "| checkpoint | shards | size (MiB) | peak RSS growth, fresh "
         "process (MiB) | growth / size | growth / size, runtime started | "
@@ -185,7 +211,8 @@ def markdown(rows):
     ]
     for r in rows:
         lines.append(
-            f"| Llama 153 M, {r['dtype']} ({backend}) | {r['shards']} | "
+            f"| Llama {r['parameters'] / 1e6:.0f} M, {r['dtype']} "
+            f"({r['backend']}) | {r['shards']} | "
             f"{r['checkpoint_mb']:.0f} | {r['peak_growth_mb']:.0f} | "
             f"{r['ratio']:.2f} | {r['warm_ratio']:.2f} | "
             f"{r['seconds']:.1f} |"
@@ -197,15 +224,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument(
+        "--backends", help="comma-separated (default: KERAS_BACKEND's)"
+    )
     parser.add_argument("--markdown", metavar="FILE")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    row = measure(args.dtype, args.shards)
-    table = markdown([row])
+    backends = args.backends.split(",") if args.backends else None
+    config = SMALL if args.small else CONFIG
+    rows = measure(args.dtype, args.shards, backends, config)
+    table = markdown(rows)
     print(table, end="")
+    for r in rows:
+        print(f"{r['backend']}: growth / size {r['ratio']:.2f}")
     print(
-        f"backend {os.environ.get('KERAS_BACKEND', 'tensorflow')}, load "
-        f"average {load:.2f} before, {os.getloadavg()[0]:.2f} after "
+        f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after "
         f"({time.strftime('%Y-%m-%d')})"
     )
     if args.markdown:

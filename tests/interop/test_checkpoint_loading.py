@@ -1,17 +1,21 @@
 """`from_huggingface`'s reader and refusals on small random checkpoints
 written here with `safetensors.numpy` (no transformers, no downloads):
-single files and shards, bfloat16 kept or cast by `dtype=`, a missing,
-misshapen or unread tensor named, pickled checkpoints refused, unknown
-model types, RoPE types and options refused by name, the two config
-layouts of the rotary settings, `hf://` through a stand-in
-`snapshot_download`. Backend-neutral (cheap: every backend runs it)."""
+single files and shards, bfloat16 kept or cast by `dtype=`, tensors
+written into the weights chunk by chunk (the same weights; a chunk held,
+not a tensor: `tracemalloc`), a missing, misshapen or unread tensor
+named, pickled checkpoints refused, unknown model types, RoPE types and
+options refused by name, the two config layouts of the rotary settings,
+`hf://` through a stand-in `snapshot_download`. Backend-neutral (cheap:
+every backend runs it)."""
 
 import json
 import sys
+import tracemalloc
 
 import ml_dtypes
 import numpy as np
 import pytest
+from keras import ops
 from keras.ops import convert_to_numpy as to_numpy
 
 import keras_attention
@@ -133,6 +137,75 @@ def test_dtype_casts_the_weights(tmp_path):
     )
     with pytest.raises(ValueError, match="dtype='nonsense'"):
         keras_attention.interop.from_huggingface(tmp_path, dtype="nonsense")
+
+
+def test_bfloat16_shards_stay_bfloat16_or_cast(tmp_path):
+    """A sharded bfloat16 checkpoint (`model.safetensors.index.json`):
+    `dtype=None` keeps bfloat16, `dtype="float32"` casts, every weight
+    the checkpoint's value (transposed where torch's layout differs)."""
+    tensors = random_tensors(LLAMA, dtype=ml_dtypes.bfloat16)
+    directory = write(tmp_path, LLAMA, tensors, shards=3)
+    assert (directory / "model.safetensors.index.json").is_file()
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    for dtype, want in ((None, "bfloat16"), ("float32", "float32")):
+        model = keras_attention.interop.from_huggingface(directory, dtype)
+        assert {w.dtype for w in model.weights} == {want}
+        ours = weight(model, "transformer_layer_0/self_attention/query/kernel")
+        np.testing.assert_array_equal(
+            to_numpy(ops.cast(ours, "float32")),
+            q.astype("float32").T.reshape(8, 2, 4),
+        )
+
+
+def test_chunks_of_one_row_give_the_same_weights(tmp_path, monkeypatch):
+    """Every transform written in pieces (one output index a piece:
+    heads of a projection, columns of the head, rows of a bias) equals
+    the whole tensor's transform."""
+    config = dict(LLAMA, attention_bias=True)
+    tensors = random_tensors(config)
+    directory = write(tmp_path, config, tensors)
+    whole = keras_attention.interop.from_huggingface(directory)
+    monkeypatch.setattr(weights, "CHUNK_BYTES", 1)
+    pieces = keras_attention.interop.from_huggingface(directory)
+    for a, b in zip(whole.weights, pieces.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    o = tensors["model.layers.1.self_attn.o_proj.weight"]  # (8, 2 * 4)
+    path = "transformer_layer_1/self_attention/attention_output/kernel"
+    ours = weight(pieces, path)
+    np.testing.assert_array_equal(to_numpy(ours), o.T.reshape(2, 4, 8))
+    bias = tensors["model.layers.1.self_attn.q_proj.bias"]
+    ours = weight(pieces, "transformer_layer_1/self_attention/query/bias")
+    np.testing.assert_array_equal(to_numpy(ours), bias.reshape(2, 4))
+
+
+def test_loading_holds_a_chunk_not_a_whole_tensor(tmp_path, monkeypatch):
+    """Issue 55's loading memory: each tensor is written into its weight
+    chunk by chunk, in place, so the NumPy side of loading (what
+    `tracemalloc` sees) holds a few chunks, never a whole tensor (the
+    token table and the head here, 512 KiB each)."""
+    config = dict(LLAMA, vocab_size=2048, hidden_size=64)
+    tensors = random_tensors(config)
+    checkpoint = Checkpoint(write(tmp_path, config, tensors))
+    conversion = huggingface.MODEL_TYPES["llama"](
+        configs.HFConfig(config), "float32"
+    )
+    arguments = (conversion.table, conversion.num_layers, conversion.ignored)
+    monkeypatch.setattr(weights, "CHUNK_BYTES", 2**14)
+    # Once first: JAX compiles its slice writers for these shapes.
+    weights.load_weights(conversion.model, checkpoint, *arguments)
+    for w in conversion.model.weights:
+        w.assign(ops.zeros(w.shape, w.dtype))
+    tracemalloc.start()
+    try:
+        weights.load_weights(conversion.model, checkpoint, *arguments)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    largest = max(v.nbytes for v in tensors.values())
+    assert largest == 2048 * 64 * 4
+    assert peak < largest / 2, (peak, largest)
+    head = weight(conversion.model, "token_embedding/reverse_embeddings")
+    np.testing.assert_array_equal(to_numpy(head), tensors["lm_head.weight"].T)
 
 
 def test_a_missing_tensor_is_named(tmp_path):

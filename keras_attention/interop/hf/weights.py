@@ -51,7 +51,10 @@ every weight of the model must get exactly one value; the checkpoint's
 tensors that no row reads must be named by the family's `ignored`
 patterns (`fnmatch`: recomputed RoPE tables, a tied head stored anyway),
 else they are refused too. Tensors are read one at a time, in the order
-of the checkpoint's files, cast to the weight's dtype and assigned.
+of the checkpoint's files, in chunks of `CHUNK_BYTES`, each cast to the
+weight's dtype and written into the weight in place
+(`keras_attention.ops.assign_slice`): loading holds the model's weights
+and a chunk, not a whole tensor besides them.
 """
 
 import collections
@@ -60,9 +63,12 @@ import fnmatch
 import ml_dtypes
 import numpy as np
 
-# Rows of a stored tensor read (and cast) at a time: a tensor is filled
-# into its final array chunk by chunk, never held twice.
-CHUNK_BYTES = 16 * 2**20
+from keras_attention.ops import assign_slice
+
+# Bytes of a stored tensor read (and cast, as float32 at most) at a time:
+# a tensor is written into its weight chunk by chunk, in place
+# (`keras_attention.ops.assign_slice`), never held whole besides it.
+CHUNK_BYTES = 4 * 2**20
 
 
 def _chunks(rows, row_bytes):
@@ -81,47 +87,64 @@ def _expected_linear(shape, inputs=1):
     return (outer, inner)
 
 
+def _row_bytes(shape, axis=0):
+    """The bytes, as float32 at most, of one index of `shape`'s `axis`."""
+    return int(np.prod(shape[axis + 1 :], dtype=np.int64)) * 4
+
+
 def _fill_copy(read, shape, dtype, plus_one=False):
-    """The stored tensor (of `shape`, or flattened) into a new array of
-    `shape` and `dtype`; `plus_one`: `1 + w` in float32 first."""
-    out = np.empty(shape, dtype)
-    flat = out.reshape(shape[0] if len(shape) else 1, -1)
-    for a, b in _chunks(flat.shape[0], flat[:1].nbytes):
-        rows = read(a, b).reshape(b - a, -1)
+    """The stored tensor (of `shape`, or of its rows flattened), its rows
+    in pieces `(0, start, rows)` of `shape[1:]` and `dtype`; `plus_one`:
+    `1 + w` in float32 first."""
+    if not shape:  # A scalar: read as one row.
+        yield None, 0, read(0, 1).reshape(()).astype(dtype)
+        return
+    for a, b in _chunks(shape[0], _row_bytes(shape)):
+        rows = read(a, b).reshape((b - a,) + tuple(shape[1:]))
         if plus_one:
             rows = rows.astype("float32") + np.float32(1)
-        flat[a:b] = rows
-    return out
+        yield 0, a, rows.astype(dtype, copy=False)
 
 
 def _fill_flat(read, shape, dtype):
-    out = np.empty(shape, dtype)
-    flat = out.reshape(-1)
-    for a, b in _chunks(flat.shape[0], flat.itemsize):
-        flat[a:b] = read(a, b)
-    return out
+    """A stored vector into `shape`, in pieces along its first axis."""
+    if not shape:
+        yield None, 0, read(0, 1).reshape(()).astype(dtype)
+        return
+    size = int(np.prod(shape[1:], dtype=np.int64))
+    for a, b in _chunks(shape[0], _row_bytes(shape)):
+        rows = read(a * size, b * size).astype(dtype, copy=False)
+        yield 0, a, rows.reshape((b - a,) + tuple(shape[1:]))
 
 
 def _fill_linear(read, shape, dtype, inputs=1):
     """A torch `Linear` weight `(out, in)`, read by rows, transposed into a
-    new Keras kernel of `shape` (its first `inputs` axes the input)."""
-    outer, inner = _expected_linear(shape, inputs)
-    out = np.empty((inner, outer), dtype)
-    for a, b in _chunks(outer, inner * out.itemsize):
-        out[:, a:b] = read(a, b).T
-    return out.reshape(shape)
+    Keras kernel of `shape` (its first `inputs` axes the input), in pieces
+    along its first output axis `inputs` (the stored rows of a few output
+    indices, transposed)."""
+    shape = tuple(shape)
+    inner = _expected_linear(shape, inputs)[1]
+    if len(shape) == inputs:  # No output axis: one stored row.
+        yield None, 0, read(0, 1).reshape(shape).astype(dtype)
+        return
+    size = int(np.prod(shape[inputs + 1 :], dtype=np.int64))
+    for a, b in _chunks(shape[inputs], size * inner * 4):
+        rows = read(a * size, b * size)  # ((b - a) * size, inner)
+        piece = np.ascontiguousarray(rows.T, dtype=dtype)
+        piece = piece.reshape(shape[:inputs] + (b - a,) + shape[inputs + 1 :])
+        yield inputs, a, piece
 
 
 def _fill_interleaved_gate_up(read, shape, dtype):
     """Stored rows whose last axis interleaves gate and up columns
-    `[g0, u0, g1, u1, ...]` into a new array of `shape` whose last axis
-    has the gate columns first, `[g..., u...]`."""
-    out = np.empty(shape, dtype)
+    `[g0, u0, g1, u1, ...]` as rows of `shape` whose last axis has the
+    gate columns first, `[g..., u...]`, in pieces along the first axis
+    (an expert at least)."""
     pairs = tuple(shape[1:-1]) + (shape[-1] // 2, 2)
-    for a, b in _chunks(shape[0], out[:1].nbytes):
+    for a, b in _chunks(shape[0], _row_bytes(shape)):
         rows = read(a, b).reshape((b - a,) + pairs)
-        out[a:b] = np.swapaxes(rows, -1, -2).reshape((b - a,) + shape[1:])
-    return out
+        rows = np.swapaxes(rows, -1, -2).reshape((b - a,) + tuple(shape[1:]))
+        yield 0, a, rows.astype(dtype, copy=False)
 
 
 def _expected_experts(shape):
@@ -147,7 +170,9 @@ def _fill_experts_linear(read, shape, dtype):
 Transform = collections.namedtuple("Transform", ("expect", "fill"))
 
 # name -> (stored shape for our weight's shape, `fill(read, shape, dtype)`
-# -> our value: `read(a, b)` gives the stored rows `a .. b - 1`).
+# -> our value: `read(a, b)` gives the stored rows `a .. b - 1`; the value
+# is an array of `shape`, or pieces `(axis, start, piece)` written into
+# the weight in place, so that only a chunk is held besides the model).
 TRANSFORMS = {
     "copy": (_expected_copy, _fill_copy),
     "linear": (_expected_linear, _fill_linear),
@@ -394,9 +419,23 @@ def load_weights(model, checkpoint, table, num_layers, ignored=()):
                 return rows_of(first + a, first + b)
 
             value = fill(read, tuple(weight.shape), _numpy_dtype(weight))
-            weight.assign(value)
+            _write(weight, value)
             del value
             first += count
+
+
+def _write(weight, value):
+    """Writes a transform's value into `weight`: an array of its shape
+    (assigned whole), or pieces `(axis, start, piece)`, each written in
+    place (`axis` None: the whole value)."""
+    if isinstance(value, np.ndarray):
+        weight.assign(value)
+        return
+    for axis, start, piece in value:
+        if axis is None:
+            weight.assign(piece)
+        else:
+            assign_slice(weight, piece, start, axis)
 
 
 def _numpy_dtype(weight):
