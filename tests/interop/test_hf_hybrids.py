@@ -9,13 +9,17 @@ against NumPy; their errors naming the tensor and both shapes. Then the
 two converters' refusals by name, read from the config alone.
 Their equality with transformers: `test_from_huggingface.py`."""
 
+import json
 import re
 
+import hf_cases
 import keras
 import numpy as np
 import pytest
 from keras.ops import convert_to_numpy as to_numpy
+from tiers import reload_tier
 
+from keras_attention.interop import from_huggingface
 from keras_attention.interop.checkpoint import Checkpoint
 from keras_attention.interop.hf import configs
 from keras_attention.interop.hf import kimi_linear
@@ -23,7 +27,9 @@ from keras_attention.interop.hf import weights
 from keras_attention.interop.hf.kimi_linear import convert_kimi_linear
 from keras_attention.interop.hf.qwen3_next import convert_qwen3_next
 from keras_attention.interop.hf.qwen3_next import grouped_order
+from keras_attention.interop.huggingface import MODEL_TYPES
 from keras_attention.layers import MixtureOfExperts
+from keras_attention.visualization import collect_attention
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -262,3 +268,45 @@ def test_kimi_reads_moonshots_config_layout():
         4,
         3,
     ]
+
+
+# --- The converted hybrids keep the library's features (slow tier) ----------
+
+
+@reload_tier("qwen3_5_moe (gated delta nets) and the KDA / MLA layer tests")
+@pytest.mark.parametrize("case", ["qwen3_next", "kimi_linear"])
+def test_keras_reload_and_attention_maps(case, tmp_path):
+    """A random checkpoint of the case's config (the shapes the converter
+    reads): `.keras` save and reload with `safe_mode=True` gives the same
+    outputs; `collect_attention` gives one map per layer (the delta
+    rules' implied attention, MLA's weights), causal, zero on padded
+    keys."""
+    spec = hf_cases.CASES[case]
+    config = dict(spec["config"], model_type=spec["model_type"])
+    conversion = MODEL_TYPES[case](configs.HFConfig(config), "float32")
+    shapes = weights.expected_shapes(
+        conversion.model, conversion.table, conversion.num_layers
+    )
+    tensors = {k: 0.3 * RNG.normal(size=s) for k, s in shapes.items()}
+    directory = tmp_path / case
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    _checkpoint(directory, tensors)
+    model = from_huggingface(directory)
+    inputs = {
+        "token_ids": np.array(hf_cases.TOKEN_IDS, "int32"),
+        "padding_mask": np.array(hf_cases.PADDING_MASK, "int32"),
+    }
+    path = str(tmp_path / f"{case}.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    want = to_numpy(model(inputs))
+    assert np.isfinite(want).all() and want.std() > 0
+    np.testing.assert_allclose(to_numpy(reloaded(inputs)), want, atol=1e-6)
+    maps = collect_attention(model, inputs)
+    assert len(maps) == len(spec["config"]["layer_types"])
+    real = np.array(hf_cases.PADDING_MASK).astype(bool)
+    q, k = np.indices(real.shape[1:] * 2)
+    for attention in maps.values():  # causal, no weight on a padded key
+        assert np.allclose(attention[..., q < k], 0.0)
+        assert np.allclose(attention * ~real[:, None, None, :], 0.0)
