@@ -13,7 +13,7 @@ family (`bert`, `roberta` (also XLM-R), `distil_bert`, `albert`, `electra`,
 `metaclip_2`, `deberta_v3`, `roformer_v2`, `esm`), each with its table of
 weight paths.
 `causal_lm_generator(model)` decodes a converted GPT-2, Llama, Mistral,
-Mixtral, Gemma (1, 2, 3), BLOOM, Falcon, OPT, Phi-3, Qwen 2, Qwen-MoE,
+Mixtral, Gemma (1, 2, 3, 4), BLOOM, Falcon, OPT, Phi-3, Qwen 2, Qwen-MoE,
 Qwen 3, Qwen 3.5, Qwen 3.5-MoE, Qwen3-MoE, SmolLM3 or gpt-oss with the
 library's cached generator,
 `seq2seq_generator(model)` a converted encoder-decoder (T5, BART, Whisper,

@@ -138,7 +138,9 @@ def from_keras_hub(backbone):
     `rotary_scaling`), `GemmaBackbone` (Gemma 1 and 2: soft-caps, alternating
     windows, post-norms, Gemma 2 27B's query scaling as the self-attention's
     `attention_scale`), `Gemma3Backbone` (text: QK-norm, five windowed layers
-    for one global, a rotary wavelength per kind of layer), `GptOssBackbone`
+    for one global, a rotary wavelength per kind of layer), `Gemma4Backbone`
+    (text: keys and values shared across layers, K = V, two head sizes,
+    proportional partial RoPE; `interop.gemma4`), `GptOssBackbone`
     (learned sinks, a window on every other layer, YaRN, its mixture of experts
     as a `MixtureOfExperts`), `T5Backbone` (encoder-decoder; one
     `T5RelativeBias` per stack shared by its blocks, unscaled scores),
