@@ -337,3 +337,216 @@ def mixture_of_experts(layer, x, mask=None):
     count = max(valid.sum(), 1e-9)
     aux = e * np.sum(f / (count * k) * (p / count))
     return out.reshape(x.shape), aux
+
+
+def _weights_by_name(layer):
+    """A built layer's weights by path inside it (`q_proj/kernel`,
+    `A_log`, `indexer/wk/kernel`, ...), float64."""
+    return {
+        v.path.split("/", 1)[1]: _np(v).astype("float64") for v in layer.weights
+    }
+
+
+def _rms_norm(x, scale, eps):
+    return x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps) * scale
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def kimi_delta_attention(layer, x, mask=None):
+    """A built `KimiDeltaAttention` (Kimi Linear's KDA) in float64, token
+    by token, with padded tokens (`mask` `(b, t)` False) taken out of the
+    row: they enter neither the convolution nor the state, and output 0.
+
+        [q, k, v] = silu(conv([x W_q, x W_k, x W_v]))  (per channel, the
+            tap K - 1 on the token, tap K - 1 - j on the j-th real token
+            before it)
+        q, k = l2norm(q), l2norm(k)                    (per head)
+        g = -exp(A_log) softplus((x W_fa) W_fb + dt_bias)  (per channel)
+        beta = sigmoid(x W_b)
+        S = (I - beta k k^T) diag(exp(g)) S + beta k v^T;  o = S^T q / sqrt(d)
+        y = (RMSNorm(o) * sigmoid((x W_ga) W_gb)) W_o
+
+    Returns the output `(b, t, hidden_size)`.
+    """
+    w = _weights_by_name(layer)
+    x = np.asarray(x, "float64")
+    b, t, _ = x.shape
+    h, d = layer.num_heads, layer.head_dim
+    kernel = w["conv1d_kernel"]  # (3 h d, K)
+    size = kernel.shape[1]
+    mask = np.ones((b, t), bool) if mask is None else np.asarray(mask, bool)
+    mixed = np.concatenate(
+        [x @ w[f"{n}_proj/kernel"] for n in ("q", "k", "v")], -1
+    )
+    g = (x @ w["f_a_proj/kernel"]) @ w["f_b_proj/kernel"] + w["dt_bias"]
+    g = -np.exp(w["A_log"])[:, None] * np.logaddexp(0.0, g.reshape(b, t, h, d))
+    beta = _sigmoid(x @ w["b_proj/kernel"])
+    gate = _sigmoid((x @ w["g_a_proj/kernel"]) @ w["g_b_proj/kernel"])
+    out = np.zeros((b, t, h, d))
+    for row in range(b):
+        history = []  # the row's real projected tokens so far
+        state = np.zeros((h, d, d))
+        for step in range(t):
+            if not mask[row, step]:
+                continue
+            history.append(mixed[row, step])
+            conv = sum(
+                history[-1 - j] * kernel[:, size - 1 - j]
+                for j in range(min(size, len(history)))
+            )
+            conv = conv / (1.0 + np.exp(-conv))  # silu
+            q, k, v = (conv[i * h * d : (i + 1) * h * d] for i in range(3))
+            q, k, v = (a.reshape(h, d) for a in (q, k, v))
+            q = q / np.sqrt(np.sum(q * q, -1, keepdims=True) + 1e-6)
+            k = k / np.sqrt(np.sum(k * k, -1, keepdims=True) + 1e-6)
+            for head in range(h):
+                decayed = np.exp(g[row, step, head])[:, None] * state[head]
+                beta_t, k_t = beta[row, step, head], k[head]
+                state[head] = (
+                    decayed
+                    - beta_t * np.outer(k_t, k_t @ decayed)
+                    + beta_t * np.outer(k_t, v[head])
+                )
+                o = state[head].T @ q[head] / np.sqrt(d)
+                o = _rms_norm(o, w["o_norm/scale"], layer.layer_norm_epsilon)
+                out[row, step, head] = o * gate[row, step].reshape(h, d)[head]
+    return out.reshape(b, t, h * d) @ w["o_proj/kernel"]
+
+
+def _rope_halves(x, positions, theta):
+    """Rotary positions on the last axis of `x` `(b, t, ..., p)` in halves
+    `(x_i, x_{i + p/2})`; `positions` `(t,)`."""
+    p = x.shape[-1]
+    angle = positions[:, None] * theta ** (-np.arange(0, p, 2) / p)
+    shape = (1, len(positions)) + (1,) * (x.ndim - 3) + (p // 2,)
+    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
+    x1, x2 = x[..., : p // 2], x[..., p // 2 :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def top_k_keys(scores, allowed, top_k, gap=1e-4):
+    """Bool `(b, t, s)`: each query's `top_k` best `allowed` keys (all of
+    them when it has fewer), equal scores lowest position first. Checks
+    that the choice has a clear gap (the k-th and the next scores differ
+    by more than `gap`, or are exactly equal: ReLU's zeros, which both
+    sides break alike), so that float rounding cannot change it."""
+    kept = np.zeros(scores.shape, bool)
+    for n, i in np.ndindex(*scores.shape[:2]):
+        keys = np.flatnonzero(allowed[n, i])
+        order = sorted(keys, key=lambda s: (-scores[n, i, s], s))
+        kept[n, i, order[:top_k]] = True
+        if len(order) > top_k:
+            kth, after = (
+                scores[n, i, order[top_k - 1]],
+                scores[n, i, order[top_k]],
+            )
+            if not (kth == after or kth - after > gap):
+                raise ValueError(
+                    f"near tie in the top-{top_k} choice of row {(n, i)}: "
+                    f"{kth!r} vs {after!r}; pick weights with clearer gaps"
+                )
+    return kept
+
+
+def lightning_indexer_scores(w, layer, x, query_inputs, positions):
+    """`LightningIndexer`'s `I[t, s]` `(b, t, s)` in float64 from its
+    weights `w` (by name, without the `indexer/` prefix):
+    `sum_j w[t, j] ReLU(q[t, j] . k[s] / sqrt(d))`, `w[t] = x_t W_w /
+    sqrt(heads)`, `q = RoPE(query_inputs W_q)`, `k = RoPE(LayerNorm(x
+    W_k))` (the first `rope_head_dim` features rotated, in halves)."""
+    h, d, p = layer.num_heads, layer.head_dim, layer.rope_head_dim
+    b, t = x.shape[:2]
+    q = (query_inputs @ w["wq_b/kernel"]).reshape(b, t, h, d)
+    k = x @ w["wk/kernel"]
+    mean = k.mean(-1, keepdims=True)
+    var = ((k - mean) ** 2).mean(-1, keepdims=True)
+    k = (k - mean) / np.sqrt(var + layer.layer_norm_epsilon)
+    k = (k * w["k_norm/gamma"] + w["k_norm/beta"])[:, :, None]
+    if p:
+        q = np.concatenate(
+            [_rope_halves(q[..., :p], positions, layer.rope_theta), q[..., p:]],
+            -1,
+        )
+        k = np.concatenate(
+            [_rope_halves(k[..., :p], positions, layer.rope_theta), k[..., p:]],
+            -1,
+        )
+    dots = np.maximum(
+        np.einsum("bthd,bsd->bths", q, k[:, :, 0]) / np.sqrt(d), 0
+    )
+    heads_weights = x @ w["weights_proj/kernel"] / np.sqrt(h)
+    return np.einsum("bths,bth->bts", dots, heads_weights)
+
+
+def multi_head_latent_attention(layer, x, mask=None):
+    """A built `MultiHeadLatentAttention` (DeepSeek-V2/V3's MLA; with
+    `indexer`, DeepSeek-V3.2's sparse attention) in float64, uncached,
+    positions `0..t-1`, no rotary scaling, the naive form:
+
+        q = x W_q, or RMSNorm(x W_qa) W_qb
+        [c, k_rope] = x W_kv_a;  c = RMSNorm(c)
+        [k_nope, v] = c W_kv_b                          (per head)
+        score = [q_nope, RoPE(q_rope)] . [k_nope, RoPE(k_rope)] / sqrt(n + p)
+        output = (softmax(score) v) W_o
+
+    (DeepSeek's interleaved rope pairs gathered into halves first, with
+    `rope_interleave`.) `mask` `(b, t, s)`: True where a query may attend.
+    With an indexer each query attends to the `top_k` keys of the
+    indexer's scores among those it may attend to (`top_k_keys`, checked
+    for clear gaps). A query with no key gets zero attention (the output
+    is `o_proj`'s bias). Returns `(output, weights (b, h, t, s))`.
+    """
+    w = _weights_by_name(layer)
+    x = np.asarray(x, "float64")
+    b, t, _ = x.shape
+    h, n = layer.num_heads, layer.qk_nope_head_dim
+    p, r = layer.qk_rope_head_dim, layer.kv_lora_rank
+    eps, theta = layer.rms_norm_eps, layer.rope_theta
+    positions = np.arange(t, dtype="float64")
+
+    def dense(name, inputs):
+        return inputs @ w[f"{name}/kernel"] + w.get(f"{name}/bias", 0.0)
+
+    def rope(features):
+        if theta is None:
+            return features
+        if layer.rope_interleave:
+            features = np.concatenate(
+                [features[..., 0::2], features[..., 1::2]], -1
+            )
+        return _rope_halves(features, positions, theta)
+
+    q_latent = None
+    if layer.q_lora_rank is None:
+        q = dense("q_proj", x)
+    else:
+        q_latent = _rms_norm(
+            dense("q_a_proj", x), w["q_a_layernorm/scale"], eps
+        )
+        q = dense("q_b_proj", q_latent)
+    q = q.reshape(b, t, h, n + p)
+    query = np.concatenate([q[..., :n], rope(q[..., n:])], -1)
+    kv = dense("kv_a_proj_with_mqa", x)
+    c = _rms_norm(kv[..., :r], w["kv_a_layernorm/scale"], eps)
+    k_rope = rope(kv[:, :, None, r:])
+    up = dense("kv_b_proj", c).reshape(b, t, h, -1)
+    key = np.concatenate([up[..., :n], np.repeat(k_rope, h, 2)], -1)
+    allowed = np.ones((b, t, t), bool) if mask is None else np.asarray(mask)
+    allowed = np.broadcast_to(allowed, (b, t, t))
+    if layer.indexer is not None:
+        indexer = {
+            k.split("/", 1)[1]: v
+            for k, v in w.items()
+            if k.startswith("indexer/")
+        }
+        scores = lightning_indexer_scores(
+            indexer, layer.indexer, x, q_latent, positions
+        )
+        allowed = top_k_keys(scores, allowed, layer.indexer.top_k)
+    scores = np.einsum("bihd,bjhd->bhij", query, key) / np.sqrt(n + p)
+    weights = masked_softmax(scores, allowed[:, None])
+    heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
+    return dense("o_proj", heads.reshape(b, t, -1)), weights

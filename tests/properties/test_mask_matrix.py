@@ -40,6 +40,15 @@ forward and attention in NumPy, `references.encoder_block` /
 checked against a reference built from its sublayers: its own `rnn_cell`
 (a Keras GRU cell) stepped in Python, with the Bahdanau attention in NumPy
 and padded target steps keeping the state and giving zeros.
+`KimiDeltaAttention` (padding only, causal by design) is checked on
+every row against `references.kimi_delta_attention`: its projections,
+short convolution, per-channel gated delta rule token by token, output
+gate and norm in NumPy, padded tokens taken out of the row (zero
+output, no state change). `MultiHeadLatentAttention` (DeepSeek's MLA)
+is checked against `references.multi_head_latent_attention`, also with
+`indexer={...}` (DeepSeek sparse attention): each query attends to the
+top-2 keys of the indexer's NumPy scores among those the masks allow,
+whose choice the reference checks has clear gaps (no near ties).
 
 Size: see `MATRIX` below; `test_matrix_size` prints
 `layers x combinations x call modes`.
@@ -259,6 +268,54 @@ def _with_random_sinks(layer):
     return layer
 
 
+def _kda_ref(layer, xs, valid, attn, causal):
+    return references.kimi_delta_attention(layer, xs[0], valid[0])
+
+
+def _mla_ref(layer, xs, valid, attn, causal):
+    mask = pad4(valid[0], valid[0])[:, 0]
+    if attn:
+        mask = mask & attn["attention_mask"]
+    if causal:
+        mask = mask & CAUSAL[T]
+    return references.multi_head_latent_attention(layer, xs[0], mask)[0]
+
+
+def _kda():
+    """Kimi delta attention with a non-trivial norm scale (`dt_bias` is
+    randomized with the biases, `A_log` starts as fla's)."""
+    layer = ka.KimiDeltaAttention(
+        hidden_size=F, num_heads=2, head_dim=4, conv_kernel_size=3
+    )
+    layer.build((B, T, F))
+    rng = np.random.default_rng(56)
+    layer.o_norm.scale.assign((1 + 0.3 * rng.normal(size=4)).astype("float32"))
+    return layer
+
+
+def _mla(indexer=None):
+    """MLA with biases, non-trivial norm scales and, with `indexer`, a
+    lightning indexer whose top-2 choice has clear gaps in every case
+    (`references.top_k_keys` checks it)."""
+    layer = ka.MultiHeadLatentAttention(
+        num_heads=2,
+        kv_lora_rank=4,
+        qk_nope_head_dim=2,
+        qk_rope_head_dim=2,
+        v_head_dim=3,
+        q_lora_rank=4 if indexer else None,
+        rope_theta=100.0,
+        attention_bias=True,
+        indexer=indexer,
+    )
+    layer.build((B, T, F))
+    rng = np.random.default_rng(57)
+    for v in layer.weights:
+        if v.path.endswith("layernorm/scale") or v.path.endswith("gamma"):
+            v.assign((1 + 0.3 * rng.normal(size=v.shape)).astype("float32"))
+    return layer
+
+
 SPECS = {
     "MultiHeadAttention": dict(
         make=lambda causal: ka.MultiHeadAttention(2, 4),
@@ -432,6 +489,33 @@ SPECS = {
         core=True,
         reference=_with_mod(_self_ref, MOD_RULES["PrefixLMMask"][1]),
     ),
+    # Recurrent: padding only (no attention mask), causal by design.
+    "KimiDeltaAttention": dict(
+        make=lambda causal: _kda(),
+        inputs=((X, "mask"),),
+        attention={},
+        causal="fixed",
+        core=True,
+        reference=_kda_ref,
+    ),
+    "MultiHeadLatentAttention": dict(
+        make=lambda causal: _mla(),
+        inputs=((X, "query_mask"),),
+        attention={"attention_mask": T},
+        causal="call",
+        core=True,
+        reference=_mla_ref,
+    ),
+    # DeepSeek sparse attention: each query attends to its top-2 keys
+    # among those the masks allow (the top-k path).
+    "MultiHeadLatentAttention[indexer]": dict(
+        make=lambda causal: _mla(dict(num_heads=2, head_dim=4, top_k=2)),
+        inputs=((X, "query_mask"),),
+        attention={"attention_mask": T},
+        causal="call",
+        core=True,
+        reference=_mla_ref,
+    ),
 }
 
 MODES = ("eager", "functional", "tf_function")
@@ -459,6 +543,21 @@ NUM_COMBINATIONS = sum(len(c) for c in MATRIX.values())
 # {(layer, keras_masks, explicit, attention, causal, mode): reason}.
 XFAIL = {}
 
+# Layers whose cases join JAX's slow tier (`slow_on_jax`; TensorFlow and
+# PyTorch run them all): on JAX each layer's first case compiles its ops
+# eagerly. Measured (2026-12-06, loaded 2-core machine, the whole file
+# on JAX with `--durations=0`): the two MLA specs' 64 cases took 21 of
+# the file's 110 s; Kimi delta attention's 8 stay (6 s).
+SLOW_ON_JAX = {
+    name: "eager JAX compiles the layer's ops at its first case (MLA and "
+    "its indexer: ~21 s of the mask matrix's JAX part); "
+    "tests/ops/test_topk_attention.py runs the top-k op on JAX"
+    for name in (
+        "MultiHeadLatentAttention",
+        "MultiHeadLatentAttention[indexer]",
+    )
+}
+
 
 def _case_id(name, combo, mode):
     keras_masks, explicit, attention, causal = combo
@@ -474,6 +573,8 @@ def _params():
         for combo in combos:
             for mode in MODES:
                 marks = [TF_FUNCTION] if mode == "tf_function" else []
+                if name in SLOW_ON_JAX:
+                    marks.append(pytest.mark.slow_on_jax(SLOW_ON_JAX[name]))
                 reason = XFAIL.get((name,) + combo + (mode,))
                 if reason:
                     marks.append(pytest.mark.xfail(strict=True, reason=reason))
@@ -673,6 +774,9 @@ def test_matrix_size(capsys):
         "LocalSelfAttention[mask_mod=PrefixLMMask]",
         "TransformerEncoderBlock",
         "TransformerDecoderBlock",
+        "KimiDeltaAttention",
+        "MultiHeadLatentAttention",
+        "MultiHeadLatentAttention[indexer]",
     }
     modes = len(MODES) if BACKEND == "tensorflow" else 2
     with capsys.disabled():
