@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -52,6 +53,16 @@ def test_temperature_tuning_equals_numpy():
     np.testing.assert_allclose(np_(layer(X)), want, atol=1e-5)
 
 
+def _slow_on_jax(test):
+    if keras.backend.backend() != "jax":
+        return test
+    return pytest.mark.slow(
+        reason="JAX compiles each op per shape (3 s); the temperature "
+        "formula is test_temperature_tuning_equals_numpy's on JAX too"
+    )(test)
+
+
+@_slow_on_jax
 def test_temperature_positions_and_cache():
     layer = tuned()
     whole = np_(layer(X))
