@@ -294,9 +294,12 @@ def _kda():
 
 
 def _mla(indexer=None):
-    """MLA with biases, non-trivial norm scales and, with `indexer`, a
-    lightning indexer whose top-2 choice has clear gaps in every case
-    (`references.top_k_keys` checks it)."""
+    """MLA with biases and non-trivial norm scales; its weights drawn
+    here (the biases and `k_norm`'s beta by `_randomize_biases`), not
+    by Keras's seed, so that they do not depend on the layers built
+    before. With `indexer`: a lightning indexer whose top-2 choice has
+    clear gaps and no ties in every case (smallest gap 0.006;
+    `references.top_k_keys` checks it)."""
     layer = ka.MultiHeadLatentAttention(
         num_heads=2,
         kv_lora_rank=4,
@@ -311,8 +314,11 @@ def _mla(indexer=None):
     layer.build((B, T, F))
     rng = np.random.default_rng(57)
     for v in layer.weights:
-        if v.path.endswith("layernorm/scale") or v.path.endswith("gamma"):
-            v.assign((1 + 0.3 * rng.normal(size=v.shape)).astype("float32"))
+        if v.path.endswith(("scale", "gamma")):
+            value = 1 + 0.3 * rng.normal(size=v.shape)
+        else:  # kernels (and biases, drawn again by `_randomize_biases`)
+            value = rng.normal(size=v.shape) / np.sqrt(v.shape[0])
+        v.assign(value.astype("float32"))
     return layer
 
 
@@ -509,7 +515,7 @@ SPECS = {
     # DeepSeek sparse attention: each query attends to its top-2 keys
     # among those the masks allow (the top-k path).
     "MultiHeadLatentAttention[indexer]": dict(
-        make=lambda causal: _mla(dict(num_heads=2, head_dim=4, top_k=2)),
+        make=lambda causal: _mla(dict(num_heads=4, head_dim=4, top_k=2)),
         inputs=((X, "query_mask"),),
         attention={"attention_mask": T},
         causal="call",
