@@ -19,6 +19,7 @@ from keras_attention.generation import CausalLMGenerator
 from keras_attention.generation import init_cache
 from keras_attention.layers import SelfAttention
 from keras_attention.mods.base import mask_lookback
+from keras_attention.ops.blockwise import _Plan
 
 BACKEND = keras.backend.backend()
 RNG = np.random.default_rng(0)
@@ -165,3 +166,12 @@ def test_generation_with_a_chunk_ring_equals_the_uncached_loop():
     ring = init_cache(generator.blocks, 2, 10, sink_tokens=0)
     assert tuple(ring[0][0]["keys_values"].shape)[2] == CHUNK
     assert tuple(ring[1][0]["keys_values"].shape)[2] == 10
+
+
+def test_the_blockwise_path_skips_the_tiles_between_chunks():
+    # 8 x 8 tiles of 32, chunks of 64 (2 tiles): of the 36 causal tiles
+    # (the diagonal's included), each chunk keeps its 3, 24 are skipped.
+    plan = _Plan(256, 256, True, 0, 32, 32, mask_mod=mods.ChunkedCausalMask(64))
+    assert plan.skipped_tiles == 24
+    kept = [len(chunks) for _, _, chunks in plan.rows]
+    assert kept == [1, 2] * 4
