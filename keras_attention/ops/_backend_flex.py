@@ -90,9 +90,13 @@ def flex_needs_gradient(tensors, reads_other=False):
     return False
 
 
-def flex_block_mask(evaluate, key, shape, like, chunk=None):
+def flex_block_mask(evaluate, key, shape, like, chunk=None, mask_mod=None):
     """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
     once per `key` (what the mask depends on) and device (`like`'s).
+    `mask_mod`: the kernel's mask function on its partial blocks when the
+    mask is arithmetic on the indices (a band: no gather, which the
+    kernels compute right and faster than a table), else None: the table
+    below.
 
     `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
     `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
@@ -106,14 +110,16 @@ def flex_block_mask(evaluate, key, shape, like, chunk=None):
     key = (key, tuple(shape), str(like.device))
     cached = _FLEX_BLOCK_MASKS.pop(key, None)
     if cached is None:
-        cached = _build_block_mask(evaluate, shape, like.device, chunk)
+        cached = _build_block_mask(
+            evaluate, shape, like.device, chunk, mask_mod
+        )
     _FLEX_BLOCK_MASKS[key] = cached
     while len(_FLEX_BLOCK_MASKS) > FLEX_BLOCK_MASK_CACHE:
         _FLEX_BLOCK_MASKS.pop(next(iter(_FLEX_BLOCK_MASKS)))
     return cached
 
 
-def _build_block_mask(evaluate, shape, device, chunk):
+def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
     import torch
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -155,6 +161,9 @@ def _build_block_mask(evaluate, shape, device, chunk):
     def mask_mod(batch, head, q_idx, kv_idx):
         slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
         return table[slot, q_idx % block, kv_idx % block]
+
+    if kernel_mask is not None:
+        mask_mod = kernel_mask  # noqa: F811 - arithmetic: no table reads.
 
     def ordered(blocks):
         counts = blocks.sum(-1, dtype=torch.int32)

@@ -51,6 +51,7 @@ from keras import ops
 
 from keras_attention.ops import _backend_flex
 from keras_attention.ops import captured
+from keras_attention.ops import fused
 from keras_attention.ops import scoring
 
 # The automatic choice takes the flex path from this many queries and
@@ -129,6 +130,46 @@ class _KernelMask:
         if self.sink:
             result = result | (kv_idx == self.kv_len)
         return result
+
+    def band(self):
+        """`(left, right)` when the whole mask is a band of keys
+        `position - left <= kv <= position + right` (None: unbounded
+        there) - a causal mask, a sliding window, their intersection,
+        with no mask tensor - else None."""
+        tensors = (self.attention_mask, self.key_mask, self.query_mask)
+        if any(x is not None for x in tensors):
+            return None
+        left, right = None, None
+        if self.mask_mod is not None:
+            bounds = fused.mask_band(self.mask_mod)
+            if bounds is None:
+                return None
+            left, right = bounds
+        if self.causal:
+            right = 0 if right is None else min(right, 0)
+        return left, right
+
+    def band_kernel(self):
+        """The kernel's `mask_mod` of a band (`band()`): arithmetic on
+        the indices, no table reads; None when the mask is no band."""
+        bounds = self.band()
+        if bounds is None:
+            return None
+        left, right = bounds
+        offset, kv_len, sink = self.offset, self.kv_len, self.sink
+
+        def band_mask(batch, head, q_idx, kv_idx):
+            distance = q_idx + offset - kv_idx
+            out = kv_idx >= 0
+            if left is not None:
+                out = out & (distance <= left)
+            if right is not None:
+                out = out & (distance >= -right)
+            if sink:
+                out = out | (kv_idx == kv_len)
+            return out
+
+        return band_mask
 
     def evaluate(self, batch, heads, q_start, q_stop, kv_len):
         """The mask of queries `q_start:q_stop` over every key, bool
@@ -354,6 +395,7 @@ def _block_mask(request, offset, sink):
         (b, h, mask.fingerprint()),
         (q_len, total),
         query,
+        mask_mod=mask.band_kernel(),
     )
 
 
