@@ -528,8 +528,6 @@ def perturb(backbone, rng):
     for weight in backbone.weights:
         if weight.path.endswith("inv_freq"):
             continue  # SmolLM3's stored RoPE frequencies (of rope_theta)
-        if weight.path.endswith("layer_scalar"):
-            continue  # Gemma 4's block scales: converted only at 1
         if not keras.backend.is_float_dtype(weight.dtype):
             continue  # CLIP's and SigLIP's stored position ids
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")

@@ -35,6 +35,37 @@ from keras_attention.layers.token_and_position_embedding import (
 )
 
 
+@keras.saving.register_keras_serializable(package="keras_attention")
+class LayerScalar(keras.layers.Layer):
+    """Its input times one stored number, the weight `layer_scalar` of
+    shape `(1,)` (not trainable, initially 1): Gemma 4's scale of each
+    decoder block's whole output, residual included (keras-hub's and
+    transformers' `layer_scalar`), placed after the block it scales.
+    `causal_lm_generator` applies it to the block's output when
+    decoding with a cache."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.layer_scalar = self.add_weight(
+            name="layer_scalar",
+            shape=(1,),
+            initializer="ones",
+            trainable=False,
+        )
+
+    def call(self, inputs):
+        return inputs * keras.ops.cast(self.layer_scalar, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return super().get_config()  # no options beyond a layer's
+
+
 def token_inputs(*names):
     """`keras.Input`s `(batch, T)` int32 named as keras-hub names them."""
     return {

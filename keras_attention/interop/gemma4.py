@@ -51,6 +51,8 @@ WEIGHT_TABLE = (
         "decoder_block_{i}/feed_forward_post_norm",
     ),
     ("final_normalization", "final_normalization"),
+    # Each block's output scale (shape `()`, ours `(1,)`).
+    ("decoder_block_{i}/layer_scalar", "layer_scalar_{i}/layer_scalar"),
 )
 
 # Options of the backbone this converter does not build: (config name,
@@ -71,7 +73,10 @@ REFUSED = (
 
 def transform_weight(path, value):
     """A Gemma 4 weight as our layers hold it: the query/key/value kernels
-    transposed to `(hidden, heads, head_dim)`, the rest as it is."""
+    transposed to `(hidden, heads, head_dim)`, a block's `layer_scalar`
+    as shape `(1,)`, the rest as it is."""
+    if path.endswith("/layer_scalar"):
+        return np.reshape(value, (1,))
     parts = path.split("/")
     if (
         len(parts) >= 3
@@ -116,7 +121,9 @@ def gemma4_text_model(config, dtype, name, position_ids=True):
     `num_global_key_value_heads` on global layers when set; the last
     `num_kv_shared_layers` layers reading their source's keys and
     values), its feed-forward a GeGLU (twice as wide on the shared layers
-    with `use_double_wide_mlp`); the final RMS norm.
+    with `use_double_wide_mlp`), the block's whole output (residual
+    included) times its `layer_scalar` (a `LayerScalar`,
+    `layer_scalar_{i}`); the final RMS norm.
 
     Args:
         config: dict: `vocabulary_size`, `num_layers`, `num_query_heads`,
@@ -182,6 +189,7 @@ def gemma4_text_model(config, dtype, name, position_ids=True):
             padding_mask=inputs["padding_mask"],
             positions=inputs.get("position_ids"),
         )
+        x = _common.LayerScalar(dtype=dtype, name=f"layer_scalar_{i}")(x)
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],
         dtype=dtype,
@@ -238,7 +246,7 @@ def _attention(config, i, is_global, sources, shares, dtype):
     )
 
 
-def _refuse_unsupported(backbone, get):
+def _refuse_unsupported(get):
     for name, off, what in REFUSED:
         value = get.get(name, off)
         if value != off and not (off == 0 and not value):
@@ -254,21 +262,12 @@ def _refuse_unsupported(backbone, get):
             "`num_kv_shared_layers` must be below `num_layers`. Received: "
             f"num_kv_shared_layers={shared!r}, num_layers={layers!r}"
         )
-    for layer in backbone.transformer_layers:
-        scalar = getattr(layer, "layer_scalar", None)
-        if scalar is not None and float(_common.numpy_value(scalar)) != 1.0:
-            raise ValueError(
-                "Gemma 4's `layer_scalar` (each block's output scale) "
-                "converts only at its initial 1.0. Received: "
-                f"layer_scalar={float(_common.numpy_value(scalar))!r} in "
-                f"{layer.name!r}"
-            )
 
 
 def gemma4_config(backbone):
     """The dict of `gemma4_text_model` from a `Gemma4Backbone`."""
     get = backbone.get_config()
-    _refuse_unsupported(backbone, get)
+    _refuse_unsupported(get)
     config = {
         name: _common.config_value(backbone, name)
         for name in (
@@ -333,8 +332,9 @@ def convert_gemma4(backbone):
     Refused by name (`ValueError`): vision and audio encoders, embedding
     models, bidirectional attention, per-layer inputs
     (`hidden_size_per_layer_input`), the MoE block, every layer shared
-    (`num_kv_shared_layers >= num_layers`) and a `layer_scalar` other
-    than 1.
+    (`num_kv_shared_layers >= num_layers`). Each block's `layer_scalar`
+    (its whole output's scale, residual included) is copied into the
+    `LayerScalar` after it.
 
     Args:
         backbone: a built `keras_hub.models.Gemma4Backbone` (text only).
@@ -363,14 +363,10 @@ def convert_gemma4(backbone):
     prefixes = _common.layer_prefixes(WEIGHT_TABLE, config["num_layers"])
     pairs = []
     ours = {w.path: w for w in model.weights}
-    scalars = []
     for weight in backbone.weights:
-        if weight.path.endswith("/layer_scalar"):
-            scalars.append(weight)  # checked to be 1: nothing to copy
-            continue
         target = ours.get(_common.our_path(weight.path, prefixes))
         if target is not None:
             value = transform_weight(weight.path, _common.numpy_value(weight))
             pairs.append((weight, target, value))
-    _common.copy_pairs(backbone, model, pairs, recomputed=scalars)
+    _common.copy_pairs(backbone, model, pairs)
     return model

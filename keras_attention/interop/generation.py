@@ -8,6 +8,7 @@ from keras_attention.blocks.transformer_decoder_block import (
 )
 from keras_attention.generation.decoder_only import CausalLMGenerator
 from keras_attention.interop import _seq2seq
+from keras_attention.interop._common import LayerScalar
 from keras_attention.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -43,6 +44,43 @@ class _EmbeddingSteps:
         return x
 
 
+class _ScaledBlock:
+    """A decoder block followed by its `LayerScalar` (Gemma 4's output
+    scale): the block's cache protocol (`init_cache`, `cache_window`,
+    ...), its output scaled."""
+
+    def __init__(self, block, scale):
+        self.block = block
+        self.scale = scale
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["block"], name)
+
+    def __call__(self, x, **kwargs):
+        x, cache = self.block(x, **kwargs)
+        return self.scale(x), cache
+
+
+def _scaled_blocks(ops):
+    """`ops` (the operations between the embedding steps and the final
+    norm) as decoder blocks, each `LayerScalar` joined to the block
+    before it; None unless `ops` are blocks, each maybe followed by one
+    `LayerScalar`."""
+    blocks = []
+    for op in ops:
+        if isinstance(op, TransformerDecoderBlock):
+            blocks.append(op)
+        elif (
+            isinstance(op, LayerScalar)
+            and blocks
+            and isinstance(blocks[-1], TransformerDecoderBlock)
+        ):
+            blocks[-1] = _ScaledBlock(blocks[-1], op)
+        else:
+            return None
+    return blocks or None
+
+
 class _ReverseEmbedding:
     """The logits head: hidden states through the token table's reverse
     projection (`ReversibleEmbedding(..., reverse=True)`)."""
@@ -76,8 +114,9 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
             or `keras.layers.ReversibleEmbedding`), then
             optional `Rescaling`, norm or dropout layers (Gemma's
             embedding scale, BLOOM's embedding layer norm),
-            `TransformerDecoderBlock`s, then a final norm (its last
-            layer).
+            `TransformerDecoderBlock`s (each maybe followed by a
+            `LayerScalar`, Gemma 4's output scale), then a final norm
+            (its last layer).
         pad_token_id: int, the prompts' padding id (keras-hub's
             preprocessors pad with 0 by default for these models).
         jit_compile: bool, compile `generate` with XLA (TensorFlow).
@@ -116,12 +155,11 @@ def causal_lm_generator(model, pad_token_id=0, jit_compile=True):
     first_block = is_block.index(True) if any(is_block) else len(ops)
     embedding = ops[0] if ops else None
     steps = ops[1:first_block]
-    blocks, norm = ops[first_block:-1], ops[-1] if ops else None
+    blocks, norm = _scaled_blocks(ops[first_block:-1]), ops[-1] if ops else None
     if (
         not isinstance(embedding, _EMBEDDINGS)
         or not all(isinstance(op, _EMBEDDING_STEPS) for op in steps)
         or not blocks
-        or not all(isinstance(op, TransformerDecoderBlock) for op in blocks)
         or not isinstance(norm, _NORMS)
     ):
         raise ValueError(

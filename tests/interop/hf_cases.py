@@ -472,7 +472,8 @@ CASES = {
     "gemma4_text": dict(
         model_type="gemma4_text",
         about="KV shared across layers, K = V (1 key/value head), heads "
-        "of 8 and 16, windowed + full layers, proportional RoPE",
+        "of 8 and 16, windowed + full layers, proportional RoPE, layer "
+        "scalars other than 1",
         config=dict(
             COMMON,
             num_hidden_layers=4,
@@ -496,6 +497,8 @@ CASES = {
             initializer_range=0.05,
         ),
         noise=0.05,
+        # Each layer's `layer_scalar` (1 when built) gets the noise too.
+        noise_buffers=("layer_scalar",),
     ),
     # gpt-oss: learned sinks; layer 0 windowed (3), layer 1 full; 4
     # experts, top 2 (a softmax over the 2 largest router logits), the

@@ -3,7 +3,8 @@ distinctive options on: KV sharing across layers (a sliding and a full
 layer read earlier ones), K = V on the global layers (with fewer
 key/value heads), two head sizes, sliding and full layers, the v-norm,
 proportional partial RoPE on the full layers,
-wider feed-forwards on the shared layers, both soft-caps. Equal hidden
+wider feed-forwards on the shared layers, both soft-caps, each block's
+`layer_scalar` other than 1. Equal hidden
 states with left and right padding, keras-hub's greedy tokens, cached
 decoding equal to a full pass with each shared entry cached once, the
 `.keras` reload keeping the sharing, one attention map per layer, and
@@ -65,10 +66,12 @@ def tiny(**kwargs):
 
 
 def perturbed(backbone):
-    """Noise on every weight but the layer scalars (1 converts)."""
+    """Noise on every weight; each block's `layer_scalar` (its whole
+    output's scale, 1 when built) drawn from [0.5, 1.5]."""
     rng = np.random.default_rng(7)
     for weight in backbone.weights:
         if weight.path.endswith("layer_scalar"):
+            weight.assign(rng.uniform(0.5, 1.5))
             continue
         noise = rng.normal(scale=0.1, size=weight.shape).astype("float32")
         weight.assign(to_numpy(weight) + noise)
@@ -220,21 +223,35 @@ def test_unconverted_options_are_refused_by_name(
         from_keras_hub(backbone)
 
 
-def test_a_layer_scalar_other_than_one_is_refused(converted):
-    backbone, _ = converted
-    scalar = backbone.get_layer("decoder_block_1").layer_scalar
-    scalar.assign(0.5)
+def test_layer_scalars_scale_each_block_output(converted):
+    """Each block's `layer_scalar` is copied into the `LayerScalar` after
+    it, and it matters: with ours reset to 1 the hidden states move."""
+    backbone, model = converted
+    x = inputs(seed=3)
+    real = PADDING.astype(bool)
+    scales = [model.get_layer(f"layer_scalar_{i}") for i in range(4)]
+    theirs = [
+        float(to_numpy(backbone.get_layer(f"decoder_block_{i}").layer_scalar))
+        for i in range(4)
+    ]
+    ours = [float(to_numpy(s.layer_scalar)[0]) for s in scales]
+    assert ours == theirs and all(abs(v - 1) > 0.05 for v in ours)
+    want = to_numpy(model(x))[real]
     try:
-        with pytest.raises(ValueError, match="layer_scalar=0.5"):
-            from_keras_hub(backbone)
+        for scale in scales:
+            scale.layer_scalar.assign(np.ones(1, "float32"))
+        unscaled = to_numpy(model(x))[real]
     finally:
-        scalar.assign(1.0)
+        for scale, value in zip(scales, ours):
+            scale.layer_scalar.assign(np.full(1, value, "float32"))
+    assert np.abs(unscaled - want).max() > 1e-3
 
 
-def test_a_checkpoint_layer_scalar_other_than_one_is_refused(tmp_path):
-    """`from_huggingface` (`gemma4_text`): the blocks have no output
-    scale, so a stored `layer_scalar` other than 1 is refused by name
-    before any weight is read (random tensors of the expected shapes)."""
+def test_a_checkpoint_layer_scalar_is_loaded(tmp_path):
+    """`from_huggingface` (`gemma4_text`): each stored `layer_scalar`
+    (shape `(1,)`) fills the `LayerScalar` after its block (random
+    tensors of the expected shapes); the shared layers read no key/value
+    projections, the K = V ones no value projection."""
     config = dict(hf_cases.CASES["gemma4_text"]["config"])
     config["model_type"] = "gemma4_text"
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -247,11 +264,16 @@ def test_a_checkpoint_layer_scalar_other_than_one_is_refused(tmp_path):
         name: rng.normal(size=shape).astype("float32")
         for name, shape in shapes.items()
     }
-    for i in range(4):
-        tensors[f"model.layers.{i}.layer_scalar"] = np.ones(1, "float32")
-    tensors["model.layers.2.layer_scalar"] = np.full(1, 0.5, "float32")
+    scalars = [0.5, 1.25, 0.75, 2.0]
+    for i, value in enumerate(scalars):
+        assert shapes[f"model.layers.{i}.layer_scalar"] == (1,)
+        tensors[f"model.layers.{i}.layer_scalar"] = np.full(1, value, "float32")
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"layers\.2\.layer_scalar"):
-        from_huggingface(str(tmp_path))
+    model = from_huggingface(str(tmp_path))
+    got = [
+        to_numpy(model.get_layer(f"layer_scalar_{i}").layer_scalar).tolist()
+        for i in range(4)
+    ]
+    assert got == [[v] for v in scalars]
     assert "model.layers.2.self_attn.k_proj.weight" not in shapes  # shared
     assert "model.layers.1.self_attn.v_proj.weight" not in shapes  # K = V

@@ -22,8 +22,8 @@ __all__ = []
 # loaded), its weight table, the number of layers the table's `{i}`
 # rows run over, `fnmatch` patterns of tensors left unread on purpose,
 # and optionally `check(checkpoint)`, run before loading: it refuses a
-# stored value the model cannot hold (Gemma 4's `layer_scalar` other
-# than 1), naming it.
+# stored value the model cannot hold, naming it (no family needs one
+# now: Gemma 4's `layer_scalar`, once refused, converts).
 Conversion = collections.namedtuple(
     "Conversion",
     ("model", "table", "num_layers", "ignored", "check"),

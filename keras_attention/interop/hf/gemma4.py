@@ -2,7 +2,8 @@
 `keras_attention.interop.gemma4.gemma4_text_model`'s arguments (the
 builder of keras-hub's Gemma 4 converter), the tensors mapped layer by
 layer (the shared layers have no key/value projections, the K = V ones
-no value projection). Gemma 4's RMS norms multiply by `w` ("copy")."""
+no value projection). Gemma 4's RMS norms multiply by `w` ("copy"), and
+each layer's `layer_scalar` fills the `LayerScalar` after its block."""
 
 from keras_attention.interop.gemma4 import gemma4_text_model
 from keras_attention.interop.gemma4 import kv_sources
@@ -45,13 +46,14 @@ KEY_ROWS = (
 VALUE_ROWS = (
     ("self_attn.v_proj.weight", "self_attention/value/kernel", "linear"),
 )
+# The `LayerScalar` after each block: its output's scale, shape `(1,)`.
+SCALAR_ROW = (LAYER + "layer_scalar", "layer_scalar_{i}/layer_scalar", "copy")
 MODEL_ROWS = (
     ("model.embed_tokens.weight", "token_embedding/embeddings", "copy"),
     ("model.norm.weight", "final_normalization/scale", "copy"),
 )
-# The tied head (saved anyway by some writers); each layer's
-# `layer_scalar`, checked to be 1 (`_check_layer_scalars`).
-IGNORED = ("lm_head.weight", "model.layers.*.layer_scalar")
+# The tied head (saved anyway by some writers).
+IGNORED = ("lm_head.weight",)
 
 # Options this converter does not build: (name, the values that mean
 # "off").
@@ -206,22 +208,8 @@ def weight_table(arguments):
             ((LAYER + theirs).format(i=i), (OURS + ours).format(i=i), how)
             for theirs, ours, how in own
         ]
+        rows.append(tuple(part.format(i=i) for part in SCALAR_ROW))
     return tuple(rows)
-
-
-def _check_layer_scalars(checkpoint, num_layers):
-    """`ValueError` unless every stored `layer_scalar` is 1 (the blocks
-    have no output scale)."""
-    for i in range(num_layers):
-        name = (LAYER + "layer_scalar").format(i=i)
-        if name in checkpoint:
-            value = checkpoint.read(name).astype("float64").ravel()
-            if value.size != 1 or value[0] != 1.0:
-                raise ValueError(
-                    f"Tensor {name!r} is {value.tolist()!r}: Gemma 4's "
-                    "layer_scalar converts only at 1 (the blocks have no "
-                    "output scale)."
-                )
 
 
 def convert_gemma4(config, dtype):
@@ -230,8 +218,7 @@ def convert_gemma4(config, dtype):
     `token_ids`, `padding_mask`). Refused by name: per-layer inputs
     (`hidden_size_per_layer_input`), the MoE block, bidirectional
     attention, attention biases, other activations, an untied head,
-    other RoPE types, per-layer sizes other than the full layers' own,
-    and (when loading) a `layer_scalar` other than 1.
+    other RoPE types, per-layer sizes other than the full layers' own.
 
     References:
         - Gemma Team, 2026, Gemma 4 (transformers' `gemma4`).
@@ -240,11 +227,6 @@ def convert_gemma4(config, dtype):
     model = gemma4_text_model(
         arguments, dtype, config.model_type, position_ids=False
     )
-    layers = arguments["num_layers"]
     return Conversion(
-        model,
-        weight_table(arguments),
-        layers,
-        IGNORED,
-        lambda checkpoint: _check_layer_scalars(checkpoint, layers),
+        model, weight_table(arguments), arguments["num_layers"], IGNORED
     )
