@@ -561,13 +561,20 @@ def hidden_errors(ours, theirs, data):
     return out
 
 
+def _input_names(model):
+    """The names of a model's inputs (a dict's keys; none for one tensor
+    or a list: images, audio)."""
+    inputs = model.input
+    return set(inputs) if isinstance(inputs, dict) else set()
+
+
 def task(backbone):
     """keras-hub's language-model task on `backbone` (`<Family>CausalLM`,
     T5's `T5Seq2SeqLM`), or None (BERT, ViT)."""
     name = type(backbone).__name__.replace("Backbone", "CausalLM")
     if isinstance(backbone, keras_hub.models.T5Backbone):
         name = "T5Seq2SeqLM"
-    elif "decoder_token_ids" in backbone.input:  # BART, T5Gemma, ...
+    elif "decoder_token_ids" in _input_names(backbone):  # BART, T5Gemma
         name = type(backbone).__name__.replace("Backbone", "Seq2SeqLM")
     cls = getattr(keras_hub.models, name, None)
     return None if cls is None else cls(backbone=backbone, preprocessor=None)
@@ -575,7 +582,7 @@ def task(backbone):
 
 def generator(model):
     """Our generator on the converted `model` (causal, or T5's)."""
-    if "encoder_token_ids" in model.input:
+    if "encoder_token_ids" in _input_names(model):
         return seq2seq_generator(model, jit_compile=False)
     return causal_lm_generator(model, jit_compile=False)
 
