@@ -158,12 +158,9 @@ def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
     slots = torch.cat(slots, dim=2).to(torch.int32)
     bb, hh = int(b > 1), int(h > 1)
 
-    def mask_mod(batch, head, q_idx, kv_idx):
+    def table_mask(batch, head, q_idx, kv_idx):
         slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
         return table[slot, q_idx % block, kv_idx % block]
-
-    if kernel_mask is not None:
-        mask_mod = kernel_mask  # noqa: F811 - arithmetic: no table reads.
 
     def ordered(blocks):
         counts = blocks.sum(-1, dtype=torch.int32)
@@ -176,7 +173,8 @@ def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
         *ordered(partial),
         *ordered(full),
         BLOCK_SIZE=block,
-        mask_mod=mask_mod,
+        # A band's arithmetic needs no table reads.
+        mask_mod=table_mask if kernel_mask is None else kernel_mask,
         seq_lengths=shape,
     )
     return block_mask, density
