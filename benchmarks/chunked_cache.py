@@ -36,11 +36,8 @@ Numbers for publishing need an idle machine (see `_timing.load_average`).
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -48,10 +45,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from _generation import child_generation  # noqa: E402
+from _generation import compare_caches  # noqa: E402
+from _generation import run_child  # noqa: E402
 from _timing import load_average  # noqa: E402
 from _timing import machine_summary  # noqa: E402
-from _timing import markdown_table  # noqa: E402
-from _timing import max_rss_mb  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, KV_HEADS, PROMPT = 256, 256, 4, 4, 4, 8
 # `--quick`: tiny sizes (the smoke test's).
@@ -107,59 +105,10 @@ def build(chunk):
     return CausalLMGenerator(embedding, blocks, head, jit_compile=True)
 
 
-def cache_bytes(generator, cache, max_length):
-    """Bytes of the cache tensors `generate(cache=...)` keeps."""
-    import keras
-
-    from keras_attention.generation import init_cache
-
-    options = dict(generator._cache_options(None, cache))
-    caches = init_cache(generator.blocks, 1, max_length, **options)
-    return sum(
-        int(np.prod(t.shape))
-        * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize
-        for t in keras.tree.flatten(caches)
-    )
-
-
 def child(cache, max_length, chunk, out):
     """One generation in this process; writes its figures to `out`."""
-    generator = build(chunk)
     prompt = np.random.default_rng(1).integers(1, VOCAB, (1, PROMPT))
-    start = time.perf_counter()
-    tokens, _ = generator.generate(prompt, max_length, cache=cache)
-    seconds = time.perf_counter() - start
-    np.save(out + ".npy", np.asarray(tokens))
-    with open(out, "w") as f:
-        json.dump(
-            dict(
-                seconds=seconds,
-                ms_per_token=1e3 * seconds / (max_length - PROMPT),
-                peak_rss_mb=max_rss_mb(),
-                cache_mb=cache_bytes(generator, cache, max_length) / 2**20,
-            ),
-            f,
-        )
-
-
-def run_child(cache, max_length, chunk, directory):
-    out = os.path.join(directory, f"{cache}-{max_length}.json")
-    subprocess.run(
-        [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            cache,
-            str(max_length),
-            str(chunk),
-            out,
-        ],
-        check=True,
-    )
-    with open(out) as f:
-        figures = json.load(f)
-    figures["tokens"] = np.load(out + ".npy")
-    return figures
+    child_generation(build(chunk), cache, prompt, max_length, out)
 
 
 def main(argv=None):
@@ -182,42 +131,20 @@ def main(argv=None):
     print(f"load average before: {before}", flush=True)
     with tempfile.TemporaryDirectory() as directory:
         runs = {
-            cache: run_child(cache, args.max_length, args.chunk, directory)
+            cache: run_child(
+                __file__, cache, args.max_length, args.chunk, directory
+            )
             for cache in ("auto", "full")
         }
         base = runs["auto"]  # the baseline's run itself at its length
         if args.max_length != PROMPT + 16:
-            base = run_child("auto", PROMPT + 16, args.chunk, directory)
+            base = run_child(
+                __file__, "auto", PROMPT + 16, args.chunk, directory
+            )
     after = load_average()
     print(f"load average after: {after}", flush=True)
     same = bool(np.array_equal(runs["auto"]["tokens"], runs["full"]["tokens"]))
-    baseline = base["peak_rss_mb"]
-    rows = [
-        [
-            cache,
-            r["cache_mb"],
-            r["peak_rss_mb"],
-            r["peak_rss_mb"] - baseline,
-            r["ms_per_token"],
-        ]
-        for cache, r in runs.items()
-    ]
-    full, auto = runs["full"], runs["auto"]
-    ratios = dict(
-        cache=auto["cache_mb"] / full["cache_mb"],
-        rss=auto["peak_rss_mb"] / full["peak_rss_mb"],
-        rss_above_baseline=(auto["peak_rss_mb"] - baseline)
-        / max(full["peak_rss_mb"] - baseline, 1e-9),
-        time=auto["ms_per_token"] / full["ms_per_token"],
-    )
-    headers = [
-        "cache",
-        "cache tensors MiB",
-        "peak RSS MiB",
-        f"above the baseline ({baseline:,.0f} MiB)",
-        "ms/token (compile included)",
-    ]
-    table = markdown_table(headers, rows)
+    rows, ratios, table = compare_caches(runs, base["peak_rss_mb"])
     text = (
         f"{machine_summary()}\n\nmax_length {args.max_length}, chunk "
         f"{args.chunk}; the same tokens: {same}; chunked / full: "
