@@ -54,9 +54,16 @@ WEIGHT_TABLE = (
 def transform_weight(path, value):
     """A Gemma weight as our layers hold it: q/k/v kernels transposed to
     `(hidden, heads, head_dim)`, RMS norm scales `1 + scale`."""
-    parts = path.split("/")
-    if parts[-1] == "scale":
+    if path.split("/")[-1] == "scale":
         return value + np.asarray(1, value.dtype)
+    return transpose_qkv(path, value)
+
+
+def transpose_qkv(path, value):
+    """A keras-hub Gemma query/key/value kernel `(heads, hidden,
+    head_dim)` as ours, `(hidden, heads, head_dim)`; any other weight as
+    it is (Gemma 1 to 4)."""
+    parts = path.split("/")
     if (
         len(parts) >= 3
         and parts[-3] == "attention"
@@ -252,16 +259,7 @@ def gemma_style_model(
         final norm's output.
     """
     inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        config["vocabulary_size"],
-        config["hidden_dim"],
-        logit_soft_cap=config["final_logit_soft_cap"],
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    x = keras.layers.Rescaling(
-        math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
-    )(x)
+    x = scaled_token_embedding(config, dtype, inputs["token_ids"])
     for i in range(config["num_layers"]):
         attention = _common.self_attention(
             config["num_query_heads"],
@@ -292,6 +290,29 @@ def gemma_style_model(
             sandwich_norm=sandwich_norm,
             dtype=dtype,
         )(x, padding_mask=inputs["padding_mask"])
+    return final_norm_model(config, dtype, name, inputs, x)
+
+
+def scaled_token_embedding(config, dtype, token_ids):
+    """Gemma's tied token embedding of `token_ids` (`token_embedding`,
+    its reverse projection soft-capped by `config["final_logit_soft_cap"]`)
+    scaled by `sqrt(hidden_dim)` (`embedding_scale`); Gemma 1 to 4."""
+    x = keras.layers.ReversibleEmbedding(
+        config["vocabulary_size"],
+        config["hidden_dim"],
+        logit_soft_cap=config["final_logit_soft_cap"],
+        dtype=dtype,
+        name="token_embedding",
+    )(token_ids)
+    return keras.layers.Rescaling(
+        math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
+    )(x)
+
+
+def final_norm_model(config, dtype, name, inputs, x):
+    """The `keras.Model` `name` of `inputs` and the final RMS norm
+    (`final_normalization`) of the last block's output `x`; Gemma 1 to
+    4."""
     x = keras.layers.RMSNormalization(
         epsilon=config["layer_norm_epsilon"],
         dtype=dtype,

@@ -2,12 +2,13 @@
 blocks, with its KV sharing across layers, K = V global layers and head
 sizes per layer type."""
 
-import math
-
-import keras
 import numpy as np
 
 from keras_attention.interop import _common
+from keras_attention.interop.gemma import final_norm_model
+from keras_attention.interop.gemma import gemma_config
+from keras_attention.interop.gemma import scaled_token_embedding
+from keras_attention.interop.gemma import transpose_qkv
 from keras_attention.layers.activations import gelu_approximate
 from keras_attention.layers.shared_kv_attention import KVShare
 from keras_attention.layers.shared_kv_attention import SharedKVSelfAttention
@@ -77,14 +78,7 @@ def transform_weight(path, value):
     as shape `(1,)`, the rest as it is."""
     if path.endswith("/layer_scalar"):
         return np.reshape(value, (1,))
-    parts = path.split("/")
-    if (
-        len(parts) >= 3
-        and parts[-3] == "attention"
-        and parts[-2] in ("query", "key", "value")
-    ):
-        return np.transpose(value, (1, 0, 2))
-    return value
+    return transpose_qkv(path, value)
 
 
 def kv_sources(layer_types, num_kv_shared_layers):
@@ -154,16 +148,7 @@ def gemma4_text_model(config, dtype, name, position_ids=True):
     }
     names = ("token_ids", "padding_mask")
     inputs = _common.token_inputs(*names, *(("position_ids",) * position_ids))
-    x = keras.layers.ReversibleEmbedding(
-        config["vocabulary_size"],
-        config["hidden_dim"],
-        logit_soft_cap=config["final_logit_soft_cap"],
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    x = keras.layers.Rescaling(
-        math.sqrt(config["hidden_dim"]), dtype=dtype, name="embedding_scale"
-    )(x)
+    x = scaled_token_embedding(config, dtype, inputs["token_ids"])
     for i, kind in enumerate(types):
         is_global = kind == "full_attention"
         wide = config["use_double_wide_mlp"] and i in sources
@@ -190,12 +175,7 @@ def gemma4_text_model(config, dtype, name, position_ids=True):
             positions=inputs.get("position_ids"),
         )
         x = _common.LayerScalar(dtype=dtype, name=f"layer_scalar_{i}")(x)
-    x = keras.layers.RMSNormalization(
-        epsilon=config["layer_norm_epsilon"],
-        dtype=dtype,
-        name="final_normalization",
-    )(x)
-    return keras.Model(inputs=inputs, outputs=x, name=name)
+    return final_norm_model(config, dtype, name, inputs, x)
 
 
 def _attention(config, i, is_global, sources, shares, dtype):
@@ -268,26 +248,13 @@ def gemma4_config(backbone):
     """The dict of `gemma4_text_model` from a `Gemma4Backbone`."""
     get = backbone.get_config()
     _refuse_unsupported(get)
-    config = {
-        name: _common.config_value(backbone, name)
-        for name in (
-            "vocabulary_size",
-            "num_layers",
-            "num_query_heads",
-            "num_key_value_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "head_dim",
-            "layer_norm_epsilon",
-        )
-    }
+    config = gemma_config(backbone)  # with `dropout`, `final_logit_soft_cap`
     window = None
     if get.get("use_sliding_window_attention", True):
         window = int(get.get("sliding_window_size") or 512)
     config.update(
         num_global_key_value_heads=get.get("num_global_key_value_heads"),
         global_head_dim=get.get("global_head_dim"),
-        dropout=get.get("dropout", 0.0),
         layer_types=list(backbone.layer_types),
         sliding_window_size=window,
         local_rope_wavelength=(
@@ -302,7 +269,6 @@ def gemma4_config(backbone):
             get.get("global_rope_partial_rotary_factor") or 1.0
         ),
         attention_logit_soft_cap=get.get("attention_logit_soft_cap"),
-        final_logit_soft_cap=get.get("final_logit_soft_cap"),
         num_kv_shared_layers=get.get("num_kv_shared_layers") or 0,
         use_double_wide_mlp=bool(get.get("use_double_wide_mlp")),
     )
