@@ -6,6 +6,7 @@ import os
 
 import keras
 
+from keras_attention import ops
 from keras_attention.interop.checkpoint import Checkpoint
 from keras_attention.interop.hf import configs
 from keras_attention.interop.hf import weights
@@ -228,7 +229,9 @@ def from_huggingface(path, dtype=None):
     config = read_config(directory)
     checkpoint = Checkpoint(directory)
     policy = _dtype_policy(dtype, checkpoint)
-    conversion = MODEL_TYPES[config.model_type](config, policy)
+    # Every weight is assigned from the checkpoint next: none is drawn.
+    with ops.zeros_for_initializers():
+        conversion = MODEL_TYPES[config.model_type](config, policy)
     if conversion.check is not None:
         conversion.check(checkpoint)
     weights.load_weights(

@@ -6,6 +6,7 @@ from keras_attention.ops._backend import compile_step
 from keras_attention.ops._backend import compiled_kernel
 from keras_attention.ops._backend import is_symbolic
 from keras_attention.ops._backend import scan_carry
+from keras_attention.ops._backend import zeros_for_initializers
 from keras_attention.ops.additive import additive_scores
 from keras_attention.ops.attention import dot_product_attention
 from keras_attention.ops.attention import implementation_scope
@@ -46,4 +47,5 @@ __all__ = [
     "scan_carry",
     "segment_softmax",
     "topk_attention",
+    "zeros_for_initializers",
 ]

@@ -8,6 +8,8 @@ Layers and generation reach it through the names `keras_attention.ops`
 re-exports (`scan_carry`, `compile_step`).
 """
 
+import contextlib
+
 import keras
 import ml_dtypes
 import numpy as np
@@ -208,6 +210,45 @@ def segment_sum(data, segment_ids, num_segments):
     shape = (int(num_segments),) + tuple(data.shape[1:])
     out = torch.zeros(shape, dtype=data.dtype, device=data.device)
     return out.index_add(0, ids, data)
+
+
+def zeros_accumulator(shape, dtype):
+    """Zeros for `scatter_add` to accumulate into: on TensorFlow a buffer
+    no other tensor shares (`DeepCopy`: a constant folded or shared zeros
+    would be overwritten in place)."""
+    zeros = keras.ops.zeros(shape, dtype)
+    if keras.backend.backend() != "tensorflow":
+        return zeros
+    import tensorflow as tf
+
+    return tf.raw_ops.DeepCopy(x=zeros)
+
+
+def scatter_add(accumulator, ids, updates):
+    """`accumulator` `(rows, ...)` with `updates` `(n, ...)` added to its
+    rows `ids` `(n,)` (repeats add up), in place: an accumulation in a
+    loop costs its updates, not a copy of the accumulator per step.
+
+    The accumulator is consumed: it must come from `zeros_accumulator`
+    or an earlier `scatter_add`, and not be read again. TensorFlow:
+    `InplaceAdd`, which adds into its input's buffer (its CPU kernel row
+    by row, so repeats add up); `tensor_scatter_nd_add` or `segment_sum`
+    + add copy the accumulator every step (a loop of `Tq / tile` steps
+    then costs O(Tq Tk)). JAX: `.at[ids].add` (XLA updates in place);
+    PyTorch: `index_add`."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.raw_ops.InplaceAdd(x=accumulator, i=ids, v=updates)
+    if backend == "jax":
+        return accumulator.at[ids].add(updates)
+    if backend == "torch":
+        ids = keras.ops.convert_to_tensor(ids).long()
+        return keras.ops.convert_to_tensor(accumulator).index_add(
+            0, ids, keras.ops.convert_to_tensor(updates)
+        )
+    raise NotImplementedError(f"scatter_add on the {backend!r} backend")
 
 
 def cumsum(x, axis):
@@ -488,6 +529,33 @@ def compile_step(step, jit_compile, autograph=True):
     import tensorflow as tf
 
     return tf.function(step, jit_compile=jit_compile, autograph=autograph)
+
+
+@contextlib.contextmanager
+def zeros_for_initializers():
+    """A context in which new variables start as zeros, their
+    initializers never drawn: for a model whose every weight is assigned
+    next (a checkpoint being loaded).
+
+    On JAX, drawing a random initializer holds the key-derived bits and a
+    float32 draw beside each weight (a bfloat16 model built at random
+    peaks at about twice its size; issue 55's loading goal is 1.3x). The
+    build therefore runs in a `keras.StatelessScope`, where Keras defers
+    every variable's initialization, and the deferred initializers are
+    replaced by zeros before the scope initializes them on exit. On the
+    other backends (each variable drawn and freed as it is made: no
+    excess) the build runs as it is.
+    """
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    from keras.src.backend.common import global_state
+
+    with keras.StatelessScope():
+        yield
+        pending = global_state.get_global_attribute("uninitialized_variables")
+        for variable in pending or ():
+            variable._initializer = keras.initializers.Zeros()
 
 
 # Compiled slice writers of the JAX backend, one per axis.

@@ -12,6 +12,7 @@ import json
 import sys
 import tracemalloc
 
+import keras
 import ml_dtypes
 import numpy as np
 import pytest
@@ -341,3 +342,54 @@ def test_supported_model_types_is_the_registry():
     assert keras_attention.interop.supported_model_types() == sorted(
         huggingface.MODEL_TYPES
     )
+
+
+class _CountingInitializer(keras.initializers.Initializer):
+    """Normal draws, counted."""
+
+    calls = 0
+
+    def __call__(self, shape, dtype=None):
+        _CountingInitializer.calls += 1
+        return keras.random.normal(shape, dtype=dtype, seed=1)
+
+
+def test_the_model_is_built_without_drawing_initializers(tmp_path, monkeypatch):
+    """Issue 55's loading memory on JAX: `from_huggingface` builds the
+    model inside `ops.zeros_for_initializers()`, where no initializer
+    is drawn (a random bfloat16 draw holds a float32 draw beside the
+    weight) and the weights start as zeros; the layers work as usual
+    after it, and an initializer still runs outside it. Elsewhere the
+    context builds as usual (the draws there are freed one by one)."""
+    _CountingInitializer.calls = 0
+    with keras_attention.ops.zeros_for_initializers():
+        layer = keras.layers.Dense(3, kernel_initializer=_CountingInitializer())
+        layer.build((None, 4))
+    drawn = _CountingInitializer.calls
+    out = to_numpy(layer(np.ones((2, 4), "float32")))
+    if keras.backend.backend() == "jax":
+        assert drawn == 0
+        np.testing.assert_array_equal(to_numpy(layer.kernel), 0.0)
+        np.testing.assert_array_equal(out, 0.0)
+    else:
+        assert drawn == 1
+    layer.kernel.assign(np.ones((4, 3), "float32"))
+    np.testing.assert_allclose(to_numpy(layer(np.ones((1, 4)))), [[4.0] * 3])
+    outside = keras.layers.Dense(3, kernel_initializer=_CountingInitializer())
+    outside.build((None, 4))
+    assert _CountingInitializer.calls == drawn + 1
+    # `from_huggingface` builds inside it, and loads every weight.
+    calls = []
+    original = keras_attention.ops.zeros_for_initializers
+    monkeypatch.setattr(
+        keras_attention.ops,
+        "zeros_for_initializers",
+        lambda: calls.append(1) or original(),
+    )
+    tensors = random_tensors(LLAMA)
+    model = keras_attention.interop.from_huggingface(
+        write(tmp_path, LLAMA, tensors)
+    )
+    assert calls == [1]
+    head = weight(model, "token_embedding/reverse_embeddings")
+    np.testing.assert_array_equal(to_numpy(head), tensors["lm_head.weight"].T)
