@@ -268,6 +268,11 @@ class AndMask(_Composed):
         rights = [b[1] for b in bands if b[1] is not None]
         return (min(lefts, default=None), min(rights, default=None))
 
+    def and_parts(self):
+        """The masks this one is the logical and of (a kernel may take
+        them one by one: the flex path)."""
+        return self.mods
+
     def lookback(self):
         """The smallest of the parts' lookbacks (None when none has
         one): a key must pass every part."""

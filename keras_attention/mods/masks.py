@@ -253,3 +253,9 @@ class _Documents:
     def __call__(self, batch, head, q_idx, kv_idx):
         ids = self.segment_ids
         return _gather(ids, batch, q_idx) == _gather(ids, batch, kv_idx)
+
+    def document_ids(self):
+        """The segment ids `(batch, T)` (int32): the mask is `ids[b, q]
+        == ids[b, kv]`, positions clipped to `[0, T)` (a kernel may
+        compare them itself: the flex path)."""
+        return self.segment_ids

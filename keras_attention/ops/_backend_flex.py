@@ -94,19 +94,18 @@ def flex_block_mask(evaluate, key, shape, like, chunk=None, mask_mod=None):
     """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
     once per `key` (what the mask depends on) and device (`like`'s).
     `mask_mod`: the kernel's mask function on its partial blocks when the
-    mask is arithmetic on the indices (a band: no gather, which the
-    kernels compute right and faster than a table), else None: the table
-    below.
+    mask is arithmetic on the indices (bands, documents: faster than a
+    table, and no table is built), else None: the table below.
 
     `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
     `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
-    entries). The mask is never traced into the kernel: its full blocks
-    need none, empty ones are skipped, the others' entries are a table
-    (`(n, block, block)`, `n` a power of two: few kernels) the kernel's
-    `mask_mod` looks up. One kernel serves every mask, and inductor's CPU
-    kernels computed some gathers in a `mask_mod` wrongly in torch 2.13
-    (`index_select`, Keras's `ops.take`). `density`: the share of blocks
-    visited."""
+    entries). Without `mask_mod` the mask is not traced into the kernel:
+    its full blocks need none, empty ones are skipped, the others' entries
+    are a table (`(n, block, block)`, `n` a power of two: few kernels)
+    the kernel's `mask_mod` looks up: one kernel serves every such mask
+    (inductor's CPU kernels computed some gathers in a `mask_mod` wrongly
+    in torch 2.13: `index_select`, Keras's `ops.take`). `density`: the
+    share of blocks visited."""
     key = (key, tuple(shape), str(like.device))
     cached = _FLEX_BLOCK_MASKS.pop(key, None)
     if cached is None:
@@ -127,7 +126,8 @@ def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
     nk = -(-kv_len // block)
     rows = chunk or max(block, (2**22 // (nk * block)) // block * block)
     # Table blocks: 0 masks all, 1 none, then the partial ones (eager
-    # FlexAttention reads `mask_mod` on every block).
+    # FlexAttention reads `mask_mod` on every block). None with an
+    # arithmetic `kernel_mask`: the blocks' kinds only.
     seen, full, table, slots, count = [], [], [], [], 2
     for start in range(0, q_len, rows):
         m = torch.as_tensor(evaluate(start, min(start + rows, q_len)))
@@ -140,27 +140,19 @@ def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
         m = m.transpose(3, 4)
         seen.append(m.any(dim=(4, 5)))
         full.append(m.all(dim=(4, 5)))
+        if kernel_mask is not None:
+            continue
         partial = seen[-1] & ~full[-1]
         table.append(m[partial])  # The partial blocks' entries, in order.
         slot = torch.cumsum(partial.flatten(), 0).view(partial.shape)
         slot = torch.where(partial, slot + (count - 1), full[-1].long())
         slots.append(slot)
         count += table[-1].shape[0]
-    b, h = seen[0].shape[:2]
     seen, full = torch.cat(seen, dim=2), torch.cat(full, dim=2)
     partial = seen & ~full
     density = float(seen.float().mean())
-    size = 1 << (count - 1).bit_length()  # A power of two >= count.
-    ends = torch.zeros((2, block, block), dtype=torch.bool, device=device)
-    ends[1] = True
-    padding = torch.zeros((size - count, block, block), dtype=torch.bool)
-    table = torch.cat([ends] + table + [padding.to(device)], dim=0)
-    slots = torch.cat(slots, dim=2).to(torch.int32)
-    bb, hh = int(b > 1), int(h > 1)
-
-    def table_mask(batch, head, q_idx, kv_idx):
-        slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
-        return table[slot, q_idx % block, kv_idx % block]
+    if kernel_mask is None:
+        kernel_mask = _table_mask(table, slots, count, seen.shape, device)
 
     def ordered(blocks):
         counts = blocks.sum(-1, dtype=torch.int32)
@@ -173,11 +165,31 @@ def _build_block_mask(evaluate, shape, device, chunk, kernel_mask=None):
         *ordered(partial),
         *ordered(full),
         BLOCK_SIZE=block,
-        # A band's arithmetic needs no table reads.
-        mask_mod=table_mask if kernel_mask is None else kernel_mask,
+        mask_mod=kernel_mask,
         seq_lengths=shape,
     )
     return block_mask, density
+
+
+def _table_mask(table, slots, count, shape, device):
+    """The `mask_mod` that looks each entry up in the partial blocks'
+    `table` (`slots`: each block's entry in it; 0 masks all, 1 none)."""
+    import torch
+
+    block = FLEX_BLOCK
+    size = 1 << (count - 1).bit_length()  # A power of two >= count.
+    ends = torch.zeros((2, block, block), dtype=torch.bool, device=device)
+    ends[1] = True
+    padding = torch.zeros((size - count, block, block), dtype=torch.bool)
+    table = torch.cat([ends] + table + [padding.to(device)], dim=0)
+    slots = torch.cat(slots, dim=2).to(torch.int32)
+    bb, hh = int(shape[0] > 1), int(shape[1] > 1)
+
+    def table_mask(batch, head, q_idx, kv_idx):
+        slot = slots[batch * bb, head * hh, q_idx // block, kv_idx // block]
+        return table[slot, q_idx % block, kv_idx % block]
+
+    return table_mask
 
 
 def _flex_kernel(q, k, v, score_mod, block_mask, scale, gqa, lse):
@@ -222,3 +234,27 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
         if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
             _FLEX["failure"] = reason  # The toolchain: not again.
         raise FlexCompileError(reason) from error
+
+
+def relative_bias_sdpa(query, key, value, table, scale):
+    """SDPA on `(b, h, T, d)` tensors (`g` key/value heads divide `h`)
+    with the bias `table[h, i + j']` of the keys in reverse order `j' =
+    T_k - 1 - j` (`table`: float32 `(h|1, T_q + T_k - 1)`, `-inf` where
+    masked): a strided view of the table, no `(h, T_q, T_k)` bias formed
+    (`relative_sdpa.py`)."""
+    import torch
+    import torch.nn.functional as F
+
+    tq, tk = query.shape[2], key.shape[2]
+    table = table.contiguous()
+    bias = table.as_strided(
+        (1, table.shape[0], tq, tk), (0, table.stride(0), 1, 1)
+    )
+    return F.scaled_dot_product_attention(
+        query,
+        torch.flip(key, (2,)),
+        torch.flip(value, (2,)),
+        attn_mask=bias,
+        scale=float(scale),
+        enable_gqa=query.shape[1] != key.shape[1],
+    )

@@ -11,9 +11,12 @@ and the block-mask cache are in `_backend_flex.py`):
   indices (`_KernelMask`), and a block mask built from it once per shape
   and mask (bound tensors, such as segment ids, included: their values
   are part of the cache key) and kept: the kernel skips the blocks it
-  masks entirely and evaluates the function only on partial ones;
+  masks entirely and evaluates the function only on partial ones, as
+  arithmetic on the indices for bands, documents (the ids compared) and
+  padding, as a table of the mask's entries otherwise;
 - a score object becomes the kernel's `score_mod`: a relative bias
-  (`relative_bias`: ALiBi, T5's buckets) one table lookup, soft-capping
+  (`relative_bias`: ALiBi, T5's buckets) one table lookup, or arithmetic
+  when it is linear in the distance (causal ALiBi), soft-capping
   (`tanh_soft_cap`) one `tanh`, any other score function called on the
   kernel's scalars (absolute positions, float32 scores);
 - learned sinks are one more key (index `T_k`) whose score is the sink's
@@ -131,45 +134,69 @@ class _KernelMask:
             result = result | (kv_idx == self.kv_len)
         return result
 
-    def band(self):
-        """`(left, right)` when the whole mask is a band of keys
+    def parts(self):
+        """`(band, ids)` when the whole mask is arithmetic on the indices
+        with no mask tensor but padding: `band` `(left, right)`, keys
         `position - left <= kv <= position + right` (None: unbounded
-        there) - a causal mask, a sliding window, their intersection,
-        with no mask tensor - else None."""
-        tensors = (self.attention_mask, self.key_mask, self.query_mask)
-        if any(x is not None for x in tensors):
+        there; causal masks, sliding windows, their intersection:
+        `mask_band`), `ids` the segment ids of its document masks
+        (`document_ids()`), parts of an `and_parts()`; else None."""
+        if self.attention_mask is not None:
             return None
-        left, right = None, None
-        if self.mask_mod is not None:
-            bounds = fused.mask_band(self.mask_mod)
-            if bounds is None:
-                return None
-            left, right = bounds
+        left, right, ids = None, None, []
+        parts = [] if self.mask_mod is None else _conjuncts(self.mask_mod)
         if self.causal:
-            right = 0 if right is None else min(right, 0)
-        return left, right
+            parts.append(None)
+        for part in parts:
+            bounds = (None, 0) if part is None else fused.mask_band(part)
+            documents = _document_ids(part) if bounds is None else None
+            if bounds is None and documents is None:
+                return None
+            if documents is not None:
+                ids.append(_tensor(documents, "int32"))
+                continue
+            left, right = (
+                a if b is None else b if a is None else min(a, b)
+                for a, b in zip((left, right), bounds)
+            )
+        return (left, right), ids
 
-    def band_kernel(self):
-        """The kernel's `mask_mod` of a band (`band()`): arithmetic on
-        the indices, no table reads; None when the mask is no band."""
-        bounds = self.band()
-        if bounds is None:
+    def kernel(self):
+        """The kernel's `mask_mod` as arithmetic on the indices when the
+        mask is so (`parts`: bands, documents, padding), else None (the
+        table). No table reads: the kernels compute it right and faster
+        (1.6x at 8k for a window of 512), and the ids and padding are
+        read by plain indexing (inductor computed `index_select`, Keras's
+        `ops.take`, wrongly in a `mask_mod`)."""
+        parts = self.parts()
+        if parts is None:
             return None
-        left, right = bounds
+        (left, right), ids = parts
         offset, kv_len, sink = self.offset, self.kv_len, self.sink
+        key_mask, query_mask = self.key_mask, self.query_mask
 
-        def band_mask(batch, head, q_idx, kv_idx):
-            distance = q_idx + offset - kv_idx
+        def arithmetic_mask(batch, head, q_idx, kv_idx):
+            position = q_idx + offset
+            distance = position - kv_idx
             out = kv_idx >= 0
             if left is not None:
                 out = out & (distance <= left)
             if right is not None:
                 out = out & (distance >= -right)
+            for table in ids:
+                row = batch * int(table.shape[0] > 1)
+                last = table.shape[1] - 1
+                q = table[row, ops.clip(position, 0, last)]
+                out = out & (q == table[row, ops.clip(kv_idx, 0, last)])
+            if key_mask is not None:
+                out = out & key_mask[batch, ops.minimum(kv_idx, kv_len - 1)]
+            if query_mask is not None:
+                out = out & query_mask[batch, q_idx]
             if sink:
                 out = out | (kv_idx == kv_len)
             return out
 
-        return band_mask
+        return arithmetic_mask
 
     def evaluate(self, batch, heads, q_start, q_stop, kv_len):
         """The mask of queries `q_start:q_stop` over every key, bool
@@ -190,6 +217,7 @@ class _KernelScore:
     def __init__(self, request, offset, kv_len, q_len):
         self.offset, self.kv_len = offset, kv_len
         self.score_mod, self.table, self.cap = request.score_mod, None, None
+        self.slope = None
         relative = scoring.split_relative_bias(request.score_mod)
         cap = scoring.split_soft_cap(request.score_mod)
         if relative is not None:
@@ -198,13 +226,20 @@ class _KernelScore:
             low = offset - (kv_len - 1)
             distance = ops.arange(low, offset + q_len, dtype="int32")
             self.table = ops.cast(relative(params, distance), "float32")
+            self.slope = _linear_slope(self.table, distance)
         elif cap is not None:
             self.cap = cap
         self.sinks = _tensor(request.sink_logits, "float32")
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
-        kv = ops.minimum(kv_idx, self.kv_len - 1)
-        if self.table is not None:
+        kv = kv_idx  # The sink's key: clipped.
+        if self.sinks is not None:
+            kv = ops.minimum(kv_idx, self.kv_len - 1)
+        if self.slope is not None:  # A bias linear in the distance.
+            slope = self.slope[head * int(self.slope.shape[0] > 1)]
+            distance = ops.cast(q_idx + self.offset - kv, "float32")
+            score = score + slope * distance
+        elif self.table is not None:
             table = self.table
             row = head * int(table.shape[0] > 1)
             score = score + table[row, q_idx - kv + (self.kv_len - 1)]
@@ -219,13 +254,57 @@ class _KernelScore:
         return ops.where(kv_idx == self.kv_len, self.sinks[head], score)
 
 
+def _linear_slope(table, distance):
+    """The slope per head `(heads | 1,)` of a relative bias `table` that
+    is exactly `slope * distance` at every distance (ALiBi's causal
+    form: the kernel then computes it, no table reads), else None."""
+    distance = ops.cast(distance, "float32")
+    one = ops.convert_to_numpy(distance) == 1.0
+    if not one.any():
+        return None
+    slope = table[:, int(one.argmax())]
+    linear = ops.all(ops.equal(table, slope[:, None] * distance[None, :]))
+    if not bool(ops.convert_to_numpy(linear)):
+        return None
+    # Its own tensor: a view of the table traced into the kernel is a
+    # buffer inductor's CPU lowering refuses.
+    return ops.copy(slope)
+
+
+def _conjuncts(mask_mod):
+    """The masks `mask_mod` is the logical and of (its `and_parts()`,
+    flattened, when the class defining them defines `__call__` too), else
+    `[mask_mod]`."""
+    method = getattr(mask_mod, "and_parts", None)
+    if not callable(method) or _defining(mask_mod, "and_parts") is not (
+        _defining(mask_mod, "__call__")
+    ):
+        return [mask_mod]
+    return [p for part in method() for p in _conjuncts(part)]
+
+
+def _document_ids(mask_mod):
+    """The segment ids of a document mask (`document_ids()`: the mask is
+    `ids[b, q] == ids[b, kv]`), else None."""
+    method = getattr(mask_mod, "document_ids", None)
+    if not callable(method) or _defining(mask_mod, "document_ids") is not (
+        _defining(mask_mod, "__call__")
+    ):
+        return None
+    return method()
+
+
+def _defining(obj, name):
+    return next((c for c in type(obj).__mro__ if name in vars(c)), None)
+
+
 def _tensor(x, dtype):
     if x is None:
         return None
     return ops.cast(ops.convert_to_tensor(x), dtype)
 
 
-def _offset(request):
+def query_offset(request):
     """The query offset as a Python int (a tensor's value: the block mask
     and the relative-bias table depend on it)."""
     offset = request.query_offset
@@ -395,7 +474,7 @@ def _block_mask(request, offset, sink):
         (b, h, mask.fingerprint()),
         (q_len, total),
         query,
-        mask_mod=mask.band_kernel(),
+        mask_mod=mask.kernel(),
     )
 
 
@@ -423,7 +502,7 @@ def prefers_flex(request):
     if request.score_mod is not None or request.needs_lse:
         return True  # The other paths run it op by op.
     sink = request.sink_logits is not None
-    density = _block_mask(request, _offset(request), sink)[1]
+    density = _block_mask(request, query_offset(request), sink)[1]
     return density <= FLEX_MAX_DENSITY
 
 
@@ -435,7 +514,7 @@ def flex_attention(request):
     be compiled (the table then runs another path)."""
     query, key, value = request.query, request.key, request.value
     q_len, kv_len = query.shape[1], key.shape[1]
-    offset = _offset(request)
+    offset = query_offset(request)
     sink = request.sink_logits is not None
     block_mask = _block_mask(request, offset, sink)[0]
     score = _KernelScore(request, offset, kv_len, q_len)

@@ -11,6 +11,7 @@ they can do:
 | "blockwise" | `blockwise.py` | query tiles, online softmax, O(T) memory |
 | "fused" | `fused.py` | `keras.ops.dot_product_attention` kernels |
 | "flex" | `flex.py` | PyTorch's FlexAttention: score and mask functions fused |
+| "relative_sdpa" | `relative_sdpa.py` | a relative bias in SDPA (CPU) |
 | "banded" | `sliding_window.py` | a sliding window in O(T * window) |
 | "global_local" | `global_local.py` | a window plus global tokens |
 | "topk" | `topk_attention.py` | each query on its top-k keys, O(T * k) |
@@ -42,6 +43,7 @@ from keras_attention.ops import _backend_flex
 from keras_attention.ops import _scope
 from keras_attention.ops import captured
 from keras_attention.ops import flex
+from keras_attention.ops import relative_sdpa
 from keras_attention.ops.blockwise import blockwise_attention
 from keras_attention.ops.blockwise import keeps_probabilities
 from keras_attention.ops.dense import dense_attention
@@ -309,16 +311,21 @@ def choose(request, name=None):
 
 
 def automatic(request, flex_ok=True):
-    """The automatic choice: weights: "dense"; "flex" where
-    `flex.prefers_flex` (PyTorch, a score function or a sparse mask at
-    long lengths; `flex_ok`); a score function reading a tensor that may
-    carry a gradient where the blockwise path cannot pass it to its
-    backward pass (`captured.refusal`): "dense"; "fused" where the
-    backend prefers it and there is no score function; "blockwise" above
-    `BLOCKWISE_MIN_PAIRS` static pairs; else "dense"."""
+    """The automatic choice: weights: "dense"; "relative_sdpa" where
+    `relative_sdpa.prefers_relative_sdpa` (PyTorch on a CPU, inference, a
+    relative bias with a wide band mask at long lengths; `flex_ok`);
+    "flex" where `flex.prefers_flex` (PyTorch, a score function or a
+    sparse mask at long lengths; `flex_ok`); a score function reading a
+    tensor that may carry a gradient where the blockwise path cannot
+    pass it to its backward pass (`captured.refusal`): "dense"; "fused"
+    where the backend prefers it and there is no score function;
+    "blockwise" above `BLOCKWISE_MIN_PAIRS` static pairs; else
+    "dense"."""
     score_mod = request.score_mod
     if request.needs_weights:
         return "dense"
+    if flex_ok and relative_sdpa.prefers_relative_sdpa(request):
+        return "relative_sdpa"
     if flex_ok and flex.prefers_flex(request):
         return "flex"
     if captured.refusal(score_mod) is not None:
@@ -632,6 +639,14 @@ register_path(
 register_path(
     AttentionPath(
         "flex", flex.flex_attention, _run_flex, flex.can_run, (), True, True
+    )
+)
+register_path(
+    AttentionPath(
+        "relative_sdpa",
+        relative_sdpa.relative_sdpa_attention,
+        relative_sdpa.relative_sdpa_attention,
+        relative_sdpa.can_run,
     )
 )
 register_path(

@@ -213,21 +213,27 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
     assert built == []  # The cached block mask.
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames
     # Other segment ids: a new block mask (the bound tensor is part of
-    # the key), the same kernel (the mask is looked up, not traced).
+    # the key), the same kernel.
     again["mask_mod"] = mods.and_masks(
         mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids // 2)
     )
     with _no_grad():
         dot_product_attention(*inputs, implementation="flex", **again)
     assert built == [1]
+    # The ids are compared in the kernel (arithmetic), read as its input:
+    # no new compilation either.
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames
 
 
 @torch_only
-def test_block_mask_function_is_the_mask_on_every_block():
+@pytest.mark.parametrize("chunk", [None, 50], ids=["arithmetic", "table"])
+def test_block_mask_function_is_the_mask_on_every_block(chunk):
     """The kernel reads the block mask's `mask_mod` on partial blocks
     only, eager FlexAttention (where `torch.compile` gives up) on all of
     them: it must be the mask everywhere (it read another block's
-    entries on the full ones: T5's bias off by 1.7 at T = 1,024)."""
+    entries on the full ones: T5's bias off by 1.7 at T = 1,024).
+    Causal documents are arithmetic on the indices (the ids compared);
+    chunks with them, a table of the mask's entries."""
     import torch
 
     t = 300  # Blocks of 128: full, partial and empty ones.
@@ -235,6 +241,8 @@ def test_block_mask_function_is_the_mask_on_every_block():
     mask_mod = mods.and_masks(
         mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
     )
+    if chunk is not None:
+        mask_mod = mods.and_masks(mods.ChunkedCausalMask(chunk), mask_mod)
     q = ops.zeros((2, t, 2, 8))
     request = paths.AttentionRequest(
         q, q, q, scale=0.35, mask_mod=mask_mod, sink_logits=[0.0, 1.0]
@@ -248,7 +256,11 @@ def test_block_mask_function_is_the_mask_on_every_block():
     jj = np.minimum(j, t - 1)
     keys = ids[:, jj[0]][:, None, None, :]  # (b, 1, 1, t + 1)
     expected = (jj <= i) & (ids[:, None, :, None] == keys)
+    if chunk is not None:
+        expected = expected & (jj // chunk == i // chunk)
     expected = expected | (j == t)  # The sink's key.
+    arithmetic = flex._KernelMask(request, 0, t, True).kernel() is not None
+    assert arithmetic == (chunk is None)
     np.testing.assert_array_equal(
         got.numpy(), np.broadcast_to(expected, got.shape)
     )
@@ -277,16 +289,17 @@ def test_band_masks_get_an_arithmetic_kernel_mask(
     """A mask that is a band of keys (causal, sliding windows, their
     intersection; no mask tensor) reaches the kernel as arithmetic on the
     indices (a table lookup per entry made the kernel 1.6x slower at 8k,
-    window 512): equal to the mask on every entry; any other mask keeps
-    the table (`band()` None)."""
+    window 512): equal to the mask on every entry; any other mask but
+    documents (`test_block_mask_function_is_the_mask_on_every_block`)
+    keeps the table (`parts()` None)."""
     t = 40
     q = ops.zeros((1, t, 2, 4))
     request = paths.AttentionRequest(
         q, q, q, scale=0.5, mask_mod=mask_mod, causal=causal
     )
     kernel_mask = flex._KernelMask(request, offset, t, sink)
-    assert kernel_mask.band() == band
-    fn = kernel_mask.band_kernel()
+    assert kernel_mask.parts() == (None if band is None else (band, []))
+    fn = kernel_mask.kernel()
     if band is None:
         assert fn is None
         return
@@ -299,6 +312,39 @@ def test_band_masks_get_an_arithmetic_kernel_mask(
         block_mask = flex._block_mask(request, offset, sink)[0]
         assert block_mask.mask_mod is fn or (
             block_mask.mask_mod.__qualname__ == fn.__qualname__
+        )
+
+
+@torch_only
+def test_a_bias_linear_in_the_distance_is_arithmetic_in_the_kernel():
+    """ALiBi's causal bias is exactly `slope * distance`: the kernel's
+    `score_mod` computes it (no table reads; 1.3x slower at 8k), equal
+    to the table's on every entry; the symmetric form and T5's buckets
+    are no line and keep the table."""
+    t, offset = 40, 3
+    q = ops.zeros((1, t, 4, 8))
+    t5 = scores.T5RelativeBias(bidirectional=False, num_heads=4)
+    t5.build(4)
+    b, h = ops.arange(1)[:, None, None, None], ops.arange(4)[:, None, None]
+    i, j = ops.arange(t)[:, None], ops.arange(t)[None, :]
+    raw = ops.convert_to_tensor(RNG.normal(size=(1, 4, t, t)), "float32")
+    for score_mod, linear in [
+        (scores.ALiBi(num_heads=4), True),
+        (scores.ALiBi(num_heads=4, bidirectional=True), False),
+        (t5, False),
+    ]:
+        request = paths.AttentionRequest(
+            q, q, q, scale=0.5, score_mod=score_mod, causal=True
+        )
+        score = flex._KernelScore(request, offset, t, t)
+        assert (score.slope is not None) == linear
+        got = ops.convert_to_numpy(score(raw, b, h, i, j))
+        score.slope = None  # The table's lookup.
+        table = ops.convert_to_numpy(score(raw, b, h, i, j))
+        np.testing.assert_array_equal(got, table)
+        expected = score_mod(raw, b, h, i + offset, j)
+        np.testing.assert_allclose(
+            got, ops.convert_to_numpy(expected), rtol=1e-6, atol=1e-6
         )
 
 
@@ -325,8 +371,11 @@ def test_automatic_choice_takes_flex_for_sparse_masks_only(monkeypatch):
     with _no_grad():
         assert paths.choose(_request(512, _documents(512))) == "flex"
         assert paths.choose(_request(512, window)) == "flex"
+        cap = scores.SoftCap(5.0)
+        assert paths.choose(_request(512, score_mod=cap)) == "flex"
+        # A relative bias: flex for a narrow window (else relative_sdpa).
         alibi = scores.ALiBi(num_heads=2)
-        assert paths.choose(_request(512, score_mod=alibi)) == "flex"
+        assert paths.choose(_request(512, window, score_mod=alibi)) == "flex"
         # SDPA keeps plain causal, padding and dense masks.
         assert paths.choose(_request(512, causal=True)) == "fused"
         key_mask = ops.ones((1, 512), "bool")

@@ -1,0 +1,141 @@
+"""The relative_sdpa path (`keras_attention/ops/relative_sdpa.py`): a
+relative bias (ALiBi, T5's buckets) in PyTorch's SDPA kernel through a
+strided view of its table, the keys in reverse order.
+
+- PyTorch: equal to a NumPy reference and the dense path (1e-5, float32)
+  with a causal mask, a sliding window, a query offset with fewer
+  queries than keys, grouped-query heads and head sizes that differ; the
+  automatic choice takes it for a wide band (causal) at long lengths,
+  FlexAttention for a narrow window; what it cannot run (padding, rows
+  with nothing to attend to, gradients) it refuses, naming why.
+- TensorFlow and JAX: refused, never chosen.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import mods
+from keras_attention import scores
+from keras_attention.ops import flex
+from keras_attention.ops import paths
+from keras_attention.ops import relative_sdpa
+
+TORCH = keras.backend.backend() == "torch"
+torch_only = pytest.mark.skipif(not TORCH, reason="PyTorch's SDPA kernel")
+RNG = np.random.default_rng(58)
+B, H, G, D, E = 2, 4, 2, 8, 6
+
+
+def _reference(q, k, v, bias, mask, scale):
+    """float64 NumPy attention; every row attends to something."""
+    q, k, v = (np.asarray(x, "float64") for x in (q, k, v))
+    k, v = np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, k) * scale + bias
+    s = np.where(mask, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    return np.einsum("bhij,bjhe->bihe", p, v)
+
+
+def _t5():
+    t5 = scores.T5RelativeBias(bidirectional=False, num_heads=H)
+    t5.build(H)
+    return t5
+
+
+def _bias(score_mod, distance):
+    """`(h, i, j)` biases of `distance` `(i, j)`."""
+    flat = ops.convert_to_tensor(distance.reshape(-1), "int32")
+    table = ops.convert_to_numpy(score_mod.relative_bias(flat))
+    return table.reshape((-1,) + distance.shape)
+
+
+@torch_only
+@pytest.mark.parametrize(
+    "case", ["alibi causal", "t5 window", "offset, fewer queries"]
+)
+def test_equals_reference_and_dense_path(case):
+    import torch
+
+    tq, tk, offset = 24, 24, 0
+    score_mod, mask_mod, causal = scores.ALiBi(num_heads=H), None, True
+    if case == "t5 window":
+        score_mod, causal = _t5(), False
+        mask_mod = mods.SlidingWindowMask((5, 2))
+    elif case == "offset, fewer queries":
+        tq, offset, score_mod = 10, 14, _t5()
+    q = RNG.normal(size=(B, tq, H, D)).astype("float32")
+    k = RNG.normal(size=(B, tk, G, D)).astype("float32")
+    v = RNG.normal(size=(B, tk, G, E)).astype("float32")
+    kwargs = dict(
+        scale=0.3,
+        causal=causal,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        query_offset=offset,
+    )
+    request = paths.AttentionRequest(
+        *(ops.convert_to_tensor(x) for x in (q, k, v)), **kwargs
+    )
+    with torch.no_grad():  # T5's weights would need a gradient.
+        assert relative_sdpa.can_run(request) is None
+        got = paths.run_path("relative_sdpa", request)
+        dense = paths.run_path("dense", request)
+    i = np.arange(tq)[:, None] + offset
+    j = np.arange(tk)[None, :]
+    mask = j <= i if causal else (j >= i - 5) & (j <= i + 2)
+    reference = _reference(q, k, v, _bias(score_mod, i - j), mask, 0.3)
+    got = ops.convert_to_numpy(got)
+    np.testing.assert_allclose(got, reference, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got, ops.convert_to_numpy(dense), atol=1e-5)
+
+
+def _request(t, **kwargs):
+    q = ops.zeros((1, t, 2, 8))
+    kwargs.setdefault("score_mod", scores.ALiBi(num_heads=2))
+    return paths.AttentionRequest(q, q, q, scale=0.35, **kwargs)
+
+
+@torch_only
+def test_automatic_choice_takes_it_for_wide_bands(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 256)
+    window = mods.SlidingWindowMask(16, causal=True)
+    with torch.no_grad():
+        assert paths.choose(_request(512, causal=True)) == "relative_sdpa"
+        assert paths.choose(_request(512, mask_mod=window)) != ("relative_sdpa")
+        assert paths.choose(_request(128, causal=True)) != "relative_sdpa"
+        soft_cap = _request(512, causal=True, score_mod=scores.SoftCap(5.0))
+        assert paths.choose(soft_cap) != "relative_sdpa"
+
+
+def test_refusals_name_why():
+    padding = ops.ones((1, 64), "bool")
+    cases = {
+        "padding": _request(64, causal=True, key_mask=padding),
+        # Queries 0 and 1 have no key from position -2 + 0 - 0 on.
+        "empty rows": _request(64, causal=True, query_offset=-2),
+        "chunks": _request(64, mask_mod=mods.ChunkedCausalMask(8)),
+    }
+    reasons = {
+        "padding": "no mask tensor",
+        "empty rows": "nothing to attend to",
+        "chunks": "band of keys",
+    }
+    for name, request in cases.items():
+        reason = relative_sdpa.can_run(request)
+        expected = reasons[name] if TORCH else "PyTorch's kernel"
+        assert expected in reason, (name, reason)
+    if TORCH:
+        import torch
+
+        q = torch.zeros((1, 64, 2, 8), requires_grad=True)
+        request = paths.AttentionRequest(
+            q, q, q, scale=0.3, causal=True, score_mod=scores.ALiBi(2)
+        )
+        assert "inference" in relative_sdpa.can_run(request)
+    else:
+        assert paths.automatic(_request(2048, causal=True)) != ("relative_sdpa")
