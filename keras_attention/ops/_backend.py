@@ -14,6 +14,11 @@ import keras
 import ml_dtypes
 import numpy as np
 
+try:  # Keras's list of the variables a stateless scope deferred
+    from keras.src.backend.common import global_state as _global_state
+except ImportError:  # pragma: no cover
+    _global_state = None
+
 
 def broadcast_add(x, y):
     """`x + y` with NumPy broadcasting, on every backend.
@@ -212,12 +217,27 @@ def segment_sum(data, segment_ids, num_segments):
     return out.index_add(0, ids, data)
 
 
+def _tf_in_place():
+    """Whether TensorFlow runs `scatter_add` in place by hand here: not
+    while XLA compiles (it has no `DeepCopy`, and updates in place
+    itself). Not converted by AutoGraph (a Python check at trace time)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    @tf.autograph.experimental.do_not_convert
+    def check():
+        graph = tf.compat.v1.get_default_graph()
+        return not control_flow_util.GraphOrParentsInXlaContext(graph)
+
+    return check()
+
+
 def zeros_accumulator(shape, dtype):
     """Zeros for `scatter_add` to accumulate into: on TensorFlow a buffer
     no other tensor shares (`DeepCopy`: a constant folded or shared zeros
     would be overwritten in place)."""
     zeros = keras.ops.zeros(shape, dtype)
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() != "tensorflow" or not _tf_in_place():
         return zeros
     import tensorflow as tf
 
@@ -234,12 +254,16 @@ def scatter_add(accumulator, ids, updates):
     `InplaceAdd`, which adds into its input's buffer (its CPU kernel row
     by row, so repeats add up); `tensor_scatter_nd_add` or `segment_sum`
     + add copy the accumulator every step (a loop of `Tq / tile` steps
-    then costs O(Tq Tk)). JAX: `.at[ids].add` (XLA updates in place);
-    PyTorch: `index_add`."""
+    then costs O(Tq Tk)); under XLA, `tensor_scatter_nd_add`, which XLA
+    updates in place. JAX: `.at[ids].add` (in place too); PyTorch:
+    `index_add`."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
+        if not _tf_in_place():
+            ids = ids[:, None]
+            return tf.tensor_scatter_nd_add(accumulator, ids, updates)
         return tf.raw_ops.InplaceAdd(x=accumulator, i=ids, v=updates)
     if backend == "jax":
         return accumulator.at[ids].add(updates)
@@ -546,14 +570,12 @@ def zeros_for_initializers():
     other backends (each variable drawn and freed as it is made: no
     excess) the build runs as it is.
     """
-    if keras.backend.backend() != "jax":
+    if keras.backend.backend() != "jax" or _global_state is None:
         yield
         return
-    from keras.src.backend.common import global_state
-
     with keras.StatelessScope():
         yield
-        pending = global_state.get_global_attribute("uninitialized_variables")
+        pending = _global_state.get_global_attribute("uninitialized_variables")
         for variable in pending or ():
             variable._initializer = keras.initializers.Zeros()
 
