@@ -159,10 +159,62 @@ def _sample(items):
         seen.add(test)
 
 
+# The files that cost the most (seconds of one worker, TensorFlow part,
+# `--durations` of a clean-clone CI, 2026-12-06: the examples' runs, the
+# subprocesses, traced generation loops), costliest first (about). tests/run.sh
+# hands whole files to its two pytest-xdist workers in collection order
+# (`--no-loadscope-reorder`): these files first, then the others by their
+# number of tests that run, most first. xdist's own order (every file by its
+# number of tests, skipped ones included) put the one-test files last, among
+# them the GPU benchmark's dry run (47 s) and the examples' single runs, so
+# one worker ran them while the other idled. A file missing from the list
+# only runs later; the order changes no test.
+COSTLY_FILES = (
+    "tests/examples/test_language_model.py",
+    "tests/examples/test_pretrain.py",
+    "tests/benchmarks_smoke/test_gpu_benchmark.py",
+    "tests/examples/test_translate.py",
+    "tests/distribution/test_layout_map.py",
+    "tests/generation/test_recurrent_cache.py",
+    "tests/examples/test_compare_attention.py",
+    "tests/generation/test_decoder_only.py",
+    "tests/examples/test_caption_example.py",
+    "tests/distribution/test_ring_attention.py",
+    "tests/examples/test_multiworker.py",
+    "tests/examples/test_language_model_mixers.py",
+    "tests/examples/test_classify.py",
+    "tests/examples/test_graph_example.py",
+    "tests/layers/test_attention_rnn_decoder.py",
+    "tests/memory/test_additive_memory.py",
+    "tests/generation/test_encoder_decoder.py",
+    "tests/examples/test_inspect_pretrained.py",
+)
+
+
+def _costly_files_first(items):
+    """Reorders `items` file by file (each file's tests keep their order):
+    `COSTLY_FILES` first, then the others by their number of tests not
+    skipped by a marker, most first."""
+    runs = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        skipped = item.get_closest_marker("skip") is not None
+        runs[path] = runs.get(path, 0) + (not skipped)
+    rank = {path: i for i, path in enumerate(COSTLY_FILES)}
+    items.sort(
+        key=lambda item: (
+            rank.get(item.nodeid.split("::")[0], len(rank)),
+            -runs[item.nodeid.split("::")[0]],
+        )
+    )
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """`tf_only` / `tf_only(reason)` tests run on TensorFlow only;
     `not_torch(reason)` tests are skipped on PyTorch. The reason shows in
-    `pytest -rs`. `SAMPLED` files' other cases join the slow tier."""
+    `pytest -rs`. `SAMPLED` files' other cases join the slow tier. Then
+    `COSTLY_FILES` first (`_costly_files_first`)."""
     _sample(items)
     for item in items:
         # Markers, not `item.keywords`: keywords hold the names of the
@@ -187,6 +239,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.skip(reason=f"needs the TensorFlow backend{reason}")
             )
+    _costly_files_first(items)
 
 
 def pytest_configure(config):

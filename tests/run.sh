@@ -74,7 +74,12 @@ if [[ "$ONEDNN" != 0 && "$ONEDNN" != 1 ]]; then
     echo "ONEDNN must be 0 or 1, got '$ONEDNN'" >&2
     exit 2
 fi
-PYTEST=(python -m pytest -q -n 2 --dist loadfile --durations=25)
+# Whole files to the workers in collection order (`--no-loadscope-reorder`,
+# pytest-xdist >= 3.8): tests/conftest.py puts the costliest files first
+# (`COSTLY_FILES`), so that no long file starts when the other worker has
+# nothing left.
+PYTEST=(python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+    --durations=25)
 part() {
     local name="$1" start=$SECONDS
     shift
