@@ -9,12 +9,23 @@ a fixed k (about linear).
     KERAS_BACKEND=jax python benchmarks/topk_attention.py
     python benchmarks/topk_attention.py --lengths 16384 --repeats 3
     python benchmarks/topk_attention.py --dense-implementation dense
+    python benchmarks/topk_attention.py --kv-heads 1          # MQA only
     python benchmarks/topk_attention.py --quick               # tiny, seconds
 
-Inputs: batch 1, `--heads` query and key/value heads of `--head-dim`,
-float32, random. Indices: for query `i`, `--top-k` distinct earlier
-positions spread over `[0, i]` with random jitter (every earlier key
-when `i < k`; -1 pads), made in NumPy before timing. "topk":
+Inputs: batch 1, `--heads` query heads and, for each of `--kv-heads`
+(default: `--heads` and 1), that many key/value heads, of `--head-dim`,
+float32, random. Why both: issue 56's figure names 4 heads, read here
+as 4 key/value heads (multi-head), which moves the most memory: each
+query gathers `k` keys and values of every key/value head, about 8.6 GB
+per pass at T = 16,384 and k = 256, and a CPU's gather is bound by
+memory, not arithmetic. DeepSeek-V3.2 runs DSA in MLA's MQA mode: one
+key/value head (the latent) shared by every query head, so the gather
+is `--heads` times smaller and each gathered row serves every head (1
+key/value head). The dense comparator has the same key/value heads.
+
+Indices: for query `i`, `--top-k` distinct earlier positions spread
+over `[0, i]` with random jitter (every earlier key when `i < k`; -1
+pads), made in NumPy before timing. "topk":
 `topk_attention(q, k, v, indices, causal=True)`; "dense":
 `dot_product_attention(q, k, v, causal=True)` with
 `--dense-implementation` (default None: the automatic choice, the
@@ -75,9 +86,13 @@ def causal_indices(length, top_k, seed=0):
 
 
 def inputs(length, args):
+    """`(q, cot, k, v, indices)` with `args.kv_heads` (one count here)
+    key/value heads."""
     rng = np.random.default_rng(length)
     shape = (1, length, args.heads, args.head_dim)
-    q, k, v, cot = (rng.normal(size=shape).astype("float32") for _ in "qkvc")
+    q, cot = (rng.normal(size=shape).astype("float32") for _ in "qc")
+    shape = (1, length, args.kv_heads, args.head_dim)
+    k, v = (rng.normal(size=shape).astype("float32") for _ in "kv")
     return q, k, v, cot, causal_indices(length, args.top_k)
 
 
@@ -176,6 +191,7 @@ def child_memory(path, length, args):
         command += ["--child-report", report]
         command += ["--top-k", str(args.top_k), "--heads", str(args.heads)]
         command += ["--head-dim", str(args.head_dim)]
+        command += ["--kv-heads", str(args.kv_heads)]
         if args.jit:
             command.append("--jit")
         if args.dense_implementation:
@@ -195,6 +211,13 @@ def parse(argv):
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--heads", type=int)
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument(
+        "--kv-heads",
+        type=int,
+        nargs="+",
+        help="key/value head counts, one table row per count and length "
+        "(default: --heads, then 1: MQA, as DeepSeek-V3.2 runs DSA)",
+    )
     parser.add_argument("--dense-max-length", type=int, default=16384)
     parser.add_argument("--dense-implementation", default=None)
     parser.add_argument("--repeats", type=int, default=5)
@@ -213,6 +236,16 @@ def parse(argv):
             setattr(args, key, value)
     if args.quick:
         args.head_dim = min(args.head_dim, 8)
+    if args.kv_heads is None:
+        args.kv_heads = [args.heads, 1] if args.heads > 1 else [1]
+    for count in args.kv_heads:
+        if count < 1 or args.heads % count:
+            parser.error(
+                f"--kv-heads must divide --heads={args.heads}. "
+                f"Received: {count}"
+            )
+    if args.child:
+        (args.kv_heads,) = args.kv_heads
     return args
 
 
@@ -222,7 +255,9 @@ def main(argv=None):
         return child(args)
     load_before = load_average()
     rows = []
-    for length in args.lengths:
+    runs = [(c, t) for c in args.kv_heads for t in args.lengths]
+    for kv_heads, length in runs:
+        args = argparse.Namespace(**{**vars(args), "kv_heads": kv_heads})
         paths = ["topk"]
         if length <= args.dense_max_length:
             paths.append("dense")
@@ -241,6 +276,7 @@ def main(argv=None):
         dense = times.get("dense")
         row = [
             length,
+            args.kv_heads,
             1e3 * times["topk"],
             None if dense is None else 1e3 * dense,
             None if dense is None else dense / times["topk"],
@@ -253,6 +289,7 @@ def main(argv=None):
         print(row, flush=True)
     headers = [
         "T",
+        "kv heads",
         "top-k ms",
         "dense ms",
         "speed-up (dense / top-k)",
@@ -263,8 +300,9 @@ def main(argv=None):
     ]
     table = markdown_table(headers, rows)
     header = (
-        f"One causal forward + backward, batch 1, {args.heads} heads of "
-        f"{args.head_dim}, top-k {args.top_k}, float32, {BACKEND}"
+        f"One causal forward + backward, batch 1, {args.heads} query heads "
+        f"of {args.head_dim} (key/value heads: per row), top-k {args.top_k}, "
+        f"float32, {BACKEND}"
         f"{' (XLA)' if args.jit else ''}; dense: dot_product_attention("
         f"causal=True, implementation={args.dense_implementation!r}), "
         f"skipped above T = {args.dense_max_length}; median of "

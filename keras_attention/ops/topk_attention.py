@@ -5,24 +5,30 @@ the attention step of DeepSeek Sparse Attention (DeepSeek-V3.2), whose
     o_i = sum_{j in S_i} softmax_j(scale * q_i . k_j) v_j,
     S_i = {indices[i, 0], ..., indices[i, k - 1]} (valid entries)
 
-The keys and values of a tile of queries are gathered (`(b, tile, k, g,
-d)`), scored and normalized tile by tile in a loop (`keras.ops.scan`): no
-`(Tq, Tk)` tensor is formed, nor one gather of every query's keys; memory
-is O(Tq * k) plus one tile. The backward pass is hand-written (custom
-gradient on TensorFlow and JAX): it recomputes each tile's probabilities
-from the saved log-sum-exp and scatters the keys' and values' gradients
-into their rows (`segment_sum`), so nothing of the tiles is kept between
-the passes. PyTorch differentiates the forward loop as it is (it keeps
-the gathered tiles).
+The keys and values are laid out head by head once (`(b g Tk, d)`
+rows, `_flat_heads`), and a tile of queries gathers its rows for every
+key/value head (`(b q g, k, d)`): each product is then a batched matrix
+product with the contraction last, no gathered tile is transposed, and
+with one key/value head (MQA, as DeepSeek-V3.2 runs it) each gathered
+row serves every query head. The tiles are scored and normalized in a
+loop (`keras.ops.scan`): no `(Tq, Tk)` tensor is formed, nor one gather
+of every query's keys; memory is O(Tq * k) plus one tile. The backward
+pass is hand-written (custom gradient on TensorFlow and JAX): it
+recomputes each tile's probabilities from the saved log-sum-exp and adds
+the keys' and values' gradients into their rows in place
+(`_backend.scatter_add`: a new accumulator per tile would cost O(Tk)
+each, O(Tq Tk) in all), so nothing of the tiles is kept between the
+passes. PyTorch differentiates the forward loop as it is (it keeps the
+gathered tiles).
 
 Backward, per tile (P the probabilities, dO the output's gradient, dl
 the log-sum-exp's): `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP -
 rowsum(dO * O) + dl)`, `dQ = dS K`, `dK = dS^T Q`.
 
-Axes in comments: b - batch, n - tiles, q - queries of a tile, k - the
-selected keys (slots) of a query, g - key/value heads, r - query heads
-per key/value head (h = g r), d/e - key/value head dims, s - key
-positions.
+Axes in comments: b - batch, q - queries of a tile, k - the selected
+keys (slots) of a query, g - key/value heads, r - query heads per
+key/value head (h = g r), d/e - key/value head dims, s - key positions;
+n - a tile's `(b q g)` rows in the products (the tiles in `_tiles`).
 """
 
 import math
@@ -98,11 +104,12 @@ def _check(query, key, value, indices):
 
 
 def _slots(indices, key, causal, query_offset, query_mask, key_mask, mask):
-    """`(rows, valid)` `(b, Tq, k)`: each slot's row in the flattened keys
-    `(b * Tk, ...)` (0 of its example where invalid) and whether it may be
-    attended to (an index in `[0, Tk)`, causal, on a real key and query,
-    `mask`)."""
-    b, tk = ops.shape(key)[0], ops.shape(key)[1]
+    """`(rows, valid)` `(b, Tq, k)`: each slot's row in the keys of
+    key/value head 0 flattened by `_flat_heads` (`b * g * Tk` rows; head
+    `n`'s is `n * Tk` further: `_head_rows`), the example's first where
+    invalid, and whether it may be attended to (an index in `[0, Tk)`,
+    causal, on a real key and query, `mask`)."""
+    b, tk, groups = ops.shape(key)[0], ops.shape(key)[1], key.shape[2]
     idx = ops.cast(indices, "int32")
     valid = ops.logical_and(idx >= 0, idx < tk)
     if causal:
@@ -110,16 +117,18 @@ def _slots(indices, key, causal, query_offset, query_mask, key_mask, mask):
         offset = ops.cast(query_offset, "int32")
         positions = ops.arange(tq, dtype="int32") + offset
         valid = ops.logical_and(valid, idx <= positions[None, :, None])
-    base = ops.arange(b, dtype="int32")[:, None, None] * ops.cast(tk, "int32")
-    rows = ops.where(valid, idx, ops.zeros_like(idx)) + base
+    idx = ops.where(valid, idx, ops.zeros_like(idx))
+    example = ops.arange(b, dtype="int32")[:, None, None] * ops.cast(
+        tk, "int32"
+    )
     if key_mask is not None:
         flat = ops.reshape(ops.cast(key_mask, "bool"), (-1,))
-        valid = ops.logical_and(valid, ops.take(flat, rows, axis=0))
+        valid = ops.logical_and(valid, ops.take(flat, idx + example, axis=0))
     if query_mask is not None:
         valid = ops.logical_and(valid, ops.cast(query_mask, "bool")[..., None])
     if mask is not None:
         valid = ops.logical_and(valid, ops.cast(mask, "bool"))
-    return rows, valid
+    return idx + example * groups, valid
 
 
 def _tiles(x, n, rows):
@@ -144,28 +153,54 @@ def _pad(x, extra):
     return ops.concatenate([x, ops.zeros(shape, x.dtype)], axis=1)
 
 
-def _gather(x, rows):
-    """Rows `(b, q, k)` of `x` `(b, s, g, d)` flattened: `(b, q, k, g,
+def _flat_heads(x):
+    """Keys or values `(b, s, g, d)` as rows `(b * g * s, d)`, head by
+    head (a transpose, none for one head): a gather of them is already
+    in the layout of the products (`(b q g, k, d)`)."""
+    if x.shape[2] != 1:
+        x = ops.transpose(x, (0, 2, 1, 3))
+    return ops.reshape(x, (-1, x.shape[-1]))
+
+
+def _unflat_heads(x, like):
+    """`_flat_heads`' rows `(b * g * s, d)` back to `like`'s `(b, s, g,
     d)`."""
-    flat = ops.reshape(x, (-1,) + tuple(x.shape[2:]))
-    out = ops.take(flat, ops.reshape(rows, (-1,)), axis=0)
-    shape = ops.shape(rows)
-    return ops.reshape(out, (shape[0], shape[1], shape[2]) + tuple(x.shape[2:]))
+    b, s, groups = ops.shape(like)[0], ops.shape(like)[1], like.shape[2]
+    if groups == 1:
+        return ops.reshape(x, ops.shape(like))
+    x = ops.reshape(x, (b, groups, s, like.shape[3]))
+    return ops.transpose(x, (0, 2, 1, 3))
 
 
-def _scores(q, kt, valid, scale):
+def _head_rows(rows, kv):
+    """Rows `(b, q, k)` of head 0 -> `(b q g k,)`, every head's (`kv`:
+    `(flat keys, flat values, g, Tk)`)."""
+    groups, length = kv[2], kv[3]
+    rows = rows[:, :, None, :]
+    if groups > 1:
+        step = ops.cast(length, "int32")
+        rows = rows + (ops.arange(groups, dtype="int32") * step)[:, None]
+    return ops.reshape(rows, (-1,))
+
+
+def _gather(flat, ids, slots):
+    """Rows `ids` of `flat` as `(b q g, k, d)`."""
+    return ops.reshape(ops.take(flat, ids, axis=0), (-1, slots, flat.shape[1]))
+
+
+def _scores(q, kt, valid, scale, groups):
     """Masked scores `(b, q, g, r, k)` in the softmax dtype of a tile's
-    queries `(b, q, h, d)` on its gathered keys `(b, q, k, g, d)`
+    queries `(b, q, h, d)` on its gathered keys `(b q g, k, d)`
     (`scoring.modify_scores`), the mask `(b, q, 1, 1, k)` and the scaled
-    queries `(b, q, g, r, d)`."""
-    groups, heads = kt.shape[3], q.shape[2]
+    queries `(b q g, r, d)`. Each product is a batched matrix product
+    with the contraction last: no operand is transposed."""
     dtype = scoring.score_dtype(q.dtype)
+    per_group = q.shape[2] // groups
     q = ops.multiply(ops.cast(q, dtype), keras_utils.constant(scale, dtype))
-    shape = ops.shape(q)
-    q = ops.reshape(
-        q, (shape[0], shape[1], groups, heads // groups, q.shape[3])
-    )
-    s = ops.einsum("bqgrd,bqkgd->bqgrk", q, ops.cast(kt, dtype))
+    q = ops.reshape(q, (-1, per_group, q.shape[3]))
+    s = ops.einsum("nrd,nkd->nrk", q, ops.cast(kt, dtype))
+    shape = ops.shape(valid)
+    s = ops.reshape(s, (shape[0], shape[1], groups, per_group, shape[2]))
     mask = valid[:, :, None, None, :]
     s, _ = scoring.modify_scores(s, None, mask=mask)
     return s, mask, q
@@ -179,42 +214,41 @@ def _probabilities(s, mask, lse):
     return p * ops.cast(mask, s.dtype)
 
 
-def _forward_tile(q, key, value, rows, valid, scale):
+def _forward_tile(q, kv, rows, valid, scale):
     """The output `(b, q, h, e)` and log-sum-exp `(b, q, h)` of a tile."""
-    kt, vt = _gather(key, rows), _gather(value, rows)
-    s, mask, _ = _scores(q, kt, valid, scale)
+    ids, slots = _head_rows(rows, kv), rows.shape[2]
+    kt, vt = _gather(kv[0], ids, slots), _gather(kv[1], ids, slots)
+    s, mask, qg = _scores(q, kt, valid, scale, kv[2])
     lse = row_log_sum_exp(s, ops.any(mask, axis=-1, keepdims=True))
     p = _probabilities(s, mask, lse)
-    out = ops.einsum("bqgrk,bqkge->bqgre", ops.cast(p, value.dtype), vt)
-    shape = ops.shape(out)
-    out = ops.reshape(out, (shape[0], shape[1], q.shape[2], value.shape[-1]))
+    p = ops.reshape(ops.cast(p, vt.dtype), (-1, qg.shape[1], slots))
+    out = ops.einsum("nrk,nke->nre", p, vt)
+    shape = ops.shape(q)
+    out = ops.reshape(out, (shape[0], shape[1], q.shape[2], vt.shape[-1]))
     return ops.cast(out, q.dtype), ops.reshape(lse, ops.shape(out)[:3])
 
 
-def _backward_tile(q, key, value, rows, valid, scale, grads):
-    """`(dq (b, q, h, d), dk and dv contributions (b q k, g d|e))` of a
-    tile; `grads`: `(dO (b, q, h, e), rowsum(dO * O), lse, dlse)`, the
-    last three `(b, q, h)`."""
+def _backward_tile(q, kv, rows, valid, scale, grads):
+    """`(dq (b, q, h, d), dk and dv contributions (b q g k, d|e), their
+    rows)` of a tile; `grads`: `(dO (b, q, h, e), rowsum(dO * O), lse,
+    dlse)`, the last three `(b, q, h)`."""
     d_out, dd, lse, d_lse = grads
-    kt, vt = _gather(key, rows), _gather(value, rows)
-    s, mask, qg = _scores(q, kt, valid, scale)
-    dtype = s.dtype
-    shape5 = ops.shape(s)[:4] + (1,)
-    p = _probabilities(s, mask, ops.reshape(lse, shape5))
-    do = ops.cast(d_out, dtype)
-    shape = ops.shape(qg)
-    do = ops.reshape(do, (shape[0], shape[1], shape[2], shape[3], -1))
-    dp = ops.einsum("bqgre,bqkge->bqgrk", do, ops.cast(vt, dtype))
-    ds = p * (dp - ops.reshape(dd - d_lse, shape5))
-    scale_t = keras_utils.constant(scale, dtype)
-    dq = ops.einsum("bqgrk,bqkgd->bqgrd", ds, ops.cast(kt, dtype))
-    dq = ops.reshape(dq * scale_t, ops.shape(q))
+    ids, slots = _head_rows(rows, kv), rows.shape[2]
+    kt, vt = _gather(kv[0], ids, slots), _gather(kv[1], ids, slots)
+    s, mask, qg = _scores(q, kt, valid, scale, kv[2])
+    dtype, per_group = s.dtype, qg.shape[1]
+    p = _probabilities(s, mask, ops.reshape(lse, ops.shape(s)[:4] + (1,)))
+    p = ops.reshape(p, (-1, per_group, slots))
+    do = ops.reshape(ops.cast(d_out, dtype), (-1, per_group, d_out.shape[3]))
+    dp = ops.einsum("nre,nke->nrk", do, ops.cast(vt, dtype))
+    ds = p * (dp - ops.reshape(dd - d_lse, (-1, per_group, 1)))
+    dq = ops.einsum("nrk,nkd->nrd", ds, ops.cast(kt, dtype))
+    dq = ops.reshape(dq * keras_utils.constant(scale, dtype), ops.shape(q))
     # `qg` is scaled already: dK = dS^T (scale Q).
-    dk = ops.einsum("bqgrk,bqgrd->bqkgd", ds, ops.cast(qg, dtype))
-    dv = ops.einsum("bqgrk,bqgre->bqkge", p, do)
-    flat = (-1, kt.shape[3] * kt.shape[4])
-    flat_v = (-1, vt.shape[3] * vt.shape[4])
-    return dq, ops.reshape(dk, flat), ops.reshape(dv, flat_v)
+    dk = ops.einsum("nrk,nrd->nkd", ds, qg)
+    dv = ops.einsum("nrk,nre->nke", p, do)
+    flat_k, flat_v = (-1, kt.shape[2]), (-1, vt.shape[2])
+    return dq, ops.reshape(dk, flat_k), ops.reshape(dv, flat_v), ids
 
 
 def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
@@ -223,8 +257,12 @@ def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
     log-sum-exp `(b, Tq, h)` when `return_lse`."""
     n = 1 if query_block == -1 else q.shape[1] // query_block
 
+    def heads(k, v):
+        return _flat_heads(k), _flat_heads(v), k.shape[2], ops.shape(k)[1]
+
     def forward(q, k, v, aux):
         rows, valid = aux
+        kv = heads(k, v)
         xs = tuple(_tiles(x, n, query_block) for x in (q, rows, valid))
         shape = ops.shape(xs[0])[1:4]
         init = (
@@ -234,7 +272,7 @@ def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
 
         def body(carry, x):
             del carry
-            result = _forward_tile(x[0], k, v, x[1], x[2], scale)
+            result = _forward_tile(x[0], kv, x[1], x[2], scale)
             return result, result
 
         _, (out, lse) = _backend.scan_carry(body, init, xs)
@@ -252,28 +290,28 @@ def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
             _tiles(x, n, query_block)
             for x in (q, rows, valid, d_out, dd, lse, d_lse)
         )
-        segments = ops.shape(k)[0] * ops.shape(k)[1]
+        kv = heads(k, v)
 
         def body(i, carry):
             dq_tiles, dk_acc, dv_acc = carry
             x = [t[i] for t in xs]
-            dq, dk, dv = _backward_tile(x[0], k, v, x[1], x[2], scale, x[3:])
-            ids = ops.reshape(x[1], (-1,))
-            dk_acc = dk_acc + _backend.segment_sum(dk, ids, segments)
-            dv_acc = dv_acc + _backend.segment_sum(dv, ids, segments)
+            dq, dk, dv, ids = _backward_tile(x[0], kv, x[1], x[2], scale, x[3:])
+            # In place: a new accumulator per tile would cost O(Tk) each.
+            dk_acc = _backend.scatter_add(dk_acc, ids, dk)
+            dv_acc = _backend.scatter_add(dv_acc, ids, dv)
             start = (i,) + (0,) * 4
             dq_tiles = ops.slice_update(dq_tiles, start, dq[None])
             return dq_tiles, dk_acc, dv_acc
 
         init = (
             ops.zeros(ops.shape(xs[0]), dtype),
-            ops.zeros((segments, k.shape[2] * k.shape[3]), dtype),
-            ops.zeros((segments, v.shape[2] * v.shape[3]), dtype),
+            _backend.zeros_accumulator(ops.shape(kv[0]), dtype),
+            _backend.zeros_accumulator(ops.shape(kv[1]), dtype),
         )
         dq, dk, dv = ops.fori_loop(0, ops.shape(xs[0])[0], body, init)
         dq = ops.cast(_untile(dq), q.dtype)
-        dk = ops.cast(ops.reshape(dk, ops.shape(k)), k.dtype)
-        dv = ops.cast(ops.reshape(dv, ops.shape(v)), v.dtype)
+        dk = ops.cast(_unflat_heads(dk, k), k.dtype)
+        dv = ops.cast(_unflat_heads(dv, v), v.dtype)
         return dq, dk, dv
 
     return _backend.custom_vjp(forward, backward)(q, k, v, (rows, valid))

@@ -15,8 +15,14 @@ def test_quick_run_writes_a_well_formed_table(tmp_path, load_benchmark):
     )
     text = path.read_text()
     assert "Load average before:" in text and "after:" in text
-    assert [r[0] for r in rows] == [64, 128]
-    for _, topk_ms, dense_ms, ratio, *_ in rows:
+    # (T, key/value heads): --heads 2 and MQA's 1 by default.
+    assert [tuple(r[:2]) for r in rows] == [
+        (64, 2),
+        (128, 2),
+        (64, 1),
+        (128, 1),
+    ]
+    for _, _, topk_ms, dense_ms, ratio, *_ in rows:
         assert topk_ms > 0 and dense_ms > 0 and ratio > 0
 
 

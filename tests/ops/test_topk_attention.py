@@ -346,6 +346,42 @@ def test_graphs_with_gradients_equal_eager_and_stay_rank_5():
     assert high_rank_tensors(graph) == []
 
 
+def test_backward_accumulates_in_place_with_repeats_and_afresh():
+    # `_backend.scatter_add`, the backward's accumulation of dK and dV:
+    # repeated rows add up, and each run of a compiled loop starts from
+    # its own zeros (TensorFlow adds into the buffer in place: a shared or
+    # constant-folded zeros would carry the last run's sums).
+    from keras_attention.ops import _backend
+
+    rng = np.random.default_rng(0)
+    ids = np.array([[0, 3, 0, 4], [4, 4, 1, 0]], "int32")
+    updates = rng.normal(size=(2, 4, 3)).astype("float32")
+    want = np.zeros((5, 3))
+    for step in range(2):
+        np.add.at(want, ids[step], updates[step])
+
+    def run(ids, updates):
+        def body(i, acc):
+            return _backend.scatter_add(acc, ids[i], updates[i])
+
+        acc = _backend.zeros_accumulator((5, 3), "float32")
+        return ops.fori_loop(0, 2, body, acc)
+
+    runs = [run]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        runs += [tf.function(run), tf.function(run, jit_compile=True)]
+    if BACKEND == "jax":
+        import jax
+
+        runs.append(jax.jit(run))
+    args = (ops.convert_to_tensor(ids), ops.convert_to_tensor(updates))
+    for f in runs:
+        for _ in range(2):
+            np.testing.assert_allclose(np_(f(*args)), want, atol=1e-6)
+
+
 def test_the_paths_table_lists_it():
     from keras_attention.ops import paths
 
