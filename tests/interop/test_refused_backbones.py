@@ -4,10 +4,9 @@
 also converted, and converting one raises a `ValueError` that gives its
 reason."""
 
-import pathlib
-
 import keras_hub
 import pytest
+from pretrained_guide import guide_rows
 
 from keras_attention.interop import convert
 from keras_attention.interop import from_keras_hub
@@ -15,22 +14,10 @@ from keras_attention.interop.refused import REFUSED_BACKBONES
 
 pytestmark = pytest.mark.tf_only("a registry and text checks")
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _guide_rows():
-    text = (ROOT / "docs/guides/pretrained.md").read_text("utf-8")
-    section = text.split("## Families not converted", 1)[1].split("\n## ")[0]
-    rows = {}
-    for line in section.splitlines():
-        if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            rows[cells[0].strip("`")] = (cells[1], cells[2])
-    return rows
-
 
 def test_the_guide_lists_exactly_the_refused_families_and_reasons():
-    assert _guide_rows() == REFUSED_BACKBONES
+    rows = guide_rows("Families not converted")  # class | kind | reason
+    assert {r[0].strip("`"): (r[1], r[2]) for r in rows} == REFUSED_BACKBONES
 
 
 def test_a_refused_family_is_a_keras_hub_class_and_not_converted():

@@ -11,6 +11,7 @@ import re
 import hf_cases
 import keras_hub
 import pytest
+from pretrained_guide import guide_rows
 
 import keras_attention
 from keras_attention.interop import convert
@@ -51,22 +52,18 @@ def test_package_docstring_names_every_converter_module():
         assert f"`{module}`" in doc, (name, module)
 
 
-def _guide_table():
-    text = _read("docs/guides/pretrained.md")
-    section = text.split("## Supported backbones", 1)[1].split("\n## ")[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    return {
-        name: row for row in rows for name in _backbone_names(row.split("|")[1])
-    }
-
-
 def test_guide_table_lists_exactly_the_supported_backbones():
-    table = _guide_table()
+    # Backbone class(es) | converter | our blocks.
+    table = {
+        name: row
+        for row in guide_rows("Supported backbones")
+        for name in _backbone_names(row[0])
+    }
     assert set(REGISTERED) <= set(table), set(REGISTERED) - set(table)
     unsupported = [name for name in table if not _is_supported(name)]
     assert not unsupported, unsupported
     for name, converter in convert.CONVERTERS.items():
-        assert converter.__name__ in table[name], (name, table[name])
+        assert converter.__name__ in table[name][1], (name, table[name])
 
 
 def _nav_pages():
