@@ -13,9 +13,9 @@ def softmax(x, axis=-1):
 
 
 def masked_softmax(scores, mask):
-    """Softmax over the last axis; rows with no True get zeros."""
+    """Softmax over the last axis; rows with no True (or no key) get zeros."""
     scores = np.where(mask, scores, -np.inf)
-    row_max = np.max(scores, axis=-1, keepdims=True)
+    row_max = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.where(mask, np.exp(scores - row_max), 0.0)
     total = e.sum(-1, keepdims=True)
@@ -532,7 +532,8 @@ def multi_head_latent_attention(layer, x, mask=None):
     kv = dense("kv_a_proj_with_mqa", x)
     c = _rms_norm(kv[..., :r], w["kv_a_layernorm/scale"], eps)
     k_rope = rope(kv[:, :, None, r:])
-    up = dense("kv_b_proj", c).reshape(b, t, h, -1)
+    v = layer.v_head_dim  # widths named, not -1: `t` may be 0
+    up = dense("kv_b_proj", c).reshape(b, t, h, n + v)
     key = np.concatenate([up[..., :n], np.repeat(k_rope, h, 2)], -1)
     allowed = np.ones((b, t, t), bool) if mask is None else np.asarray(mask)
     allowed = np.broadcast_to(allowed, (b, t, t))
@@ -549,4 +550,4 @@ def multi_head_latent_attention(layer, x, mask=None):
     scores = np.einsum("bihd,bjhd->bhij", query, key) / np.sqrt(n + p)
     weights = masked_softmax(scores, allowed[:, None])
     heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
-    return dense("o_proj", heads.reshape(b, t, -1)), weights
+    return dense("o_proj", heads.reshape(b, t, h * v)), weights

@@ -19,6 +19,7 @@ import pytest
 from harness import run_layer_test
 from harness import run_mask_test
 from keras import ops
+from references import multi_head_latent_attention
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import MultiHeadLatentAttention
@@ -98,75 +99,21 @@ def test_masks():
     )
 
 
-# --- An independent NumPy reference ------------------------------------------
-
-
-def _rms(x, scale, eps):
-    return x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps) * scale
-
-
-def _dense(layer, x):
-    y = x @ np_(layer.kernel)
-    return y if layer.bias is None else y + np_(layer.bias)
-
-
-def _rope(x, theta, interleave, start=0):
-    """`(b, t, ..., p)`: DeepSeek's interleaved pairs `(x0, x1), (x2,
-    x3)`, rotated then laid out as halves (`transformers`), or halves;
-    `theta` None (NoPE): `x` as it is."""
-    if theta is None:
-        return x
-    p, t = x.shape[-1], x.shape[1]
-    if interleave:
-        x = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
-    freq = theta ** (-np.arange(0, p, 2) / p)
-    angle = (np.arange(t) + start)[:, None] * freq
-    shape = (1, t) + (1,) * (x.ndim - 3) + (p // 2,)
-    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
-    x1, x2 = x[..., : p // 2], x[..., p // 2 :]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+# --- The NumPy reference (tests/references.py) -------------------------------
 
 
 def mla_reference(layer, x, valid=None, causal=True, return_weights=False):
-    """MLA in float64 from the paper's equations (naive form); then the
-    attention weights `(b, h, t, t)` if `return_weights`."""
+    """`references.multi_head_latent_attention` (MLA in float64, the
+    naive form) with the padding `valid` `(b, t)` of queries and keys and
+    the causal mask; then the attention weights `(b, h, t, t)` if
+    `return_weights`."""
     b, t, _ = x.shape
-    h, n, p, v = (
-        layer.num_heads,
-        layer.qk_nope_head_dim,
-        layer.qk_rope_head_dim,
-        layer.v_head_dim,
-    )
-    eps, theta = layer.rms_norm_eps, layer.rope_theta
-    if layer.q_lora_rank is None:
-        q = _dense(layer.q_proj, x)
-    else:
-        a = _dense(layer.q_a_proj, x)
-        q = _dense(layer.q_b_proj, _rms(a, np_(layer.q_a_layernorm.scale), eps))
-    q = q.reshape(b, t, h, n + p)
-    kv = _dense(layer.kv_a_proj_with_mqa, x)
-    r = layer.kv_lora_rank
-    c = _rms(kv[..., :r], np_(layer.kv_a_layernorm.scale), eps)
-    k_rope = _rope(kv[:, :, None, r:], theta, layer.rope_interleave)
-    up = _dense(layer.kv_b_proj, c).reshape(b, t, h, n + v)
-    key = np.concatenate([up[..., :n], np.repeat(k_rope, h, 2)], -1)
-    query = np.concatenate(
-        [q[..., :n], _rope(q[..., n:], theta, layer.rope_interleave)], -1
-    )
-    scores = np.einsum("bihd,bjhd->bhij", query, key) / np.sqrt(n + p)
-    allowed = np.ones((b, 1, t, t), bool)
+    allowed = np.ones((b, t, t), bool)
     if causal:
         allowed = allowed & np.tril(np.ones((t, t), bool))
     if valid is not None:
-        allowed = allowed & valid[:, None, None, :] & valid[:, None, :, None]
-    scores = np.where(allowed, scores, -np.inf)
-    top = np.max(scores, -1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    e = np.where(allowed, np.exp(scores - top), 0.0)
-    total = e.sum(-1, keepdims=True)
-    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
-    output = _dense(layer.o_proj, heads.reshape(b, t, h * v))
+        allowed = allowed & valid[:, None, :] & valid[:, :, None]
+    output, weights = multi_head_latent_attention(layer, x, allowed)
     return (output, weights) if return_weights else output
 
 

@@ -34,7 +34,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
+from references import masked_softmax
 from references import mixture_of_experts as reference_moe
+from references import multi_head_latent_attention as reference_mla
 
 from keras_attention import layers as ka
 from keras_attention.blocks import TransformerDecoderBlock
@@ -276,15 +278,6 @@ def _dense(layer, x):
     return y
 
 
-def _softmax(scores, mask):
-    scores = np.where(mask, scores, -np.inf)
-    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
-    top = np.where(np.isfinite(top), top, 0.0)
-    e = np.where(mask, np.exp(scores - top), 0.0)
-    total = e.sum(-1, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-
-
 def mha_reference(layer, query, value, key, mask):
     """`MultiHeadAttention` on rank-3 inputs: projections, rotary
     positions, grouped heads, masked softmax (`mask` broadcastable to
@@ -300,7 +293,7 @@ def mha_reference(layer, query, value, key, mask):
     scale = getattr(layer, "attention_scale", None)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = np.einsum("bihk,bjhk->bhij", q, k) * scale
-    weights = _softmax(scores, np.broadcast_to(mask, scores.shape))
+    weights = masked_softmax(scores, np.broadcast_to(mask, scores.shape))
     out = np.einsum("bhij,bjhe->bihe", weights, v)
     if layer.use_gate:
         out = out / (1.0 + np.exp(-_dense(layer._gate_dense, query)))
@@ -577,41 +570,12 @@ def _mla_spec():
 
 
 def mla_reference(layer, x, valid, causal):
-    """`MultiHeadLatentAttention` (naive form) in float64."""
+    """`MultiHeadLatentAttention` (naive form) in float64
+    (`references.multi_head_latent_attention`) with the padding `valid`
+    of queries and keys, and the causal mask if `causal`."""
     b, t, _ = x.shape
-    h, n = layer.num_heads, layer.qk_nope_head_dim
-    p, v, r = layer.qk_rope_head_dim, layer.v_head_dim, layer.kv_lora_rank
-
-    def linear(dense, y):
-        y = y @ _w(dense.kernel)
-        return y if dense.bias is None else y + _w(dense.bias)
-
-    def rms(y, norm):
-        mean_square = np.mean(y**2, -1, keepdims=True)
-        return y / np.sqrt(mean_square + layer.rms_norm_eps) * _w(norm.scale)
-
-    def rope(y):
-        if layer.rope_interleave:
-            y = np.concatenate([y[..., 0::2], y[..., 1::2]], -1)
-        return _rotate(y, layer.rope_theta)
-
-    if layer.q_lora_rank is None:
-        q = linear(layer.q_proj, x)
-    else:
-        a = rms(linear(layer.q_a_proj, x), layer.q_a_layernorm)
-        q = linear(layer.q_b_proj, a)
-    q = q.reshape(b, t, h, n + p)
-    q = np.concatenate([q[..., :n], rope(q[..., n:])], -1)
-    kv = linear(layer.kv_a_proj_with_mqa, x)
-    c = rms(kv[..., :r], layer.kv_a_layernorm)
-    up = linear(layer.kv_b_proj, c).reshape(b, t, h, n + v)
-    k_rope = np.repeat(rope(kv[:, :, None, r:]), h, axis=2)
-    k = np.concatenate([up[..., :n], k_rope], -1)
-    scores = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(n + p)
-    mask = _attention_mask(b, t, t, valid, valid, causal)
-    weights = _softmax(scores, np.broadcast_to(mask, scores.shape))
-    heads = np.einsum("bhij,bjhv->bihv", weights, up[..., n:])
-    return linear(layer.o_proj, heads.reshape(b, t, h * v))
+    mask = _attention_mask(b, t, t, valid, valid, causal)[:, 0]
+    return reference_mla(layer, x, mask)[0]
 
 
 @DRAWS
@@ -897,7 +861,7 @@ def bahdanau_reference(layer, query, value, value_valid, query_valid):
         v = _w(layer.attention_g) * v / max(np.linalg.norm(v), 1e-6)
     hidden = np.tanh((query @ wq)[:, :, None] + (value @ wk)[:, None] + b)
     mask = value_valid[:, None, :] & query_valid[:, :, None]
-    weights = _softmax(hidden @ v, mask)
+    weights = masked_softmax(hidden @ v, mask)
     return weights @ value, weights
 
 
@@ -926,7 +890,7 @@ def luong_reference(layer, query, value, value_valid, query_valid):
     if layer.alignment == "local-m":
         p = np.broadcast_to(np.arange(query.shape[1]), query.shape[:2])
         mask = mask & (np.abs(s - p[..., None]) <= layer.window)
-    weights = _softmax(scores, mask)
+    weights = masked_softmax(scores, mask)
     return weights @ value, weights
 
 
@@ -1324,7 +1288,7 @@ def test_pooling_feed_forward_and_bridge(data):
                 + (_w(layer._hidden.bias) if layer.use_bias else 0.0)
             )
         scores = (h @ _w(layer._score.kernel))[..., 0]
-        weights = _softmax(scores, _valid(call["mask"], batch, t))
+        weights = masked_softmax(scores, _valid(call["mask"], batch, t))
         references = [np.einsum("bt,btd->bd", weights, x64), weights]
     elif kind == "feed_forward":
         activation = {
