@@ -5,18 +5,12 @@ distillation loss, and equality with `transformers`' `DeepseekV32Indexer`
 and `DeepseekV32Attention` with copied weights (prefill, absorbed,
 weights, cached decoding)."""
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import keras
 import numpy as np
 import pytest
 from harness import run_layer_test
 from keras import ops
+from transformers_script import run_reference_script
 
 from keras_attention.layers import LightningIndexer
 from keras_attention.layers import MultiHeadLatentAttention
@@ -619,32 +613,9 @@ transformers_tier = (
 
 @pytest.fixture(scope="module")
 def transformers_outputs():
-    if importlib.util.find_spec("transformers") is None:
-        pytest.skip(
-            "transformers is not installed (the `test` extra): the "
-            "DeepseekV32Attention reference is unavailable"
-        )
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env["OMP_NUM_THREADS"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        x_path = os.path.join(tmp, "x.npz")
-        out_path = os.path.join(tmp, "out.npz")
-        np.savez(x_path, x=X)
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _REFERENCE_SCRIPT,
-                json.dumps(CASES),
-                x_path,
-                out_path,
-            ],
-            check=True,
-            env=env,
-            timeout=300,
-        )
-        with np.load(out_path) as data:
-            return {k: data[k] for k in data.files}
+    return run_reference_script(
+        _REFERENCE_SCRIPT, CASES, "the DeepseekV32Attention reference", x=X
+    )
 
 
 def _rotary_scaling(case):

@@ -7,18 +7,12 @@ transformers' `Llama4TextAttention` with copied weights, on unpadded
 rows (transformers computes the temperature from the index in the padded
 sequence)."""
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import keras
 import numpy as np
 import pytest
 from keras import ops
 from references import multi_head_attention
+from transformers_script import run_reference_script
 
 from keras_attention import mods
 from keras_attention.layers import SelfAttention
@@ -171,29 +165,9 @@ np.savez(sys.argv[3], **out)
 
 @pytest.fixture(scope="module")
 def transformers_outputs():
-    if importlib.util.find_spec("transformers") is None:
-        pytest.skip("transformers is not installed (the `test` extra)")
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env["OMP_NUM_THREADS"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        x_path = os.path.join(tmp, "x.npz")
-        out_path = os.path.join(tmp, "out.npz")
-        np.savez(x_path, x=X)
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _REFERENCE_SCRIPT,
-                json.dumps(CONFIG),
-                x_path,
-                out_path,
-            ],
-            check=True,
-            env=env,
-            timeout=300,
-        )
-        with np.load(out_path) as data:
-            return {k: data[k] for k in data.files}
+    return run_reference_script(
+        _REFERENCE_SCRIPT, CONFIG, "the Llama4TextAttention reference", x=X
+    )
 
 
 def llama4_layer(i, weights):

@@ -5,13 +5,7 @@ form, attention weights and `collect_attention`, DeepSeek's YaRN
 (`rotary_scaling` with `mscale`), explicit `positions`, argument errors
 and low precision."""
 
-import importlib.util
-import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 
 import keras
 import numpy as np
@@ -20,6 +14,7 @@ from harness import run_layer_test
 from harness import run_mask_test
 from keras import ops
 from references import multi_head_latent_attention
+from transformers_script import run_reference_script
 
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import MultiHeadLatentAttention
@@ -313,32 +308,12 @@ for _case in TRANSFORMERS_CASES:
 
 @pytest.fixture(scope="module")
 def transformers_outputs():
-    if importlib.util.find_spec("transformers") is None:
-        pytest.skip(
-            "transformers is not installed (the `test` extra): the "
-            "DeepseekV3Attention reference is unavailable"
-        )
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env["OMP_NUM_THREADS"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        x_path = os.path.join(tmp, "x.npz")
-        out_path = os.path.join(tmp, "out.npz")
-        np.savez(x_path, x=X)
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _REFERENCE_SCRIPT,
-                json.dumps(TRANSFORMERS_CASES),
-                x_path,
-                out_path,
-            ],
-            check=True,
-            env=env,
-            timeout=300,
-        )
-        with np.load(out_path) as data:
-            return {k: data[k] for k in data.files}
+    return run_reference_script(
+        _REFERENCE_SCRIPT,
+        TRANSFORMERS_CASES,
+        "the DeepseekV3Attention reference",
+        x=X,
+    )
 
 
 def _copy_torch_weights(layer, weights, i):
