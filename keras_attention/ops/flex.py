@@ -75,6 +75,7 @@ class _KernelMask:
 
     def __init__(self, request, offset, kv_len, sink):
         self.mask_mod, self.causal = request.mask_mod, request.causal
+        self.q_len = request.query.shape[1]
         self.offset, self.kv_len, self.sink = offset, kv_len, sink
         self.attention_mask = _tensor(request.attention_mask, "bool")
         self.key_mask = _tensor(request.key_mask, "bool")
@@ -173,7 +174,11 @@ class _KernelMask:
             return None
         (left, right), ids = parts
         offset, kv_len, sink = self.offset, self.kv_len, self.sink
+        q_len = self.q_len
         key_mask, query_mask = self.key_mask, self.query_mask
+
+        def clipped(x, low, high, last):  # Only where it may be needed.
+            return x if 0 <= low and high <= last else ops.clip(x, 0, last)
 
         def arithmetic_mask(batch, head, q_idx, kv_idx):
             position = q_idx + offset
@@ -186,8 +191,9 @@ class _KernelMask:
             for table in ids:
                 row = batch * int(table.shape[0] > 1)
                 last = table.shape[1] - 1
-                q = table[row, ops.clip(position, 0, last)]
-                out = out & (q == table[row, ops.clip(kv_idx, 0, last)])
+                q = clipped(position, offset, offset + q_len - 1, last)
+                kv = clipped(kv_idx, 0, kv_len - 1 + int(sink), last)
+                out = out & (table[row, q] == table[row, kv])
             if key_mask is not None:
                 out = out & key_mask[batch, ops.minimum(kv_idx, kv_len - 1)]
             if query_mask is not None:

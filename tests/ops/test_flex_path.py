@@ -226,8 +226,12 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
 
 
 @torch_only
-@pytest.mark.parametrize("chunk", [None, 50], ids=["arithmetic", "table"])
-def test_block_mask_function_is_the_mask_on_every_block(chunk):
+@pytest.mark.parametrize(
+    "chunk, sink",
+    [(None, True), (None, False), (50, True)],
+    ids=["arithmetic", "arithmetic-no-sink", "table"],
+)
+def test_block_mask_function_is_the_mask_on_every_block(chunk, sink):
     """The kernel reads the block mask's `mask_mod` on partial blocks
     only, eager FlexAttention (where `torch.compile` gives up) on all of
     them: it must be the mask everywhere (it read another block's
@@ -245,21 +249,26 @@ def test_block_mask_function_is_the_mask_on_every_block(chunk):
         mask_mod = mods.and_masks(mods.ChunkedCausalMask(chunk), mask_mod)
     q = ops.zeros((2, t, 2, 8))
     request = paths.AttentionRequest(
-        q, q, q, scale=0.35, mask_mod=mask_mod, sink_logits=[0.0, 1.0]
+        q,
+        q,
+        q,
+        scale=0.35,
+        mask_mod=mask_mod,
+        sink_logits=[0.0, 1.0] if sink else None,
     )
-    block_mask = flex._block_mask(request, 0, True)[0]
-    b, h, i, j = (torch.arange(n) for n in (2, 2, t, t + 1))
+    block_mask = flex._block_mask(request, 0, sink)[0]
+    b, h, i, j = (torch.arange(n) for n in (2, 2, t, t + sink))
     got = block_mask.mask_mod(
         b[:, None, None, None], h[None, :, None, None], i[:, None], j
     )
-    i, j = np.arange(t)[:, None], np.arange(t + 1)[None, :]
+    i, j = np.arange(t)[:, None], np.arange(t + sink)[None, :]
     jj = np.minimum(j, t - 1)
     keys = ids[:, jj[0]][:, None, None, :]  # (b, 1, 1, t + 1)
     expected = (jj <= i) & (ids[:, None, :, None] == keys)
     if chunk is not None:
         expected = expected & (jj // chunk == i // chunk)
     expected = expected | (j == t)  # The sink's key.
-    arithmetic = flex._KernelMask(request, 0, t, True).kernel() is not None
+    arithmetic = flex._KernelMask(request, 0, t, sink).kernel() is not None
     assert arithmetic == (chunk is None)
     np.testing.assert_array_equal(
         got.numpy(), np.broadcast_to(expected, got.shape)
