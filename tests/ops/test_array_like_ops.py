@@ -151,6 +151,7 @@ NOT_TENSOR_OPS = {
     "scan_carry": "a loop helper over tensors of the caller's",
     "global_local_weights_to_dense": "takes the dict that "
     "global_local_attention returns",
+    "zeros_for_initializers": "a context manager",
 }
 
 
