@@ -281,10 +281,8 @@ def _conjuncts(mask_mod):
     """The masks `mask_mod` is the logical and of (its `and_parts()`,
     flattened, when the class defining them defines `__call__` too), else
     `[mask_mod]`."""
-    method = getattr(mask_mod, "and_parts", None)
-    if not callable(method) or _defining(mask_mod, "and_parts") is not (
-        _defining(mask_mod, "__call__")
-    ):
+    method = scoring.declared_method(mask_mod, "and_parts")
+    if method is None:
         return [mask_mod]
     return [p for part in method() for p in _conjuncts(part)]
 
@@ -292,16 +290,8 @@ def _conjuncts(mask_mod):
 def _document_ids(mask_mod):
     """The segment ids of a document mask (`document_ids()`: the mask is
     `ids[b, q] == ids[b, kv]`), else None."""
-    method = getattr(mask_mod, "document_ids", None)
-    if not callable(method) or _defining(mask_mod, "document_ids") is not (
-        _defining(mask_mod, "__call__")
-    ):
-        return None
-    return method()
-
-
-def _defining(obj, name):
-    return next((c for c in type(obj).__mro__ if name in vars(c)), None)
+    method = scoring.declared_method(mask_mod, "document_ids")
+    return None if method is None else method()
 
 
 def _tensor(x, dtype):

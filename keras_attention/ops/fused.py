@@ -193,27 +193,14 @@ def _pad_head(x, size):
 # cuDNN (JAX on a GPU) -------------------------------------------------------
 
 
-def _defining_class(obj, name):
-    for cls in type(obj).__mro__:
-        if name in vars(cls):
-            return cls
-    return None
-
-
 def mask_band(mask_mod):
     """`(left, right)` of a mask object that says it is a band of keys
     `q_idx - left <= kv_idx <= q_idx + right` (`band_bounds()`: a causal
     mask, a sliding window, their intersection; None: unbounded), else
     None (also when a subclass overrides `__call__` but not
     `band_bounds`)."""
-    method = getattr(mask_mod, "band_bounds", None)
-    if method is None or not callable(method):
-        return None
-    if _defining_class(mask_mod, "band_bounds") is not _defining_class(
-        mask_mod, "__call__"
-    ):
-        return None
-    return method()
+    method = scoring.declared_method(mask_mod, "band_bounds")
+    return None if method is None else method()
 
 
 def _band_mask(query, key, offset, band):

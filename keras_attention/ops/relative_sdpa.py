@@ -86,9 +86,9 @@ def can_run(request):
         for x in (request.attention_mask, request.key_mask, request.query_mask)
     ):
         reason = "it takes no mask tensor"
-    elif _band(request) is None:
+    elif (band := _band(request)) is None:
         reason = "its mask is a band of keys (causal, a sliding window)"
-    elif not np.all(_attended(request, _band(request))):
+    elif not np.all(_attended(request, band)):
         reason = "a query with nothing to attend to is another path's"
     elif _on_gpu_or_gradient(request):
         reason = "it runs inference on a CPU only"

@@ -478,6 +478,20 @@ def _defining_class(obj, name):
     return None
 
 
+def declared_method(obj, name, scorer="__call__"):
+    """`obj`'s method `name` when the class defining it defines `scorer`
+    too (the object declares what its score or mask function computes:
+    `relative_bias`, `tanh_soft_cap`, `band_bounds`, ...), else None: a
+    subclass overriding one of the two without the other gets the
+    general path."""
+    method = getattr(obj, name, None)
+    if method is None or not callable(method):
+        return None
+    if _defining_class(obj, name) is not _defining_class(obj, scorer):
+        return None
+    return method
+
+
 def split_relative_bias(score_mod):
     """A relative bias as `fn(params, distance) -> (heads | 1, n)`, or None.
 
@@ -495,13 +509,9 @@ def split_relative_bias(score_mod):
     both methods: a subclass overriding one of them gets the general
     path. `params` are those of `split_score_mod` (same order).
     """
-    method = getattr(score_mod, "relative_bias", None)
-    if method is None or not callable(method):
-        return None
     scorer = "score_fn" if hasattr(score_mod, "score_fn") else "__call__"
-    if _defining_class(score_mod, "relative_bias") is not _defining_class(
-        score_mod, scorer
-    ):
+    method = declared_method(score_mod, "relative_bias", scorer)
+    if method is None:
         return None
     variables = list(getattr(score_mod, "variables", ()) or ())
     if not isinstance(score_mod, keras.layers.Layer) or not variables:
@@ -537,14 +547,8 @@ def split_soft_cap(score_mod):
     pass and differentiates through it in one op (FlashAttention's
     `softcap` option), instead of a general score function's vjp.
     """
-    method = getattr(score_mod, "tanh_soft_cap", None)
-    if method is None or not callable(method):
-        return None
-    if _defining_class(score_mod, "tanh_soft_cap") is not _defining_class(
-        score_mod, "__call__"
-    ):
-        return None
-    return float(method())
+    method = declared_method(score_mod, "tanh_soft_cap")
+    return None if method is None else float(method())
 
 
 def build_score_layer(score_mod, num_heads, argument="score_mod"):
