@@ -9,7 +9,8 @@ fails until it has a case for it.
 - `BLOCKS`: the classes of `keras_attention.blocks.__all__`;
 - `BASE_CLASSES`: public base classes, extension points with no
   computation of their own, covered through their subclasses (name ->
-  which ones).
+  which ones), and `KVShare`, the channel of `SharedKVSelfAttention`
+  layers, covered through them.
 """
 
 from keras_attention import blocks
@@ -27,6 +28,7 @@ def _classes(module):
 LAYERS = _classes(layers)
 BLOCKS = _classes(blocks)
 BASE_CLASSES = {
+    "KVShare": ("SharedKVSelfAttention",),
     "Seq2SeqAttention": ("BahdanauAttention", "LuongAttention"),
     "TokenMixer": (
         "MultiHeadAttention",

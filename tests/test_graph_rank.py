@@ -444,6 +444,23 @@ CASES = [
         {"x": X, "m": VALID, "am": np.asarray(masks.prefix_lm_mask(6, 2))},
     ),
     (
+        "shared-kv-self",
+        lambda: L.SharedKVSelfAttention(
+            2,
+            4,
+            causal=True,
+            kv_share=L.KVShare(),
+            kv_share_role="source",
+            values_from_keys=True,
+            value_norm="rms",
+            proportional_rotary=True,
+            rotary_max_wavelength=100,
+            rotary_fraction=0.5,
+        ),
+        lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),
+        {"x": X, "m": VALID},
+    ),
+    (
         "causal-self",
         lambda: L.CausalSelfAttention(2, 4),
         lambda layer, x, m: layer(x, mask=m, return_attention_scores=True),

@@ -33,6 +33,8 @@ from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.self_attention import CausalSelfAttention
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.layers.seq2seq_attention import Seq2SeqAttention
+from keras_attention.layers.shared_kv_attention import KVShare
+from keras_attention.layers.shared_kv_attention import SharedKVSelfAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -56,6 +58,7 @@ __all__ = [
     "GraphAttention",
     "GroupQueryAttention",
     "KimiDeltaAttention",
+    "KVShare",
     "LightningIndexer",
     "LinearAttention",
     "LocalSelfAttention",
@@ -68,6 +71,7 @@ __all__ = [
     "CausalSelfAttention",
     "SelfAttention",
     "Seq2SeqAttention",
+    "SharedKVSelfAttention",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
     "TokenMixer",

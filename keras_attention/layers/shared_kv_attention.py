@@ -49,8 +49,7 @@ class KVShare:
     Example:
 
     >>> import numpy as np
-    >>> from keras_attention.layers.shared_kv_attention import (
-    ...     KVShare, SharedKVSelfAttention)
+    >>> from keras_attention.layers import KVShare, SharedKVSelfAttention
     >>> share = KVShare("global")
     >>> source = SharedKVSelfAttention(
     ...     2, 4, causal=True, kv_share=share, kv_share_role="source")

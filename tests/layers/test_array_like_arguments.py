@@ -115,6 +115,24 @@ CASES = [
         ("m", "am", "ids", "pos"),
     ),
     (
+        "shared-kv-self-attention",
+        "SharedKVSelfAttention",
+        lambda: L.SharedKVSelfAttention(
+            2,
+            4,
+            values_from_keys=True,
+            value_norm="rms",
+            proportional_rotary=True,
+            rotary_max_wavelength=100,
+            rotary_fraction=0.5,
+        ),
+        lambda layer, x, m, am, ids, pos: layer(
+            x, mask=m, attention_mask=am, segment_ids=ids, positions=pos
+        ),
+        {"x": X, "m": VALID, "am": CAUSAL, "ids": IDS, "pos": POSITIONS},
+        ("m", "am", "ids", "pos"),
+    ),
+    (
         "causal-self-attention",
         "CausalSelfAttention",
         lambda: L.CausalSelfAttention(2, 4, rotary_max_wavelength=100),

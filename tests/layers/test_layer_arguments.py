@@ -313,6 +313,29 @@ NUMPY_SCALARS = [
         dict(num_heads=2, key_dim=4, window_size=(2, 1)),
     ),
     (
+        ka.SharedKVSelfAttention,
+        dict(
+            num_heads=i64(2),
+            key_dim=i64(4),
+            causal=np.bool_(True),
+            values_from_keys=np.bool_(True),
+            value_norm="rms",
+            proportional_rotary=np.bool_(True),
+            rotary_max_wavelength=i64(100),
+            rotary_fraction=np.float32(0.5),
+        ),
+        dict(
+            num_heads=2,
+            key_dim=4,
+            causal=True,
+            values_from_keys=True,
+            value_norm="rms",
+            proportional_rotary=True,
+            rotary_max_wavelength=100,
+            rotary_fraction=0.5,
+        ),
+    ),
+    (
         ka.FeedForward,
         dict(intermediate_dim=i64(4), dropout=np.float64(0.5)),
         dict(intermediate_dim=4, dropout=0.5),
@@ -695,6 +718,17 @@ INITIALIZED = [
     (
         ka.LocalSelfAttention,
         dict(num_heads=2, key_dim=4, window_size=1),
+        "kernel_initializer",
+    ),
+    (
+        ka.SharedKVSelfAttention,
+        dict(
+            num_heads=2,
+            key_dim=4,
+            kv_share=ka.KVShare("shared"),
+            kv_share_role="source",
+            value_norm="rms",
+        ),
         "kernel_initializer",
     ),
     (ka.FeedForward, dict(intermediate_dim=4), "kernel_initializer"),

@@ -284,7 +284,13 @@ def mha_reference(layer, query, value, key, mask):
     `(b, h, i, j)`), gate, output projection. Returns (output, weights)."""
     q = _dense(layer.query_dense, query)
     k = _dense(layer.key_dense, key)
-    v = _dense(layer.value_dense, value)
+    if getattr(layer, "values_from_keys", False):  # Gemma 4's K = V
+        v = k
+    else:
+        v = _dense(layer.value_dense, value)
+    if getattr(layer, "value_norm", None) == "rms":  # Gemma 4's v-norm
+        epsilon = layer.qk_norm_epsilon
+        v = v / np.sqrt(np.mean(v**2, -1, keepdims=True) + epsilon)
     if layer.rotary_max_wavelength is not None:
         q = _rotate(q, layer.rotary_max_wavelength)
         k = _rotate(k, layer.rotary_max_wavelength)
@@ -683,6 +689,7 @@ SELF_CLASSES = {
     "SelfAttention": ka.SelfAttention,
     "CausalSelfAttention": ka.CausalSelfAttention,
     "LocalSelfAttention": ka.LocalSelfAttention,
+    "SharedKVSelfAttention": ka.SharedKVSelfAttention,
 }
 
 
@@ -720,8 +727,19 @@ def test_self_attention_layers(data):
                 BAD_INTS,
             ),
         )
+    if cls is ka.SharedKVSelfAttention:
+        # Rotating the whole head, proportional_rotary is the plain RoPE.
+        spec.update(
+            values_from_keys=(BOOLS, BAD_BOOLS),
+            value_norm=(st.sampled_from([None, "rms"]), ("RMS", "l2", 1)),
+            proportional_rotary=(BOOLS, BAD_BOOLS),
+        )
     kwargs, bad = _draw_args(data, spec)
     bad = bad | _joint_errors(kwargs)
+    proportional = kwargs.get("proportional_rotary")
+    if isinstance(proportional, (bool, np.bool_)) and proportional:
+        if kwargs["rotary_max_wavelength"] is None:
+            bad = bad | {"proportional_rotary", "rotary_max_wavelength"}
     batch = data.draw(st.sampled_from(BATCHES))
     t = data.draw(st.sampled_from(LENGTHS), label="T")
     x, finite, huge = data.draw(sequences(batch, t))
@@ -1561,6 +1579,7 @@ def test_layers_are_all_covered():
         "RotaryEmbedding",
         "CausalSelfAttention",
         "SelfAttention",
+        "SharedKVSelfAttention",
         "SinusoidalPositionEncoding",
         "TokenAndPositionEmbedding",
         # Its properties: tests/properties/test_pooling_head_properties.py
