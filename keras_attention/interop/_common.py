@@ -133,6 +133,55 @@ def decoder_block(name, self_attention, feed_forward, **options):
     )
 
 
+def rms_decoder_model(
+    num_layers,
+    sublayers,
+    *,
+    vocabulary_size,
+    hidden_dim,
+    tie_word_embeddings,
+    epsilon,
+    dtype,
+    name,
+    dropout=0.0,
+    sandwich_norm=False,
+):
+    """The decoder-only model that the Llama, Qwen 3.5, DeepSeek and Kimi
+    Linear builders share: inputs `token_ids` and `padding_mask`, a token
+    embedding (`ReversibleEmbedding` named `token_embedding`, tied or
+    not), `num_layers` pre-norm decoder blocks with RMS norms of
+    `epsilon` named `transformer_layer_{i}`, composed of
+    `sublayers(i)` -> `(self_attention, feed_forward)` (called as each
+    block is built), with the residual `dropout` and `sandwich_norm`,
+    then the final RMS norm `sequence_output_layernorm`; a `keras.Model`
+    named `name` whose output is that norm's."""
+    inputs = token_inputs("token_ids", "padding_mask")
+    x = keras.layers.ReversibleEmbedding(
+        vocabulary_size,
+        hidden_dim,
+        tie_weights=tie_word_embeddings,
+        dtype=dtype,
+        name="token_embedding",
+    )(inputs["token_ids"])
+    for i in range(num_layers):
+        attention, ff = sublayers(i)
+        x = decoder_block(
+            f"transformer_layer_{i}",
+            self_attention=attention,
+            feed_forward=ff,
+            dropout=dropout,
+            norm_first=True,
+            layer_norm_epsilon=epsilon,
+            normalization="rms_norm",
+            sandwich_norm=sandwich_norm,
+            dtype=dtype,
+        )(x, padding_mask=inputs["padding_mask"])
+    x = keras.layers.RMSNormalization(
+        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
+    )(x)
+    return keras.Model(inputs=inputs, outputs=x, name=name)
+
+
 def encoder_block(name, self_attention, feed_forward, **options):
     """A `TransformerEncoderBlock` named `name` composed of the given
     layers; `options`: the block's own (as `decoder_block`'s)."""

@@ -1,7 +1,5 @@
 """keras-hub's `LlamaBackbone` rebuilt from `keras_attention` blocks."""
 
-import keras
-
 from keras_attention.interop import _common
 
 # Their weight path prefix -> ours (`{i}`: the layer index); the weights
@@ -240,14 +238,6 @@ def llama_style_model(
         A `keras.Model` with inputs `token_ids`, `padding_mask` and the
         final norm's output.
     """
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        config["vocabulary_size"],
-        config["hidden_dim"],
-        tie_weights=config["tie_word_embeddings"],
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
     attention = dict(
         num_heads=config["num_query_heads"],
         key_dim=key_dim or config["hidden_dim"] // config["num_query_heads"],
@@ -267,7 +257,8 @@ def llama_style_model(
         attention["qk_norm_epsilon"] = (
             qk_norm_epsilon or config["layer_norm_epsilon"]
         )
-    for i in range(config["num_layers"]):
+
+    def sublayers(i):
         own = layer_attention(i) if layer_attention else {}
         ff = layer_feed_forward(i) if layer_feed_forward else None
         if ff is None:
@@ -279,23 +270,20 @@ def llama_style_model(
                 gated=True,
                 dtype=dtype,
             )
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=_common.self_attention(**{**attention, **own}),
-            feed_forward=ff,
-            dropout=config["dropout"],
-            norm_first=True,
-            layer_norm_epsilon=config["layer_norm_epsilon"],
-            normalization="rms_norm",
-            sandwich_norm=sandwich_norm,
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
+        return _common.self_attention(**{**attention, **own}), ff
+
+    return _common.rms_decoder_model(
+        config["num_layers"],
+        sublayers,
+        vocabulary_size=config["vocabulary_size"],
+        hidden_dim=config["hidden_dim"],
+        tie_word_embeddings=config["tie_word_embeddings"],
         epsilon=config["layer_norm_epsilon"],
         dtype=dtype,
-        name="sequence_output_layernorm",
-    )(x)
-    return keras.Model(inputs=inputs, outputs=x, name=name)
+        name=name,
+        dropout=config["dropout"],
+        sandwich_norm=sandwich_norm,
+    )
 
 
 def convert_llama(backbone):

@@ -1,7 +1,6 @@
 """keras-hub's `Qwen3_5Backbone` (text) rebuilt from `keras_attention`
 blocks: gated delta net layers and gated attention layers."""
 
-import keras
 import numpy as np
 
 from keras_attention.interop import _common
@@ -166,17 +165,9 @@ def qwen3_5_style_model(config, dtype, name, layer_feed_forward=None):
         A `keras.Model` with inputs `token_ids`, `padding_mask` and the
         final norm's output.
     """
-    epsilon = float(config["layer_norm_epsilon"])
     dropout = float(config.get("dropout", 0.0))
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        int(config["vocabulary_size"]),
-        int(config["hidden_dim"]),
-        tie_weights=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    for i in range(int(config["num_layers"])):
+
+    def sublayers(i):
         ff = layer_feed_forward(i) if layer_feed_forward else None
         if ff is None:
             ff = _common.feed_forward(
@@ -187,20 +178,19 @@ def qwen3_5_style_model(config, dtype, name, layer_feed_forward=None):
                 gated=True,
                 dtype=dtype,
             )
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=_self_attention(config, dtype, i),
-            feed_forward=ff,
-            dropout=dropout,
-            norm_first=True,
-            layer_norm_epsilon=epsilon,
-            normalization="rms_norm",
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
-        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
-    )(x)
-    return keras.Model(inputs=inputs, outputs=x, name=name)
+        return _self_attention(config, dtype, i), ff
+
+    return _common.rms_decoder_model(
+        int(config["num_layers"]),
+        sublayers,
+        vocabulary_size=int(config["vocabulary_size"]),
+        hidden_dim=int(config["hidden_dim"]),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        epsilon=float(config["layer_norm_epsilon"]),
+        dtype=dtype,
+        name=name,
+        dropout=dropout,
+    )
 
 
 def hub_config(backbone, get):

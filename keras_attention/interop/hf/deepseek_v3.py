@@ -5,8 +5,6 @@ and DeepSeek's grouped sigmoid routing (`MixtureOfExperts(routing=
 and the model builder are shared with `deepseek_v32` (`hf.deepseek_v32`),
 which adds the lightning indexer."""
 
-import keras
-
 from keras_attention.interop import _common
 from keras_attention.interop.hf import Conversion
 from keras_attention.interop.hf import configs
@@ -220,16 +218,8 @@ def deepseek_model(arguments, dtype, name, indexer=None):
     SwiGLU `FeedForward` or the `MixtureOfExperts`, then the final RMS
     norm `sequence_output_layernorm`. Initial weights: the caller fills
     them."""
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        arguments["vocabulary_size"],
-        arguments["hidden_dim"],
-        tie_weights=arguments["tie_word_embeddings"],
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    epsilon = arguments["layer_norm_epsilon"]
-    for i, dense in enumerate(arguments["dense"]):
+
+    def sublayers(i):
         attention = MultiHeadLatentAttention(
             num_heads=arguments["num_heads"],
             **arguments["latent"],
@@ -237,7 +227,7 @@ def deepseek_model(arguments, dtype, name, indexer=None):
             dtype=dtype,
             name="self_attention",
         )
-        if dense:
+        if arguments["dense"][i]:
             feed_forward = _common.feed_forward(
                 arguments["intermediate_dim"],
                 activation="silu",
@@ -247,20 +237,18 @@ def deepseek_model(arguments, dtype, name, indexer=None):
             )
         else:
             feed_forward = _common.mixture_of_experts(arguments["moe"], dtype)
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=attention,
-            feed_forward=feed_forward,
-            dropout=0.0,
-            norm_first=True,
-            layer_norm_epsilon=epsilon,
-            normalization="rms_norm",
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
-        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
-    )(x)
-    return keras.Model(inputs=inputs, outputs=x, name=name)
+        return attention, feed_forward
+
+    return _common.rms_decoder_model(
+        len(arguments["dense"]),
+        sublayers,
+        vocabulary_size=arguments["vocabulary_size"],
+        hidden_dim=arguments["hidden_dim"],
+        tie_word_embeddings=arguments["tie_word_embeddings"],
+        epsilon=arguments["layer_norm_epsilon"],
+        dtype=dtype,
+        name=name,
+    )
 
 
 def deepseek_table(arguments, attention_rows=()):

@@ -4,8 +4,6 @@ layers without positions (NoPE), and DeepSeek-V3's mixture of experts
 (sigmoid routing with a score-correction bias, expert groups, shared
 experts) after the first dense layers."""
 
-import keras
-
 from keras_attention.interop import _common
 from keras_attention.interop.hf import Conversion
 from keras_attention.interop.hf import mixtral
@@ -195,18 +193,10 @@ def kimi_linear_model(config, dtype, types, mlp_types):
     self-attention is layer `i`'s mixer (`types`) and whose feed-forward
     is a SwiGLU `FeedForward` of `intermediate_size` ("dense") or the
     `MixtureOfExperts` ("sparse"), then the final RMS norm."""
-    epsilon = float(config.get("rms_norm_eps", 1e-5))
     moe = moe_arguments(config)
-    inputs = _common.token_inputs("token_ids", "padding_mask")
-    x = keras.layers.ReversibleEmbedding(
-        int(config.require("vocab_size")),
-        int(config.require("hidden_size")),
-        tie_weights=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype,
-        name="token_embedding",
-    )(inputs["token_ids"])
-    for i, (kind, mlp) in enumerate(zip(types, mlp_types)):
-        if mlp == "sparse":
+
+    def sublayers(i):
+        if mlp_types[i] == "sparse":
             feed_forward = _common.mixture_of_experts(moe, dtype)
         else:
             feed_forward = _common.feed_forward(
@@ -216,19 +206,18 @@ def kimi_linear_model(config, dtype, types, mlp_types):
                 gated=True,
                 dtype=dtype,
             )
-        x = _common.decoder_block(
-            f"transformer_layer_{i}",
-            self_attention=_mixer(config, kind, dtype),
-            feed_forward=feed_forward,
-            norm_first=True,
-            layer_norm_epsilon=epsilon,
-            normalization="rms_norm",
-            dtype=dtype,
-        )(x, padding_mask=inputs["padding_mask"])
-    x = keras.layers.RMSNormalization(
-        epsilon=epsilon, dtype=dtype, name="sequence_output_layernorm"
-    )(x)
-    return keras.Model(inputs=inputs, outputs=x, name=config.model_type)
+        return _mixer(config, types[i], dtype), feed_forward
+
+    return _common.rms_decoder_model(
+        len(types),  # `mlp_types` as long (`_checked`)
+        sublayers,
+        vocabulary_size=int(config.require("vocab_size")),
+        hidden_dim=int(config.require("hidden_size")),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        epsilon=float(config.get("rms_norm_eps", 1e-5)),
+        dtype=dtype,
+        name=config.model_type,
+    )
 
 
 def _delta_rows(theirs, ours):
