@@ -39,8 +39,10 @@ in a fresh process:
    one process: ours (`keras_attention.ops.dot_product_attention`, the
    automatic choice: FlexAttention or SDPA), `flex_attention` compiled
    and called directly (its own `create_block_mask` and `score_mod`),
-   SDPA with the dense mask (an additive float mask for the score
-   functions; none for soft-capping, which is no bias), and our previous
+   the same call on the `(b, h, T, d)` views of our `(b, T, h, d)`
+   tensors (read strided: what the flex path copies to avoid; not a
+   reference), SDPA with the dense mask (an additive float mask for the
+   score functions; none for soft-capping, which is no bias), our previous
    path (the automatic choice without FlexAttention: SDPA through the
    fused path, or the blockwise path for a score function). Ratios are
    to ours; `max |diff|` of each output from ours. Compiling the
@@ -48,6 +50,17 @@ in a fresh process:
    Targets (issue 57): ours within 1.1x of the faster of flex_attention
    and SDPA; document mask at 8k >= 4x, window 512 at 8k >= 3x faster
    than SDPA with the dense mask.
+
+6. `--tables thresholds` (PyTorch, its own process; not in the
+   default set): the crossovers the automatic choice's constants stand
+   for. `RELATIVE_SDPA_MIN_DENSITY`: ALiBi with causal sliding windows of
+   `--threshold-windows` keys at T = `--threshold-length`, the
+   "relative_sdpa" path (SDPA, every block) against "flex" (the blocks
+   outside the window skipped), by the share of (query, key) pairs
+   attended. `FLEX_MIN_LENGTH`: "flex" against the path the automatic
+   choice takes without it, at T = `--threshold-lengths`, for a causal
+   document mask and soft-capping (the first flex call, compilation
+   included, reported apart).
 
 Ours is timed interleaved with each alternative of table 1 in its own
 process (two dense 8 x T^2 training steps do not fit in one 24 GiB process
@@ -336,7 +349,16 @@ def flex_configs(length, documents):
                 q, k, v, implementation=previous, **kwargs
             )
 
+        def views(score_fn=score_fn, block_mask=block_mask):
+            # Our layout's (b, h, T, d) views, read strided (the cost of
+            # the copies the flex path makes instead).
+            q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
+            out = flex(q_, k_, v_, score_mod=score_fn, block_mask=block_mask)
+            return out.transpose(1, 2)
+
         fns = {"ours": ours, "flex_attention": direct}
+        if case != "causal":
+            fns["flex_attention, (b, T, h, d) views"] = views
         if dense is not None:
             fns["SDPA, dense mask"] = sdpa
         fns[f"ours before ({previous})"] = before
@@ -386,6 +408,95 @@ def flex_child(lengths, documents, repeats):
                         ]
                     )
     paths.choose = original
+    print(json.dumps(rows))
+
+
+def thresholds_child(length, lengths, windows, documents, repeats):
+    """The crossovers behind the automatic choice's constants (PyTorch,
+    inference forward, batch 1, `FLEX_HEADS` heads of `FLEX_DIM`), rows
+    printed as JSON:
+
+    - `["density", T, window, share of pairs attended, relative_sdpa
+      ms, flex ms, flex / relative_sdpa]`: ALiBi with a causal sliding
+      window (`RELATIVE_SDPA_MIN_DENSITY`: relative_sdpa from the density
+      where flex stops being faster);
+    - `["length", T, case, flex ms, other ms, flex / other, other path,
+      first flex call s]`: a causal document mask and soft-capping (50)
+      against the path the automatic choice takes without FlexAttention
+      (`FLEX_MIN_LENGTH`: flex from the length where it is faster; the
+      first call's compilation is the last column, not in the ratio)."""
+    import torch
+    import torch._dynamo
+
+    from keras_attention import scores
+    from keras_attention.ops import paths
+
+    torch._dynamo.config.recompile_limit = 64
+    rows = []
+
+    def inputs(t):
+        gen = torch.Generator().manual_seed(t)
+        shape = (1, t, FLEX_HEADS, FLEX_DIM)
+        return [torch.randn(shape, generator=gen) for _ in range(3)]
+
+    with torch.no_grad():
+        q, k, v = inputs(length)
+        alibi = scores.ALiBi(num_heads=FLEX_HEADS)
+        for window in windows:
+            kwargs = dict(causal=True, score_mod=alibi)
+            if window < length:
+                kwargs["mask_mod"] = mods.SlidingWindowMask(
+                    window - 1, causal=True
+                )
+            request = paths.AttentionRequest(
+                q, k, v, scale=1.0 / FLEX_DIM**0.5, **kwargs
+            )
+            fns = {
+                impl: lambda impl=impl, r=request: paths.run_path(impl, r)
+                for impl in ("relative_sdpa", "flex")
+            }
+            for fn in fns.values():
+                fn()  # Compiles.
+            times = time_interleaved(fns, repeats=repeats, warmup=1)
+            w = min(window, length)
+            pairs = w * length - w * (w - 1) // 2  # Causal, w keys.
+            sdpa, flex = times["relative_sdpa"], times["flex"]
+            density = pairs / length**2
+            rows.append(
+                ["density", length, window, density, sdpa * 1e3]
+                + [flex * 1e3, flex / sdpa]
+            )
+        for t in lengths:
+            q, k, v = inputs(t)
+            ids = segment_ids(t, documents, 1)
+            cases = {
+                "documents": dict(
+                    mask_mod=mods.and_masks(
+                        mods.CausalMask(),
+                        mods.DocumentMask().bind(segment_ids=ids),
+                    )
+                ),
+                "soft-cap 50": dict(
+                    causal=True, score_mod=scores.SoftCap(50.0)
+                ),
+            }
+            for case, kwargs in cases.items():
+                request = paths.AttentionRequest(
+                    q, k, v, scale=1.0 / FLEX_DIM**0.5, **kwargs
+                )
+                other = paths.automatic(request, flex_ok=False)
+                fns = {
+                    impl: lambda impl=impl, r=request: paths.run_path(impl, r)
+                    for impl in ("flex", other)
+                }
+                start = time.perf_counter()
+                fns["flex"]()  # Compiles.
+                first = time.perf_counter() - start
+                times = time_interleaved(fns, repeats=repeats, warmup=1)
+                ms = times["flex"] * 1e3, times[other] * 1e3
+                rows.append(
+                    ["length", t, case, *ms, ms[0] / ms[1], other, first]
+                )
     print(json.dumps(rows))
 
 
@@ -486,6 +597,51 @@ def flex_table(args):
     ]
 
 
+def thresholds_table(args):
+    """Runs the thresholds table in a PyTorch process; its Markdown."""
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    command = [sys.executable, __file__, "--thresholds-child"]
+    command += ["--threshold-length", str(args.threshold_length)]
+    command += ["--threshold-lengths", *map(str, args.threshold_lengths)]
+    command += ["--threshold-windows", *map(str, args.threshold_windows)]
+    command += ["--documents", str(args.documents)]
+    command += ["--repeats", str(args.repeats)]
+    out = subprocess.run(
+        command, check=True, capture_output=True, text=True, env=env
+    )
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    density = [r[1:] for r in rows if r[0] == "density"]
+    length = [r[1:] for r in rows if r[0] == "length"]
+    return [
+        "",
+        "Thresholds of the automatic choice (PyTorch, inference forward, "
+        f"batch 1, {FLEX_HEADS} heads of {FLEX_DIM}, float32, timed "
+        "interleaved). RELATIVE_SDPA_MIN_DENSITY: ALiBi with a causal "
+        "sliding window, relative_sdpa vs flex",
+        "",
+        markdown_table(
+            [
+                "T",
+                "window",
+                "pairs attended",
+                "relative_sdpa ms",
+                "flex ms",
+                "flex / relative_sdpa",
+            ],
+            density,
+        ),
+        "",
+        "FLEX_MIN_LENGTH: flex vs the path taken without it (the first "
+        "flex call, compilation included, in the last column)",
+        "",
+        markdown_table(
+            ["T", "case", "flex ms", "other ms", "flex / other", "other"]
+            + ["first flex call s"],
+            length,
+        ),
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=8192)
@@ -505,11 +661,33 @@ def main():
     parser.add_argument(
         "--flex-child", action="store_true", help=argparse.SUPPRESS
     )
+    parser.add_argument("--threshold-length", type=int, default=2048)
+    parser.add_argument(
+        "--threshold-lengths", type=int, nargs="+", default=[256, 512, 1024]
+    )
+    parser.add_argument(
+        "--threshold-windows",
+        type=int,
+        nargs="+",
+        default=[128, 256, 512, 1024, 2048],
+    )
+    parser.add_argument(
+        "--thresholds-child", action="store_true", help=argparse.SUPPRESS
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--pair", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flex_child:
         flex_child(args.flex_lengths, args.documents, args.repeats)
+        return
+    if args.thresholds_child:
+        thresholds_child(
+            args.threshold_length,
+            args.threshold_lengths,
+            args.threshold_windows,
+            args.documents,
+            args.repeats,
+        )
         return
     if args.pair:
         other, length, documents, repeats = args.pair
@@ -647,6 +825,8 @@ def main():
         ]
     if "flex" in tables:
         lines += flex_table(args)
+    if "thresholds" in tables:
+        lines += thresholds_table(args)
     lines += [
         "",
         f"Load after: {load_average()}",

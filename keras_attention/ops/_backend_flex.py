@@ -9,6 +9,7 @@ per shape by `torch.compile`), recent block masks, a compilation that
 failed.
 """
 
+import sys
 import warnings
 
 import keras
@@ -93,9 +94,10 @@ def flex_needs_gradient(tensors, reads_other=False):
 def flex_block_mask(evaluate, key, shape, like, chunk=None, mask_mod=None):
     """`(BlockMask, density)` of a mask `(q_len, kv_len) = shape`, built
     once per `key` (what the mask depends on) and device (`like`'s).
-    `mask_mod`: the kernel's mask function on its partial blocks when the
-    mask is arithmetic on the indices (bands, documents: faster than a
-    table, and no table is built), else None: the table below.
+    `mask_mod()`: the kernel's mask function on its partial blocks when
+    the mask is arithmetic on the indices (bands, documents: faster than a
+    table, and no table is built), else None: the table below (asked for
+    only when the block mask is built).
 
     `evaluate(q_start, q_stop)` gives the mask of those query rows, bool
     `(b|1, h|1, rows, kv_len)`, `chunk` rows at a time (about 2**22
@@ -109,8 +111,9 @@ def flex_block_mask(evaluate, key, shape, like, chunk=None, mask_mod=None):
     key = (key, tuple(shape), str(like.device))
     cached = _FLEX_BLOCK_MASKS.pop(key, None)
     if cached is None:
+        kernel_mask = None if mask_mod is None else mask_mod()
         cached = _build_block_mask(
-            evaluate, shape, like.device, chunk, mask_mod
+            evaluate, shape, like.device, chunk, kernel_mask
         )
     _FLEX_BLOCK_MASKS[key] = cached
     while len(_FLEX_BLOCK_MASKS) > FLEX_BLOCK_MASK_CACHE:
@@ -206,14 +209,21 @@ class FlexCompileError(RuntimeError):
 
 
 def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
-    """FlexAttention on `(b, h, T, d)` tensors (`g` key/value heads
-    divide `h`): the output, and with `lse` its log-sum-exp. One
-    `torch.compile` (static shapes): a kernel per shape, dtype and score
-    function, compiled at its first call and reused after;
-    `FlexCompileError` when compiling fails."""
+    """FlexAttention on `(b, T, h, d)` tensors (`g` key/value heads
+    divide `h`): the output `(b, i, h, e)`, and with `lse` its
+    log-sum-exp `(b, h, i)`. One `torch.compile` (static shapes): a
+    kernel per shape, dtype and score function, compiled at its first
+    call and reused after; `FlexCompileError` when compiling fails.
+
+    The kernel gets contiguous `(b, h, T, d)` copies: it reads the
+    `(b, h, T, d)` views of `(b, T, h, d)` tensors (rows `h * d` apart)
+    1.1-1.2x slower on a CPU (torch 2.13), and a copy costs 1.5-5% of the
+    kernel's time (`benchmarks/programmable_attention.py --tables flex`:
+    the row "flex_attention, (b, T, h, d) views")."""
     import torch
     import torch._dynamo
 
+    query, key, value = map(_heads_first, (query, key, value))
     if _FLEX["kernel"] is None:
         # Our own function: kernels apart from the program's other ones.
         _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
@@ -225,7 +235,7 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
             warnings.filterwarnings("ignore", "Dynamo does not know how")
             warnings.filterwarnings("ignore", "Dynamo detected a call to")
             gqa = query.shape[1] != key.shape[1]
-            return _FLEX["kernel"](
+            result = _FLEX["kernel"](
                 query, key, value, score_fn, block_mask, scale, gqa, lse
             )
     except torch._dynamo.exc.TorchDynamoException as error:
@@ -234,6 +244,31 @@ def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
         if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
             _FLEX["failure"] = reason  # The toolchain: not again.
         raise FlexCompileError(reason) from error
+    if lse:
+        return result[0].transpose(1, 2), result[1]
+    return result.transpose(1, 2)
+
+
+def _heads_first(x):
+    """`(b, T, h, d)` -> a contiguous `(b, h, T, d)` torch tensor."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):  # NumPy, lists: Keras's device.
+        x = keras.ops.convert_to_tensor(x)
+    return x.transpose(1, 2).contiguous()
+
+
+def host_array(x):
+    """The NumPy array of a CPU torch tensor's values (shared, no copy),
+    else None (`flex.tensor_digest`: no Keras conversion per call)."""
+    torch = sys.modules.get("torch")  # Not imported: not a torch tensor.
+    if torch is None or not isinstance(x, torch.Tensor):
+        return None
+    if x.device.type != "cpu":
+        return None
+    if x.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        return None  # NumPy has no such dtype.
+    return x.detach().numpy()
 
 
 def relative_bias_sdpa(query, key, value, table, scale):

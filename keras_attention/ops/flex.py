@@ -47,6 +47,7 @@ import functools
 import hashlib
 import types
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -329,7 +330,10 @@ def warn_once(reason):
 def tensor_digest(x):
     """A digest of a tensor's dtype, shape and values (block-mask cache
     keys: the tensors a mask function reads, such as segment ids)."""
-    array = np.ascontiguousarray(ops.convert_to_numpy(x))
+    array = x if isinstance(x, np.ndarray) else _backend_flex.host_array(x)
+    if array is None:
+        array = ops.convert_to_numpy(x)
+    array = np.ascontiguousarray(array)
     digest = hashlib.blake2b(array.tobytes(), digest_size=16).hexdigest()
     return (str(array.dtype), array.shape, digest)
 
@@ -456,22 +460,34 @@ def _cpu_refusal(request):
     return None
 
 
-def _block_mask(request, offset, sink):
+# The block mask the automatic choice (`prefers_flex`) found for a
+# request, taken by the call that follows (`flex_attention`): one lookup
+# a call (its cache key hashes the bound tensors' contents).
+_CHOSEN = {}  # "entry": (weakref to the request, offset, sink, result)
+
+
+def _block_mask(request, offset, sink, chosen=False):
     """The call's block mask (None when nothing masks) and the share of
-    its blocks the kernel visits, from `_backend_flex`'s cache."""
+    its blocks the kernel visits, from `_backend_flex`'s cache; with
+    `chosen`, the one `prefers_flex` just found for `request`."""
+    entry = _CHOSEN.pop("entry", None)  # One read: threads may race.
+    if chosen and entry is not None and entry[0]() is request:
+        if entry[1:3] == (offset, sink):
+            return entry[3]
     query, kv_len = request.query, request.key.shape[1]
     mask = _KernelMask(request, offset, kv_len, sink)
-    if not mask.masks:
-        return None, 1.0
-    b, h, q_len = ops.shape(query)[0], query.shape[2], query.shape[1]
-    total = kv_len + int(sink)
-    return _backend_flex.flex_block_mask(
-        lambda start, stop: mask.evaluate(b, h, start, stop, total),
-        (b, h, mask.fingerprint()),
-        (q_len, total),
-        query,
-        mask_mod=mask.kernel(),
-    )
+    result = None, 1.0
+    if mask.masks:
+        b, h, q_len = ops.shape(query)[0], query.shape[2], query.shape[1]
+        total = kv_len + int(sink)
+        result = _backend_flex.flex_block_mask(
+            lambda start, stop: mask.evaluate(b, h, start, stop, total),
+            (b, h, mask.fingerprint()),
+            (q_len, total),
+            query,
+            mask_mod=mask.kernel,
+        )
+    return result
 
 
 def prefers_flex(request):
@@ -497,9 +513,10 @@ def prefers_flex(request):
         return False
     if request.score_mod is not None or request.needs_lse:
         return True  # The other paths run it op by op.
-    sink = request.sink_logits is not None
-    density = _block_mask(request, query_offset(request), sink)[1]
-    return density <= FLEX_MAX_DENSITY
+    sink, offset = request.sink_logits is not None, query_offset(request)
+    result = _block_mask(request, offset, sink)
+    _CHOSEN["entry"] = (weakref.ref(request), offset, sink, result)
+    return result[1] <= FLEX_MAX_DENSITY
 
 
 def flex_attention(request):
@@ -512,22 +529,18 @@ def flex_attention(request):
     q_len, kv_len = query.shape[1], key.shape[1]
     offset = query_offset(request)
     sink = request.sink_logits is not None
-    block_mask = _block_mask(request, offset, sink)[0]
-    score = _KernelScore(request, offset, kv_len, q_len)
+    block_mask = _block_mask(request, offset, sink, chosen=True)[0]
     trivial = request.score_mod is None and not sink
+    score = None if trivial else _KernelScore(request, offset, kv_len, q_len)
     if sink:  # The sink's key: zero key and value, its logit as score.
         pad = [[0, 0], [0, 1], [0, 0], [0, 0]]
         key, value = ops.pad(key, pad), ops.pad(value, pad)
-    q, k, v = (ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
-    result = _backend_flex.flex_attention(
-        q,
-        k,
-        v,
-        None if trivial else score,
+    return _backend_flex.flex_attention(
+        query,
+        key,
+        value,
+        score,
         block_mask,
         float(request.scale),
         bool(request.return_lse),
     )
-    out = result[0] if request.return_lse else result
-    out = ops.transpose(out, (0, 2, 1, 3))
-    return (out, result[1]) if request.return_lse else out
