@@ -32,9 +32,13 @@ from keras_attention.ops.fused import mask_band
 
 # The automatic choice takes this path for a relative bias when at least
 # this share of the (query, key) pairs is attended: below, FlexAttention's
-# skipped blocks pay for its slower ones (CPU, 4 heads of 64, float32:
-# SDPA's kernel about 3x as fast per block; causal attends ~0.5).
-RELATIVE_SDPA_MIN_DENSITY = 0.3
+# skipped blocks pay for its slower ones (causal attends ~0.5). Measured
+# (rough: torch 2.13, 1 thread, CPU time on a loaded 2-core machine; ALiBi,
+# causal windows, T = 2,048, 4 heads of 64, float32): flex / relative_sdpa
+# 0.58 at 0.12 of the pairs, 0.95 at 0.22, 1.30 at 0.38, 1.67 at 0.50:
+# equal at ~0.24. `KERAS_BACKEND=torch python
+# benchmarks/programmable_attention.py --tables thresholds`.
+RELATIVE_SDPA_MIN_DENSITY = 0.25
 
 
 def _band(request):
