@@ -251,6 +251,55 @@ def _backward_tile(q, kv, rows, valid, scale, grads):
     return dq, ops.reshape(dk, flat_k), ops.reshape(dv, flat_v), ids
 
 
+def _backward_tiles(xs, flat_k, flat_v, groups, length, scale):
+    """`(dq tiles (n, b, q, h, d), dk rows, dv rows)` (the rows as
+    `_flat_heads` lays them out) of the tiles `xs` `(q, rows, valid, dO,
+    rowsum(dO * O), lse, dlse)`."""
+    kv = (flat_k, flat_v, groups, length)
+    dtype = xs[5].dtype
+
+    def body(i, carry):
+        dq_tiles, dk_acc, dv_acc = carry
+        x = [t[i] for t in xs]
+        dq, dk, dv, ids = _backward_tile(x[0], kv, x[1], x[2], scale, x[3:])
+        # In place: a new accumulator per tile would cost O(Tk) each.
+        dk_acc = _backend.scatter_add(dk_acc, ids, dk)
+        dv_acc = _backend.scatter_add(dv_acc, ids, dv)
+        start = (i,) + (0,) * 4
+        dq_tiles = ops.slice_update(dq_tiles, start, dq[None])
+        return dq_tiles, dk_acc, dv_acc
+
+    init = (
+        ops.zeros(ops.shape(xs[0]), dtype),
+        _backend.zeros_accumulator(ops.shape(flat_k), dtype),
+        _backend.zeros_accumulator(ops.shape(flat_v), dtype),
+    )
+    return ops.fori_loop(0, ops.shape(xs[0])[0], body, init)
+
+
+# The backward loop compiled with XLA on TensorFlow (other backends: as
+# it is; JAX compiles `_attend` whole), from `XLA_MIN_PAIRS` (query,
+# key/value head, slot) triples: XLA adds the rows of dK and dV into
+# their accumulators in place several times faster than TensorFlow's
+# `InplaceAdd` (which runs row by row), but compiles each shape once
+# (about a second).
+_backward_tiles_xla = _backend.compile_step(
+    _backward_tiles, True, autograph=False
+)
+XLA_MIN_PAIRS = 2**18
+
+
+def _backward_loop(xs, flat_k, flat_v, groups, length, scale):
+    """`_backward_tiles`, compiled with XLA for large tiles (`xs[1]`, the
+    rows `(n, b, q, k)`; an unknown batch counts as 1)."""
+    shape = tuple(xs[1].shape)
+    pairs = math.prod(size or 1 for size in shape) * groups
+    loop = _backward_tiles
+    if None not in shape[2:] and pairs >= XLA_MIN_PAIRS:
+        loop = _backward_tiles_xla
+    return loop(xs, flat_k, flat_v, groups, length, scale)
+
+
 def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
     """The tiled kernel on padded inputs (`Tq` a multiple of
     `query_block`; -1: one tile of unknown length): the output, and the
@@ -290,25 +339,7 @@ def _attend(q, k, v, rows, valid, scale, query_block, return_lse):
             _tiles(x, n, query_block)
             for x in (q, rows, valid, d_out, dd, lse, d_lse)
         )
-        kv = heads(k, v)
-
-        def body(i, carry):
-            dq_tiles, dk_acc, dv_acc = carry
-            x = [t[i] for t in xs]
-            dq, dk, dv, ids = _backward_tile(x[0], kv, x[1], x[2], scale, x[3:])
-            # In place: a new accumulator per tile would cost O(Tk) each.
-            dk_acc = _backend.scatter_add(dk_acc, ids, dk)
-            dv_acc = _backend.scatter_add(dv_acc, ids, dv)
-            start = (i,) + (0,) * 4
-            dq_tiles = ops.slice_update(dq_tiles, start, dq[None])
-            return dq_tiles, dk_acc, dv_acc
-
-        init = (
-            ops.zeros(ops.shape(xs[0]), dtype),
-            _backend.zeros_accumulator(ops.shape(kv[0]), dtype),
-            _backend.zeros_accumulator(ops.shape(kv[1]), dtype),
-        )
-        dq, dk, dv = ops.fori_loop(0, ops.shape(xs[0])[0], body, init)
+        dq, dk, dv = _backward_loop(xs, *heads(k, v), scale=scale)
         dq = ops.cast(_untile(dq), q.dtype)
         dk = ops.cast(_unflat_heads(dk, k), k.dtype)
         dv = ops.cast(_unflat_heads(dv, v), v.dtype)

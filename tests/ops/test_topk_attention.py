@@ -152,10 +152,17 @@ def _case(seed, b=2, tq=7, tk=9, h=4, g=2, top_k=5, dtype="float32"):
         dict(causal=True, offset=2, masks=True, query_block=3),
         dict(causal=False, offset=0, masks=False, query_block=None),
         dict(causal=True, offset=0, masks=False, query_block=16),
+        dict(causal=True, offset=2, masks=True, query_block=3, xla=True),
     ],
-    ids=["causal-offset-masks-tiles", "plain", "causal-one-tile"],
+    ids=["causal-offset-masks-tiles", "plain", "causal-one-tile", "xla"],
 )
-def test_matches_numpy_reference_with_gradients(options):
+def test_matches_numpy_reference_with_gradients(options, monkeypatch):
+    if options.get("xla"):
+        # The backward loop as large inputs run it on TensorFlow: compiled
+        # with XLA (elsewhere the same loop as the first case).
+        if BACKEND != "tensorflow":
+            pytest.skip("XLA compiles the backward on TensorFlow only")
+        monkeypatch.setattr(topk_module, "XLA_MIN_PAIRS", 0)
     rng, (q, k, v), indices, d_out, d_lse = _case(0)
     b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qm = km = im = None
