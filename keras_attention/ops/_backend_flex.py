@@ -208,54 +208,63 @@ class FlexCompileError(RuntimeError):
     message says why); the caller runs another path."""
 
 
-def flex_attention(query, key, value, score_fn, block_mask, scale, lse):
+def flex_attention(
+    query, key, value, score_fn, block_mask, scale, lse, copy=True
+):
     """FlexAttention on `(b, T, h, d)` tensors (`g` key/value heads
     divide `h`): the output `(b, i, h, e)`, and with `lse` its
     log-sum-exp `(b, h, i)`. One `torch.compile` (static shapes): a
     kernel per shape, dtype and score function, compiled at its first
     call and reused after; `FlexCompileError` when compiling fails.
 
-    The kernel gets contiguous `(b, h, T, d)` copies: it reads the
-    `(b, h, T, d)` views of `(b, T, h, d)` tensors (rows `h * d` apart)
-    1.1-1.2x slower on a CPU (torch 2.13), and a copy costs 1.5-5% of the
-    kernel's time (`benchmarks/programmable_attention.py --tables flex`:
-    the row "flex_attention, (b, T, h, d) views")."""
+    With `copy` the kernel gets contiguous `(b, h, T, d)` copies, else
+    the views (rows `h * d` apart): on a CPU (torch 2.13) it reads those
+    1.1-1.2x slower, and the copies pay where each query visits a few
+    hundred keys (`flex.FLEX_COPY_MIN_KEYS`; `benchmarks/
+    programmable_attention.py --tables flex`, the row "flex_attention,
+    (b, T, h, d) views")."""
     import torch
     import torch._dynamo
 
-    query, key, value = map(_heads_first, (query, key, value))
+    query, key, value = (_heads_first(x, copy) for x in (query, key, value))
     if _FLEX["kernel"] is None:
         # Our own function: kernels apart from the program's other ones.
         _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
-    patch = torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT)
+    gqa = query.shape[1] != key.shape[1]
+    args = (query, key, value, score_fn, block_mask, scale, gqa, lse)
+    # Set and restored by hand (`config.patch` costs ~2x as much a call).
+    config = torch._dynamo.config
+    limit = config.recompile_limit
+    config.recompile_limit = max(limit, FLEX_RECOMPILE_LIMIT)
     try:
-        with patch, warnings.catch_warnings():
+        with warnings.catch_warnings():
             # Dynamo's notes on what it steps around while tracing a
             # score function (Keras's builtins and caches) are not ours.
             warnings.filterwarnings("ignore", "Dynamo does not know how")
             warnings.filterwarnings("ignore", "Dynamo detected a call to")
-            gqa = query.shape[1] != key.shape[1]
-            result = _FLEX["kernel"](
-                query, key, value, score_fn, block_mask, scale, gqa, lse
-            )
+            result = _FLEX["kernel"](*args)
     except torch._dynamo.exc.TorchDynamoException as error:
         reason = str(error).strip().splitlines()[0][:300]
         reason = f"torch.compile failed ({type(error).__name__}: {reason})"
         if isinstance(error, torch._dynamo.exc.BackendCompilerFailed):
             _FLEX["failure"] = reason  # The toolchain: not again.
         raise FlexCompileError(reason) from error
+    finally:
+        config.recompile_limit = limit
     if lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)
 
 
-def _heads_first(x):
-    """`(b, T, h, d)` -> a contiguous `(b, h, T, d)` torch tensor."""
+def _heads_first(x, copy):
+    """`(b, T, h, d)` -> a `(b, h, T, d)` torch tensor, contiguous with
+    `copy`."""
     import torch
 
     if not isinstance(x, torch.Tensor):  # NumPy, lists: Keras's device.
         x = keras.ops.convert_to_tensor(x)
-    return x.transpose(1, 2).contiguous()
+    x = x.transpose(1, 2)
+    return x.contiguous() if copy else x
 
 
 def host_array(x):

@@ -73,6 +73,15 @@ FLEX_MIN_LENGTH = 1024
 # of the blocks is visited (SDPA's dense-mask kernel visits them all,
 # about twice as fast per block as FlexAttention's on a CPU).
 FLEX_MAX_DENSITY = 0.5
+# The kernel gets contiguous copies of the (b, h, T, d) views of our
+# (b, T, h, d) tensors where each query visits about this many keys (the
+# share of blocks visited times the keys): it reads the views strided
+# 1.1-1.2x slower, and the copies cost as much as its work on ~20-40 keys
+# a query. Rough (torch 2.13, 1 thread, CPU time, loaded machine; causal
+# documents, copies / views): ~130 keys a query 1.04, ~190 1.01, ~320
+# 0.94-0.99; a window of 512 at 2k (~540) 0.90-0.99, documents at 8k
+# (~580) 0.89.
+FLEX_COPY_MIN_KEYS = 256
 
 
 class _KernelMask:
@@ -536,7 +545,7 @@ def flex_attention(request):
     q_len, kv_len = query.shape[1], key.shape[1]
     offset = query_offset(request)
     sink = request.sink_logits is not None
-    block_mask = _block_mask(request, offset, sink, chosen=True)[0]
+    block_mask, density = _block_mask(request, offset, sink, chosen=True)
     trivial = request.score_mod is None and not sink
     score = None if trivial else _KernelScore(request, offset, kv_len, q_len)
     if sink:  # The sink's key: zero key and value, its logit as score.
@@ -550,4 +559,5 @@ def flex_attention(request):
         block_mask,
         float(request.scale),
         bool(request.return_lse),
+        copy=density * (kv_len + int(sink)) >= FLEX_COPY_MIN_KEYS,
     )

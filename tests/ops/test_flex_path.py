@@ -226,22 +226,40 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
 
 
 @torch_only
-def test_kernel_gets_contiguous_heads_first_tensors(results, monkeypatch):
-    # The kernel reads strided (b, h, T, d) views of (b, T, h, d)
-    # tensors 1.1-1.2x slower than contiguous copies (CPU).
-    inputs, kwargs, _, got = results["documents"]
-    seen, kernel = [], _backend_flex._FLEX["kernel"]
-    monkeypatch.setitem(
-        _backend_flex._FLEX,
-        "kernel",
-        lambda *a: seen.append(a[:3]) or kernel(*a),
-    )
+def test_kernel_gets_contiguous_copies_where_queries_visit_many_keys(
+    monkeypatch,
+):
+    # The kernel reads the strided (b, h, T, d) views of (b, T, h, d)
+    # tensors 1.1-1.2x slower than contiguous copies (CPU); a copy pays
+    # where each query visits many keys.
+    import torch
+    import torch._dynamo
+
+    seen, config = [], torch._dynamo.config
+
+    def kernel(q, k, v, score_fn, block_mask, scale, gqa, lse):
+        seen.append((q, k, v, config.recompile_limit))
+        return torch.zeros(tuple(q.shape[:3]) + (v.shape[-1],))
+
+    monkeypatch.setitem(_backend_flex._FLEX, "kernel", kernel)
+    q, k, v = _inputs(t=256)
+    window = mods.SlidingWindowMask(40, causal=True)
+    limit = config.recompile_limit
     with _no_grad():
-        out = dot_product_attention(*inputs, implementation="flex", **kwargs)
-    np.testing.assert_array_equal(ops.convert_to_numpy(out), got["flex"])
-    q, k, v = seen[0]
-    assert tuple(q.shape) == (B, H, T, D) and tuple(v.shape) == (B, G, T + 1, E)
-    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        for keys in (0, 10**6):
+            monkeypatch.setattr(flex, "FLEX_COPY_MIN_KEYS", keys)
+            out = dot_product_attention(
+                q, k, v, mask_mod=window, implementation="flex"
+            )
+            assert tuple(out.shape) == (B, 256, H, E)
+    (copied, views) = seen
+    shapes = [(B, H, 256, D), (B, G, 256, D), (B, G, 256, E)]
+    assert [tuple(x.shape) for x in copied[:3]] == shapes
+    assert all(x.is_contiguous() for x in copied[:3])
+    assert not any(x.is_contiguous() for x in views[:3])
+    # Our kernels' recompile limit, during the call only.
+    assert copied[3] >= _backend_flex.FLEX_RECOMPILE_LIMIT
+    assert config.recompile_limit == limit
 
 
 @torch_only
@@ -256,7 +274,7 @@ def test_automatic_choice_and_call_look_the_block_mask_up_once(monkeypatch):
     )
     ran = []
 
-    def kernel(q, k, v, score_fn, block_mask, scale, lse):
+    def kernel(q, k, v, score_fn, block_mask, scale, lse, copy):
         ran.append(block_mask)
         return ops.zeros(tuple(q.shape[:3]) + (v.shape[-1],))
 
@@ -517,7 +535,7 @@ def test_without_torch_compile_one_warning_and_another_path(monkeypatch):
 
 @torch_only
 def test_failed_compilation_falls_back_with_one_warning(monkeypatch):
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise _backend_flex.FlexCompileError("torch.compile failed (a test)")
 
     monkeypatch.setattr(_backend_flex, "flex_attention", fail)
