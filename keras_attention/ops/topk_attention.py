@@ -18,8 +18,14 @@ recomputes each tile's probabilities from the saved log-sum-exp and adds
 the keys' and values' gradients into their rows in place
 (`_backend.scatter_add`: a new accumulator per tile would cost O(Tk)
 each, O(Tq Tk) in all), so nothing of the tiles is kept between the
-passes. PyTorch differentiates the forward loop as it is (it keeps the
-gathered tiles).
+passes. On TensorFlow the backward loop of large inputs runs compiled
+with XLA (`_backward_loop`): TensorFlow's own in-place add goes row by
+row, several times slower. PyTorch differentiates the forward loop as
+it is (it keeps the gathered tiles).
+
+The cost is the gathers: each pass reads `Tq * k * g` rows of keys and
+values at random, which a CPU serves far below its streaming bandwidth
+(see `benchmarks/topk_attention.py`).
 
 Backward, per tile (P the probabilities, dO the output's gradient, dl
 the log-sum-exp's): `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP -
