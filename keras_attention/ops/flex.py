@@ -198,23 +198,28 @@ class _KernelMask:
             return x if 0 <= low and high <= last else ops.clip(x, 0, last)
 
         def arithmetic_mask(batch, head, q_idx, kv_idx):
-            position = q_idx + offset
-            distance = position - kv_idx
-            out = kv_idx >= 0
+            # No operation that does nothing (an offset of 0, row 0 of
+            # one example's ids): the kernel computes each on its
+            # partial blocks.
+            position = q_idx + offset if offset else q_idx
+            terms = []
             if left is not None:
-                out = out & (distance <= left)
+                terms.append(kv_idx >= position - left)
             if right is not None:
-                out = out & (distance >= -right)
+                terms.append(
+                    kv_idx <= (position + right if right else position)
+                )
             for table in ids:
-                row = batch * int(table.shape[0] > 1)
+                row = batch if table.shape[0] > 1 else 0
                 last = table.shape[1] - 1
                 q = clipped(position, offset, offset + q_len - 1, last)
                 kv = clipped(kv_idx, 0, kv_len - 1 + int(sink), last)
-                out = out & (table[row, q] == table[row, kv])
+                terms.append(table[row, q] == table[row, kv])
             if key_mask is not None:
-                out = out & key_mask[batch, ops.minimum(kv_idx, kv_len - 1)]
+                terms.append(key_mask[batch, ops.minimum(kv_idx, kv_len - 1)])
             if query_mask is not None:
-                out = out & query_mask[batch, q_idx]
+                terms.append(query_mask[batch, q_idx])
+            out = functools.reduce(lambda a, b: a & b, terms or [kv_idx >= 0])
             if sink:
                 out = out | (kv_idx == kv_len)
             return out
