@@ -23,6 +23,16 @@ key/value head (the latent) shared by every query head, so the gather
 is `--heads` times smaller and each gathered row serves every head (1
 key/value head). The dense comparator has the same key/value heads.
 
+A floor (a roofline by bytes): the forward gathers `T * k * g` rows of
+keys and values (8.6 GB at T = 16,384, k = 256, 4 heads of 64; 2.1 GB
+with one key/value head), and the backward gathers them again and adds
+as many rows into dK and dV: about three times that in rows read or
+written at random. 8x faster than dense (about 0.5 s) then needs some
+50 GB/s of random rows with 4 key/value heads, 15 GB/s with one; a
+2-core VM served about 14 GB/s of streaming copy and 2.5-5 GB/s of
+random 256-512 byte rows (2026-12-06, shared): the goal is out of reach
+there for 4 key/value heads, and with one the floor is near 1.3 s.
+
 Indices: for query `i`, `--top-k` distinct earlier positions spread
 over `[0, i]` with random jitter (every earlier key when `i < k`; -1
 pads), made in NumPy before timing. "topk":
