@@ -275,9 +275,10 @@ def host_array(x):
         return None
     if x.device.type != "cpu":
         return None
-    if x.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
-        return None  # NumPy has no such dtype.
-    return x.detach().numpy()
+    try:
+        return x.detach().numpy()
+    except (TypeError, RuntimeError):  # bfloat16, a conjugate's view.
+        return None
 
 
 def relative_bias_sdpa(query, key, value, table, scale):

@@ -302,6 +302,8 @@ def test_tensor_digest_is_the_values_whatever_the_container():
     assert flex.tensor_digest(ids.copy()) == digest
     assert flex.tensor_digest(ids // 2) != digest
     assert flex.tensor_digest(ids.astype("int64")) != digest
+    # A dtype NumPy lacks (torch's bfloat16): through Keras's conversion.
+    assert flex.tensor_digest(ops.cast(ids, "bfloat16")) != digest
 
 
 @torch_only
