@@ -35,6 +35,14 @@ from keras_attention.layers.token_and_position_embedding import (
 from keras_attention.ops import compile_step
 from keras_attention.utils import validation
 
+# The most positions one prefill call writes (a static chunk). A compiled
+# loop (XLA) holds buffers for its body whether or not it runs, such as
+# each layer's scores of a chunk against its cache, `chunk * (cache +
+# chunk)` per head: whole 8,193-position chunks (Llama 4's window plus
+# one) against a 8,192-slot ring took GBs for an 8-token prompt. A prompt
+# of `P` positions costs `P / chunk` calls of the same work in all.
+PREFILL_CHUNK = 512
+
 
 def as_list(x):
     """`x` as a list: None -> [], a layer -> [layer], a sequence -> list."""
@@ -393,29 +401,68 @@ class Generator(StreamingMixin):
             for block, block_cache in zip(self.blocks, cache)
         )
 
-    def _prefill_at_once(self, token_ids, padding_mask, cache, hidden):
-        """`_prefill` for caches that keep a slot per position: the whole
-        buffer in one call, its masked positions written masked; the
+    def _prefill_slots(self, token_ids, padding_mask, cache, hidden):
+        """`_prefill` for caches that keep a slot per position: the
+        buffer (static length) in chunks of `PREFILL_CHUNK` positions (in
+        one call when it is shorter), from its start to past the shortest
+        prompt's last position, its masked positions written masked; the
         samplers' steps from the shortest prompt's end overwrite the
-        positions after it (the same tokens where a prompt is longer)."""
+        positions after it (the same tokens where a prompt is longer).
+        A last chunk past the buffer's end is moved back to end with it:
+        it writes some positions again, with the same values."""
+        batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
+        chunk = min(PREFILL_CHUNK, width)
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-        _, h, cache = self.call_with_cache(token_ids, cache, 0, padding_mask)
+        write, outputs = self._prefill_outputs(token_ids, hidden)
+
+        def body(i, outputs, cache):
+            start = ops.minimum(i * chunk, width - chunk)
+            tokens = ops.slice(token_ids, (0, start), (batch, chunk))
+            mask = ops.slice(padding_mask, (0, start), (batch, chunk))
+            _, h, cache = self.call_with_cache(tokens, cache, start, mask)
+            return i + 1, write(outputs, h, start), cache
+
+        if chunk == width:  # one call: no loop to compile
+            _, outputs, cache = body(0, outputs, cache)
+        else:
+            _, outputs, cache = ops.while_loop(
+                lambda i, outputs, cache: i * chunk < shortest,
+                body,
+                (ops.convert_to_tensor(0, "int32"), outputs, cache),
+            )
         if not hidden:
             return None, cache, shortest
-        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
-        positions = ops.arange(ops.shape(token_ids)[1])
+        positions = ops.arange(width)
         kept = ops.expand_dims(ops.expand_dims(positions < shortest, 0), -1)
-        outputs = ops.where(kept, ops.cast(h, dtype), ops.zeros_like(h, dtype))
+        outputs = ops.where(kept, outputs, ops.zeros_like(outputs))
         return outputs, cache, shortest
+
+    def _prefill_outputs(self, token_ids, hidden):
+        """`(write, outputs)`: the buffer of the last block's outputs
+        `(batch, max_length, d)` in zeros (with `hidden`, else a
+        placeholder the loops carry unchanged) and `write(outputs, h,
+        start)`, which puts a call's outputs `h` at `start`."""
+        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
+        shape = (1, 1, 1)
+        if hidden:
+            features = self.embed(token_ids[:, :1]).shape[-1]
+            shape = (ops.shape(token_ids)[0], ops.shape(token_ids)[1], features)
+
+        def write(outputs, h, start):
+            if not hidden:
+                return outputs
+            return ops.slice_update(outputs, (0, start, 0), ops.cast(h, dtype))
+
+        return write, ops.zeros(shape, dtype)
 
     def _prefill(self, token_ids, padding_mask, cache, hidden):
         """Writes the shortest prompt's positions but its last into the
         empty `cache` (the sampler's first step runs that one: a position
-        is written once), in one call when every block's cache keeps a
-        slot per position (`_prefill_at_once`), else in chunks of static
-        length (the widest window plus one, at least 32, at most the
-        buffer's length when known), then the rest one position at a
-        time.
+        is written once), in chunks of `PREFILL_CHUNK` positions when
+        every block's cache keeps a slot per position (`_prefill_slots`),
+        else in chunks of static length (the widest window plus one, at
+        least 32, at most `PREFILL_CHUNK` and the buffer's length when
+        known), then the rest one position at a time.
 
         Returns `(hidden, cache, index)`: with `hidden`, the last block's
         outputs `(batch, max_length, d)` at the prompt's positions up to
@@ -427,27 +474,17 @@ class Generator(StreamingMixin):
         The buffer's length may be unknown while tracing (a `tf.function`
         taking prompts of any length): only the chunks are static.
         """
-        # At once needs the buffer's length while tracing (a cached call
-        # of an unknown number of tokens does not trace).
+        # Slot chunks need the buffer's length while tracing (a cached
+        # call of an unknown number of tokens does not trace).
         if token_ids.shape[1] is not None and self._overwrites_positions(cache):
-            return self._prefill_at_once(token_ids, padding_mask, cache, hidden)
+            return self._prefill_slots(token_ids, padding_mask, cache, hidden)
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
-        chunk = max((self._window() or 0) + 1, 32)
+        chunk = min(max((self._window() or 0) + 1, 32), PREFILL_CHUNK)
         if width is not None:
             chunk = min(chunk, width)
-        dtype = keras.backend.standardize_dtype(self.blocks[0].compute_dtype)
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
         chunks = (shortest - 1) // chunk
-        shape = (1, 1, 1)  # a placeholder the loops carry unchanged
-        if hidden:
-            features = self.embed(token_ids[:, :1]).shape[-1]
-            shape = (batch, ops.shape(token_ids)[1], features)
-        outputs = ops.zeros(shape, dtype)
-
-        def write(outputs, h, start):
-            if not hidden:
-                return outputs
-            return ops.slice_update(outputs, (0, start, 0), ops.cast(h, dtype))
+        write, outputs = self._prefill_outputs(token_ids, hidden)
 
         def body(i, outputs, cache):
             start = i * chunk

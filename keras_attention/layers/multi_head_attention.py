@@ -592,13 +592,16 @@ class MultiHeadAttention(
             return k, self._value_dense(call.value), None
         if index is None:
             return cache[:, 0], cache[:, 1], cache
-        start = (0, index, 0, 0)
         new_k = self._rotate(
             self._project_key(call.key), call.offset, positions
         )
-        k = ops.slice_update(cache[:, 0], start, new_k)
-        v = ops.slice_update(cache[:, 1], start, self._value_dense(call.value))
-        return k, v, ops.stack([k, v], axis=1)
+        new = ops.stack([new_k, self._value_dense(call.value)], axis=1)
+        # One slice into the cache as it is (in place under XLA); a
+        # stack of the updated keys and values would copy the cache.
+        cache = ops.slice_update(
+            cache, (0, 0, index, 0, 0), ops.cast(new, cache.dtype)
+        )
+        return cache[:, 0], cache[:, 1], cache
 
     def _finish(self, call, result, scores, cache, gate):
         """The gate and output projection of the heads' `result`, then the

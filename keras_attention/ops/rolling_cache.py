@@ -110,6 +110,10 @@ def rolling_cache_write(cache, updates, start, sink_tokens, axis=1):
     size, steps = cache.shape[axis], updates.shape[axis]
     ring = size - sink_tokens
     start = ops.cast(start, "int32")
+    if steps == 1:  # one slot: a slice, updated in place under XLA
+        starts = [0] * len(cache.shape)
+        starts[axis] = rolling_cache_slots(start, size, sink_tokens)
+        return ops.slice_update(cache, starts, ops.cast(updates, cache.dtype))
     offsets = ops.arange(steps, dtype="int32")
     positions = start + offsets
     slots = rolling_cache_slots(positions, size, sink_tokens)

@@ -1,7 +1,8 @@
 """The prefill of a prompt buffer (issue 54): when every block's cache
 keeps a slot per position (`TokenMixer.cache_overwrites_positions`), the
-generators write the whole buffer in one call, as the full-cache route
-did before the one decoding route; otherwise in chunks and steps. Both
+generators write the buffer in chunks of `PREFILL_CHUNK` positions (one
+call when it is shorter), as the full-cache route did before the one
+decoding route; otherwise in chunks and steps. Both
 give the same tokens and the same hidden states, with left and right
 padding; each layer says what its cache is."""
 
@@ -105,10 +106,10 @@ def test_a_ring_of_slots_is_prefilled_in_order(monkeypatch):
     cache = lm._new_cache(2, 10, (("sink_tokens", 0),))
     assert not lm._overwrites_positions(cache)
     calls = []
-    original = _generator.Generator._prefill_at_once
+    original = _generator.Generator._prefill_slots
     monkeypatch.setattr(
         _generator.Generator,
-        "_prefill_at_once",
+        "_prefill_slots",
         lambda *a: calls.append(1) or original(*a),
     )
     ids, _ = prompt_buffer()
@@ -116,3 +117,38 @@ def test_a_ring_of_slots_is_prefilled_in_order(monkeypatch):
     assert not calls
     lm.generate(ids, max_length=10, cache="full")
     assert calls
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_no_prefill_call_is_wider_than_a_chunk(windowed, monkeypatch):
+    """A compiled loop holds its body's buffers whether or not it runs:
+    a prefill call as wide as the buffer (or as a long window plus one)
+    took GBs for a short prompt. Slot chunks past the buffer's end move
+    back to end with it, and both ways give the one-call results."""
+    lm = language_model(windowed)
+    ids = np.array([[3, 4, 5, 6, 7, 8, 9, 1, 2, PAD]] * 2, "int32")
+    ids[1, 9] = 5  # shortest 9: chunks at 0, 4 and 6 (moved back)
+    mask = ids != PAD
+    cache = "auto" if windowed else "full"
+    options = (("sink_tokens", 0),) if windowed else ()
+    whole = lm._prefill(ids, mask, lm._new_cache(2, 10, options), True)
+    widths = []
+    original = _generator.Generator.call_with_cache
+    monkeypatch.setattr(_generator, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(
+        _generator.Generator,
+        "call_with_cache",
+        lambda self, t, *a: widths.append(t.shape[1]) or original(self, t, *a),
+    )
+    chunked = lm._prefill(ids, mask, lm._new_cache(2, 10, options), True)
+    assert widths and max(widths) <= 4
+    assert int(chunked[2]) == int(whole[2]) == 9
+    np.testing.assert_allclose(
+        to_numpy(chunked[0]), to_numpy(whole[0]), atol=1e-5
+    )
+    lm._compiled.clear()
+    tokens = to_numpy(lm.generate(ids, max_length=12, cache=cache)[0])
+    monkeypatch.undo()
+    lm._compiled.clear()
+    expected = to_numpy(lm.generate(ids, max_length=12, cache=cache)[0])
+    np.testing.assert_array_equal(tokens, expected)
