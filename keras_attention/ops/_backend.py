@@ -232,6 +232,16 @@ def _tf_in_place():
     return check()
 
 
+def single_query_by_matmul(key_value_heads):
+    """Whether the dense path takes one query's products with `(b, Tk, g,
+    d)` keys and values as matmuls over all `g` heads (each head's block
+    kept: `g` times the arithmetic, no copy into a matmul layout). At
+    32,768 keys: TensorFlow 1.4-4.2x faster (with or without XLA), JAX
+    1.2-2.7x to 4 key/value heads, slower from 8; PyTorch slower."""
+    name = keras.backend.backend()
+    return name == "tensorflow" or (name == "jax" and key_value_heads <= 4)
+
+
 def zeros_accumulator(shape, dtype):
     """Zeros for `scatter_add` to accumulate into: on TensorFlow a buffer
     no other tensor shares (`DeepCopy`: a constant folded or shared zeros

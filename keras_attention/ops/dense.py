@@ -12,6 +12,7 @@ dims.
 from keras import ops
 
 from keras_attention import masks
+from keras_attention.ops import _backend
 from keras_attention.ops import scoring
 from keras_attention.ops.log_sum_exp import row_log_sum_exp
 from keras_attention.ops.masking import as_4d_mask
@@ -52,10 +53,15 @@ def dense_attention(
     mask = as_4d_mask(mask)
     b, i = ops.shape(query)[0], ops.shape(query)[1]
     j = ops.shape(key)[1]
-    if num_groups == num_heads:
+    r = num_heads // num_groups
+    by_matmul = query.shape[1] == 1 and _backend.single_query_by_matmul(
+        num_groups
+    )
+    if by_matmul:
+        scores = _single_query_scores(query, key, r)
+    elif num_groups == num_heads:
         scores = ops.einsum("bihd,bjhd->bhij", query, key)
     else:
-        r = num_heads // num_groups
         q = ops.reshape(query, (b, i, num_groups, r, d))
         scores = ops.einsum("bigrd,bjgd->bgrij", q, key)
         scores = ops.reshape(scores, (b, num_heads, i, j))
@@ -77,7 +83,9 @@ def dense_attention(
         lse = row_log_sum_exp(scores, valid)[..., 0]
     weights = ops.cast(weights, value.dtype)
     kept = dropout_fn(weights) if dropout_fn is not None else weights
-    if num_groups == num_heads:
+    if by_matmul:
+        output = _single_query_output(kept, value, r)
+    elif num_groups == num_heads:
         output = ops.einsum("bhij,bjhe->bihe", kept, value)
     else:
         kept = ops.reshape(kept, (b, num_groups, r, i, j))
@@ -86,6 +94,49 @@ def dense_attention(
     results = (output,) + ((weights,) if return_weights else ())
     results += (lse,) if return_lse else ()
     return results[0] if len(results) == 1 else results
+
+
+def _single_query_scores(query, key, r):
+    """The scores `(b, h, 1, j)` of one query `(b, 1, h, d)` over `key`
+    `(b, j, g, d)` (`r` query heads per key/value head) as one matmul of
+    the keys as they lie, `(b, j g, d)`, with every head's query: each
+    key/value head's block of the `(b, j, g, g, r)` products is kept
+    (`_backend.single_query_by_matmul`)."""
+    b, j, g, d = (
+        ops.shape(key)[0],
+        ops.shape(key)[1],
+        key.shape[2],
+        key.shape[3],
+    )
+    h = g * r
+    queries = ops.transpose(ops.reshape(query, (b, h, d)), (0, 2, 1))
+    scores = ops.matmul(ops.reshape(key, (b, j * g, d)), queries)
+    scores = ops.reshape(scores, (b, j, g, g, r))
+    own = ops.reshape(ops.eye(g, dtype=scores.dtype), (1, 1, g, g, 1))
+    scores = ops.sum(ops.multiply(scores, own), axis=3)  # (b, j, g, r)
+    scores = ops.transpose(ops.reshape(scores, (b, j, h)), (0, 2, 1))
+    return ops.expand_dims(scores, 2)
+
+
+def _single_query_output(weights, value, r):
+    """`_single_query_scores`' counterpart: `weights` `(b, h, 1, j)`
+    times `value` `(b, j, g, e)` as it lies, `(b, j, g e)`, summed over
+    the keys in at least float32, each query head's own block kept:
+    `(b, 1, h, e)`."""
+    b, j, g, e = (
+        ops.shape(value)[0],
+        ops.shape(value)[1],
+        value.shape[2],
+        value.shape[3],
+    )
+    dtype = score_dtype(value.dtype)
+    values = ops.cast(ops.reshape(value, (b, j, g * e)), dtype)
+    output = ops.matmul(ops.cast(weights[:, :, 0], dtype), values)
+    output = ops.reshape(output, (b, g, r, g, e))
+    own = ops.reshape(ops.eye(g, dtype=dtype), (1, g, 1, g, 1))
+    output = ops.sum(ops.multiply(output, own), axis=3)  # (b, g, r, e)
+    output = ops.reshape(output, (b, 1, g * r, e))
+    return ops.cast(output, value.dtype)
 
 
 def _positions_mask(tq, tk, offset):

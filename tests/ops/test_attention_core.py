@@ -90,3 +90,56 @@ def test_empty_sequences(tq, tk, groups):
     assert tuple(out.shape) == (2, tq, 4, 3)
     assert tuple(w.shape) == (2, 4, tq, tk)
     assert np.all(np_(out) == 0)  # nothing to attend to: zeros
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, dtype",
+    [
+        (4, 4, "float32"),
+        (4, 2, "float32"),
+        (6, 3, "bfloat16"),
+        (4, 1, "float16"),
+    ],
+)
+def test_one_query_matches_reference_and_keeps_each_heads_block(
+    heads, kv_heads, dtype, monkeypatch
+):
+    """A decoding step (one query): where the backend takes its products
+    as matmuls over every key/value head (`single_query_by_matmul`), only
+    each head's own block may reach the result: masks (a batch row with
+    nothing to attend), grouped heads, a score function and low precision
+    as the dense path."""
+    from keras_attention.ops import _backend
+    from keras_attention.ops import dense
+
+    calls = []
+    original = dense._single_query_scores
+    monkeypatch.setattr(
+        dense,
+        "_single_query_scores",
+        lambda *a: calls.append(1) or original(*a),
+    )
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 1, heads, 8)).astype("float32")
+    k = rng.normal(size=(2, 7, kv_heads, 8)).astype("float32")
+    v = rng.normal(size=(2, 7, kv_heads, 5)).astype("float32")
+    mask = rng.random((2, 1, 1, 7)) > 0.3
+    mask[1] = False  # nothing to attend: zeros
+    out = dot_product_attention(
+        ops.cast(q, dtype),
+        ops.cast(k, dtype),
+        ops.cast(v, dtype),
+        mask=mask,
+        score_mod=lambda s, b, h, i, j: s + 0.1 * ops.cast(h - j, s.dtype),
+        implementation="dense",
+    )
+    group = heads // kv_heads
+    kr, vr = np.repeat(k, group, 2), np.repeat(v, group, 2)
+    scores = np.einsum("bihd,bjhd->bhij", q, kr) / np.sqrt(8)
+    scores += 0.1 * (np.arange(heads)[:, None, None] - np.arange(7))
+    weights = np_masked_softmax(scores, np.broadcast_to(mask, scores.shape))
+    ref = np.einsum("bhij,bjhe->bihe", weights, vr)
+    atol = 1e-5 if dtype == "float32" else 3e-2
+    np.testing.assert_allclose(np_(out), ref, atol=atol)
+    assert np.all(np_(out)[1] == 0)
+    assert bool(calls) == _backend.single_query_by_matmul(kv_heads)
