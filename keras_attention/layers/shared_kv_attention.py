@@ -162,6 +162,17 @@ class SharedKVSelfAttention(SelfAttention):
     References:
         - Gemma Team, 2026, Gemma 4 (transformers' and keras-hub's
           `gemma4`).
+
+    Example (a global layer of Gemma 4: values from the keys, normed):
+
+    >>> import numpy as np
+    >>> from keras_attention.layers import SharedKVSelfAttention
+    >>> layer = SharedKVSelfAttention(
+    ...     2, 4, causal=True, values_from_keys=True, value_norm="rms")
+    >>> tuple(layer(np.ones((1, 3, 8), "float32")).shape)
+    (1, 3, 8)
+    >>> sorted({w.path.split("/")[-2] for w in layer.weights})
+    ['attention_output', 'key', 'query']
     """
 
     def __init__(
