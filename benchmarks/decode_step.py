@@ -13,9 +13,9 @@ into their layout at every step).
 
 Two tables:
 
-- op: `dot_product_attention(q, k, v, mask=...)` with one query, the
-  query rotated first (rotary positions: sines and cosines, as a decoder
-  does), a padding mask over the slots, float32, batch 1, `--heads`
+- op: `dot_product_attention(q, k, v, attention_mask=...)` with one query,
+  the query rotated first (rotary positions: sines and cosines, as a
+  decoder does), a padding mask over the slots, float32, batch 1, `--heads`
   query heads and `--kv-heads` key/value heads of 64, for each of
   `--slots`; TensorFlow under `tf.function` with and without XLA, JAX
   under `jax.jit`, PyTorch eagerly. "now" is the automatic choice of
@@ -73,7 +73,11 @@ def attention(batched):
             _backend.single_query_by_matmul = lambda groups: False
         try:
             return dot_product_attention(
-                rotated(q, position), k, v, mask=mask, implementation="dense"
+                rotated(q, position),
+                k,
+                v,
+                attention_mask=mask,
+                implementation="dense",
             )
         finally:
             _backend.single_query_by_matmul = original
