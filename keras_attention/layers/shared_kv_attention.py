@@ -151,7 +151,9 @@ class SharedKVSelfAttention(SelfAttention):
     as a `mask_mod`).
 
     Args:
-        num_heads, key_dim, causal: as `SelfAttention`'s.
+        num_heads: int, as `SelfAttention`'s.
+        key_dim: int, as `SelfAttention`'s.
+        causal: bool, as `SelfAttention`'s.
         kv_share: optional `KVShare`.
         kv_share_role: "source" or "reader" (with `kv_share` only).
         values_from_keys: bool (not for a reader).
