@@ -70,6 +70,10 @@
 # 2026-12-06, 3ec2dab (the costliest files first, see below), idle, clean
 # clone: TF 782 s (4,263 passed), JAX 446, PyTorch 80, whole CI 1,391 s
 # (23.2 min).
+# 2026-12-06, df22829 (prefill chunks, decoding-step matmuls, top-k's
+# XLA backward, the flex path's copies), idle, clean clone: TF 772 s
+# (4,275 passed), JAX 486 (2,240), PyTorch 86 (3,083), whole CI 1,422 s
+# (23.7 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
