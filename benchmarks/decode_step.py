@@ -33,6 +33,7 @@ machine.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -64,14 +65,24 @@ def rotated(q, position):
     return ops.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
+@contextlib.contextmanager
+def batched_matmuls(batched):
+    """With `batched`, the dense path's batched matmuls forced for one
+    query (as before fc07f67); else the automatic choice."""
+    original = _backend.single_query_by_matmul
+    if batched:
+        _backend.single_query_by_matmul = lambda groups: False
+    try:
+        yield
+    finally:
+        _backend.single_query_by_matmul = original
+
+
 def attention(batched):
     """The step: the automatic choice, or the batched matmuls forced."""
 
     def step(q, k, v, mask, position):
-        original = _backend.single_query_by_matmul
-        if batched:
-            _backend.single_query_by_matmul = lambda groups: False
-        try:
+        with batched_matmuls(batched):
             return dot_product_attention(
                 rotated(q, position),
                 k,
@@ -79,8 +90,6 @@ def attention(batched):
                 attention_mask=mask,
                 implementation="dense",
             )
-        finally:
-            _backend.single_query_by_matmul = original
 
     return step
 
@@ -176,13 +185,8 @@ def layer_rows(args):
             return tf.while_loop(lambda j, c, a: j < steps, body, init)[2]
 
         def call():
-            original = _backend.single_query_by_matmul
-            if batched:
-                _backend.single_query_by_matmul = lambda groups: False
-            try:
+            with batched_matmuls(batched):
                 return run(cache, start).numpy()
-            finally:
-                _backend.single_query_by_matmul = original
 
         return call
 

@@ -69,12 +69,12 @@ def attend_rolling_cache(layer, call, q):
     if attention_mask is not None:
         attention_mask = ops.cast(attention_mask, "bool")
     new = ops.cast(ops.stack([new_k, new_v], axis=1), cache.dtype)
+    updated = rolling_cache_write(cache, new, start, sink_tokens, axis=2)
     if steps == 1 and not call.return_attention_scores:
         # One position (a decoding step): written first, into the slot of
         # a position out of its window (the ring holds `window + 1`), so
         # the query attends to the `size` slots alone and the write is
         # one slice, updated in place under XLA: no copy of the ring.
-        updated = rolling_cache_write(cache, new, start, sink_tokens, axis=2)
         slot = rolling_cache_slots(start, size, sink_tokens)
         k, v = updated[:, 0], updated[:, 1]
         key_positions = rolling_cache_positions(size, sink_tokens, start + 1)
@@ -97,7 +97,6 @@ def attend_rolling_cache(layer, call, q):
             key_mask = ops.concatenate(
                 [ops.ones((batch, size), "bool"), key_mask], axis=1
             )
-        updated = rolling_cache_write(cache, new, start, sink_tokens, axis=2)
     qp, kp = query_positions[:, None], key_positions[None]
     visible = ops.logical_and(kp >= 0, kp <= qp)
     near = ops.logical_or(qp - kp <= layer.cache_window(), kp < sink_tokens)
