@@ -53,6 +53,7 @@ LEAVES = {
 BACKEND_DISPATCH = (
     "keras_attention.ops._backend",
     "keras_attention.ops._backend_flex",  # FlexAttention (PyTorch)
+    "keras_attention.ops._backend_autograd",  # custom gradients, vjp
 )
 
 # Optional third-party packages a function may import lazily, and where.

@@ -1,7 +1,8 @@
 """Tiny backend dispatch for what `keras.ops` does not cover.
 
 The home of backend-specific code, with the `_backend_*` modules beside
-it (FlexAttention's kernel and block masks: `_backend_flex.py`): the only
+it (FlexAttention's kernel and block masks: `_backend_flex.py`; custom
+gradients, `custom_vjp` and `vjp`: `_backend_autograd.py`): the only
 modules that import TensorFlow, JAX or PyTorch, lazily, inside the
 function that needs it.
 Layers and generation reach it through the names `keras_attention.ops`
@@ -13,6 +14,10 @@ import contextlib
 import keras
 import ml_dtypes
 import numpy as np
+
+# Custom gradients (re-exported: the kernels call `_backend.custom_vjp`).
+from keras_attention.ops._backend_autograd import custom_vjp  # noqa: F401
+from keras_attention.ops._backend_autograd import vjp  # noqa: F401
 
 try:  # Keras's list of the variables a stateless scope deferred
     from keras.src.backend.common import global_state as _global_state
@@ -37,155 +42,6 @@ def broadcast_add(x, y):
 
         return tf.add(x, y)
     return keras.ops.add(x, y)
-
-
-def custom_vjp(forward, backward):
-    """A function with a hand-written backward pass, on any backend.
-
-    Args:
-        forward: `forward(q, k, v, aux) -> (output, residuals)` (`output`
-            a tensor or a tuple of tensors: `backward` then gets a tuple of
-            their gradients, None or zeros for an unused one), or
-            `forward(q, k, v, aux, params)` when the function is called
-            with `params`.
-        backward: `backward(residuals, d_output) -> (dq, dk, dv)`, or
-            `(dq, dk, dv, dparams)` (a tuple, one per tensor of `params`)
-            when called with `params`. `aux` (masks, offsets: a tuple of
-            tensors or None) gets no gradient. On TensorFlow, when
-            `forward` reads trainable variables it is not given (a score
-            function's), `backward(residuals, d_output,
-            variables=variables)` gets them (`tf.custom_gradient`'s
-            `variables`) and returns their gradients after those of
-            `params`, in `dparams`.
-
-    Returns:
-        `f(q, k, v, aux, params=()) -> output` whose gradient is
-        `backward`: the forward's intermediates are not kept for the
-        backward pass (TensorFlow: `tf.custom_gradient`, JAX:
-        `jax.custom_vjp`). `params` are further differentiable tensors
-        (a score function's weights), passed explicitly: JAX refuses
-        gradients of values a custom VJP closes over, and TensorFlow
-        would give them none. Other backends differentiate `forward` as
-        it is.
-    """
-
-    def fwd(q, k, v, aux, params):
-        if params:
-            return forward(q, k, v, aux, params)
-        return forward(q, k, v, aux)
-
-    def bwd(residuals, d_output, variables=()):
-        if variables:
-            grads = backward(residuals, d_output, variables=variables)
-        else:
-            grads = backward(residuals, d_output)
-        grads = tuple(grads)
-        return grads if len(grads) == 4 else grads + ((),)
-
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        def f(q, k, v, aux, params=()):
-            params = tuple(params)
-
-            @tf.custom_gradient
-            def inner(q, k, v, *params):
-                output, residuals = fwd(q, k, v, aux, params)
-
-                def grad(*d_outputs, variables=None):
-                    # One upstream gradient per output (a tuple output:
-                    # the attention and its log-sum-exp).
-                    d_output = (
-                        d_outputs[0] if len(d_outputs) == 1 else d_outputs
-                    )
-                    variables = tuple(variables or ())
-                    dq, dk, dv, dparams = bwd(residuals, d_output, variables)
-                    dparams = tuple(dparams)
-                    inputs = (dq, dk, dv) + dparams[: len(params)]
-                    if not variables:
-                        return inputs
-                    return inputs, list(dparams[len(params) :])
-
-                return output, grad
-
-            return inner(q, k, v, *params)
-
-        return f
-    if backend == "jax":
-        import jax
-
-        @jax.custom_vjp
-        def g(q, k, v, aux, params):
-            return fwd(q, k, v, aux, params)[0]
-
-        def g_bwd(residuals, d_output):
-            dq, dk, dv, dparams = bwd(residuals, d_output)
-            return dq, dk, dv, None, tuple(dparams)
-
-        g.defvjp(lambda *args: fwd(*args), g_bwd)
-        return lambda q, k, v, aux, params=(): g(q, k, v, aux, tuple(params))
-
-    return lambda q, k, v, aux, params=(): fwd(q, k, v, aux, tuple(params))[0]
-
-
-def vjp(fn, primals, variables=()):
-    """`fn(*primals)` (one tensor) and its pullback: `pull(cotangent)`
-    gives the gradients w.r.t. each of `primals` (zeros for a primal `fn`
-    does not use), as `jax.vjp` does, then w.r.t. each of `variables`
-    (TensorFlow: variables `fn` reads itself, those a custom gradient
-    gets; empty on other backends). For hand-written backward passes
-    that must differentiate a user's function (a score function) tile by
-    tile: the function runs once, its output serves the backward pass
-    and the pullback (call it once)."""
-    backend = keras.backend.backend()
-    primals, variables = tuple(primals), tuple(variables)
-    if variables and backend != "tensorflow":
-        raise NotImplementedError(f"variables on the {backend!r} backend")
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            tape.watch(primals + variables)
-            out = fn(*primals)
-
-        def pull(cotangent):
-            return tuple(
-                tape.gradient(
-                    out,
-                    primals + variables,
-                    output_gradients=cotangent,
-                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
-                )
-            )
-
-        return out, pull
-    if backend == "jax":
-        import jax
-
-        out, pull = jax.vjp(fn, *primals)
-        return out, lambda cotangent: tuple(pull(cotangent))
-    if backend == "torch":
-        import torch
-
-        with torch.enable_grad():
-            leaves = [p.detach().requires_grad_(True) for p in primals]
-            out = fn(*leaves)
-
-        def pull(cotangent):
-            if not out.requires_grad:  # `fn` ignores every primal.
-                return tuple(torch.zeros_like(p) for p in primals)
-            with torch.enable_grad():
-                grads = torch.autograd.grad(
-                    out, leaves, cotangent, allow_unused=True
-                )
-            return tuple(
-                torch.zeros_like(p) if g is None else g
-                for p, g in zip(primals, grads)
-            )
-
-        return out.detach(), pull
-    raise NotImplementedError(f"vjp on the {backend!r} backend")
 
 
 def tanh_grad(t, d):

@@ -13,15 +13,15 @@ with one key/value head (MQA, as DeepSeek-V3.2 runs it) each gathered
 row serves every query head. The tiles are scored and normalized in a
 loop (`keras.ops.scan`): no `(Tq, Tk)` tensor is formed, nor one gather
 of every query's keys; memory is O(Tq * k) plus one tile. The backward
-pass is hand-written (custom gradient on TensorFlow and JAX): it
+pass is hand-written (`_backend.custom_vjp`: a custom gradient on
+TensorFlow and JAX, a `torch.autograd.Function` on PyTorch): it
 recomputes each tile's probabilities from the saved log-sum-exp and adds
 the keys' and values' gradients into their rows in place
 (`_backend.scatter_add`: a new accumulator per tile would cost O(Tk)
 each, O(Tq Tk) in all), so nothing of the tiles is kept between the
-passes. On TensorFlow the backward loop of large inputs runs compiled
-with XLA (`_backward_loop`): TensorFlow's own in-place add goes row by
-row, several times slower. PyTorch differentiates the forward loop as
-it is (it keeps the gathered tiles).
+passes, on any backend. On TensorFlow the backward loop of large inputs
+runs compiled with XLA (`_backward_loop`): TensorFlow's own in-place add
+goes row by row, several times slower.
 
 The cost is the gathers: each pass reads `Tq * k * g` rows of keys and
 values at random, which a CPU serves far below its streaming bandwidth
@@ -255,8 +255,9 @@ def _backward_tile(q, kv, rows, valid, scale, grads):
     ds = p * (dp - ops.reshape(dd - d_lse, (-1, per_group, 1)))
     dq = ops.einsum("nrk,nkd->nrd", ds, ops.cast(kt, dtype))
     dq = ops.reshape(dq * keras_utils.constant(scale, dtype), ops.shape(q))
-    # `qg` is scaled already: dK = dS^T (scale Q).
-    dk = ops.einsum("nrk,nrd->nkd", ds, qg)
+    # `qg` is scaled already: dK = dS^T (scale Q). It is in the score
+    # dtype (bfloat16 for bfloat16: PyTorch's einsum takes one dtype).
+    dk = ops.einsum("nrk,nrd->nkd", ds, ops.cast(qg, dtype))
     dv = ops.einsum("nrk,nre->nke", p, do)
     flat_k, flat_v = (-1, kt.shape[2]), (-1, vt.shape[2])
     return dq, ops.reshape(dk, flat_k), ops.reshape(dv, flat_v), ids
@@ -360,7 +361,9 @@ def _attend(q, k, v, rows, valid, scale, blocks, return_lse):
         dv = ops.cast(_unflat_heads(dv, v), v.dtype)
         return dq, dk, dv
 
-    return _backend.custom_vjp(forward, backward)(q, k, v, (rows, valid))
+    # q, k and v are all it differentiates: PyTorch may run `backward`.
+    attend = _backend.custom_vjp(forward, backward, all_params=True)
+    return attend(q, k, v, (rows, valid))
 
 
 _attend_compiled = _backend.compiled_kernel(

@@ -152,10 +152,11 @@ def _case(seed, b=2, tq=7, tk=9, h=4, g=2, top_k=5, dtype="float32"):
         dict(causal=True, offset=2, masks=True, query_block=3),
         # The backward's tiles (1 row) smaller than the forward's (8).
         dict(causal=False, offset=0, masks=False, query_block=None, small=1),
-        dict(causal=True, offset=0, masks=False, query_block=16),
+        # One key/value head for all four query heads (MQA).
+        dict(causal=True, offset=0, masks=False, query_block=16, g=1),
         dict(causal=True, offset=2, masks=True, query_block=3, xla=True),
     ],
-    ids=["causal-offset-masks-tiles", "plain", "causal-one-tile", "xla"],
+    ids=["causal-offset-masks-tiles", "plain", "causal-one-tile-mqa", "xla"],
 )
 def test_matches_numpy_reference_with_gradients(options, monkeypatch):
     if options.get("xla"):
@@ -166,7 +167,7 @@ def test_matches_numpy_reference_with_gradients(options, monkeypatch):
         monkeypatch.setattr(topk_module, "XLA_MIN_PAIRS", 0)
     if options.get("small"):
         monkeypatch.setattr(topk_module, "BACKWARD_TILE_ELEMENTS", 2**8)
-    rng, (q, k, v), indices, d_out, d_lse = _case(0)
+    rng, (q, k, v), indices, d_out, d_lse = _case(0, g=options.get("g", 2))
     b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qm = km = im = None
     if options["masks"]:
@@ -256,26 +257,93 @@ def test_float64_stays_float64():
 
 
 def test_low_precision_is_finite_and_close():
-    _, (q, k, v), indices, _, _ = _case(3)
-    full = np_(topk_attention(q, k, v, indices))
+    # Outputs and gradients (the hand-written backward's, on every
+    # backend) of float16 / bfloat16 inputs near float32's.
+    _, (q, k, v), indices, d_out, d_lse = _case(3)
+
+    def fn(a, b_, c):
+        return topk_attention(a, b_, c, indices, return_lse=True)
+
+    allowed = allowed_slots(indices, k.shape[1])
+    scale = 8**-0.5
+    full, _, full_grads = reference(
+        q, k, v, indices, scale, allowed, d_out, d_lse
+    )
     for dtype in ("float16", "bfloat16"):
-        low = [ops.cast(x, dtype) for x in (q, k, v)]
-        out, lse = topk_attention(*low, indices, return_lse=True)
+        low = [np_(ops.cast(x, dtype)) for x in (q, k, v)]
+        out, lse, grads = value_and_grads(fn, low, d_out, d_lse)
         assert keras.backend.standardize_dtype(out.dtype) == dtype
         assert keras.backend.standardize_dtype(lse.dtype) == "float32"
-        out = np_(ops.cast(out, "float32"))
+        out = out.astype("float32")
         np.testing.assert_allclose(out, full, atol=0.05)
+        for got, want in zip(grads, full_grads):
+            assert keras.backend.standardize_dtype(got.dtype) == dtype
+            got = got.astype("float32")
+            assert np.all(np.isfinite(got))
+            np.testing.assert_allclose(got, want, atol=0.1, rtol=0.05)
 
 
 def test_a_row_with_no_entry_is_zero():
-    _, (q, k, v), _, _, _ = _case(4, b=1, tq=3)
+    _, (q, k, v), _, d_out, d_lse = _case(4, b=1, tq=3)
     indices = np.array([[[-1, -1], [0, 9], [2, 2]]])
-    out, lse = topk_attention(q, k, v, indices, return_lse=True)
-    out, lse = np_(out), np_(lse)
+
+    def fn(a, b_, c):
+        return topk_attention(a, b_, c, indices, return_lse=True)
+
+    out, lse, grads = value_and_grads(fn, (q, k, v), d_out, d_lse)
     np.testing.assert_array_equal(out[0, 0], 0.0)
     assert np.all(np.isneginf(lse[0, :, 0]))
     # Past the end selects nothing: key 0 alone.
     np.testing.assert_allclose(out[0, 1], np.repeat(v[0, 0], 2, axis=0), 1e-6)
+    # Zero gradients for the empty row, never NaN; the rest the formula's.
+    np.testing.assert_array_equal(grads[0][0, 0], 0.0)
+    allowed = allowed_slots(indices, k.shape[1])
+    want = reference(q, k, v, indices, 8**-0.5, allowed, d_out, d_lse)[2]
+    for got, want in zip(grads, want):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, atol=5e-5)
+
+
+def test_torch_keeps_residuals_alone_for_the_backward():
+    # PyTorch runs the hand-written backward (`torch.autograd.Function`):
+    # autograd keeps the inputs, the selected rows, the output and the
+    # log-sum-exp, never a tile's gathered keys and values (`(b q g, k,
+    # d)`, each larger here than everything kept) nor its scores. An
+    # unused log-sum-exp gets zeros for its gradient; without gradients
+    # the forward runs unrecorded.
+    if BACKEND != "torch":
+        pytest.skip("PyTorch's autograd")
+    import torch
+
+    rng = np.random.default_rng(9)
+    q = rng.normal(size=(1, 8, 2, 8)).astype("float32")
+    k = rng.normal(size=(1, 64, 2, 8)).astype("float32")
+    v = rng.normal(size=(1, 64, 2, 8)).astype("float32")
+    indices = distinct_indices(rng, 1, 8, 64, 32)
+    d_out = rng.normal(size=q.shape).astype("float32")
+    leaves = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, lse = topk_attention(*leaves, indices, return_lse=True)
+    tile = 8 * 2 * 32 * 8  # One tile of gathered keys.
+    kept = q.size * 2 + k.size + v.size + indices.size * 2 + lse.numel()
+    assert max(saved) < tile and sum(saved) <= kept, saved
+    (out * torch.tensor(d_out)).sum().backward()  # `lse` unused
+    allowed = allowed_slots(indices, 64)
+    no_lse = np.zeros((1, 2, 8))
+    want = reference(q, k, v, indices, 8**-0.5, allowed, d_out, no_lse)
+    np.testing.assert_allclose(np_(out.detach()), want[0], atol=1e-5)
+    for leaf, grad in zip(leaves, want[2]):
+        np.testing.assert_allclose(np_(leaf.grad), grad, atol=5e-5)
+    with torch.no_grad():
+        plain = topk_attention(*leaves, indices)
+    assert plain.grad_fn is None and not plain.requires_grad
+    np.testing.assert_allclose(np_(plain), want[0], atol=1e-5)
 
 
 def test_empty_lengths():
