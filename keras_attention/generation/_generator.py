@@ -42,6 +42,28 @@ from keras_attention.utils import validation
 # one) against a 8,192-slot ring took GBs for an 8-token prompt. A prompt
 # of `P` positions costs `P / chunk` calls of the same work in all.
 PREFILL_CHUNK = 512
+# The most scores, per head, of one prefill call against a buffer of
+# `max_length` positions (chunk * max_length; 4 MiB in float32): a chunk
+# attends to every position the buffer holds, written or not: the
+# compiled prefill of `benchmarks/chunked_cache.py`'s model (4 layers, 4
+# heads) over 32,768 positions peaked 2.0 GB above the model with chunks
+# of 512, 1.45 GB with 128, 1.15 GB with 32 (its caches: 256 MiB). Long
+# buffers take narrower chunks (32 at 32,768), never under
+# `MIN_PREFILL_CHUNK`; the work in all is the same.
+PREFILL_SCORES = 2**20
+MIN_PREFILL_CHUNK = 16
+
+
+def prefill_chunk(width, widest=None):
+    """The positions of one prefill call on a buffer of `width`
+    positions (None: unknown while tracing): `widest` (default
+    `PREFILL_CHUNK`) at most, nor more than the buffer, nor past
+    `PREFILL_SCORES` scores per head (not under `MIN_PREFILL_CHUNK`)."""
+    chunk = PREFILL_CHUNK if widest is None else min(widest, PREFILL_CHUNK)
+    if width is None:
+        return chunk
+    bound = max(PREFILL_SCORES // width, MIN_PREFILL_CHUNK)
+    return max(min(chunk, bound, width), 1)
 
 
 def as_list(x):
@@ -403,7 +425,7 @@ class Generator(StreamingMixin):
 
     def _prefill_slots(self, token_ids, padding_mask, cache, hidden):
         """`_prefill` for caches that keep a slot per position: the
-        buffer (static length) in chunks of `PREFILL_CHUNK` positions (in
+        buffer (static length) in chunks of `prefill_chunk` positions (in
         one call when it is shorter), from its start to past the shortest
         prompt's last position, its masked positions written masked; the
         samplers' steps from the shortest prompt's end overwrite the
@@ -411,7 +433,7 @@ class Generator(StreamingMixin):
         A last chunk past the buffer's end is moved back to end with it:
         it writes some positions again, with the same values."""
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
-        chunk = min(PREFILL_CHUNK, width)
+        chunk = prefill_chunk(width)
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
         write, outputs = self._prefill_outputs(token_ids, hidden)
 
@@ -458,11 +480,11 @@ class Generator(StreamingMixin):
     def _prefill(self, token_ids, padding_mask, cache, hidden):
         """Writes the shortest prompt's positions but its last into the
         empty `cache` (the sampler's first step runs that one: a position
-        is written once), in chunks of `PREFILL_CHUNK` positions when
+        is written once), in chunks of `prefill_chunk` positions when
         every block's cache keeps a slot per position (`_prefill_slots`),
         else in chunks of static length (the widest window plus one, at
-        least 32, at most `PREFILL_CHUNK` and the buffer's length when
-        known), then the rest one position at a time.
+        least 32, within `prefill_chunk`'s bounds when the buffer's
+        length is known), then the rest one position at a time.
 
         Returns `(hidden, cache, index)`: with `hidden`, the last block's
         outputs `(batch, max_length, d)` at the prompt's positions up to
@@ -479,9 +501,7 @@ class Generator(StreamingMixin):
         if token_ids.shape[1] is not None and self._overwrites_positions(cache):
             return self._prefill_slots(token_ids, padding_mask, cache, hidden)
         batch, width = ops.shape(token_ids)[0], token_ids.shape[1]
-        chunk = min(max((self._window() or 0) + 1, 32), PREFILL_CHUNK)
-        if width is not None:
-            chunk = min(chunk, width)
+        chunk = prefill_chunk(width, max((self._window() or 0) + 1, 32))
         shortest = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
         chunks = (shortest - 1) // chunk
         write, outputs = self._prefill_outputs(token_ids, hidden)

@@ -119,12 +119,16 @@ def test_a_ring_of_slots_is_prefilled_in_order(monkeypatch):
     assert calls
 
 
+@pytest.mark.parametrize("bound", ["positions", "scores"])
 @pytest.mark.parametrize("windowed", [False, True])
-def test_no_prefill_call_is_wider_than_a_chunk(windowed, monkeypatch):
+def test_no_prefill_call_is_wider_than_a_chunk(windowed, bound, monkeypatch):
     """A compiled loop holds its body's buffers whether or not it runs:
     a prefill call as wide as the buffer (or as a long window plus one)
-    took GBs for a short prompt. Slot chunks past the buffer's end move
-    back to end with it, and both ways give the one-call results."""
+    took GBs for a short prompt, and a chunk attends to the whole buffer
+    (512 positions against 32,768: 1-1.8 GB beyond the caches). Chunks
+    hold `PREFILL_CHUNK` positions and `PREFILL_SCORES` scores against
+    the buffer at most. Slot chunks past the buffer's end move back to
+    end with it, and both ways give the one-call results."""
     lm = language_model(windowed)
     ids = np.array([[3, 4, 5, 6, 7, 8, 9, 1, 2, PAD]] * 2, "int32")
     ids[1, 9] = 5  # shortest 9: chunks at 0, 4 and 6 (moved back)
@@ -134,7 +138,11 @@ def test_no_prefill_call_is_wider_than_a_chunk(windowed, monkeypatch):
     whole = lm._prefill(ids, mask, lm._new_cache(2, 10, options), True)
     widths = []
     original = _generator.Generator.call_with_cache
-    monkeypatch.setattr(_generator, "PREFILL_CHUNK", 4)
+    if bound == "positions":
+        monkeypatch.setattr(_generator, "PREFILL_CHUNK", 4)
+    else:  # 4 positions against the buffer's 10
+        monkeypatch.setattr(_generator, "PREFILL_SCORES", 49)
+        monkeypatch.setattr(_generator, "MIN_PREFILL_CHUNK", 1)
     monkeypatch.setattr(
         _generator.Generator,
         "call_with_cache",
