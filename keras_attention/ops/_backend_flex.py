@@ -209,7 +209,7 @@ class FlexCompileError(RuntimeError):
 
 
 def flex_attention(
-    query, key, value, score_fn, block_mask, scale, lse, copy=True
+    query, key, value, score_fn, block_mask, scale, lse, copies=(True,) * 3
 ):
     """FlexAttention on `(b, T, h, d)` tensors (`g` key/value heads
     divide `h`): the output `(b, i, h, e)`, and with `lse` its
@@ -217,16 +217,17 @@ def flex_attention(
     kernel per shape, dtype and score function, compiled at its first
     call and reused after; `FlexCompileError` when compiling fails.
 
-    With `copy` the kernel gets contiguous `(b, h, T, d)` copies, else
-    the views (rows `h * d` apart): on a CPU (torch 2.13) it reads those
-    1.1-1.2x slower, and the copies pay where each query visits a few
-    hundred keys (`flex.FLEX_COPY_MIN_KEYS`; `benchmarks/
-    programmable_attention.py --tables flex`, the row "flex_attention,
-    (b, T, h, d) views")."""
+    `copies`: for the query, key and value, whether the kernel gets a
+    contiguous `(b, h, T, d)` copy, else the view (rows `h * d` apart).
+    The output is laid out as the query the kernel gets (the view: our
+    layout; a copy: a transposed view of the kernel's `(b, h, i, e)`);
+    which copies pay: `flex.kernel_copies`."""
     import torch
     import torch._dynamo
 
-    query, key, value = (_heads_first(x, copy) for x in (query, key, value))
+    query, key, value = (
+        _heads_first(x, copy) for x, copy in zip((query, key, value), copies)
+    )
     if _FLEX["kernel"] is None:
         # Our own function: kernels apart from the program's other ones.
         _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)

@@ -74,14 +74,15 @@ FLEX_MIN_LENGTH = 1024
 # about twice as fast per block as FlexAttention's on a CPU).
 FLEX_MAX_DENSITY = 0.5
 # The kernel gets contiguous copies of the (b, h, T, d) views of our
-# (b, T, h, d) tensors where each query visits about this many keys (the
-# share of blocks visited times the keys): it reads the views strided
-# 1.1-1.2x slower, and the copies cost as much as its work on ~20-40 keys
-# a query. Rough (torch 2.13, 1 thread, CPU time, loaded machine; causal
-# documents, copies / views): ~130 keys a query 1.04, ~190 1.01, ~320
-# 0.94-0.99; a window of 512 at 2k (~540) 0.90-0.99, documents at 8k
-# (~580) 0.89.
-FLEX_COPY_MIN_KEYS = 256
+# (b, T, h, d) query and keys, the views of the values (`kernel_copies`).
+# It reads those views strided, slower: rough (torch 2.13, 1 thread, CPU
+# time, loaded machine; T = 2,048, kernel time on the views less on
+# contiguous tensors, x a copy's time): the queries 3.4x (documents, 1.5
+# key blocks a query block) and 3.3x (window 512, 4.4), the keys 1.6x
+# (each key block visited by 1.5 query blocks) and 5x (4.4), the values
+# none measurable. So the query is always copied, the values never.
+# A key copy pays where each key block is read more than this many times.
+FLEX_COPY_MIN_KEY_READS = 1.0
 
 
 class _KernelMask:
@@ -564,5 +565,16 @@ def flex_attention(request):
         block_mask,
         float(request.scale),
         bool(request.return_lse),
-        copy=density * (kv_len + int(sink)) >= FLEX_COPY_MIN_KEYS,
+        kernel_copies(density, q_len, query.shape[2] // key.shape[2]),
     )
+
+
+def kernel_copies(density, q_len, groups=1):
+    """Whether the kernel gets contiguous copies of the query, key and
+    value (else their views), for a block mask visiting `density` of its
+    blocks and `groups` query heads a key head: the query always, the
+    keys where each of their blocks is visited by more than
+    `FLEX_COPY_MIN_KEY_READS` query blocks (then the copy costs less than
+    reading them strided), the values never."""
+    reads = density * -(-q_len // _backend_flex.FLEX_BLOCK) * groups
+    return True, reads > FLEX_COPY_MIN_KEY_READS, False

@@ -226,12 +226,11 @@ def test_block_mask_and_kernel_are_reused_per_shape_and_mask(
 
 
 @torch_only
-def test_kernel_gets_contiguous_copies_where_queries_visit_many_keys(
-    monkeypatch,
-):
+def test_kernel_gets_copies_of_the_query_and_keys_read_often(monkeypatch):
     # The kernel reads the strided (b, h, T, d) views of (b, T, h, d)
-    # tensors 1.1-1.2x slower than contiguous copies (CPU); a copy pays
-    # where each query visits many keys.
+    # tensors slower than contiguous copies (CPU): the query's always
+    # pays, the keys' where more than one query block reads each key
+    # block (`FLEX_COPY_MIN_KEY_READS`), the values' never.
     import torch
     import torch._dynamo
 
@@ -243,11 +242,13 @@ def test_kernel_gets_contiguous_copies_where_queries_visit_many_keys(
 
     monkeypatch.setitem(_backend_flex._FLEX, "kernel", kernel)
     q, k, v = _inputs(t=256)
+    # Two query blocks; 3 of the 4 blocks visited: 1.5 query blocks (x 2
+    # query heads a key head) read each key block.
     window = mods.SlidingWindowMask(40, causal=True)
     limit = config.recompile_limit
     with _no_grad():
-        for keys in (0, 10**6):
-            monkeypatch.setattr(flex, "FLEX_COPY_MIN_KEYS", keys)
+        for reads in (2.9, 3.0):
+            monkeypatch.setattr(flex, "FLEX_COPY_MIN_KEY_READS", reads)
             out = dot_product_attention(
                 q, k, v, mask_mod=window, implementation="flex"
             )
@@ -255,11 +256,12 @@ def test_kernel_gets_contiguous_copies_where_queries_visit_many_keys(
     (copied, views) = seen
     shapes = [(B, H, 256, D), (B, G, 256, D), (B, G, 256, E)]
     assert [tuple(x.shape) for x in copied[:3]] == shapes
-    assert all(x.is_contiguous() for x in copied[:3])
-    assert not any(x.is_contiguous() for x in views[:3])
+    assert [x.is_contiguous() for x in copied[:3]] == [True, True, False]
+    assert [x.is_contiguous() for x in views[:3]] == [True, False, False]
     # Our kernels' recompile limit, during the call only.
     assert copied[3] >= _backend_flex.FLEX_RECOMPILE_LIMIT
     assert config.recompile_limit == limit
+    assert flex.kernel_copies(1.0, 1) == (True, False, False)  # Decoding.
 
 
 @torch_only
@@ -274,7 +276,7 @@ def test_automatic_choice_and_call_look_the_block_mask_up_once(monkeypatch):
     )
     ran = []
 
-    def kernel(q, k, v, score_fn, block_mask, scale, lse, copy):
+    def kernel(q, k, v, score_fn, block_mask, scale, lse, copies):
         ran.append(block_mask)
         return ops.zeros(tuple(q.shape[:3]) + (v.shape[-1],))
 
