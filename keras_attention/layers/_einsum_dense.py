@@ -33,3 +33,25 @@ class EinsumDense(keras.layers.EinsumDense):
         # path is the only one changed here, the quantized ones are its.
         kwargs["type_check"] = False
         return super().quantize(mode, **kwargs)
+
+
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` whose float64 calls stay float64 (on
+    PyTorch too): the weights and their paths are Keras's."""
+
+    def call(self, inputs, training=None):
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if dtype != "float64" or self.quantization_mode is not None:
+            return super().call(inputs, training=training)
+        x = ops.einsum("...i,ij->...j", inputs, ops.cast(self.kernel, dtype))
+        if self.bias is not None:
+            x = broadcast_add(x, ops.cast(self.bias, dtype))
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
+
+    def quantize(self, mode=None, **kwargs):
+        # Keras refuses to quantize subclasses (`type_check`): the float
+        # path is the only one changed here, the quantized ones are its.
+        kwargs["type_check"] = False
+        return super().quantize(mode, **kwargs)

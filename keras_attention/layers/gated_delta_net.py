@@ -11,6 +11,7 @@ import inspect
 import keras
 from keras import ops
 
+from keras_attention.layers import _einsum_dense
 from keras_attention.layers import recording
 from keras_attention.layers import token_mixer
 from keras_attention.layers._qk_norm import HeadRMSNorm
@@ -266,7 +267,7 @@ class GatedDeltaNet(
     # Build ---------------------------------------------------------------
 
     def _dense(self, units, name, input_dim):
-        dense = keras.layers.Dense(
+        dense = _einsum_dense.Dense(
             units,
             use_bias=False,
             kernel_initializer=keras_utils.clone_initializer(

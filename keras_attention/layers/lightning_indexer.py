@@ -11,6 +11,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attention.layers import _einsum_dense
 from keras_attention.layers import _latent_rotary
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops import scan_carry
@@ -241,7 +242,7 @@ class LightningIndexer(keras.layers.Layer):
         self.supports_masking = True  # the Keras mask is the padding
 
     def _dense(self, units, name, input_dim):
-        dense = keras.layers.Dense(
+        dense = _einsum_dense.Dense(
             units,
             use_bias=False,
             kernel_initializer=keras_utils.clone_initializer(
@@ -318,7 +319,8 @@ class LightningIndexer(keras.layers.Layer):
         dots = ops.relu(dots * scale)
         with scoring.full_precision_variables():  # the float32 kernel
             kernel = ops.cast(self.weights_proj.kernel, dtype)
-        w = ops.matmul(ops.cast(inputs, dtype), kernel)
+        # An einsum: Keras's torch `matmul` computes float64 in float32.
+        w = ops.einsum("btc,ch->bth", ops.cast(inputs, dtype), kernel)
         w = w * keras_utils.constant(1.0 / math.sqrt(self.num_heads), dtype)
         scores = ops.einsum("bths,bth->bts", dots, w)
         return ops.where(allowed, scores, ops.full_like(scores, NEG_INF))

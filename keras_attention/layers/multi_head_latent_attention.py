@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import masks as masks_lib
+from keras_attention.layers import _einsum_dense
 from keras_attention.layers import _kv_cache
 from keras_attention.layers import _latent_indexer
 from keras_attention.layers import _latent_rotary
@@ -310,7 +311,7 @@ class MultiHeadLatentAttention(
 
     def _dense(self, units, name, use_bias, input_dim):
         clone = keras_utils.clone_initializer
-        dense = keras.layers.Dense(
+        dense = _einsum_dense.Dense(
             units,
             use_bias=use_bias,
             kernel_initializer=clone(self.kernel_initializer),

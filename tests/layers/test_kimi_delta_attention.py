@@ -538,3 +538,25 @@ def test_bfloat16_layer_keeps_a_float32_state():
     full = _layer()
     _, (_, want) = full(X, mask=MASK, cache=full.init_cache(2))
     np.testing.assert_allclose(np_(state), np_(want), atol=0.1)
+
+
+def test_float64_layer_stays_float64_in_pieces_and_whole():
+    # Keras's torch `matmul` (a `Dense` without bias) computes float64 in
+    # float32: the projections must not go through it.
+    layer = _layer(dtype="float64")
+    x = X.astype("float64")
+    with float64_enabled():
+        whole = layer(x, mask=MASK)
+        cache = layer.init_cache(2)
+        pieces = []
+        for start, stop in ((0, 4), (4, 5), (5, T)):
+            out, cache = layer(
+                x[:, start:stop], mask=MASK[:, start:stop], cache=cache
+            )
+            pieces.append(ops.convert_to_numpy(out))
+        dtypes = [whole.dtype, out.dtype, cache[0].dtype, cache[1].dtype]
+        whole = ops.convert_to_numpy(whole)
+    assert {keras.backend.standardize_dtype(d) for d in dtypes} == {"float64"}
+    np.testing.assert_allclose(
+        np.concatenate(pieces, 1)[MASK], whole[MASK], rtol=1e-12, atol=1e-12
+    )

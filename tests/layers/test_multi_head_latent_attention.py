@@ -5,6 +5,7 @@ form, attention weights and `collect_attention`, DeepSeek's YaRN
 (`rotary_scaling` with `mscale`), explicit `positions`, argument errors
 and low precision."""
 
+import contextlib
 import re
 
 import keras
@@ -43,6 +44,18 @@ YARN = dict(
 
 def np_(x):
     return ops.convert_to_numpy(ops.cast(x, "float32")).astype("float64")
+
+
+@contextlib.contextmanager
+def float64_enabled():
+    """JAX computes in float64 only with x64 enabled."""
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    import jax
+
+    with jax.enable_x64(True):
+        yield
 
 
 def _layer(**kwargs):
@@ -198,6 +211,22 @@ def test_collect_attention_records_the_layer():
     meta = maps.metadata["mla"]
     assert meta["kind"] == "self" and meta["causal"]
     assert np.all(np.triu(maps["mla"][0, 0], 1) == 0)
+
+
+def test_float64_layer_stays_float64():
+    # Keras's torch `matmul` (a `Dense` without bias) computes float64 in
+    # float32: the projections must not go through it. No rotary
+    # positions: `RotaryEmbedding` rotates in float32 (keras-hub's rule).
+    valid = np.array([[True] * 6, [False] * 2 + [True] * 4])
+    x = X.astype("float64")
+    with float64_enabled():
+        layer = _layer(q_lora_rank=4, rope_theta=None, dtype="float64")
+        out = layer(x, query_mask=valid, use_causal_mask=True)
+        dtype = keras.backend.standardize_dtype(out.dtype)
+        out = ops.convert_to_numpy(out)
+    assert dtype == "float64"
+    expected = mla_reference(layer, x, valid)
+    np.testing.assert_allclose(out[valid], expected[valid], atol=1e-12)
 
 
 def test_positions_restarting_per_packed_document():
