@@ -5,6 +5,8 @@ distillation loss, and equality with `transformers`' `DeepseekV32Indexer`
 and `DeepseekV32Attention` with copied weights (prefill, absorbed,
 weights, cached decoding)."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -23,6 +25,18 @@ X = RNG.normal(size=(2, 9, HIDDEN)).astype("float32")
 
 def np_(x):
     return ops.convert_to_numpy(x)
+
+
+@contextlib.contextmanager
+def float64_enabled():
+    """JAX computes in float64 only with x64 enabled."""
+    if BACKEND != "jax":
+        yield
+        return
+    import jax
+
+    with jax.enable_x64(True):
+        yield
 
 
 def _indexer(top_k=3, query_dim=None, **kwargs):
@@ -112,6 +126,22 @@ def test_matches_numpy_reference_with_padding():
     # Row 0: one earlier key only; padded queries select nothing.
     np.testing.assert_array_equal(np_(indices)[0, 0], [0, -1, -1])
     np.testing.assert_array_equal(np_(indices)[1, :2], -1)
+
+
+def test_float64_scores_equal_the_numpy_reference():
+    # Keras's torch `matmul` (a `Dense` without bias) computes float64 in
+    # float32: the projections must not go through it. No rotary
+    # positions: `RotaryEmbedding` rotates in float32 (keras-hub's rule).
+    x = X.astype("float64")
+    with float64_enabled():
+        layer = _indexer(top_k=3, rope_head_dim=0, dtype="float64")
+        scores, _ = layer(x)
+        dtype = keras.backend.standardize_dtype(scores.dtype)
+        scores = np_(scores)
+    assert dtype == "float64"
+    want = np_scores(layer, x, x, np.tile(np.arange(9), (2, 1)))
+    allowed = _causal(2, 9, 9)
+    np.testing.assert_allclose(scores[allowed], want[allowed], atol=1e-12)
 
 
 def test_the_keras_mask_is_the_default_padding_mask():
