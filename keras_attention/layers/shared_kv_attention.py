@@ -343,6 +343,8 @@ class SharedKVSelfAttention(SelfAttention):
                     f"type {type(cache).__name__!r}"
                 )
             cache = self.kv_share.read("cache", self.name)
+            shape = tuple(cache["keys_values"].shape)  # (b, 2, S, kv, d)
+            self._check_source_sizes(shape[-2], shape[-1], shape[-1])
         outputs = super().call(
             inputs,
             mask=mask,
@@ -377,6 +379,7 @@ class SharedKVSelfAttention(SelfAttention):
         if self._reads:
             if cache is None:
                 k, v = self.kv_share.read("keys_values", self.name)
+                self._check_source_sizes(k.shape[-2], k.shape[-1], v.shape[-1])
                 return k, v, None
             return cache[:, 0], cache[:, 1], cache  # read, not written
         if not (self.values_from_keys or self.value_norm):
@@ -399,6 +402,21 @@ class SharedKVSelfAttention(SelfAttention):
         if cache is None and self.kv_share is not None:
             self.kv_share.publish("keys_values", (k, v))
         return k, v, cache
+
+    def _check_source_sizes(self, kv_heads, key_dim, value_dim):
+        """A reader's key/value heads and sizes must be those its source
+        published (a mismatch would broadcast or fail inside a matmul)."""
+        want = (self._kv_heads, self.key_dim, self.value_dim)
+        got = (kv_heads, key_dim, value_dim)
+        if any(g is not None and g != w for g, w in zip(got, want)):
+            raise ValueError(
+                f"Reader {self.name!r} attends to the keys and values of "
+                f"its source (KVShare {self.kv_share.name!r}): its "
+                "num_key_value_heads, key_dim and value_dim must be the "
+                f"source's, {got!r}. Received: num_key_value_heads="
+                f"{self._kv_heads!r}, key_dim={self.key_dim!r}, "
+                f"value_dim={self.value_dim!r}"
+            )
 
     def compute_cache(self, value, key=None):
         if self._custom:

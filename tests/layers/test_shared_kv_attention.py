@@ -186,6 +186,36 @@ def test_a_reader_without_its_source_in_the_pass_is_refused():
         reader(X[:, :1], cache=(), cache_update_index=0)
 
 
+@jax_slow
+@pytest.mark.parametrize(
+    "sizes, match",
+    [
+        (dict(num_key_value_heads=2), r"num_key_value_heads=2"),
+        (dict(key_dim=2, num_heads=4), r"key_dim=2"),
+        (dict(value_dim=2), r"value_dim=2"),
+    ],
+)
+def test_a_reader_of_other_sizes_than_its_source_is_refused(sizes, match):
+    # The source: 2 heads of 4, one key/value head. A reader's other key
+    # heads were broadcast silently, other sizes failed inside a matmul.
+    source, _ = pair()
+    options = dict(num_heads=2, key_dim=4, num_key_value_heads=1)
+    options.update(sizes)
+    reader = SharedKVSelfAttention(
+        **options,
+        causal=True,
+        kv_share=source.kv_share,
+        kv_share_role="reader",
+    )
+    reader.build(X.shape)
+    source(X)
+    with pytest.raises(ValueError, match=f"the source's.*{match}"):
+        reader(X)
+    _, cache = source(X, cache=source.init_cache(2, 6), cache_update_index=0)
+    with pytest.raises(ValueError, match=f"the source's.*{match}"):
+        reader(X, cache=(), cache_update_index=0)
+
+
 @pytest.mark.parametrize(
     "options, match",
     [
