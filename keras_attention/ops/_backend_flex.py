@@ -34,6 +34,14 @@ def flex_unavailable():
         )
     if _FLEX["failure"] is not None:
         return _FLEX["failure"]
+    if "here" not in _FLEX:  # Asked once (a compiler search: ~1 ms).
+        _FLEX["here"] = _flex_here_unavailable()
+    return _FLEX["here"]
+
+
+def _flex_here_unavailable():
+    """Why this torch cannot compile FlexAttention kernels here, else
+    None."""
     import torch
 
     try:
@@ -45,9 +53,7 @@ def flex_unavailable():
         )
     if torch.cuda.is_available():
         return None
-    if "cpu" not in _FLEX:  # Asked once: a compiler search, ~1 ms.
-        _FLEX["cpu"] = _flex_cpu_unavailable()
-    return _FLEX["cpu"]
+    return _flex_cpu_unavailable()
 
 
 def _flex_cpu_unavailable():
@@ -75,12 +81,17 @@ def flex_on_gpu(x):
     return getattr(device, "type", device) == "cuda", torch.__version__
 
 
+def flex_grad_enabled():
+    """Whether PyTorch records operations for a gradient (grad mode)."""
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def flex_needs_gradient(tensors, reads_other=False):
     """Whether a call needs a gradient: grad mode, and one of `tensors`
     (variables too) requires grad, or `reads_other`."""
-    import torch
-
-    if not torch.is_grad_enabled():
+    if not flex_grad_enabled():
         return False
     if reads_other:
         return True
@@ -233,10 +244,12 @@ def flex_attention(
         _FLEX["kernel"] = torch.compile(_flex_kernel, dynamic=False)
     gqa = query.shape[1] != key.shape[1]
     args = (query, key, value, score_fn, block_mask, scale, gqa, lse)
-    # Set and restored by hand (`config.patch` costs ~2x as much a call).
+    # Set and restored by hand (`config.patch` costs ~2x as much a call),
+    # where it is lower.
     config = torch._dynamo.config
     limit = config.recompile_limit
-    config.recompile_limit = max(limit, FLEX_RECOMPILE_LIMIT)
+    if limit < FLEX_RECOMPILE_LIMIT:
+        config.recompile_limit = FLEX_RECOMPILE_LIMIT
     try:
         with warnings.catch_warnings():
             # Dynamo's notes on what it steps around while tracing a
@@ -251,7 +264,8 @@ def flex_attention(
             _FLEX["failure"] = reason  # The toolchain: not again.
         raise FlexCompileError(reason) from error
     finally:
-        config.recompile_limit = limit
+        if limit < FLEX_RECOMPILE_LIMIT:
+            config.recompile_limit = limit
     if lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)

@@ -349,15 +349,21 @@ def warn_once(reason):
     )
 
 
+# Tensors of at most this many bytes are their own digest (their bytes:
+# faster to hash than a hash to compute, and exact); larger ones a hash.
+FLEX_DIGEST_RAW_BYTES = 1 << 16
+
+
 def tensor_digest(x):
     """A digest of a tensor's dtype, shape and values (block-mask cache
     keys: the tensors a mask function reads, such as segment ids)."""
     array = x if isinstance(x, np.ndarray) else _backend_flex.host_array(x)
     if array is None:
         array = ops.convert_to_numpy(x)
-    array = np.ascontiguousarray(array)
-    digest = hashlib.blake2b(array.tobytes(), digest_size=16).hexdigest()
-    return (str(array.dtype), array.shape, digest)
+    values = array.tobytes()  # C order, whatever the strides.
+    if len(values) > FLEX_DIGEST_RAW_BYTES:
+        values = hashlib.blake2b(values, digest_size=16).digest()
+    return (array.dtype, array.shape, values)
 
 
 class _Identity:
@@ -375,6 +381,7 @@ class _Identity:
 
 
 _PLAIN = (str, bytes, int, float, bool, complex, type(None), type)
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def _fingerprint(obj, depth=0):
@@ -383,6 +390,13 @@ def _fingerprint(obj, depth=0):
     arguments, the globals its code names) and the contents of the
     tensors among them (`tensor_digest`); what it cannot look
     into, by identity."""
+    kind = type(obj)
+    if kind in _PLAIN_TYPES:  # The common kinds first: one test each.
+        return obj
+    if kind is tuple or kind is list:
+        if depth > 6:
+            return _Identity(obj)
+        return (kind.__name__,) + tuple(_fingerprint(x, depth + 1) for x in obj)
     if isinstance(obj, _PLAIN) or isinstance(obj, np.generic):
         return obj
     if isinstance(obj, (np.ndarray, keras.Variable)) or ops.is_tensor(obj):
@@ -415,6 +429,8 @@ def _reads_gradient(request):
     """Whether the call is recorded for a gradient: under
     `torch.is_grad_enabled()`, an input, a score layer's weight or a
     tensor a plain score function reads requires one."""
+    if not _backend_flex.flex_grad_enabled():  # Inference: nothing to walk.
+        return False
     tensors = [request.query, request.key, request.value]
     tensors.append(request.sink_logits)
     score_mod = request.score_mod
@@ -429,12 +445,16 @@ def _reads_gradient(request):
 
 def can_run(request):
     """None when the flex path can run `request`, else the reason."""
-    reason = _backend_flex.flex_unavailable()
+    return _cannot_run(request, _backend_flex.flex_unavailable())
+
+
+def _cannot_run(request, reason):
+    """`can_run` when FlexAttention is unavailable here for `reason`
+    (None: it is)."""
     dtype = keras.backend.standardize_dtype(request.query.dtype)
-    dtypes = {
-        keras.backend.standardize_dtype(x.dtype)
-        for x in (request.query, request.key, request.value)
-    }
+    dtypes = {x.dtype for x in (request.query, request.key, request.value)}
+    if len(dtypes) > 1:  # The same dtype in other containers: one name.
+        dtypes = {keras.backend.standardize_dtype(x) for x in dtypes}
     if reason is None and request.needs_weights:
         reason = (
             "it computes no attention weights: it cannot return them or "
@@ -451,8 +471,9 @@ def can_run(request):
         reason = "it takes a sliding window as a mask function"
     elif reason is None and not request.static_lengths:
         reason = "it needs the lengths when called"
-    elif reason is None and not _backend_flex.flex_on_gpu(request.query)[0]:
-        reason = _cpu_refusal(request)
+    elif reason is None:
+        on_gpu, version = _backend_flex.flex_on_gpu(request.query)
+        reason = None if on_gpu else _cpu_refusal(request, version)
     if reason is None:
         return None
     return (
@@ -464,9 +485,9 @@ def can_run(request):
     )
 
 
-def _cpu_refusal(request):
-    """What FlexAttention's CPU kernels cannot do for `request`."""
-    version = _backend_flex.flex_on_gpu(request.query)[1]
+def _cpu_refusal(request, version):
+    """What FlexAttention's CPU kernels (torch `version`) cannot do for
+    `request`."""
     if request.return_lse:
         return (
             f"FlexAttention's CPU kernels return no log-sum-exp (torch "
@@ -500,7 +521,7 @@ def _block_mask(request, offset, sink, chosen=False):
     mask = _KernelMask(request, offset, kv_len, sink)
     result = None, 1.0
     if mask.masks:
-        b, h, q_len = ops.shape(query)[0], query.shape[2], query.shape[1]
+        b, h, q_len = query.shape[0], query.shape[2], query.shape[1]
         total = kv_len + int(sink)
         result = _backend_flex.flex_block_mask(
             lambda start, stop: mask.evaluate(b, h, start, stop, total),
@@ -531,7 +552,7 @@ def prefers_flex(request):
     if unavailable is not None:
         warn_once(unavailable)
         return False
-    if can_run(request) is not None:
+    if _cannot_run(request, unavailable) is not None:
         return False
     if request.score_mod is not None or request.needs_lse:
         return True  # The other paths run it op by op.

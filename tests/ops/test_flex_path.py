@@ -306,6 +306,67 @@ def test_tensor_digest_is_the_values_whatever_the_container():
     assert flex.tensor_digest(ids.astype("int64")) != digest
     # A dtype NumPy lacks (torch's bfloat16): through Keras's conversion.
     assert flex.tensor_digest(ops.cast(ids, "bfloat16")) != digest
+    # Small tensors: their values themselves (exact, no hash to compute),
+    # in C order whatever the strides; large ones a hash of them.
+    assert digest[2] == ids.tobytes()
+    assert flex.tensor_digest(ids.T.copy().T) == digest
+    large = np.zeros(flex.FLEX_DIGEST_RAW_BYTES // 4 + 1, "int32")
+    changed = large.copy()
+    changed[-1] = 1
+    assert len(flex.tensor_digest(large)[2]) == 16
+    assert flex.tensor_digest(changed) != flex.tensor_digest(large)
+    assert flex.tensor_digest(large[::-1].copy()[::-1]) == (
+        flex.tensor_digest(large)
+    )
+
+
+@torch_only
+def test_block_mask_follows_tensors_changed_in_place(monkeypatch):
+    # The same mask objects, the tensors they read changed in place
+    # between calls (a bound torch tensor; a NumPy array a function
+    # closes over, whose writes no version counter sees): the block mask
+    # follows their values.
+    ran = []
+
+    def kernel(q, k, v, score_fn, block_mask, scale, lse, copies):
+        ran.append(block_mask.to_dense()[0, 0].cpu().numpy().tolist())
+        return ops.zeros(tuple(q.shape[:3]) + (v.shape[-1],))
+
+    monkeypatch.setattr(_backend_flex, "flex_attention", kernel)
+    q, k, v = _inputs(t=256)
+    bound = mods.DocumentMask().bind(segment_ids=np.zeros((B, 256), "int32"))
+    ids = np.zeros((B, 256), "int32")
+
+    def documents(batch, head, q_idx, kv_idx):
+        return ids[0][q_idx] == ids[0][kv_idx]
+
+    with _no_grad():
+        for mask in (bound, documents):
+            dot_product_attention(q, k, v, mask_mod=mask, implementation="flex")
+            # Two documents of one block each.
+            bound.segment_ids[:, 128:] = 1
+            ids[:, 128:] = 1
+            dot_product_attention(q, k, v, mask_mod=mask, implementation="flex")
+            bound.segment_ids[:, 128:] = 0
+            ids[:, 128:] = 0
+    every, apart = [[1, 1], [1, 1]], [[1, 0], [0, 1]]  # (q, kv) blocks.
+    assert ran == [every, apart, every, apart]
+
+
+@torch_only
+def test_availability_is_asked_once_and_a_failure_overrides_it(monkeypatch):
+    asked = []
+    original = _backend_flex._flex_here_unavailable
+    monkeypatch.setattr(
+        _backend_flex,
+        "_flex_here_unavailable",
+        lambda: asked.append(1) or original(),
+    )
+    monkeypatch.delitem(_backend_flex._FLEX, "here", raising=False)
+    first = _backend_flex.flex_unavailable()
+    assert _backend_flex.flex_unavailable() == first and asked == [1]
+    monkeypatch.setitem(_backend_flex._FLEX, "failure", "compiling failed")
+    assert _backend_flex.flex_unavailable() == "compiling failed"
 
 
 @torch_only
