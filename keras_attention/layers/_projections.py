@@ -47,6 +47,8 @@ def temperature_factors(positions, tuning, dtype):
     floor = keras_utils.constant(tuning["floor_scale"], dtype)
     scale = keras_utils.constant(tuning["scale"], dtype)
     steps = ops.floor((p + keras_utils.constant(1.0, dtype)) / floor)
+    # Keras's JAX and torch `floor` return float32 for float64.
+    steps = ops.cast(steps, dtype)
     factors = ops.log1p(steps) * scale + keras_utils.constant(1.0, dtype)
     return factors[:, :, None, None]
 

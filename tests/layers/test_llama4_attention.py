@@ -7,6 +7,8 @@ transformers' `Llama4TextAttention` with copied weights, on unpadded
 rows (transformers computes the temperature from the index in the padded
 sequence)."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -45,6 +47,26 @@ def test_temperature_tuning_equals_numpy():
     scale = np_factors(np.arange(7))[None, None, :, None] / np.sqrt(8)
     want, _ = multi_head_attention(layer, X, X, mask=causal, scale=scale)
     np.testing.assert_allclose(np_(layer(X)), want, atol=1e-5)
+
+
+def test_float64_temperature_factors_stay_float64():
+    # Keras's JAX and torch `floor` return float32 for float64.
+    from keras_attention.layers._projections import temperature_factors
+
+    positions = np.array([0, 5, 1000, 123456])
+    context = contextlib.nullcontext()
+    if keras.backend.backend() == "jax":
+        import jax
+
+        context = jax.enable_x64(True)
+    with context:
+        factors = temperature_factors(positions, TUNING, "float64")
+        dtype = keras.backend.standardize_dtype(factors.dtype)
+        factors = np_(factors)[0, :, 0, 0]
+    assert dtype == "float64"
+    np.testing.assert_allclose(
+        factors, np_factors(positions), rtol=1e-15, atol=0
+    )
 
 
 def _slow_on_jax(test):
