@@ -7,7 +7,7 @@ only those (`ops.topk_attention`), in the naive or the absorbed form.
   the query latent `q_a_layernorm(q_a_proj(x))` (its queries), so it
   needs `q_lora_rank`; its rotary positions are the attention's
   (`rope_theta`, `rotary_scaling`, `qk_rope_head_dim` rotated features,
-  in halves whatever `rope_interleave`).
+  in halves whatever `rope_interleave`; none with `rope_theta=None`).
 - The keys each query may select are those it may attend to (causal,
   padding, `attention_mask`, the cache's written slots).
 - Caches: the indexer's keys `(batch, max_length, head_dim)` live beside
@@ -105,10 +105,13 @@ class IndexedLatent:
         self._indexer_config = check_indexer(indexer, self.q_lora_rank)
         if self._indexer_config is None:
             return None
+        # NoPE (`rope_theta=None`): no rotary positions in the indexer
+        # either (its base is then unused).
+        nope = self.rope_theta is None
         return LightningIndexer(
             **self._indexer_config,
-            rope_head_dim=self.qk_rope_head_dim,
-            rope_theta=self.rope_theta,
+            rope_head_dim=0 if nope else self.qk_rope_head_dim,
+            rope_theta=10000.0 if nope else self.rope_theta,
             rotary_scaling=self.rotary_scaling,
             dtype=self.dtype_policy,
             name="indexer",

@@ -69,7 +69,7 @@ def np_rope(x, positions, p, theta):
 def np_scores(layer, x, query_inputs, positions, key_positions=None):
     """`I[t, s]` from the formula, float64."""
     w = {
-        v.path.split("/", 1)[-1]: np_(v).astype("float64")
+        "/".join(v.path.split("/")[-2:]): np_(v).astype("float64")
         for v in layer.weights
     }
     h, d, p = layer.num_heads, layer.head_dim, layer.rope_head_dim
@@ -395,6 +395,35 @@ def test_indexed_mla_config_round_trip():
         np_(layer(X, use_causal_mask=True)),
         atol=1e-6,
     )
+
+
+def test_indexed_mla_without_rotary_positions_selects_without_them():
+    # NoPE (`rope_theta=None`, Kimi's MLA): the indexer's rotary positions
+    # are the attention's, so none; it was built with rope_theta=None
+    # and refused it.
+    layer = MultiHeadLatentAttention(
+        **SIZES, rope_theta=None, indexer=dict(num_heads=2, head_dim=8, top_k=3)
+    )
+    layer.build(X.shape)
+    assert layer.indexer.rope_head_dim == 0
+    _, weights = layer(X, use_causal_mask=True, return_attention_scores=True)
+    q_latent = np_(layer.q_a_layernorm(layer.q_a_proj(X))).astype("float64")
+    positions = np.tile(np.arange(9), (2, 1))
+    scores = np_scores(layer.indexer, X.astype("float64"), q_latent, positions)
+    allowed = _causal(2, 9, 9)
+    want = np_top_k(scores, allowed, 3)
+    kept = np_(weights).max(axis=1) > 0  # (b, t, s), over the heads
+    np.testing.assert_array_equal(kept, _selected(want, 9))
+    clone = MultiHeadLatentAttention.from_config(layer.get_config())
+    assert clone.rope_theta is None and clone.indexer.rope_head_dim == 0
+
+
+def _selected(indices, length):
+    """Bool `(b, t, length)` of the positions `indices` `(b, t, k)` name."""
+    out = np.zeros(indices.shape[:2] + (length,), bool)
+    for n, i, j in zip(*np.nonzero(indices >= 0)):
+        out[n, i, indices[n, i, j]] = True
+    return out
 
 
 def test_config_round_trip_and_saving(tmp_path):
