@@ -52,12 +52,15 @@ from keras_attention.utils import validation
 
 # Gathered key and value elements of one tile, per batch element (32 MiB
 # in float32): the query tile is the largest power of two (at most
-# `MAX_QUERY_BLOCK`) within it. The backward's tiles are smaller (8 MiB):
-# its loop (XLA's, `_backward_loop`) ran faster on tiles nearer the
-# cache's size (T = 8,192, top-k 256, one key/value head: 64 rows 1.4x
-# faster than 256, a rough 2-core measurement).
+# `MAX_QUERY_BLOCK`) within it. The backward's tiles are smaller (8 MiB)
+# where XLA compiles its loop (`_backward_loop`; JAX's `jit`): it ran
+# faster on tiles nearer the cache's size (T = 8,192, top-k 256, one
+# key/value head: 64 rows 1.4x faster than 256, a rough 2-core
+# measurement). PyTorch's eager loop takes tiles of the forward's size
+# (`_backend.loops_run_eagerly`), fewer steps.
 TILE_ELEMENTS = 2**23
 BACKWARD_TILE_ELEMENTS = 2**21
+EAGER_BACKWARD_TILE_ELEMENTS = 2**23  # at most TILE_ELEMENTS
 MAX_QUERY_BLOCK = 512
 
 
@@ -196,7 +199,8 @@ def _head_rows(rows, kv):
 
 def _gather(flat, ids, slots):
     """Rows `ids` of `flat` as `(b q g, k, d)`."""
-    return ops.reshape(ops.take(flat, ids, axis=0), (-1, slots, flat.shape[1]))
+    rows = _backend.take_rows(flat, ids)  # `ids` lie in range
+    return ops.reshape(rows, (-1, slots, flat.shape[1]))
 
 
 def _scores(q, kt, valid, scale, groups):
@@ -278,7 +282,7 @@ def _backward_tiles(xs, flat_k, flat_v, groups, length, scale):
         dk_acc = _backend.scatter_add(dk_acc, ids, dk)
         dv_acc = _backend.scatter_add(dv_acc, ids, dv)
         start = (i,) + (0,) * 4
-        dq_tiles = ops.slice_update(dq_tiles, start, dq[None])
+        dq_tiles = _backend.write_slice(dq_tiles, start, dq[None])
         return dq_tiles, dk_acc, dv_acc
 
     init = (
@@ -494,10 +498,13 @@ def topk_attention(
     tq = query.shape[1]
     width = key.shape[-1] + value.shape[-1]
     # The backward's tile divides the forward's (powers of two).
+    backward = BACKWARD_TILE_ELEMENTS
+    if _backend.loops_run_eagerly():
+        backward = EAGER_BACKWARD_TILE_ELEMENTS
     blocks = tuple(
         query_block
         or query_block_size(tq, indices.shape[2], key.shape[2], width, size)
-        for size in (TILE_ELEMENTS, BACKWARD_TILE_ELEMENTS)
+        for size in (TILE_ELEMENTS, backward)
     )
     extra = 0 if tq is None else -tq % blocks[0]
     if tq is None:

@@ -166,7 +166,8 @@ def test_matches_numpy_reference_with_gradients(options, monkeypatch):
             pytest.skip("XLA compiles the backward on TensorFlow only")
         monkeypatch.setattr(topk_module, "XLA_MIN_PAIRS", 0)
     if options.get("small"):
-        monkeypatch.setattr(topk_module, "BACKWARD_TILE_ELEMENTS", 2**8)
+        for name in ("BACKWARD_TILE_ELEMENTS", "EAGER_BACKWARD_TILE_ELEMENTS"):
+            monkeypatch.setattr(topk_module, name, 2**8)
     rng, (q, k, v), indices, d_out, d_lse = _case(0, g=options.get("g", 2))
     b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qm = km = im = None
@@ -458,6 +459,17 @@ def test_backward_accumulates_in_place_with_repeats_and_afresh():
     for f in runs:
         for _ in range(2):
             np.testing.assert_allclose(np_(f(*args)), want, atol=1e-6)
+    if BACKEND == "torch":
+        # In place in PyTorch's eager loop (Keras's `slice_update` and an
+        # `index_add` copy the whole buffer at every step).
+        acc = _backend.zeros_accumulator((5, 3), "float32")
+        assert _backend.scatter_add(acc, args[0][0], args[1][0]) is acc
+        buffer = ops.zeros((2, 5, 3))
+        tile = ops.convert_to_tensor(want[None], "float32")
+        assert _backend.write_slice(buffer, (1, 0, 0), tile) is buffer
+        np.testing.assert_array_equal(
+            np_(buffer), [np.zeros((5, 3)), np_(tile)[0]]
+        )
 
 
 def test_the_paths_table_lists_it():
