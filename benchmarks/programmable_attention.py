@@ -40,16 +40,18 @@ in a fresh process:
    automatic choice: FlexAttention or SDPA), `flex_attention` compiled
    and called directly (its own `create_block_mask` and `score_mod`),
    the same call on the `(b, h, T, d)` views of our `(b, T, h, d)`
-   tensors (read strided: what the flex path copies to avoid; not a
-   reference), SDPA with the dense mask (an additive float mask for the
-   score functions; none for soft-capping, which is no bias), our previous
-   path (the automatic choice without FlexAttention: SDPA through the
-   fused path, or the blockwise path for a score function). Ratios are
-   to ours; `max |diff|` of each output from ours. Compiling the
-   FlexAttention kernels (once per shape and function) is not timed.
+   tensors (read strided: what the flex path copies the query and keys
+   to avoid; not a reference), SDPA with the dense mask (an additive
+   float mask for the score functions; none for soft-capping, which is
+   no bias), our previous path (the automatic choice without
+   FlexAttention: SDPA through the fused path, or the blockwise path for
+   a score function). Ratios are to ours; `max |diff|` of each output
+   from ours. Compiling the FlexAttention kernels (once per shape and
+   function) is not timed.
    Targets (issue 57): ours within 1.1x of the faster of flex_attention
    and SDPA; document mask at 8k >= 4x, window 512 at 8k >= 3x faster
-   than SDPA with the dense mask.
+   than SDPA with the dense mask. `--flex-cases` runs some of the cases
+   (`FLEX_CASES`).
 
 6. `--tables thresholds` (PyTorch, its own process; not in the
    default set): the crossovers the automatic choice's constants stand
@@ -236,10 +238,11 @@ FLEX_HEADS, FLEX_DIM = 4, 64
 FLEX_CASES = ("causal", "window 512", "documents", "ALiBi", "soft-cap 50", "T5")
 
 
-def flex_configs(length, documents):
-    """case -> `{name: forward()}` of the flex table (PyTorch backend):
-    ours, flex_attention directly, SDPA with the dense mask, our
-    previous path; and the inputs' shapes. Each call blocks (CPU)."""
+def flex_configs(length, documents, cases=FLEX_CASES):
+    """case -> `{name: forward()}` of the flex table (PyTorch backend),
+    for `cases` (of `FLEX_CASES`): ours, flex_attention directly, SDPA
+    with the dense mask, our previous path; and the inputs' shapes. Each
+    call blocks (CPU)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask
@@ -284,7 +287,7 @@ def flex_configs(length, documents):
         return s + t5_table[h, qi - ki + length - 1]
 
     d = (i[:, None] - i[None, :]).clamp(min=-(length - 1))
-    cases = {
+    configs = {
         "causal": (dict(causal=True), causal_fn, None, causal),
         "window 512": (
             dict(mask_mod=mods.SlidingWindowMask(511, causal=True)),
@@ -323,7 +326,8 @@ def flex_configs(length, documents):
         ),
     }
     out = {}
-    for case, (kwargs, mask_fn, score_fn, dense) in cases.items():
+    for case in cases:
+        kwargs, mask_fn, score_fn, dense = configs[case]
         block_mask = create_block_mask(mask_fn, None, None, length, length)
         if dense is not None and dense.dtype != torch.bool:
             # A bias: add the causal mask as -inf (SDPA's float mask).
@@ -366,7 +370,7 @@ def flex_configs(length, documents):
     return out
 
 
-def flex_child(lengths, documents, repeats):
+def flex_child(lengths, documents, repeats, cases=FLEX_CASES):
     """The flex table (PyTorch backend): rows `[T, case, name, ms, x
     ours, max |diff|, ours' path]`, printed as JSON."""
     import torch
@@ -390,7 +394,8 @@ def flex_child(lengths, documents, repeats):
     rows = []
     with torch.no_grad():
         for length in lengths:
-            for case, fns in flex_configs(length, documents).items():
+            configs = flex_configs(length, documents, cases)
+            for case, fns in configs.items():
                 outs = {n: f() for n, f in fns.items()}  # Compiles.
                 path = chosen["path"]
                 times = time_interleaved(fns, repeats=repeats, warmup=1)
@@ -571,6 +576,7 @@ def flex_table(args):
     command += ["--flex-lengths", *map(str, args.flex_lengths)]
     command += ["--documents", str(args.documents)]
     command += ["--repeats", str(args.repeats)]
+    command += ["--flex-cases", *args.flex_cases]
     out = subprocess.run(
         command, check=True, capture_output=True, text=True, env=env
     )
@@ -659,6 +665,13 @@ def main():
         "--flex-lengths", type=int, nargs="+", default=[2048, 8192]
     )
     parser.add_argument(
+        "--flex-cases",
+        nargs="+",
+        default=list(FLEX_CASES),
+        choices=FLEX_CASES,
+        help="the cases of the flex table (default: all)",
+    )
+    parser.add_argument(
         "--flex-child", action="store_true", help=argparse.SUPPRESS
     )
     parser.add_argument("--threshold-length", type=int, default=2048)
@@ -678,7 +691,9 @@ def main():
     parser.add_argument("--pair", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flex_child:
-        flex_child(args.flex_lengths, args.documents, args.repeats)
+        flex_child(
+            args.flex_lengths, args.documents, args.repeats, args.flex_cases
+        )
         return
     if args.thresholds_child:
         thresholds_child(
