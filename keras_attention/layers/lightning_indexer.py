@@ -428,6 +428,13 @@ class LightningIndexer(keras.layers.Layer):
             validation.check_call_input(
                 "query_inputs", query_inputs, self._features, (3,)
             )
+            want, got = tuple(inputs.shape[:2]), tuple(query_inputs.shape[:2])
+            if any(None not in (a, b) and a != b for a, b in zip(want, got)):
+                raise ValueError(
+                    "`query_inputs` must have the batch and steps of "
+                    f"`inputs`, {want!r} (one query per token). Received: "
+                    f"query_inputs.shape={tuple(query_inputs.shape)!r}"
+                )
         elif self._features != self._hidden:
             raise ValueError(
                 "This indexer was built for `query_inputs` of "

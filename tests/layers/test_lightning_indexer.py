@@ -6,6 +6,7 @@ and `DeepseekV32Attention` with copied weights (prefill, absorbed,
 weights, cached decoding)."""
 
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -454,6 +455,15 @@ def test_argument_errors_name_the_value(kwargs, error, match):
     arguments.update(kwargs)
     with pytest.raises(error, match=match):
         LightningIndexer(**arguments)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 6), (1, 9, 6)])
+def test_query_inputs_of_other_steps_or_batch_are_refused(shape):
+    # They failed inside an einsum (InvalidArgumentError on TensorFlow).
+    layer = _indexer(top_k=3, query_dim=6)
+    match = re.escape(f"query_inputs.shape={shape}")
+    with pytest.raises(ValueError, match=match):
+        layer(X, query_inputs=np.ones(shape, "float32"))
 
 
 # --- The distillation loss --------------------------------------------------
