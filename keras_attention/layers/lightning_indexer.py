@@ -572,8 +572,18 @@ class LightningIndexer(keras.layers.Layer):
                 f"Received: index_scores.shape={tuple(scores.shape)}, "
                 f"attention_weights.shape={tuple(attention_weights.shape)}"
             )
+        _check_same_shape(
+            "attention_weights", attention_weights, target, scores, 3
+        )
         valid = scores > NEG_INF
         if indices is not None:
+            dtype = keras.backend.standardize_dtype(indices.dtype)
+            if "int" not in dtype:
+                raise TypeError(
+                    "`indices` must hold integer positions. Received: "
+                    f"indices.dtype={dtype!r}"
+                )
+            _check_same_shape("indices", indices, indices, scores, 2)
             indices = ops.cast(indices, "int32")
             length = ops.shape(scores)[-1]
             kept = ops.logical_and(indices >= 0, indices < length)
@@ -584,6 +594,26 @@ class LightningIndexer(keras.layers.Layer):
                 kept, ops.take_along_axis(valid, at, axis=-1)
             )
         return _kl(scores, target, valid, reduction)
+
+
+def _check_same_shape(name, given, tensor, scores, axes):
+    """The first `axes` axes of `tensor` (`given`, as passed, or what it
+    became) must be those of `scores` `(batch, T, S)` (static sizes;
+    unknown ones pass): broadcasting would pair other queries or keys."""
+    want = tuple(scores.shape[:axes])
+    got = tuple(tensor.shape[:axes])
+    if len(got) < axes or any(
+        None not in (a, b) and a != b for a, b in zip(want, got)
+    ):
+        what = (
+            "(batch, T, S), summed over the heads"
+            if axes == 3
+            else "(batch, T)"
+        )
+        raise ValueError(
+            f"`{name}` must match the index scores on {what}: {want!r}. "
+            f"Received: {name}.shape={tuple(given.shape)!r}"
+        )
 
 
 def _kl(scores, target, valid, reduction):

@@ -512,6 +512,31 @@ def test_distillation_loss_matches_numpy_reference():
         loss(scores, mla_weights, reduction="max")
 
 
+@pytest.mark.parametrize(
+    "weights, indices, error, match",
+    [
+        # Other keys or queries than the scores: failed inside a `where`.
+        ((2, 2, 9, 12), None, ValueError, r"attention_weights.shape"),
+        ((2, 9, 5), None, ValueError, r"attention_weights.shape"),
+        # Another batch: broadcast silently.
+        ((1, 9, 9), None, ValueError, r"attention_weights.shape"),
+        ((2, 9, 9), ((2, 4, 3), "int32"), ValueError, r"indices.shape"),
+        # Positions as floats: cast silently.
+        ((2, 9, 9), ((2, 9, 3), "float32"), TypeError, r"indices.dtype"),
+    ],
+)
+def test_distillation_loss_refuses_mismatched_arguments(
+    weights, indices, error, match
+):
+    scores = np.zeros((2, 9, 9), "float32")
+    if indices is not None:
+        indices = np.zeros(indices[0], indices[1])
+    with pytest.raises(error, match=match):
+        LightningIndexer.distillation_loss(
+            scores, np.ones(weights, "float32"), indices=indices
+        )
+
+
 # --- transformers' DeepseekV32Indexer and DeepseekV32Attention ---------------
 
 # Runs in a subprocess: importing transformers pulls triton, which crashes
