@@ -42,23 +42,20 @@ from keras_attention.utils import validation
 # one) against a 8,192-slot ring took GBs for an 8-token prompt. A prompt
 # of `P` positions costs `P / chunk` calls of the same work in all.
 PREFILL_CHUNK = 512
-# The most scores, per head, of one prefill call against a buffer of
-# `max_length` positions (chunk * max_length; 4 MiB in float32): a chunk
-# attends to every position the buffer holds, written or not: the
-# compiled prefill of `benchmarks/chunked_cache.py`'s model (4 layers, 4
-# heads) over 32,768 positions peaked 2.0 GB above the model with chunks
-# of 512, 1.45 GB with 128, 1.15 GB with 32 (its caches: 256 MiB). Long
-# buffers take narrower chunks (32 at 32,768), never under
-# `MIN_PREFILL_CHUNK`; the work in all is the same.
+# The most scores per head of a prefill call against a buffer of
+# `max_length` positions (4 MiB in float32): a chunk attends to the whole
+# buffer, written or not. `benchmarks/chunked_cache.py`'s compiled
+# prefill (4 layers, 4 heads, 32,768 positions) peaked 2.0 GB above the
+# model with chunks of 512, 1.45 GB with 128, 1.15 GB with 32 (caches:
+# 256 MiB). The work in all is the same.
 PREFILL_SCORES = 2**20
 MIN_PREFILL_CHUNK = 16
 
 
 def prefill_chunk(width, widest=None):
-    """The positions of one prefill call on a buffer of `width`
-    positions (None: unknown while tracing): `widest` (default
-    `PREFILL_CHUNK`) at most, nor more than the buffer, nor past
-    `PREFILL_SCORES` scores per head (not under `MIN_PREFILL_CHUNK`)."""
+    """A prefill call's positions on a buffer of `width` (None: unknown):
+    at most `widest`, `PREFILL_CHUNK`, `width` and `PREFILL_SCORES /
+    width` (not under `MIN_PREFILL_CHUNK`)."""
     chunk = PREFILL_CHUNK if widest is None else min(widest, PREFILL_CHUNK)
     if width is None:
         return chunk
@@ -81,14 +78,8 @@ def position_capacity(layer):
     None when it has none (rotary and sinusoidal positions have no limit;
     so has a plain callable).
     """
-    if not isinstance(layer, keras.layers.Layer):
-        return None
-    lengths = [
-        sublayer.sequence_length
-        for sublayer in layer._flatten_layers(include_self=True, recursive=True)
-        if isinstance(sublayer, (PositionEmbedding, TokenAndPositionEmbedding))
-    ]
-    return min(lengths) if lengths else None
+    table = position_table(layer)
+    return None if table is None else table.sequence_length
 
 
 def position_table(layer):
