@@ -150,6 +150,12 @@ class IndexedLatent:
         """The bare cache of an own cache's call."""
         if self.indexer is None:
             return latent
+        if "index_keys" not in own:
+            raise ValueError(
+                "A layer with an `indexer` keeps the indexer's keys in its "
+                "cache: pass its own `init_cache()`, which holds "
+                f"'index_keys'. Received: a cache of {sorted(own)!r}"
+            )
         return latent, own["index_keys"]
 
     def _close_cache(self, close, updated):

@@ -285,6 +285,12 @@ def test_indexed_mla_cached_equals_uncached_with_padding():
         layer(X, cache=latent, cache_update_index=0)
     with pytest.raises(ValueError, match=r"index_keys.shape=\(2, 12, 5\)"):
         layer(X, cache=(latent, keys[..., :5]), cache_update_index=0)
+    # An own cache without the indexer's keys (a dense layer's): a
+    # KeyError before.
+    dense_cache = dict(layer.init_cache(2, 12))
+    del dense_cache["index_keys"]
+    with pytest.raises(ValueError, match="index_keys"):
+        layer(X, cache=dense_cache, cache_update_index=0)
 
 
 @(
