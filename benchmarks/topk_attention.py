@@ -7,6 +7,7 @@ a fixed k (about linear).
 
     python benchmarks/topk_attention.py                       # TensorFlow
     KERAS_BACKEND=jax python benchmarks/topk_attention.py
+    KERAS_BACKEND=torch python benchmarks/topk_attention.py --lengths 8192 16384
     python benchmarks/topk_attention.py --lengths 16384 --repeats 3
     python benchmarks/topk_attention.py --dense-implementation dense
     python benchmarks/topk_attention.py --kv-heads 1          # MQA only
@@ -43,7 +44,8 @@ blockwise path on a CPU with TensorFlow or JAX, the fused kernels on
 PyTorch and on GPUs; "dense" keeps the `(T, T)` scores). The step is the
 output and the gradients of `sum(out * cotangent)` w.r.t. q, k and v,
 compiled (TensorFlow: `tf.function`, XLA with `--jit`; JAX: `jax.jit`;
-PyTorch: eager), timed interleaved after a warm-up (medians of
+PyTorch: eager, its hand-written backward a `torch.autograd.Function`),
+timed interleaved after a warm-up (medians of
 `--repeats`). Dense runs are skipped above `--dense-max-length`.
 
 Memory: each (path, length) runs in a fresh process; its peak RSS above
