@@ -25,6 +25,7 @@ from keras_attention.layers.rotary_embedding import check_rotary_scaling
 from keras_attention.layers.self_attention import SelfAttention
 from keras_attention.mods import base as mods_base
 from keras_attention.utils import keras_utils
+from keras_attention.utils import norms
 from keras_attention.utils import validation
 
 # The block's norms: `normalization=` -> Keras layer.
@@ -355,7 +356,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def _make_norm(self, name):
         if self.normalization == "rms_norm":
-            norm = keras.layers.RMSNormalization(
+            norm = norms.RMSNormalization(
                 epsilon=self.layer_norm_epsilon,
                 dtype=self.dtype_policy,
                 name=name,
@@ -363,7 +364,7 @@ class TransformerBlock(keras.layers.Layer):
             # Per position, as LayerNormalization: Keras masks pass through.
             norm.supports_masking = True
             return norm
-        return keras.layers.LayerNormalization(
+        return norms.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 

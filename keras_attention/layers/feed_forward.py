@@ -2,6 +2,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention.layers import _einsum_dense
 from keras_attention.utils import keras_utils
 from keras_attention.utils import validation
 
@@ -95,7 +96,7 @@ class FeedForward(keras.layers.Layer):
 
     def _dense(self, units, name, activation=None):
         clone = keras_utils.clone_initializer
-        return keras.layers.Dense(
+        return _einsum_dense.Dense(
             units,
             activation=activation,
             use_bias=self.use_bias,

@@ -18,6 +18,7 @@ from keras_attention.ops import scan_carry
 from keras_attention.ops import scoring
 from keras_attention.utils import attention_checks
 from keras_attention.utils import keras_utils
+from keras_attention.utils import norms
 from keras_attention.utils import validation
 
 _LAYOUT = "(batch, steps, features)"
@@ -95,25 +96,6 @@ def selection_mask(indices, length):
     ones = ops.ones((b * t * k,), "int32")
     hits = ops.scatter(coordinates, ones, (b, t, length + 1))
     return hits[..., :length] > 0
-
-
-class _KeyNorm(keras.layers.LayerNormalization):
-    """`LayerNormalization` over the last axis whose float64 stays
-    float64: Keras's `layer_normalization` takes `ops.mean`, which its
-    JAX and PyTorch backends compute in float32 for float64; here the
-    moments are sums over the size. Other dtypes: Keras's own call."""
-
-    def call(self, inputs):
-        if keras.backend.standardize_dtype(inputs.dtype) != "float64":
-            return super().call(inputs)
-        size = inputs.shape[-1]
-        mean = ops.sum(inputs, axis=-1, keepdims=True) / size
-        centered = inputs - mean
-        variance = ops.sum(ops.square(centered), -1, keepdims=True) / size
-        epsilon = keras_utils.constant(self.epsilon, "float64")
-        normed = centered * ops.rsqrt(variance + epsilon)
-        gamma = ops.cast(self.gamma, "float64")
-        return normed * gamma + ops.cast(self.beta, "float64")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -286,7 +268,7 @@ class LightningIndexer(keras.layers.Layer):
         units = self.num_heads * self.head_dim
         self.wq_b = self._dense(units, "wq_b", features)
         self.wk = self._dense(self.head_dim, "wk", hidden)
-        self.k_norm = _KeyNorm(
+        self.k_norm = norms.LayerNormalization(
             epsilon=self.layer_norm_epsilon,
             dtype=self.dtype_policy,
             name="k_norm",

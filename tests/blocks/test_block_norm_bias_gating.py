@@ -1,6 +1,8 @@
 """The blocks' `normalization`, `use_bias`, `gated_feed_forward` options
 and `FeedForward(gated=True)`: the forms of Llama-style models."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -220,3 +222,51 @@ def test_attention_output_gate():
         TransformerDecoderBlock(
             2, 16, latent_attention=mla, attention_output_gate=True
         )
+
+
+@pytest.mark.parametrize("normalization", ["rms_norm", "layer_norm"])
+def test_float64_kda_block_equals_numpy_norms_and_feed_forward(normalization):
+    # Keras's JAX and torch `mean` (its norms) and torch `matmul` (a
+    # `Dense` without bias) compute float64 in float32.
+    options = dict(LLAMA_STYLE, normalization=normalization)
+    x = X.astype("float64")
+    context = contextlib.nullcontext()
+    if keras.backend.backend() == "jax":
+        import jax
+
+        context = jax.enable_x64(True)
+    with context:
+        block = TransformerDecoderBlock(
+            2,
+            16,
+            cross_attention=False,
+            mixer="kda",
+            dtype="float64",
+            **options,
+        )
+        block.build(x.shape)
+        rng = np.random.default_rng(1)
+        for w in block.weights:  # no ones and zeros in the norms
+            w.assign(rng.normal(size=w.shape) * 0.5)
+        got = to_numpy(block(x))
+        w = {v.path.split("/", 1)[1]: to_numpy(v) for v in block.weights}
+
+        def norm(v, name):
+            if normalization == "rms_norm":
+                ms = (v**2).mean(-1, keepdims=True)
+                return v / np.sqrt(ms + 1e-5) * w[f"{name}/scale"]
+            centered = v - v.mean(-1, keepdims=True)
+            var = (centered**2).mean(-1, keepdims=True)
+            y = centered / np.sqrt(var + 1e-5)
+            return y * w[f"{name}/gamma"] + w[f"{name}/beta"]
+
+        mixed = to_numpy(block.self_attention(norm(x, "self_attention_norm")))
+    h = x + mixed
+    u = norm(h, "feed_forward_norm")
+    a = u @ w["feed_forward/gate_dense/kernel"]  # silu(u W_g) * (u W_i)
+    hidden = (
+        a / (1 + np.exp(-a)) * (u @ w["feed_forward/intermediate_dense/kernel"])
+    )
+    want = h + hidden @ w["feed_forward/output_dense/kernel"]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
