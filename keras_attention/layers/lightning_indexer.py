@@ -225,6 +225,12 @@ class LightningIndexer(keras.layers.Layer):
         self.rotary_scaling = _latent_rotary.check_rotary_scaling(
             rotary_scaling, self.rope_theta
         )
+        if self.rotary_scaling is not None and not self.rope_head_dim:
+            raise ValueError(
+                "`rotary_scaling` scales the rotary positions, which "
+                "`rope_head_dim=0` turns off. Received: rotary_scaling="
+                f"{rotary_scaling!r}, rope_head_dim=0"
+            )
         self._rope_correction = _latent_rotary.yarn_factors(
             self.rotary_scaling
         )[0]

@@ -454,6 +454,12 @@ def test_config_round_trip_and_saving(tmp_path):
         (dict(rope_head_dim=10), ValueError, "rope_head_dim=10"),
         (dict(layer_norm_epsilon=0), ValueError, "layer_norm_epsilon=0"),
         (dict(rotary_scaling="yarn"), TypeError, "rotary_scaling='yarn'"),
+        # No rotated features: a scaling that cannot apply (was ignored).
+        (
+            dict(rope_head_dim=0, rotary_scaling={"rope_type": "linear"}),
+            ValueError,
+            "rope_head_dim=0",
+        ),
     ],
 )
 def test_argument_errors_name_the_value(kwargs, error, match):
