@@ -55,7 +55,9 @@ in a fresh process:
 
 6. `--tables thresholds` (PyTorch, its own process; not in the
    default set): the crossovers the automatic choice's constants stand
-   for. `RELATIVE_SDPA_MIN_DENSITY`: ALiBi with causal sliding windows of
+   for. `RELATIVE_SDPA_MIN_DENSITY` (measured by the automatic choice
+   itself unless pinned; the measured value is printed): ALiBi with
+   causal sliding windows of
    `--threshold-windows` keys at T = `--threshold-length`, the
    "relative_sdpa" path (SDPA, every block) against "flex" (the blocks
    outside the window skipped), by the share of (query, key) pairs
@@ -435,6 +437,7 @@ def thresholds_child(length, lengths, windows, documents, repeats):
 
     from keras_attention import scores
     from keras_attention.ops import paths
+    from keras_attention.ops import relative_sdpa
 
     torch._dynamo.config.recompile_limit = 64
     rows = []
@@ -471,6 +474,12 @@ def thresholds_child(length, lengths, windows, documents, repeats):
                 ["density", length, window, density, sdpa * 1e3]
                 + [flex * 1e3, flex / sdpa]
             )
+        # The crossover the automatic choice measures for itself.
+        causal = paths.AttentionRequest(
+            q, k, v, scale=1.0 / FLEX_DIM**0.5, causal=True, score_mod=alibi
+        )
+        measured = relative_sdpa.measure_min_density(causal)
+        rows.append(["measured", relative_sdpa.CALIBRATION_LENGTH, measured])
         for t in lengths:
             q, k, v = inputs(t)
             ids = segment_ids(t, documents, 1)
@@ -618,12 +627,16 @@ def thresholds_table(args):
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     density = [r[1:] for r in rows if r[0] == "density"]
     length = [r[1:] for r in rows if r[0] == "length"]
+    measured = [r[1:] for r in rows if r[0] == "measured"][0]
     return [
         "",
         "Thresholds of the automatic choice (PyTorch, inference forward, "
         f"batch 1, {FLEX_HEADS} heads of {FLEX_DIM}, float32, timed "
         "interleaved). RELATIVE_SDPA_MIN_DENSITY: ALiBi with a causal "
-        "sliding window, relative_sdpa vs flex",
+        "sliding window, relative_sdpa vs flex; the crossover the "
+        "automatic choice measures (`relative_sdpa.measure_min_density`, "
+        f"causal ALiBi at T = {measured[0]}): {measured[1]:.3g} of the "
+        "pairs",
         "",
         markdown_table(
             [

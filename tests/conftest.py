@@ -277,3 +277,16 @@ def _reset_keras_state():
     keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(autouse=True)
+def _pinned_relative_sdpa_crossover(monkeypatch):
+    """The automatic choice between the relative_sdpa and flex paths
+    (PyTorch, CPU) measures the kernels once per process unless the
+    crossover is pinned (`relative_sdpa.min_density`): pinned here, so
+    that no test's path depends on the machine or its load, and no test
+    pays the measurement's compilation unasked; tests/ops/
+    test_relative_sdpa.py tests the measurement."""
+    from keras_attention.ops import relative_sdpa
+
+    monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", 0.25)

@@ -13,13 +13,22 @@ outside it, in the same table.
 On a CPU, SDPA's kernel computes a block about three times as fast as
 FlexAttention's compiled one (torch 2.13): although it visits every
 block, it is the faster one for a bias with a causal mask, slower for a
-narrow window (FlexAttention skips the blocks outside it). The automatic
-choice (`prefers_relative_sdpa`) takes it where the flex path would run,
-when at least `RELATIVE_SDPA_MIN_DENSITY` of the (query, key) pairs are
-attended. Rows with nothing to attend to, sinks, padding, mask tensors,
-gradients, the log-sum-exp and dtypes other than float32 are the other
-paths'.
+narrow window (FlexAttention skips the blocks outside it). How much
+faster depends on the CPU: on an Intel Xeon (2 cores) SDPA's block was
+about 3x FlexAttention's, on an AMD EPYC 1.4x. The automatic choice
+(`prefers_relative_sdpa`) takes it where the flex path would run, when
+at least `min_density` of the (query, key) pairs are attended: a
+crossover measured once per process, score function and head sizes
+(`measure_min_density`: both kernels on a causal call of
+`CALIBRATION_LENGTH` positions, FlexAttention compiled for it first),
+or `RELATIVE_SDPA_MIN_DENSITY` when set. Rows with nothing to attend
+to, sinks, padding, mask tensors, gradients, the log-sum-exp and dtypes
+other than float32 are the other paths'.
 """
+
+import dataclasses
+import statistics
+import time
 
 import keras
 import numpy as np
@@ -32,13 +41,21 @@ from keras_attention.ops.fused import mask_band
 
 # The automatic choice takes this path for a relative bias when at least
 # this share of the (query, key) pairs is attended: below, FlexAttention's
-# skipped blocks pay for its slower ones (causal attends ~0.5). Measured
-# (rough: torch 2.13, 1 thread, CPU time on a loaded 2-core machine; ALiBi,
-# causal windows, T = 2,048, 4 heads of 64, float32): flex / relative_sdpa
-# 0.58 at 0.12 of the pairs, 0.95 at 0.22, 1.30 at 0.38, 1.67 at 0.50:
-# equal at ~0.24. `KERAS_BACKEND=torch python
-# benchmarks/programmable_attention.py --tables thresholds`.
-RELATIVE_SDPA_MIN_DENSITY = 0.25
+# skipped blocks pay for its slower ones (causal attends ~0.5). None: the
+# crossover is measured (`min_density`), as it depends on the CPU: ALiBi,
+# causal windows, T = 2,048, 4 heads of 64, float32, flex / relative_sdpa
+# on a 2-core Intel Xeon 0.58 at 0.12 of the pairs, 0.95 at 0.22, 1.30 at
+# 0.38, 1.67 at 0.50 (equal at ~0.24); on a 2-core AMD EPYC, causal ALiBi
+# at 8,192: 0.73 at 0.50 (equal at ~0.68). `KERAS_BACKEND=torch python
+# benchmarks/programmable_attention.py --tables thresholds`. A number pins
+# the crossover (the test suite pins it: tests/conftest.py).
+RELATIVE_SDPA_MIN_DENSITY = None
+
+# The measurement: a causal call of this many positions (density ~0.5),
+# each kernel timed this many times after a first call, medians.
+CALIBRATION_LENGTH = 1024
+CALIBRATION_REPEATS = 3
+_MEASURED = {}  # (score function's type, head sizes): the crossover
 
 
 def _band(request):
@@ -115,7 +132,7 @@ def _on_gpu_or_gradient(request):
 def prefers_relative_sdpa(request):
     """Whether the automatic choice takes this path: where it can run
     `request`, from `flex.FLEX_MIN_LENGTH` queries and keys, when at least
-    `RELATIVE_SDPA_MIN_DENSITY` of the pairs are attended."""
+    `min_density(request)` of the pairs are attended."""
     if keras.backend.backend() != "torch" or request.score_mod is None:
         return False
     if not request.static_lengths:
@@ -124,7 +141,73 @@ def prefers_relative_sdpa(request):
     if min(tq, tk) < flex.FLEX_MIN_LENGTH or can_run(request) is not None:
         return False
     density = _attended(request, _band(request)).sum() / (tq * tk)
-    return density >= RELATIVE_SDPA_MIN_DENSITY
+    return density >= min_density(request)
+
+
+def min_density(request):
+    """The share of attended (query, key) pairs from which the automatic
+    choice takes this path for `request` rather than FlexAttention's
+    kernel: `RELATIVE_SDPA_MIN_DENSITY` when set; 0 where the flex path
+    cannot run it; else measured once per process for the request's
+    score function type and head sizes (`measure_min_density`)."""
+    if RELATIVE_SDPA_MIN_DENSITY is not None:
+        return RELATIVE_SDPA_MIN_DENSITY
+    if _backend_flex.flex_unavailable() is not None:
+        return 0.0
+    if flex.can_run(request) is not None:
+        return 0.0
+    entry = (
+        type(request.score_mod),
+        tuple(request.query.shape[2:]),
+        tuple(request.key.shape[2:]),
+        tuple(request.value.shape[2:]),
+    )
+    if entry not in _MEASURED:
+        _MEASURED[entry] = measure_min_density(request)
+    return _MEASURED[entry]
+
+
+def measure_min_density(request, length=None, repeats=None):
+    """The density at which this path and FlexAttention's kernel take the
+    same time for `request`'s score function and head sizes: both run a
+    causal call of `length` (`CALIBRATION_LENGTH`) positions, FlexAttention
+    compiled first, then `repeats` (`CALIBRATION_REPEATS`) interleaved
+    times each; SDPA visits every pair, FlexAttention about the attended
+    ones, so the crossover is `density * sdpa / flex`. 0 (this path
+    always) when FlexAttention cannot be compiled."""
+    length = CALIBRATION_LENGTH if length is None else length
+    repeats = CALIBRATION_REPEATS if repeats is None else repeats
+    rng = np.random.default_rng(0)
+
+    def like(x):
+        shape = (1, length) + tuple(x.shape[2:])
+        return ops.convert_to_tensor(rng.standard_normal(shape), "float32")
+
+    calibration = dataclasses.replace(
+        request,
+        query=like(request.query),
+        key=like(request.key),
+        value=like(request.value),
+        causal=True,
+        mask_mod=None,
+        query_offset=0,
+        same_sequence=True,
+    )
+    runs = {"sdpa": relative_sdpa_attention, "flex": flex.flex_attention}
+    times = {name: [] for name in runs}
+    try:
+        for name, run in runs.items():
+            run(calibration)  # FlexAttention compiles here.
+        for _ in range(repeats):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run(calibration)
+                times[name].append(time.perf_counter() - start)
+    except _backend_flex.FlexCompileError:
+        return 0.0
+    density = _attended(calibration, _band(calibration)).mean() / length
+    sdpa, flex_time = (statistics.median(times[k]) for k in ("sdpa", "flex"))
+    return float(density * sdpa / flex_time)
 
 
 def relative_sdpa_attention(request):

@@ -6,7 +6,9 @@ strided view of its table, the keys in reverse order.
   with a causal mask, a sliding window, a query offset with fewer
   queries than keys, grouped-query heads and head sizes that differ; the
   automatic choice takes it for a wide band (causal) at long lengths,
-  FlexAttention for a narrow window; what it cannot run (padding, rows
+  FlexAttention for a narrow window; unpinned, the crossover is measured
+  once per score function type and head sizes and follows the kernels'
+  times; what it cannot run (padding, rows
   with nothing to attend to, gradients) it refuses, naming why.
 - TensorFlow and JAX: refused, never chosen.
 """
@@ -139,3 +141,72 @@ def test_refusals_name_why():
         assert "inference" in relative_sdpa.can_run(request)
     else:
         assert paths.automatic(_request(2048, causal=True)) != ("relative_sdpa")
+
+
+@torch_only
+def test_measured_crossover_follows_the_kernels_times(monkeypatch):
+    """Unpinned, the crossover is `density * sdpa / flex` of one timed
+    causal call, measured once per score function type and head sizes:
+    a slower FlexAttention kernel moves the choice to relative_sdpa at
+    lower densities, a faster one keeps FlexAttention to higher ones."""
+    import torch
+
+    monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", None)
+    monkeypatch.setattr(relative_sdpa, "_MEASURED", {})
+    monkeypatch.setattr(flex, "FLEX_MIN_LENGTH", 256)
+    calls = []
+
+    def measure(request, length=None, repeats=None):
+        calls.append(tuple(request.query.shape[2:]))
+        return crossover
+
+    monkeypatch.setattr(relative_sdpa, "measure_min_density", measure)
+    causal = _request(512, causal=True)  # Density ~0.5.
+    with torch.no_grad():
+        crossover = 0.3  # SDPA's block 1.7x FlexAttention's.
+        assert paths.choose(causal) == "relative_sdpa"
+        crossover = 0.7  # Measured once: the first value stays.
+        assert paths.choose(causal) == "relative_sdpa"
+        assert len(calls) == 1
+        monkeypatch.setattr(relative_sdpa, "_MEASURED", {})
+        assert paths.choose(causal) == "flex"
+        wider = paths.AttentionRequest(
+            ops.zeros((1, 512, 3, 8)),
+            ops.zeros((1, 512, 3, 8)),
+            ops.zeros((1, 512, 3, 8)),
+            scale=0.35,
+            causal=True,
+            score_mod=scores.ALiBi(num_heads=3),
+        )
+        paths.choose(wider)  # Other head sizes: measured anew.
+    assert calls == [(2, 8), (2, 8), (3, 8)]
+
+
+@torch_only
+def test_measurement_times_both_kernels_once_compiled(monkeypatch):
+    """The measurement itself (a short causal call): a positive
+    crossover, SDPA's time over FlexAttention's, and the pinned value
+    when set, without measuring."""
+    import torch
+
+    request = _request(128, causal=True)
+    monkeypatch.setattr(relative_sdpa, "CALIBRATION_REPEATS", 1)
+    with torch.no_grad():
+        measured = relative_sdpa.measure_min_density(request, length=128)
+    assert 0.0 < measured < 100.0
+    monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", 0.4)
+    assert relative_sdpa.min_density(request) == 0.4
+
+
+@torch_only
+def test_no_flex_kernel_means_relative_sdpa(monkeypatch):
+    """Where FlexAttention cannot be compiled, relative_sdpa runs every
+    relative bias it can: the crossover is 0, nothing is measured."""
+    from keras_attention.ops import _backend_flex
+
+    monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", None)
+    monkeypatch.setattr(
+        _backend_flex, "flex_unavailable", lambda: "no C++ compiler"
+    )
+    monkeypatch.setattr(relative_sdpa, "measure_min_density", None)
+    assert relative_sdpa.min_density(_request(512, causal=True)) == 0.0
