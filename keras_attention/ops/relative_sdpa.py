@@ -10,14 +10,14 @@ it as its additive mask and no `(h, T, T)` bias is formed. A band mask
 (causal, a sliding window: `mask_band`) is `-inf` at the distances
 outside it, in the same table.
 
-On a CPU, SDPA's kernel computes a block about three times as fast as
-FlexAttention's compiled one (torch 2.13): although it visits every
+On a CPU, SDPA's kernel computes a block faster than FlexAttention's
+compiled one (torch 2.13): although it visits every
 block, it is the faster one for a bias with a causal mask, slower for a
 narrow window (FlexAttention skips the blocks outside it). How much
 faster depends on the CPU: on an Intel Xeon (2 cores) SDPA's block was
-about 3x FlexAttention's, on an AMD EPYC 1.4x. The automatic choice
+about 3x FlexAttention's, on an AMD EPYC 1.6-1.7x. The automatic choice
 (`prefers_relative_sdpa`) takes it where the flex path would run, when
-at least `min_density` of the (query, key) pairs are attended: a
+its mask visits at least `min_density` of FlexAttention's blocks: a
 crossover measured once per process, score function and head sizes
 (`measure_min_density`: both kernels on a causal call of
 `CALIBRATION_LENGTH` positions, FlexAttention compiled for it first),
@@ -39,21 +39,23 @@ from keras_attention.ops import flex
 from keras_attention.ops import scoring
 from keras_attention.ops.fused import mask_band
 
-# The automatic choice takes this path for a relative bias when at least
-# this share of the (query, key) pairs is attended: below, FlexAttention's
-# skipped blocks pay for its slower ones (causal attends ~0.5). None: the
-# crossover is measured (`min_density`), as it depends on the CPU: ALiBi,
-# causal windows, T = 2,048, 4 heads of 64, float32, flex / relative_sdpa
-# on a 2-core Intel Xeon 0.58 at 0.12 of the pairs, 0.95 at 0.22, 1.30 at
-# 0.38, 1.67 at 0.50 (equal at ~0.24); on a 2-core AMD EPYC, causal ALiBi
-# at 8,192: 0.73 at 0.50 (equal at ~0.68). `KERAS_BACKEND=torch python
+# The automatic choice takes this path for a relative bias when its mask
+# visits at least this share of FlexAttention's blocks: below, the blocks
+# FlexAttention skips pay for its slower ones (causal visits ~0.5). None:
+# the crossover is measured (`min_density`), as it depends on the CPU:
+# ALiBi, causal windows, T = 2,048, 4 heads of 64, float32, flex /
+# relative_sdpa on a 2-core Intel Xeon 0.58 at 0.12 of the pairs, 0.95
+# at 0.22, 1.30 at 0.38, 1.67 at 0.50; on a 2-core AMD EPYC, causal
+# ALiBi, 0.98 at T = 1,024 (0.56 of the blocks), 0.91 at 2,048 (0.53),
+# 0.81 at 8,192 (0.51): SDPA's block 1.6-1.7x FlexAttention's there,
+# about 3x on the Xeon. `KERAS_BACKEND=torch python
 # benchmarks/programmable_attention.py --tables thresholds`. A number pins
 # the crossover (the test suite pins it: tests/conftest.py).
 RELATIVE_SDPA_MIN_DENSITY = None
 
 # The measurement: a causal call of this many positions (density ~0.5),
 # each kernel timed this many times after a first call, medians.
-CALIBRATION_LENGTH = 1024
+CALIBRATION_LENGTH = 2048
 CALIBRATION_REPEATS = 3
 _MEASURED = {}  # (score function's type, head sizes): the crossover
 
@@ -82,6 +84,23 @@ def _attended(request, band):
     last = position + tk if right is None else position + right
     first, last = np.maximum(first, 0), np.minimum(last, tk - 1)
     return np.maximum(last - first + 1, 0)
+
+
+def _visited_blocks(request, band):
+    """The share of FlexAttention's `(query block, key block)` pairs
+    (`_backend_flex.FLEX_BLOCK` square) that the band mask `band` visits:
+    the blocks its kernel computes, where SDPA computes them all."""
+    block = _backend_flex.FLEX_BLOCK
+    tq, tk = request.query.shape[1], request.key.shape[1]
+    start = np.arange(0, tq, block, dtype="int64")
+    end = np.minimum(start + block, tq) - 1
+    offset = flex.query_offset(request)
+    left, right = band
+    first = np.zeros_like(start) if left is None else start + offset - left
+    last = end + offset + tk if right is None else end + offset + right
+    first, last = np.maximum(first, 0), np.minimum(last, tk - 1)
+    visited = np.where(last >= first, last // block - first // block + 1, 0)
+    return float(visited.sum()) / (len(start) * -(-tk // block))
 
 
 def can_run(request):
@@ -131,8 +150,9 @@ def _on_gpu_or_gradient(request):
 
 def prefers_relative_sdpa(request):
     """Whether the automatic choice takes this path: where it can run
-    `request`, from `flex.FLEX_MIN_LENGTH` queries and keys, when at least
-    `min_density(request)` of the pairs are attended."""
+    `request`, from `flex.FLEX_MIN_LENGTH` queries and keys, when its
+    mask visits at least `min_density(request)` of FlexAttention's blocks
+    (`_visited_blocks`)."""
     if keras.backend.backend() != "torch" or request.score_mod is None:
         return False
     if not request.static_lengths:
@@ -140,15 +160,14 @@ def prefers_relative_sdpa(request):
     tq, tk = request.query.shape[1], request.key.shape[1]
     if min(tq, tk) < flex.FLEX_MIN_LENGTH or can_run(request) is not None:
         return False
-    density = _attended(request, _band(request)).sum() / (tq * tk)
-    return density >= min_density(request)
+    return _visited_blocks(request, _band(request)) >= min_density(request)
 
 
 def min_density(request):
-    """The share of attended (query, key) pairs from which the automatic
-    choice takes this path for `request` rather than FlexAttention's
-    kernel: `RELATIVE_SDPA_MIN_DENSITY` when set; 0 where the flex path
-    cannot run it; else measured once per process for the request's
+    """The share of FlexAttention's blocks visited (`_visited_blocks`) from
+    which the automatic choice takes this path for `request` rather than
+    FlexAttention's kernel: `RELATIVE_SDPA_MIN_DENSITY` when set; 0 where the
+    flex path cannot run it; else measured once per process for the request's
     score function type and head sizes (`measure_min_density`)."""
     if RELATIVE_SDPA_MIN_DENSITY is not None:
         return RELATIVE_SDPA_MIN_DENSITY
@@ -172,9 +191,10 @@ def measure_min_density(request, length=None, repeats=None):
     same time for `request`'s score function and head sizes: both run a
     causal call of `length` (`CALIBRATION_LENGTH`) positions, FlexAttention
     compiled first, then `repeats` (`CALIBRATION_REPEATS`) interleaved
-    times each; SDPA visits every pair, FlexAttention about the attended
-    ones, so the crossover is `density * sdpa / flex`. 0 (this path
-    always) when FlexAttention cannot be compiled."""
+    times each; SDPA computes every block, FlexAttention the share
+    `density` its mask visits (`_visited_blocks`), so the crossover is
+    `density * sdpa / flex`. 0 (this path always) when FlexAttention
+    cannot be compiled."""
     length = CALIBRATION_LENGTH if length is None else length
     repeats = CALIBRATION_REPEATS if repeats is None else repeats
     rng = np.random.default_rng(0)
@@ -205,7 +225,7 @@ def measure_min_density(request, length=None, repeats=None):
                 times[name].append(time.perf_counter() - start)
     except _backend_flex.FlexCompileError:
         return 0.0
-    density = _attended(calibration, _band(calibration)).mean() / length
+    density = _visited_blocks(calibration, _band(calibration))
     sdpa, flex_time = (statistics.median(times[k]) for k in ("sdpa", "flex"))
     return float(density * sdpa / flex_time)
 

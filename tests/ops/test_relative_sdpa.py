@@ -108,7 +108,10 @@ def test_automatic_choice_takes_it_for_wide_bands(monkeypatch):
     window = mods.SlidingWindowMask(16, causal=True)
     with torch.no_grad():
         assert paths.choose(_request(512, causal=True)) == "relative_sdpa"
-        assert paths.choose(_request(512, mask_mod=window)) != ("relative_sdpa")
+        # 31 of 256 blocks (T = 2,048, blocks of 128): below 0.25.
+        assert paths.choose(_request(2048, mask_mod=window)) != (
+            "relative_sdpa"
+        )
         assert paths.choose(_request(128, causal=True)) != "relative_sdpa"
         soft_cap = _request(512, causal=True, score_mod=scores.SoftCap(5.0))
         assert paths.choose(soft_cap) != "relative_sdpa"
@@ -145,10 +148,11 @@ def test_refusals_name_why():
 
 @torch_only
 def test_measured_crossover_follows_the_kernels_times(monkeypatch):
-    """Unpinned, the crossover is `density * sdpa / flex` of one timed
-    causal call, measured once per score function type and head sizes:
-    a slower FlexAttention kernel moves the choice to relative_sdpa at
-    lower densities, a faster one keeps FlexAttention to higher ones."""
+    """Unpinned, the crossover is `blocks * sdpa / flex` of one timed causal
+    call (the share of FlexAttention's blocks it visits), measured once per
+    score function type and head sizes: a slower FlexAttention kernel moves the
+    choice to relative_sdpa at lower densities, a faster one keeps FlexAttention
+    to higher ones."""
     import torch
 
     monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", None)
@@ -161,7 +165,7 @@ def test_measured_crossover_follows_the_kernels_times(monkeypatch):
         return crossover
 
     monkeypatch.setattr(relative_sdpa, "measure_min_density", measure)
-    causal = _request(512, causal=True)  # Density ~0.5.
+    causal = _request(512, causal=True)  # 10 of 16 blocks: 0.625.
     with torch.no_grad():
         crossover = 0.3  # SDPA's block 1.7x FlexAttention's.
         assert paths.choose(causal) == "relative_sdpa"
@@ -210,3 +214,36 @@ def test_no_flex_kernel_means_relative_sdpa(monkeypatch):
     )
     monkeypatch.setattr(relative_sdpa, "measure_min_density", None)
     assert relative_sdpa.min_density(_request(512, causal=True)) == 0.0
+
+
+def test_visited_blocks_count_the_kernels_blocks():
+    """The share of FlexAttention's 128 x 128 blocks a band visits,
+    against a NumPy count over a dense band mask."""
+    block = 128
+    cases = [
+        (512, 512, dict(causal=True)),
+        (1000, 1000, dict(causal=True)),
+        (300, 700, dict(causal=True, query_offset=400)),
+        (1024, 1024, dict(mask_mod=mods.SlidingWindowMask(100, causal=True))),
+        (640, 640, dict(mask_mod=mods.SlidingWindowMask(200))),
+    ]
+    for tq, tk, kwargs in cases:
+        q, k = ops.zeros((1, tq, 2, 8)), ops.zeros((1, tk, 2, 8))
+        request = paths.AttentionRequest(
+            q, k, k, scale=0.3, score_mod=scores.ALiBi(2), **kwargs
+        )
+        band = relative_sdpa._band(request)
+        offset = kwargs.get("query_offset", 0)
+        distance = (np.arange(tq)[:, None] + offset) - np.arange(tk)[None]
+        left, right = band
+        keep = np.ones((tq, tk), bool)
+        if left is not None:
+            keep &= distance <= left
+        if right is not None:
+            keep &= distance >= -right
+        nq, nk = -(-tq // block), -(-tk // block)
+        padded = np.zeros((nq * block, nk * block), bool)
+        padded[:tq, :tk] = keep
+        blocks = padded.reshape(nq, block, nk, block).any(axis=(1, 3))
+        got = relative_sdpa._visited_blocks(request, band)
+        assert got == pytest.approx(blocks.mean(), abs=1e-12), kwargs
