@@ -11,18 +11,18 @@ it as its additive mask and no `(h, T, T)` bias is formed. A band mask
 outside it, in the same table.
 
 On a CPU, SDPA's kernel computes a block faster than FlexAttention's
-compiled one (torch 2.13): although it visits every
-block, it is the faster one for a bias with a causal mask, slower for a
-narrow window (FlexAttention skips the blocks outside it). How much
-faster depends on the CPU: on an Intel Xeon (2 cores) SDPA's block was
-about 3x FlexAttention's, on an AMD EPYC 1.6-1.7x. The automatic choice
+compiled one (torch 2.13): although it visits every block, it is the
+faster one for a bias with a wide band mask, slower for a narrow window
+(FlexAttention skips the blocks outside it). How much faster depends on
+the CPU: on an Intel Xeon (2 cores) SDPA's block was about 3x
+FlexAttention's, on an AMD EPYC 1.6-1.7x. The automatic choice
 (`prefers_relative_sdpa`) takes it where the flex path would run, when
 its mask visits at least `min_density` of FlexAttention's blocks: a
 crossover measured once per process, score function and head sizes
 (`measure_min_density`: both kernels on a causal call of
-`CALIBRATION_LENGTH` positions, FlexAttention compiled for it first),
-or `RELATIVE_SDPA_MIN_DENSITY` when set. Rows with nothing to attend
-to, sinks, padding, mask tensors, gradients, the log-sum-exp and dtypes
+`CALIBRATION_LENGTH` positions, FlexAttention compiled for it first), or
+`RELATIVE_SDPA_MIN_DENSITY` when set. Rows with nothing to attend to,
+sinks, padding, mask tensors, gradients, the log-sum-exp and dtypes
 other than float32 are the other paths'.
 """
 
