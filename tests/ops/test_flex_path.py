@@ -526,9 +526,10 @@ def test_automatic_choice_takes_flex_for_sparse_masks_only(monkeypatch):
         assert paths.choose(_request(512, window)) == "flex"
         cap = scores.SoftCap(5.0)
         assert paths.choose(_request(512, score_mod=cap)) == "flex"
-        # A relative bias: flex for a narrow window (else relative_sdpa).
+        # A relative bias: flex for a narrow window (else relative_sdpa):
+        # 31 of FlexAttention's 256 blocks at 2,048.
         alibi = scores.ALiBi(num_heads=2)
-        assert paths.choose(_request(512, window, score_mod=alibi)) == "flex"
+        assert paths.choose(_request(2048, window, score_mod=alibi)) == "flex"
         # SDPA keeps plain causal, padding and dense masks.
         assert paths.choose(_request(512, causal=True)) == "fused"
         key_mask = ops.ones((1, 512), "bool")
