@@ -74,6 +74,14 @@
 # XLA backward, the flex path's copies), idle, clean clone: TF 772 s
 # (4,275 passed), JAX 486 (2,240), PyTorch 86 (3,083), whole CI 1,422 s
 # (23.7 min).
+# 2026-12-06, 5193fd9 (top-k's PyTorch backward, prefill bounded by its
+# scores, the adversarial pass's tests, the measured relative_sdpa
+# crossover), idle, clean clone, ON ANOTHER MACHINE (a 2-core AMD EPYC,
+# no AMX): install 86 s, TF 948 s (4,304 passed), JAX 479 (2,262),
+# PyTorch 115 (3,117), whole CI 1,633 s (27.2 min): over the budget
+# there; a TF run of the same suite without the background wheel job and
+# a fresh venv took 840 s (`--durations=0`: the examples 455 worker-s,
+# interop 250, layers 274, generation 166 of 1,613).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
