@@ -13,6 +13,7 @@ arguments; `call_kwargs` holds the other call arguments. Inputs are fed to
 functional models positionally, in the dict's order.
 """
 
+import contextlib
 import inspect
 import json
 import os
@@ -25,6 +26,20 @@ import serving
 BACKEND = keras.backend.backend()
 
 ATOL = 1e-5
+
+
+@contextlib.contextmanager
+def float64_enabled():
+    """JAX computes in float64 only with x64 enabled (the other backends
+    always do): the float64 tests' context."""
+    if BACKEND != "jax":
+        yield
+        return
+    import jax
+
+    with jax.enable_x64(True):
+        yield
+
 
 # The checks of `run_layer_test` a backend does not run, each with its
 # reason (printed at the end of every pytest run on that backend by

@@ -9,7 +9,6 @@ against the uncached call with padding; packed documents; the implied
 attention matrix; the config and `.keras` round trip; argument errors.
 Random draws: `tests/properties/test_kimi_delta_rule_property.py`."""
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -23,6 +22,7 @@ import gated_delta_reference as ref
 import keras
 import numpy as np
 import pytest
+from harness import float64_enabled
 from harness import run_layer_test
 from harness import run_mask_test
 from keras import ops
@@ -43,18 +43,6 @@ MASK = np.array([[False] * 3 + [True] * 6, [True] * 5 + [False] * 4])
 
 def np_(x):
     return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def _layer(chunk_size=3, dtype=None):

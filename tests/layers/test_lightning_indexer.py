@@ -5,12 +5,12 @@ distillation loss, and equality with `transformers`' `DeepseekV32Indexer`
 and `DeepseekV32Attention` with copied weights (prefill, absorbed,
 weights, cached decoding)."""
 
-import contextlib
 import re
 
 import keras
 import numpy as np
 import pytest
+from harness import float64_enabled
 from harness import run_layer_test
 from keras import ops
 from transformers_script import run_reference_script
@@ -26,18 +26,6 @@ X = RNG.normal(size=(2, 9, HIDDEN)).astype("float32")
 
 def np_(x):
     return ops.convert_to_numpy(x)
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def _indexer(top_k=3, query_dim=None, **kwargs):

@@ -5,12 +5,12 @@ form, attention weights and `collect_attention`, DeepSeek's YaRN
 (`rotary_scaling` with `mscale`), explicit `positions`, argument errors
 and low precision."""
 
-import contextlib
 import re
 
 import keras
 import numpy as np
 import pytest
+from harness import float64_enabled
 from harness import run_layer_test
 from harness import run_mask_test
 from keras import ops
@@ -44,18 +44,6 @@ YARN = dict(
 
 def np_(x):
     return ops.convert_to_numpy(ops.cast(x, "float32")).astype("float64")
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if keras.backend.backend() != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def _layer(**kwargs):

@@ -13,13 +13,12 @@ global) and `gated_delta_rule` (chunked, recurrent). Random layouts:
 `tests/properties/test_float64_property.py`.
 """
 
-import contextlib
-
 import gated_delta_reference as gdr
 import keras
 import linear_attention_reference as lar
 import numpy as np
 import pytest
+from harness import float64_enabled
 from keras import ops
 
 import keras_attention as ka
@@ -33,19 +32,6 @@ TOL = 1e-12
 
 def np_(x):
     return np.asarray(ops.convert_to_numpy(x))
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled (the other backends
-    always do)."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 @pytest.fixture(autouse=True)

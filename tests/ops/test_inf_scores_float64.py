@@ -16,13 +16,13 @@ dtype.
   1e-3 .. 0.3 there).
 """
 
-import contextlib
 import functools
 
 import keras
 import numpy as np
 import pytest
 import references
+from harness import float64_enabled
 from keras import ops
 from references import masked_softmax as np_masked_softmax
 
@@ -52,19 +52,6 @@ PATH_IDS = ["dense", "tiles4", "tiles8-recompute", "one-tile", "one-recompute"]
 
 def np_(x):
     return np.asarray(ops.convert_to_numpy(x))
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled (the other backends
-    always do)."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 @pytest.fixture

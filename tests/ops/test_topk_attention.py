@@ -2,12 +2,12 @@
 independent NumPy reference: outputs, log-sum-exp and gradients, the
 package's masking rules, and results that do not depend on the tiles."""
 
-import contextlib
 import importlib
 
 import keras
 import numpy as np
 import pytest
+from harness import float64_enabled
 from keras import ops
 
 from keras_attention.ops.topk_attention import topk_attention
@@ -231,18 +231,6 @@ def test_gathers_in_tiles_of_queries():
     assert rows & (rows - 1) == 0 and rows < 16384
     assert topk_module.query_block_size(5, 256, 4, 128) == 8
     assert topk_module.query_block_size(1, 2048, 1, 576) == 1
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def test_float64_stays_float64():

@@ -25,11 +25,11 @@ third of the profile's draws, at least 3, each call and its gradient
 compiled once (`jax.jit`).
 """
 
-import contextlib
 import functools
 
 import keras
 import numpy as np
+from harness import float64_enabled
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -52,18 +52,6 @@ NEG_INF = float("-inf")
 
 def np_(x):
     return np.asarray(ops.convert_to_numpy(x))
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def np_attention(q, k, v, scores_fn, allowed):

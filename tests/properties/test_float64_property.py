@@ -21,12 +21,11 @@ Cost: tiny shapes; on JAX every draw compiles anew (new shapes): a
 third of the profile's draws there, each call one `jax.jit`.
 """
 
-import contextlib
-
 import gated_delta_reference as gdr
 import keras
 import linear_attention_reference as lar
 import numpy as np
+from harness import float64_enabled
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -47,18 +46,6 @@ TOL = 1e-12
 
 def np_(x):
     return np.asarray(ops.convert_to_numpy(x))
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def run(fn, *arrays):

@@ -21,12 +21,11 @@ Cost: one length per family (JAX compiles per shape), tiny sizes; on
 JAX half the profile's draws, each call jitted.
 """
 
-import contextlib
-
 import keras
 import linear_attention_reference as ref
 import numpy as np
 import pytest
+from harness import float64_enabled
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -253,18 +252,6 @@ def _w(weight):
 def _dense(dense, x):
     y = np.einsum(dense.equation, x, _w(dense.kernel))
     return y if dense.bias is None else y + _w(dense.bias)
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float64 only with x64 enabled."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    with jax.enable_x64(True):
-        yield
 
 
 def _layer_reference(layer, x, valid, causal):
