@@ -74,15 +74,21 @@ def _band(request):
     return left, right
 
 
+def _key_bounds(band, first_query, last_query, tk):
+    """The first and the last key (clipped to `[0, tk)`) that the queries
+    at positions `first_query` to `last_query` attend to under `band`."""
+    left, right = band
+    first = np.zeros_like(first_query) if left is None else first_query - left
+    last = last_query + tk if right is None else last_query + right
+    return np.maximum(first, 0), np.minimum(last, tk - 1)
+
+
 def _attended(request, band):
     """The number of keys each query attends to, int64 `(T_q,)`."""
     offset = flex.query_offset(request)
     tq, tk = request.query.shape[1], request.key.shape[1]
     position = np.arange(tq, dtype="int64") + offset
-    left, right = band
-    first = np.zeros_like(position) if left is None else position - left
-    last = position + tk if right is None else position + right
-    first, last = np.maximum(first, 0), np.minimum(last, tk - 1)
+    first, last = _key_bounds(band, position, position, tk)
     return np.maximum(last - first + 1, 0)
 
 
@@ -95,10 +101,7 @@ def _visited_blocks(request, band):
     start = np.arange(0, tq, block, dtype="int64")
     end = np.minimum(start + block, tq) - 1
     offset = flex.query_offset(request)
-    left, right = band
-    first = np.zeros_like(start) if left is None else start + offset - left
-    last = end + offset + tk if right is None else end + offset + right
-    first, last = np.maximum(first, 0), np.minimum(last, tk - 1)
+    first, last = _key_bounds(band, start + offset, end + offset, tk)
     visited = np.where(last >= first, last // block - first // block + 1, 0)
     return float(visited.sum()) / (len(start) * -(-tk // block))
 
@@ -171,9 +174,7 @@ def min_density(request):
     score function type and head sizes (`measure_min_density`)."""
     if RELATIVE_SDPA_MIN_DENSITY is not None:
         return RELATIVE_SDPA_MIN_DENSITY
-    if _backend_flex.flex_unavailable() is not None:
-        return 0.0
-    if flex.can_run(request) is not None:
+    if flex.can_run(request) is not None:  # Unavailable here, too.
         return 0.0
     entry = (
         type(request.score_mod),
