@@ -331,6 +331,9 @@ def flex_configs(length, documents, cases=FLEX_CASES):
     for case in cases:
         kwargs, mask_fn, score_fn, dense = configs[case]
         block_mask = create_block_mask(mask_fn, None, None, length, length)
+        small_mask = create_block_mask(
+            mask_fn, None, None, length, length, BLOCK_SIZE=64
+        )
         if dense is not None and dense.dtype != torch.bool:
             # A bias: add the causal mask as -inf (SDPA's float mask).
             dense = dense.masked_fill(~causal, float("-inf"))[None]
@@ -362,7 +365,13 @@ def flex_configs(length, documents, cases=FLEX_CASES):
             out = flex(q_, k_, v_, score_mod=score_fn, block_mask=block_mask)
             return out.transpose(1, 2)
 
+        def small(score_fn=score_fn, block_mask=small_mask):
+            # Blocks of 64 (ours takes them on a CPU for some masks:
+            # `_backend_flex.FLEX_SMALL_BLOCK_WORK`).
+            return direct(score_fn, block_mask)
+
         fns = {"ours": ours, "flex_attention": direct}
+        fns["flex_attention, blocks of 64"] = small
         if case != "causal":
             fns["flex_attention, (b, T, h, d) views"] = views
         if dense is not None:

@@ -586,16 +586,25 @@ def flex_attention(request):
         block_mask,
         float(request.scale),
         bool(request.return_lse),
-        kernel_copies(density, q_len, query.shape[2] // key.shape[2]),
+        kernel_copies(
+            density,
+            q_len,
+            query.shape[2] // key.shape[2],
+            _backend_flex.FLEX_BLOCK
+            if block_mask is None
+            else block_mask.BLOCK_SIZE[0],
+        ),
     )
 
 
-def kernel_copies(density, q_len, groups=1):
+def kernel_copies(density, q_len, groups=1, block=None):
     """Whether the kernel gets contiguous copies of the query, key and
     value (else their views), for a block mask visiting `density` of its
-    blocks and `groups` query heads a key head: the query always, the
+    blocks of `block` queries (`_backend_flex.FLEX_BLOCK` by default) and
+    `groups` query heads a key head: the query always, the
     keys where each of their blocks is visited by more than
     `FLEX_COPY_MIN_KEY_READS` query blocks (then the copy costs less than
     reading them strided), the values never."""
-    reads = density * -(-q_len // _backend_flex.FLEX_BLOCK) * groups
+    block = block or _backend_flex.FLEX_BLOCK
+    reads = density * -(-q_len // block) * groups
     return True, reads > FLEX_COPY_MIN_KEY_READS, False

@@ -241,6 +241,9 @@ def test_kernel_gets_copies_of_the_query_and_keys_read_often(monkeypatch):
         return torch.zeros(tuple(q.shape[:3]) + (v.shape[-1],))
 
     monkeypatch.setitem(_backend_flex._FLEX, "kernel", kernel)
+    # Blocks of 128 (never the smaller ones), built here (not cached).
+    monkeypatch.setattr(_backend_flex, "FLEX_SMALL_BLOCK_WORK", 0.0)
+    monkeypatch.setattr(_backend_flex, "_FLEX_BLOCK_MASKS", {})
     q, k, v = _inputs(t=256)
     # Two query blocks; 3 of the 4 blocks visited: 1.5 query blocks (x 2
     # query heads a key head) read each key block.
@@ -262,6 +265,11 @@ def test_kernel_gets_copies_of_the_query_and_keys_read_often(monkeypatch):
     assert copied[3] >= _backend_flex.FLEX_RECOMPILE_LIMIT
     assert config.recompile_limit == limit
     assert flex.kernel_copies(1.0, 1) == (True, False, False)  # Decoding.
+    # Query blocks of 64: twice as many read each key block.
+    monkeypatch.setattr(flex, "FLEX_COPY_MIN_KEY_READS", 1.0)
+    assert flex.kernel_copies(0.75, 256, 1, 128)[1] is True
+    assert flex.kernel_copies(0.375, 256, 1, 128)[1] is False
+    assert flex.kernel_copies(0.375, 256, 1, 64)[1] is True
 
 
 @torch_only
@@ -515,6 +523,90 @@ def _documents(t, count=8, batch=1):
     return mods.and_masks(
         mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
     )
+
+
+def _block_kinds(counts, indices, kv_blocks):
+    """The blocks a `BlockMask`'s `(counts, indices)` name, bool
+    `(b, h, q blocks, kv_blocks)`."""
+    counts, indices = (x.numpy() for x in (counts, indices))
+    out = np.zeros(counts.shape + (kv_blocks,), bool)
+    for at in np.ndindex(counts.shape):
+        out[at][indices[at][: counts[at]]] = True
+    return out
+
+
+@torch_only
+@pytest.mark.parametrize(
+    "t, mask_mod, expected",
+    [
+        (2048, _documents(2048), 64),  # Entries 0.83 of 128's.
+        (2048, _documents(2048, count=1), 128),  # Causal: 0.97.
+        (2048, mods.SlidingWindowMask(511, causal=True), 64),  # 0.90.
+        (300, _documents(300, count=3), None),
+        (300, None, None),
+    ],
+    ids=["documents", "causal", "window-512", "ragged", "ragged-causal"],
+)
+def test_cpu_block_size_is_the_one_visiting_fewer_entries(
+    t, mask_mod, expected
+):
+    """On a CPU an arithmetic mask takes blocks of 64 where they visit at
+    most `FLEX_SMALL_BLOCK_WORK` of the entries blocks of 128 visit (the
+    kernel computes a visited block whole), else 128; the block mask's
+    visited and full blocks are the mask's, counted here in NumPy."""
+    request = _request(t, mask_mod, causal=mask_mod is None)
+    block_mask, density = flex._block_mask(request, 0, False)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    mask = ops.convert_to_numpy(
+        flex._KernelMask(request, 0, t, False)(
+            0, 0, ops.convert_to_tensor(i), ops.convert_to_tensor(j)
+        )
+    )
+    mask = np.broadcast_to(mask, (t, t))
+
+    def kinds(block):
+        n = -(-t // block)
+        padded = np.zeros((n * block, n * block), bool)
+        padded[:t, :t] = mask
+        tiles = padded.reshape(n, block, n, block).swapaxes(1, 2)
+        return tiles.any(axis=(2, 3)), tiles.all(axis=(2, 3))
+
+    work = {b: kinds(b)[0].sum() * b * b for b in (64, 128)}
+    small = work[64] <= _backend_flex.FLEX_SMALL_BLOCK_WORK * work[128]
+    block = 64 if small else 128
+    assert block_mask.BLOCK_SIZE == (block, block)
+    seen, full = kinds(block)
+    n = seen.shape[1]
+    partial = _block_kinds(block_mask.kv_num_blocks, block_mask.kv_indices, n)
+    whole = _block_kinds(
+        block_mask.full_kv_num_blocks, block_mask.full_kv_indices, n
+    )
+    np.testing.assert_array_equal(whole[0, 0], full)
+    np.testing.assert_array_equal(partial[0, 0], seen & ~full)
+    assert density == pytest.approx(seen.mean())
+    assert expected in (None, block)
+
+
+@torch_only
+def test_small_blocks_equal_the_dense_path():
+    # Blocks of 64 over ragged causal documents (full, partial and empty
+    # blocks, a partial last one), grouped-query heads and a sink.
+    t = 300
+    q, k, v = (x[:1] for x in _inputs(t=t))
+    request = _request(t, _documents(t, count=3))
+    assert flex._block_mask(request, 0, False)[0].BLOCK_SIZE == (64, 64)
+    kwargs = dict(
+        mask_mod=_documents(t, count=3),
+        sink_logits=RNG.normal(size=(H,)).astype("float32"),
+    )
+    with _no_grad():
+        got = {
+            impl: ops.convert_to_numpy(
+                dot_product_attention(q, k, v, implementation=impl, **kwargs)
+            )
+            for impl in ("flex", "dense")
+        }
+    np.testing.assert_allclose(got["flex"], got["dense"], atol=1e-5)
 
 
 @torch_only
