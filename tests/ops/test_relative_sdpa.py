@@ -13,6 +13,8 @@ strided view of its table, the keys in reverse order.
 - TensorFlow and JAX: refused, never chosen.
 """
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -200,6 +202,38 @@ def test_measurement_times_both_kernels_once_compiled(monkeypatch):
     assert 0.0 < measured < 100.0
     monkeypatch.setattr(relative_sdpa, "RELATIVE_SDPA_MIN_DENSITY", 0.4)
     assert relative_sdpa.min_density(request) == 0.4
+
+
+@torch_only
+def test_measurement_keeps_each_kernels_fastest_time_and_the_margin(
+    monkeypatch,
+):
+    """`density * sdpa / flex * CALIBRATION_MARGIN`, each kernel's time its
+    fastest timed call (what else runs only adds time), the two warm-up
+    calls untimed: a fake clock that the fake kernels advance."""
+    clock = [0.0]
+    durations = {
+        "sdpa": iter([9.0, 9.0, 2.0, 3.0, 2.5]),  # Warm-ups, then timed.
+        "flex": iter([50.0, 7.0, 1.0, 0.5, 4.0]),
+    }
+
+    def kernel(name):
+        def run(request):
+            clock[0] += next(durations[name])
+
+        return run
+
+    monkeypatch.setattr(
+        relative_sdpa, "relative_sdpa_attention", kernel("sdpa")
+    )
+    monkeypatch.setattr(flex, "flex_attention", kernel("flex"))
+    clock_module = types.SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(relative_sdpa, "time", clock_module)
+    request = _request(256, causal=True)
+    measured = relative_sdpa.measure_min_density(request, length=256, repeats=3)
+    # A causal call of 256 visits 3 of the 4 blocks of 128.
+    expected = 0.75 * 2.0 / 0.5 * relative_sdpa.CALIBRATION_MARGIN
+    assert measured == pytest.approx(expected)
 
 
 @torch_only
