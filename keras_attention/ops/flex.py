@@ -286,18 +286,20 @@ class _KernelScore:
 def _linear_slope(table, distance):
     """The slope per head `(heads | 1,)` of a relative bias `table` that
     is exactly `slope * distance` at every distance (ALiBi's causal
-    form: the kernel then computes it, no table reads), else None."""
-    distance = ops.cast(distance, "float32")
-    one = ops.convert_to_numpy(distance) == 1.0
+    form: the kernel then computes it, no table reads), else None.
+    Checked in NumPy (float32, as the kernel's product): one copy of the
+    table rather than a Keras op each step, on every call."""
+    table_np = ops.convert_to_numpy(table)
+    distance = ops.convert_to_numpy(distance).astype("float32")
+    one = distance == 1.0
     if not one.any():
         return None
-    slope = table[:, int(one.argmax())]
-    linear = ops.all(ops.equal(table, slope[:, None] * distance[None, :]))
-    if not bool(ops.convert_to_numpy(linear)):
+    slope = table_np[:, int(one.argmax())]
+    if not np.array_equal(table_np, slope[:, None] * distance[None, :]):
         return None
     # Its own tensor: a view of the table traced into the kernel is a
     # buffer inductor's CPU lowering refuses.
-    return ops.copy(slope)
+    return ops.convert_to_tensor(slope.copy())
 
 
 def _conjuncts(mask_mod):
