@@ -119,6 +119,7 @@ SAMPLED = {
         "tests/generation/test_decoder_only.py",
         "tests/generation/test_encoder_decoder.py",
         "tests/generation/test_mixed_cache.py",
+        "tests/generation/test_prefill.py",
         "tests/generation/test_rolling_cache.py",
     ),
 }
