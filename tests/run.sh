@@ -81,7 +81,12 @@
 # PyTorch 115 (3,117), whole CI 1,633 s (27.2 min): over the budget
 # there; a TF run of the same suite without the background wheel job and
 # a fresh venv took 840 s (`--durations=0`: the examples 455 worker-s,
-# interop 250, layers 274, generation 166 of 1,613).
+# interop 250, layers 274, generation 166 of 1,613). The landed CI of
+# f631a4e took 1,455 s on the CI machine; the same commit here 1,530 s.
+# 2026-12-06, d38f267 (FlexAttention's 64-blocks on a CPU, the prefill
+# tests sampled on TensorFlow), idle, clean clone, the AMD EPYC: install
+# 99 s, TF 857 s (4,300 passed), JAX 455 (2,262), PyTorch 98 (3,124),
+# whole CI 1,514 s (25.2 min here; about 0.95x that on the CI machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
