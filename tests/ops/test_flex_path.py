@@ -589,14 +589,21 @@ def test_cpu_block_size_is_the_one_visiting_fewer_entries(
 
 @torch_only
 def test_small_blocks_equal_the_dense_path():
-    # Blocks of 64 over ragged causal documents (full, partial and empty
-    # blocks, a partial last one), grouped-query heads and a sink.
+    # Blocks of 64 over ragged causal documents that differ per example
+    # (full, partial and empty blocks, a partial last one, a block map
+    # per example), grouped-query heads and a sink.
     t = 300
-    q, k, v = (x[:1] for x in _inputs(t=t))
-    request = _request(t, _documents(t, count=3))
-    assert flex._block_mask(request, 0, False)[0].BLOCK_SIZE == (64, 64)
+    q, k, v = _inputs(t=t)
+    ids = np.stack([np.arange(t) // 100, np.arange(t) // 70]).astype("int32")
+    mask_mod = mods.and_masks(
+        mods.CausalMask(), mods.DocumentMask().bind(segment_ids=ids)
+    )
+    request = paths.AttentionRequest(q, k, v, scale=0.35, mask_mod=mask_mod)
+    block_mask = flex._block_mask(request, 0, False)[0]
+    assert block_mask.BLOCK_SIZE == (64, 64)
+    assert tuple(block_mask.kv_num_blocks.shape) == (B, 1, 5)
     kwargs = dict(
-        mask_mod=_documents(t, count=3),
+        mask_mod=mask_mod,
         sink_logits=RNG.normal(size=(H,)).astype("float32"),
     )
     with _no_grad():
