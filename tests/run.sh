@@ -87,6 +87,9 @@
 # tests sampled on TensorFlow), idle, clean clone, the AMD EPYC: install
 # 99 s, TF 857 s (4,300 passed), JAX 455 (2,262), PyTorch 98 (3,124),
 # whole CI 1,514 s (25.2 min here; about 0.95x that on the CI machine).
+# 41b973e (one PyTorch test more), the same machine an hour later,
+# slower (single tests stalled 3-5x, the kernel's kdamond busy): TF 981,
+# JAX 491, PyTorch 101, whole CI 1,679 s: this machine's spread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONEDNN="${ONEDNN:-1}"
