@@ -592,9 +592,7 @@ def flex_attention(request):
             density,
             q_len,
             query.shape[2] // key.shape[2],
-            _backend_flex.FLEX_BLOCK
-            if block_mask is None
-            else block_mask.BLOCK_SIZE[0],
+            None if block_mask is None else block_mask.BLOCK_SIZE[0],
         ),
     )
 
