@@ -536,24 +536,29 @@ def _block_kinds(counts, indices, kv_blocks):
 
 
 @torch_only
+@pytest.mark.parametrize("share", [0.0, 0.95, 1.0])
 @pytest.mark.parametrize(
-    "t, mask_mod, expected",
+    "t, mask_mod",
     [
-        (2048, _documents(2048), 64),  # Entries 0.83 of 128's.
-        (2048, _documents(2048, count=1), 128),  # Causal: 0.97.
-        (2048, mods.SlidingWindowMask(511, causal=True), 64),  # 0.90.
-        (300, _documents(300, count=3), None),
-        (300, None, None),
+        (2048, _documents(2048)),  # 64's entries: 0.83 of 128's.
+        (2048, _documents(2048, count=1)),  # Causal: 0.97.
+        (2048, mods.SlidingWindowMask(511, causal=True)),  # 0.90.
+        (300, _documents(300, count=3)),
+        (300, None),
     ],
     ids=["documents", "causal", "window-512", "ragged", "ragged-causal"],
 )
 def test_cpu_block_size_is_the_one_visiting_fewer_entries(
-    t, mask_mod, expected
+    t, mask_mod, share, monkeypatch
 ):
     """On a CPU an arithmetic mask takes blocks of 64 where they visit at
-    most `FLEX_SMALL_BLOCK_WORK` of the entries blocks of 128 visit (the
-    kernel computes a visited block whole), else 128; the block mask's
-    visited and full blocks are the mask's, counted here in NumPy."""
+    most `FLEX_SMALL_BLOCK_WORK` (`share`, whatever it is tuned to) of the
+    entries blocks of 128 visit (the kernel computes a visited block
+    whole), else 128: never 64 at 0, always at 1 (64-blocks never visit
+    more); the block mask's visited and full blocks are the mask's,
+    counted here in NumPy."""
+    monkeypatch.setattr(_backend_flex, "FLEX_SMALL_BLOCK_WORK", share)
+    monkeypatch.setattr(_backend_flex, "_FLEX_BLOCK_MASKS", {})
     request = _request(t, mask_mod, causal=mask_mod is None)
     block_mask, density = flex._block_mask(request, 0, False)
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
@@ -572,8 +577,8 @@ def test_cpu_block_size_is_the_one_visiting_fewer_entries(
         return tiles.any(axis=(2, 3)), tiles.all(axis=(2, 3))
 
     work = {b: kinds(b)[0].sum() * b * b for b in (64, 128)}
-    small = work[64] <= _backend_flex.FLEX_SMALL_BLOCK_WORK * work[128]
-    block = 64 if small else 128
+    block = 64 if work[64] <= share * work[128] else 128
+    assert share not in (0.0, 1.0) or block == (64 if share else 128)
     assert block_mask.BLOCK_SIZE == (block, block)
     seen, full = kinds(block)
     n = seen.shape[1]
@@ -584,14 +589,16 @@ def test_cpu_block_size_is_the_one_visiting_fewer_entries(
     np.testing.assert_array_equal(whole[0, 0], full)
     np.testing.assert_array_equal(partial[0, 0], seen & ~full)
     assert density == pytest.approx(seen.mean())
-    assert expected in (None, block)
 
 
 @torch_only
-def test_small_blocks_equal_the_dense_path():
-    # Blocks of 64 over ragged causal documents that differ per example
-    # (full, partial and empty blocks, a partial last one, a block map
-    # per example), grouped-query heads and a sink.
+def test_small_blocks_equal_the_dense_path(monkeypatch):
+    # Blocks of 64 (taken whatever the tuned share: 1) over ragged causal
+    # documents that differ per example (full, partial and empty blocks,
+    # a partial last one, a block map per example), grouped-query heads
+    # and a sink.
+    monkeypatch.setattr(_backend_flex, "FLEX_SMALL_BLOCK_WORK", 1.0)
+    monkeypatch.setattr(_backend_flex, "_FLEX_BLOCK_MASKS", {})
     t = 300
     q, k, v = _inputs(t=t)
     ids = np.stack([np.arange(t) // 100, np.arange(t) // 70]).astype("int32")
